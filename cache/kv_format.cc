@@ -1,0 +1,113 @@
+#include "cache/kv_format.h"
+
+#include <algorithm>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+
+namespace kvserve {
+namespace {
+
+int64_t AlignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+KvPartLayout PartFor(KvElem elem, int head_dim, int group_size) {
+  KvPartLayout p;
+  p.elem = elem;
+  p.group_size = head_dim;
+  switch (elem) {
+    case KvElem::kFp32: p.row_bytes = head_dim * 4; break;
+    case KvElem::kFp16:
+    case KvElem::kBf16: p.row_bytes = head_dim * 2; break;
+    case KvElem::kFp8E4m3:
+    case KvElem::kInt8: p.row_bytes = head_dim; p.meta_bytes = 4; break;
+    case KvElem::kInt4:
+      p.row_bytes = head_dim / 2;
+      p.group_size = group_size;
+      p.meta_bytes = (head_dim / group_size) * 4;
+      break;
+  }
+  return p;
+}
+
+}  // namespace
+
+std::string_view KvDtypeName(KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::kFp32: return "fp32";
+    case KvDtype::kFp16: return "fp16";
+    case KvDtype::kBf16: return "bf16";
+    case KvDtype::kFp8E4m3: return "fp8_e4m3";
+    case KvDtype::kInt8: return "int8";
+    case KvDtype::kInt4: return "int4";
+    case KvDtype::kK8V4: return "k8v4";
+  }
+  return "?";
+}
+
+absl::StatusOr<KvDtype> ParseKvDtype(std::string_view name) {
+  std::string n = absl::AsciiStrToLower(absl::string_view(name.data(), name.size()));
+  if (n == "fp32" || n == "float32") return KvDtype::kFp32;
+  if (n == "fp16" || n == "float16" || n == "half") return KvDtype::kFp16;
+  if (n == "bf16" || n == "bfloat16") return KvDtype::kBf16;
+  if (n == "fp8_e4m3" || n == "fp8" || n == "fp8e4m3") return KvDtype::kFp8E4m3;
+  if (n == "int8") return KvDtype::kInt8;
+  if (n == "int4") return KvDtype::kInt4;
+  if (n == "k8v4") return KvDtype::kK8V4;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "kv_dtype: unknown KV cache dtype '", std::string(name),
+      "' (expected fp32, fp16, bf16, fp8_e4m3, int8, int4 or k8v4)"));
+}
+
+absl::StatusOr<KvFormat> KvFormat::Create(KvDtype dtype, int num_kv_heads, int head_dim,
+                                          int block_size, int int4_group_size) {
+  if (num_kv_heads <= 0) return absl::InvalidArgumentError("num_kv_heads must be > 0");
+  if (head_dim <= 0 || head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("head_dim must be positive and even, got ", head_dim));
+  }
+  if (block_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache.block_size must be > 0, got ", block_size));
+  }
+  int group = std::min(int4_group_size, head_dim);
+  if (group <= 0 || group % 2 != 0 || head_dim % group != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cache.int4_group_size ", int4_group_size,
+                                                   " must be even and divide head_dim ",
+                                                   head_dim));
+  }
+  KvElem ke = KvElem::kFp32, ve = KvElem::kFp32;
+  switch (dtype) {
+    case KvDtype::kFp32: ke = ve = KvElem::kFp32; break;
+    case KvDtype::kFp16: ke = ve = KvElem::kFp16; break;
+    case KvDtype::kBf16: ke = ve = KvElem::kBf16; break;
+    case KvDtype::kFp8E4m3: ke = ve = KvElem::kFp8E4m3; break;
+    case KvDtype::kInt8: ke = ve = KvElem::kInt8; break;
+    case KvDtype::kInt4: ke = ve = KvElem::kInt4; break;
+    case KvDtype::kK8V4: ke = KvElem::kInt8; ve = KvElem::kInt4; break;
+  }
+  KvFormat f;
+  f.dtype_ = dtype;
+  f.num_kv_heads_ = num_kv_heads;
+  f.head_dim_ = head_dim;
+  f.block_size_ = block_size;
+  f.k_ = PartFor(ke, head_dim, group);
+  f.v_ = PartFor(ve, head_dim, group);
+  const int64_t rows = static_cast<int64_t>(num_kv_heads) * block_size;
+  int64_t off = 0;
+  for (KvPartLayout* p : {&f.k_, &f.v_}) {
+    p->data_offset = off;
+    off = AlignUp(off + rows * p->row_bytes, 16);
+    p->meta_offset = off;
+    off = AlignUp(off + rows * p->meta_bytes, 16);
+  }
+  f.block_bytes_ = AlignUp(off, 64);
+  return f;
+}
+
+int64_t KvFormat::bytes_per_token_per_layer() const {
+  return static_cast<int64_t>(num_kv_heads_) *
+         (k_.row_bytes + k_.meta_bytes + v_.row_bytes + v_.meta_bytes);
+}
+
+}  // namespace kvserve

@@ -1,0 +1,51 @@
+// LlamaWeights: the fp32 host tensors of a Llama-family model, however it was
+// loaded. Matrices are row-major [out_features, in_features] (the PyTorch /
+// llama2.c convention), so y = W x is a GEMV over rows.
+//
+// The tensors are views; `storage` keeps whatever backs them alive (an mmap of
+// an fp32 checkpoint, or vectors converted from fp16/bf16).
+//
+// Thread-safety: immutable after loading; shared read-only by kernels.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/model_config.h"
+
+namespace kvserve {
+
+struct Tensor {
+  const float* data = nullptr;
+  std::vector<int64_t> shape;
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    return n;
+  }
+};
+
+struct LayerWeights {
+  Tensor attn_norm;  // [dim]
+  Tensor wq;         // [num_heads * head_dim, dim]
+  Tensor wk;         // [num_kv_heads * head_dim, dim]
+  Tensor wv;         // [num_kv_heads * head_dim, dim]
+  Tensor wo;         // [dim, num_heads * head_dim]
+  Tensor ffn_norm;   // [dim]
+  Tensor w_gate;     // [hidden_dim, dim]   (llama2.c w1)
+  Tensor w_down;     // [dim, hidden_dim]   (llama2.c w2)
+  Tensor w_up;       // [hidden_dim, dim]   (llama2.c w3)
+};
+
+struct LlamaWeights {
+  ModelConfig config;
+  Tensor tok_embeddings;  // [vocab_size, dim]
+  std::vector<LayerWeights> layers;
+  Tensor final_norm;      // [dim]
+  Tensor output;          // [vocab_size, dim]; aliases tok_embeddings when tied
+  std::shared_ptr<void> storage;
+};
+
+}  // namespace kvserve

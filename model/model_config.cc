@@ -1,0 +1,39 @@
+#include "model/model_config.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace kvserve {
+
+absl::Status ModelConfig::Validate() const {
+  auto bad = [](const char* field, int64_t v, const char* why) {
+    return absl::InvalidArgumentError(absl::StrCat("model config: ", field, " = ", v, ": ", why));
+  };
+  if (dim <= 0) return bad("dim", dim, "must be > 0");
+  if (hidden_dim <= 0) return bad("hidden_dim", hidden_dim, "must be > 0");
+  if (num_layers <= 0) return bad("num_layers", num_layers, "must be > 0");
+  if (num_heads <= 0) return bad("num_heads", num_heads, "must be > 0");
+  if (num_kv_heads <= 0 || num_heads % num_kv_heads != 0) {
+    return bad("num_kv_heads", num_kv_heads, "must be > 0 and divide num_heads");
+  }
+  if (head_dim <= 0 || head_dim % 2 != 0) return bad("head_dim", head_dim, "must be even and > 0");
+  if (vocab_size <= 0) return bad("vocab_size", vocab_size, "must be > 0");
+  if (max_position_embeddings <= 0) {
+    return bad("max_position_embeddings", max_position_embeddings, "must be > 0");
+  }
+  if (!(rope_theta > 0)) return absl::InvalidArgumentError("model config: rope_theta must be > 0");
+  if (!(rms_norm_eps > 0)) {
+    return absl::InvalidArgumentError("model config: rms_norm_eps must be > 0");
+  }
+  if (sliding_window < 0) return bad("sliding_window", sliding_window, "must be >= 0");
+  return absl::OkStatus();
+}
+
+int64_t ModelConfig::NumParams() const {
+  const int64_t q = static_cast<int64_t>(num_heads) * head_dim;
+  const int64_t kv = static_cast<int64_t>(num_kv_heads) * head_dim;
+  const int64_t per_layer = 2LL * dim + dim * q + 2 * dim * kv + q * dim + 3LL * dim * hidden_dim;
+  const int64_t embed = static_cast<int64_t>(vocab_size) * dim;
+  return per_layer * num_layers + dim + embed * (tie_word_embeddings ? 1 : 2);
+}
+
+}  // namespace kvserve

@@ -1,0 +1,55 @@
+#include "tests/test_util.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+namespace kvserve::testing {
+namespace fs = std::filesystem;
+
+std::string SharedDir() {
+  if (const char* env = std::getenv("KVSERVE_SHARED"); env != nullptr && *env != '\0') {
+    return env;
+  }
+  fs::path p = fs::path(KVSERVE_SOURCE_DIR) / ".." / "shared";
+  if (!fs::exists(p / "models")) {
+    std::fprintf(stderr, "shared/ not found beside the repository; set KVSERVE_SHARED\n");
+    std::abort();
+  }
+  return fs::weakly_canonical(p).string();
+}
+
+std::string Stories260kDir() { return SharedDir() + "/models/stories260k"; }
+std::string Stories260kCheckpoint() { return Stories260kDir() + "/stories260K.bin"; }
+std::string Stories260kTokenizer() { return Stories260kDir() + "/tok512.model"; }
+
+std::string ReadFileOrDie(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    std::fprintf(stderr, "cannot read %s\n", path.c_str());
+    std::abort();
+  }
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string GoldenGreedyText() {
+  std::string text = ReadFileOrDie(Stories260kDir() + "/golden_greedy_256.txt");
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text;
+}
+
+std::string KvserveBinary() { return std::string(KVSERVE_BINARY_DIR) + "/kvserve"; }
+
+std::string MakeTempDir(const std::string& prefix) {
+  fs::path base = fs::path(KVSERVE_BINARY_DIR) / "test-tmp";
+  fs::create_directories(base);
+  std::string tmpl = (base / (prefix + "-XXXXXX")).string();
+  if (mkdtemp(tmpl.data()) == nullptr) std::abort();
+  return tmpl;
+}
+
+}  // namespace kvserve::testing

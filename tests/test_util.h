@@ -1,0 +1,24 @@
+// Test helpers: where the shared reference model and data live, and where the
+// built binaries are. KVSERVE_SHARED overrides ../shared beside the repository.
+#pragma once
+
+#include <string>
+
+namespace kvserve::testing {
+
+// The shared/ folder (models, data); aborts the test run if it is missing.
+std::string SharedDir();
+// shared/models/stories260k
+std::string Stories260kDir();
+std::string Stories260kCheckpoint();
+std::string Stories260kTokenizer();
+// golden_greedy_256.txt without its final newline.
+std::string GoldenGreedyText();
+// The build's kvserve binary.
+std::string KvserveBinary();
+// A fresh empty directory under the build tree's test scratch area.
+std::string MakeTempDir(const std::string& prefix);
+// Reads a whole file; aborts when it cannot.
+std::string ReadFileOrDie(const std::string& path);
+
+}  // namespace kvserve::testing
