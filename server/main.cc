@@ -1,8 +1,39 @@
-// kvserve entry point: dispatches to the subcommands.
+// kvserve entry point: dispatches to the subcommands of server/cli.h.
 #include <cstdio>
 #include <cstring>
+#include <string_view>
+
+#include "server/cli.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: kvserve <command> [options]\n"
+    "commands:\n"
+    "  serve     run the daemon (gRPC + OpenAI-compatible HTTP)   kvserve serve --config FILE\n"
+    "  generate  generate text offline from a prompt               kvserve generate --model PATH\n"
+    "  convert   write a llama2.c checkpoint as an HF directory    kvserve convert --llama2c CKPT\n"
+    "  eval-kv   KV cache quality report per format                kvserve eval-kv --model PATH\n"
+    "  plan      KV capacity planner                               kvserve plan --model PRESET\n"
+    "Run 'kvserve <command> --help' for the options of a command.\n";
+
+}  // namespace
 
 int main(int argc, char** argv) {
-  std::fprintf(stderr, "usage: kvserve <generate|convert|serve|eval-kv|plan> ...\n");
+  if (argc < 2) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  std::string_view cmd = argv[1];
+  if (cmd == "serve") return kvserve::cli::RunServe(argc - 1, argv + 1);
+  if (cmd == "generate") return kvserve::cli::RunGenerate(argc - 1, argv + 1);
+  if (cmd == "convert") return kvserve::cli::RunConvert(argc - 1, argv + 1);
+  if (cmd == "eval-kv") return kvserve::cli::RunEvalKv(argc - 1, argv + 1);
+  if (cmd == "plan") return kvserve::cli::RunPlan(argc - 1, argv + 1);
+  if (cmd == "--help" || cmd == "-h" || cmd == "help") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  std::fprintf(stderr, "kvserve: unknown command '%s'\n%s", argv[1], kUsage);
   return 2;
 }

@@ -1,0 +1,13 @@
+// kvserve's subcommands. Each takes the arguments after its name and returns
+// the process exit code (0 ok, 1 runtime failure, 2 bad usage).
+#pragma once
+
+namespace kvserve::cli {
+
+int RunGenerate(int argc, char** argv);  // server/cli_generate.cc
+int RunConvert(int argc, char** argv);   // server/cli_convert.cc
+int RunServe(int argc, char** argv);     // server/cli_serve.cc
+int RunEvalKv(int argc, char** argv);    // server/cli_eval_kv.cc
+int RunPlan(int argc, char** argv);      // server/cli_plan.cc
+
+}  // namespace kvserve::cli
