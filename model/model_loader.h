@@ -1,0 +1,29 @@
+// LoadModel: one entry point for every model source.
+//   * a llama2.c checkpoint file (legacy or version-1 header)
+//   * an HF directory: config.json + model.safetensors (or shards with
+//     model.safetensors.index.json) + tokenizer.model
+//   * "dummy:<preset>": random weights of a real shape (tiny, llama-2-7b,
+//     llama-2-70b, llama-3-8b, mistral-7b)
+// The tokenizer is `tokenizer_path` when given; otherwise tokenizer.model in
+// an HF directory, or the single *.model file beside a llama2.c checkpoint;
+// dummy models fall back to a byte-level tokenizer.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "model/llama_weights.h"
+#include "model/tokenizer.h"
+
+namespace kvserve {
+
+struct LoadedModel {
+  LlamaWeights weights;
+  std::unique_ptr<Tokenizer> tokenizer;
+};
+
+absl::StatusOr<LoadedModel> LoadModel(const std::string& path,
+                                      const std::string& tokenizer_path = "");
+
+}  // namespace kvserve
