@@ -1,0 +1,32 @@
+// EngineConfig: the scheduler and cache knobs of one engine (from YAML
+// `scheduler.*` and `cache.*`). Validate() names the bad key.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "scheduler/request.h"
+
+namespace kvserve {
+
+enum class PreemptionMode : uint8_t { kRecompute, kSwap };
+
+struct EngineConfig {
+  int32_t max_num_seqs = 64;             // scheduler.max_num_seqs
+  int32_t max_num_batched_tokens = 512;  // scheduler.max_num_batched_tokens (chunked prefill)
+  int32_t max_model_len = 0;             // 0: the model's max_position_embeddings
+  int32_t max_queue_size = 4096;         // waiting requests beyond this: ResourceExhausted
+  PreemptionMode preemption_mode = PreemptionMode::kRecompute;  // scheduler.preemption_mode
+  bool prefix_caching = true;            // cache.prefix_caching
+  std::string default_kv_policy;         // cache.eviction_policy ("" = none)
+
+  // Called on the engine thread once per finished request (metrics); must
+  // not block.
+  std::function<void(const RequestMetrics&)> on_request_finished;
+
+  absl::Status Validate() const;
+};
+
+}  // namespace kvserve
