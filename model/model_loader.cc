@@ -6,6 +6,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "cache/status_macros.h"
+#include "model/dummy_model.h"
+#include "model/hf_loader.h"
 #include "model/llama2c_loader.h"
 
 namespace kvserve {
@@ -17,25 +19,74 @@ namespace {
 absl::StatusOr<std::string> TokenizerBeside(const std::string& path) {
   std::vector<std::string> found;
   std::error_code ec;
-  for (const auto& e : fs::directory_iterator(fs::path(path).parent_path(), ec)) {
-    if (e.path().extension() == ".model") found.push_back(e.path().string());
+  fs::path dir = fs::path(path).parent_path();
+  if (dir.empty()) dir = ".";
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().extension() == ".model" && e.is_regular_file()) {
+      found.push_back(e.path().string());
+    }
   }
   if (found.size() == 1) return found[0];
-  return absl::NotFoundError(absl::StrCat(
-      path, ": no tokenizer given and ", found.empty() ? "no" : "more than one",
-      " *.model file beside the checkpoint; pass --tokenizer FILE"));
+  return absl::NotFoundError(
+      absl::StrCat(path, ": no tokenizer given and ", found.empty() ? "no" : "more than one",
+                   " *.model file beside the checkpoint; pass --tokenizer FILE"));
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFile(const std::string& path) {
+  if (!fs::exists(path)) {
+    return absl::NotFoundError(absl::StrCat(path, ": tokenizer file not found"));
+  }
+  return Tokenizer::LoadSentencePiece(path);
 }
 
 }  // namespace
 
 absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string& tokenizer_path) {
   LoadedModel m;
-  KV_ASSIGN_OR_RETURN(m.weights, LoadLlama2cCheckpoint(path));
-  std::string tok = tokenizer_path;
-  if (tok.empty()) {
-    KV_ASSIGN_OR_RETURN(tok, TokenizerBeside(path));
+  if (path.rfind(kDummyPrefix, 0) == 0) {
+    KV_ASSIGN_OR_RETURN(m.weights, LoadDummyModel(path));
+    if (tokenizer_path.empty()) {
+      m.tokenizer = Tokenizer::ByteLevel(m.weights.config.vocab_size);
+    } else {
+      KV_ASSIGN_OR_RETURN(m.tokenizer, LoadTokenizerFile(tokenizer_path));
+    }
+    // Random weights know nothing of token ids: take BOS/EOS from whatever
+    // tokenizer the dummy model runs with.
+    m.weights.config.bos_id = m.tokenizer->bos_id();
+    m.weights.config.eos_id = m.tokenizer->eos_id();
+  } else {
+    std::error_code ec;
+    const fs::file_status st = fs::status(path, ec);
+    if (!fs::exists(st)) {
+      return absl::NotFoundError(
+          absl::StrCat(path,
+                       ": no such model (expected a llama2.c checkpoint, an HF directory or dummy:"
+                       "<preset>)"));
+    }
+    std::string tok = tokenizer_path;
+    if (fs::is_directory(st)) {
+      KV_ASSIGN_OR_RETURN(m.weights, LoadHfDirectory(path));
+      if (tok.empty()) {
+        tok = (fs::path(path) / "tokenizer.model").string();
+        if (!fs::exists(tok)) {
+          return absl::NotFoundError(absl::StrCat(
+              path, ": no tokenizer.model in the HF directory; pass --tokenizer FILE"));
+        }
+      }
+    } else {
+      KV_ASSIGN_OR_RETURN(m.weights, LoadLlama2cCheckpoint(path));
+      if (tok.empty()) {
+        KV_ASSIGN_OR_RETURN(tok, TokenizerBeside(path));
+      }
+    }
+    KV_ASSIGN_OR_RETURN(m.tokenizer, LoadTokenizerFile(tok));
   }
-  KV_ASSIGN_OR_RETURN(m.tokenizer, Tokenizer::LoadSentencePiece(tok));
+  // Token ids past the embedding table would read out of bounds.
+  if (m.tokenizer->vocab_size() > m.weights.config.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": the tokenizer has ", m.tokenizer->vocab_size(),
+                     " tokens but the model's vocab_size is ", m.weights.config.vocab_size));
+  }
   return m;
 }
 

@@ -1,13 +1,108 @@
-// Placeholder until this subcommand lands; its owner replaces the file.
+// `kvserve convert`: writes a llama2.c checkpoint as a Hugging Face directory
+// (config.json, model.safetensors, generation_config.json, tokenizer.model),
+// then loads the result back through the HF loader to prove it reads.
 #include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <string_view>
 
+#include "model/hf_loader.h"
+#include "model/hf_writer.h"
+#include "model/llama2c_loader.h"
 #include "server/cli.h"
 
 namespace kvserve::cli {
+namespace {
+
+constexpr char kConvertUsage[] =
+    "usage: kvserve convert --llama2c CKPT --tokenizer TOK --out DIR [--dtype f32|f16|bf16]\n"
+    "Writes the llama2.c checkpoint CKPT as a Hugging Face model directory DIR:\n"
+    "config.json, model.safetensors (wq/wk rows permuted for rotate-half RoPE),\n"
+    "generation_config.json and tokenizer.model (a copy of TOK). --dtype: f32 (default).\n";
+
+int Usage(const char* error) {
+  if (error != nullptr) std::fprintf(stderr, "kvserve convert: %s\n", error);
+  std::fputs(kConvertUsage, stderr);
+  return 2;
+}
+
+}  // namespace
 
 int RunConvert(int argc, char** argv) {
-  std::fprintf(stderr, "kvserve: this command is not built yet\n");
-  return 1;
+  std::string ckpt, tokenizer, out, dtype_name = "f32";
+  for (int i = 1; i < argc; ++i) {
+    std::string_view arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kConvertUsage, stdout);
+      return 0;
+    }
+    std::string* target = nullptr;
+    std::string_view flag = arg, value;
+    bool has_value = false;
+    if (size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string_view::npos) {
+      flag = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+      has_value = true;
+    }
+    if (flag == "--llama2c") target = &ckpt;
+    if (flag == "--tokenizer") target = &tokenizer;
+    if (flag == "--out") target = &out;
+    if (flag == "--dtype") target = &dtype_name;
+    if (target == nullptr) {
+      std::string msg = "unknown argument '" + std::string(arg) + "'";
+      return Usage(msg.c_str());
+    }
+    if (!has_value) {
+      if (i + 1 >= argc) {
+        std::string msg = std::string(flag) + " needs a value";
+        return Usage(msg.c_str());
+      }
+      value = argv[++i];
+    }
+    *target = std::string(value);
+  }
+  if (ckpt.empty()) return Usage("--llama2c is required");
+  if (tokenizer.empty()) return Usage("--tokenizer is required");
+  if (out.empty()) return Usage("--out is required");
+  SafetensorsDtype dtype;
+  if (dtype_name == "f32") {
+    dtype = SafetensorsDtype::kF32;
+  } else if (dtype_name == "f16") {
+    dtype = SafetensorsDtype::kF16;
+  } else if (dtype_name == "bf16") {
+    dtype = SafetensorsDtype::kBF16;
+  } else {
+    std::string msg = "--dtype must be f32, f16 or bf16, not '" + dtype_name + "'";
+    return Usage(msg.c_str());
+  }
+
+  auto weights = LoadLlama2cCheckpoint(ckpt);
+  if (!weights.ok()) {
+    std::fprintf(stderr, "kvserve convert: %s\n", std::string(weights.status().message()).c_str());
+    return 1;
+  }
+  if (absl::Status s = WriteHfDirectory(*weights, tokenizer, out, dtype); !s.ok()) {
+    std::fprintf(stderr, "kvserve convert: %s\n", std::string(s.message()).c_str());
+    return 1;
+  }
+  auto check = LoadHfDirectory(out);
+  if (!check.ok()) {
+    std::fprintf(stderr, "kvserve convert: wrote %s but it does not load back: %s\n", out.c_str(),
+                 std::string(check.status().message()).c_str());
+    return 1;
+  }
+  const ModelConfig& c = weights->config;
+  std::error_code ec;
+  const auto bytes =
+      std::filesystem::file_size(std::filesystem::path(out) / "model.safetensors", ec);
+  std::fprintf(stderr,
+               "kvserve convert: wrote %s (%s, %lld parameters, %d layers, dim %d, %d/%d heads, "
+               "model.safetensors %s: %llu bytes)\n",
+               out.c_str(), c.name.c_str(), static_cast<long long>(c.NumParams()), c.num_layers,
+               c.dim, c.num_heads, c.num_kv_heads, SafetensorsDtypeName(dtype),
+               static_cast<unsigned long long>(ec ? 0 : bytes));
+  return 0;
 }
 
 }  // namespace kvserve::cli

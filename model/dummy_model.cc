@@ -1,0 +1,227 @@
+#include "model/dummy_model.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <new>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+
+namespace kvserve {
+namespace {
+
+constexpr char kMaxBytesEnv[] = "KVSERVE_DUMMY_MAX_BYTES";
+constexpr float kWeightStd = 0.02f;
+
+struct Preset {
+  const char* name;
+  const char* architecture;
+  int dim, hidden_dim, num_layers, num_heads, num_kv_heads, vocab_size, max_positions;
+  float rope_theta;
+  int sliding_window;
+  bool tied;
+  int32_t bos_id, eos_id;
+};
+
+// The real models copy their published config.json; tiny is a stories260K-like toy.
+constexpr Preset kPresets[] = {
+    {"tiny", "LlamaForCausalLM", 128, 352, 4, 8, 4, 512, 2048, 10000.0f, 0, true, 1, 2},
+    {"llama-2-7b", "LlamaForCausalLM", 4096, 11008, 32, 32, 32, 32000, 4096, 10000.0f, 0, false, 1,
+     2},
+    {"llama-2-70b", "LlamaForCausalLM", 8192, 28672, 80, 64, 8, 32000, 4096, 10000.0f, 0, false, 1,
+     2},
+    {"llama-3-8b", "LlamaForCausalLM", 4096, 14336, 32, 32, 8, 128256, 8192, 500000.0f, 0, false,
+     128000, 128001},
+    {"mistral-7b", "MistralForCausalLM", 4096, 14336, 32, 32, 8, 32000, 32768, 10000.0f, 4096,
+     false, 1, 2},
+};
+
+uint64_t SplitMix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+// Element i of the stream `seed`: the sum of four 16-bit uniforms (Irwin-Hall,
+// close enough to normal for weights nobody reads), scaled to std kWeightStd.
+inline float RandomWeight(uint64_t seed, uint64_t i) {
+  const uint64_t r = SplitMix64(seed + (i + 1) * 0x9e3779b97f4a7c15ull);
+  const int64_t sum =
+      static_cast<int64_t>(r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) + (r >> 48);
+  // Sum of 4 uniforms on [0, 65535]: mean 131070, std ~ 65536 / sqrt(3).
+  constexpr float kScale = kWeightStd * 1.7320508f / 65536.0f;
+  return static_cast<float>(sum - 131070) * kScale;
+}
+
+void FillRandom(float* data, uint64_t n, uint64_t seed) {
+  const uint64_t stream = SplitMix64(seed);
+  auto fill = [&](uint64_t begin, uint64_t end) {
+    for (uint64_t i = begin; i < end; ++i) data[i] = RandomWeight(stream, i);
+  };
+  const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
+  const uint64_t threads = n < (uint64_t{1} << 22) ? 1 : std::min<uint64_t>(hw, 32);
+  if (threads == 1) {
+    fill(0, n);
+    return;
+  }
+  std::vector<std::thread> workers;
+  const uint64_t chunk = (n + threads - 1) / threads;
+  for (uint64_t t = 1; t < threads; ++t) {
+    workers.emplace_back(fill, std::min(n, t * chunk), std::min(n, (t + 1) * chunk));
+  }
+  fill(0, std::min(n, chunk));
+  for (std::thread& w : workers) w.join();
+}
+
+std::string_view StripPrefix(std::string_view name) {
+  if (name.substr(0, sizeof(kDummyPrefix) - 1) == kDummyPrefix) {
+    name.remove_prefix(sizeof(kDummyPrefix) - 1);
+  }
+  return name;
+}
+
+std::string HumanBytes(uint64_t bytes) {
+  return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1ull << 30));
+}
+
+}  // namespace
+
+std::vector<std::string> DummyPresetNames() {
+  std::vector<std::string> names;
+  for (const Preset& p : kPresets) names.emplace_back(p.name);
+  return names;
+}
+
+absl::StatusOr<ModelConfig> DummyPresetConfig(std::string_view name) {
+  const std::string_view preset = StripPrefix(name);
+  for (const Preset& p : kPresets) {
+    if (preset != p.name) continue;
+    ModelConfig c;
+    c.name = p.name;
+    c.architecture = p.architecture;
+    c.dim = p.dim;
+    c.hidden_dim = p.hidden_dim;
+    c.num_layers = p.num_layers;
+    c.num_heads = p.num_heads;
+    c.num_kv_heads = p.num_kv_heads;
+    c.head_dim = p.dim / p.num_heads;
+    c.vocab_size = p.vocab_size;
+    c.max_position_embeddings = p.max_positions;
+    c.rope_theta = p.rope_theta;
+    c.rms_norm_eps = 1e-5f;
+    c.rope_style = RopeStyle::kNeox;
+    c.tie_word_embeddings = p.tied;
+    c.sliding_window = p.sliding_window;
+    c.bos_id = p.bos_id;
+    c.eos_id = p.eos_id;
+    c.bos_is_stop = false;
+    return c;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown dummy model preset '", std::string(preset),
+                   "'; known presets: ", absl::StrJoin(DummyPresetNames(), ", ")));
+}
+
+absl::StatusOr<uint64_t> DummyMaxBytesFromEnv() {
+  const char* env = std::getenv(kMaxBytesEnv);
+  if (env == nullptr || *env == '\0') return kDefaultDummyMaxBytes;
+  std::string_view text = env;
+  uint64_t unit = 1;
+  switch (text.back()) {
+    case 'K':
+    case 'k':
+      unit = 1ull << 10;
+      break;
+    case 'M':
+    case 'm':
+      unit = 1ull << 20;
+      break;
+    case 'G':
+    case 'g':
+      unit = 1ull << 30;
+      break;
+    default:
+      break;
+  }
+  if (unit != 1) text.remove_suffix(1);
+  uint64_t value;
+  if (!absl::SimpleAtoi(absl::string_view(text.data(), text.size()), &value) ||
+      value > UINT64_MAX / unit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kMaxBytesEnv, "='", env, "' is not a byte count (e.g. 68719476736 or 64G)"));
+  }
+  return value * unit;
+}
+
+absl::StatusOr<LlamaWeights> LoadDummyModel(std::string_view name) {
+  auto max_bytes = DummyMaxBytesFromEnv();
+  if (!max_bytes.ok()) return max_bytes.status();
+  return LoadDummyModel(name, *max_bytes);
+}
+
+absl::StatusOr<LlamaWeights> LoadDummyModel(std::string_view name, uint64_t max_bytes,
+                                            uint64_t seed) {
+  auto config = DummyPresetConfig(name);
+  if (!config.ok()) return config.status();
+  const ModelConfig& c = *config;
+  const uint64_t numel = static_cast<uint64_t>(c.NumParams());
+  const uint64_t bytes = numel * sizeof(float);
+  if (bytes > max_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(kDummyPrefix, c.name, " needs ", HumanBytes(bytes), " of fp32 weights (",
+                     numel, " parameters), over the limit of ", HumanBytes(max_bytes), "; set ",
+                     kMaxBytesEnv, " to allow more (shapes alone come from DummyPresetConfig)"));
+  }
+  std::shared_ptr<float[]> buffer;
+  try {
+    buffer.reset(new float[numel]);  // uninitialized: every element is filled below
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat(kDummyPrefix, c.name, ": cannot allocate ",
+                                                     HumanBytes(bytes), " of fp32 weights"));
+  }
+  FillRandom(buffer.get(), numel, seed);
+
+  // Carve the buffer into tensors in a fixed order; norms become all-ones so
+  // activations keep a sane scale through the layers.
+  uint64_t offset = 0;
+  auto take = [&](std::vector<int64_t> shape, bool is_norm = false) {
+    Tensor t{buffer.get() + offset, std::move(shape)};
+    if (is_norm) std::fill_n(buffer.get() + offset, t.numel(), 1.0f);
+    offset += static_cast<uint64_t>(t.numel());
+    return t;
+  };
+  const int64_t dim = c.dim, hid = c.hidden_dim;
+  const int64_t q_dim = static_cast<int64_t>(c.num_heads) * c.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  LlamaWeights w;
+  w.config = c;
+  w.tok_embeddings = take({c.vocab_size, dim});
+  w.layers.resize(c.num_layers);
+  for (LayerWeights& l : w.layers) {
+    l.attn_norm = take({dim}, true);
+    l.wq = take({q_dim, dim});
+    l.wk = take({kv_dim, dim});
+    l.wv = take({kv_dim, dim});
+    l.wo = take({dim, q_dim});
+    l.ffn_norm = take({dim}, true);
+    l.w_gate = take({hid, dim});
+    l.w_down = take({dim, hid});
+    l.w_up = take({hid, dim});
+  }
+  w.final_norm = take({dim}, true);
+  w.output = c.tie_word_embeddings ? w.tok_embeddings : take({c.vocab_size, dim});
+  if (offset != numel) {
+    std::fprintf(stderr, "kvserve: dummy weights use %llu of %llu parameters\n",
+                 static_cast<unsigned long long>(offset), static_cast<unsigned long long>(numel));
+    std::abort();
+  }
+  w.storage = std::move(buffer);
+  return w;
+}
+
+}  // namespace kvserve
