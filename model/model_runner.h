@@ -11,18 +11,13 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "cache/block_copy.h"
 #include "cache/block_pool.h"
 #include "cache/kv_format.h"
 #include "kernels/batch_input.h"
 #include "model/model_config.h"
 
 namespace kvserve {
-
-// One whole-block copy (every layer, K and V, scales included).
-struct BlockCopy {
-  BlockId src;
-  BlockId dst;
-};
 
 class ModelRunner {
  public:

@@ -1,0 +1,613 @@
+#include "cache/kv_cache_manager.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvserve {
+namespace {
+
+[[noreturn]] void Die(const std::string& what) {
+  std::fprintf(stderr, "KvCacheManager invariant broken: %s\n", what.c_str());
+  std::abort();
+}
+
+void CheckNoDuplicates(std::span<const SeqId> seqs, const char* op) {
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    for (size_t j = i + 1; j < seqs.size(); ++j) {
+      if (seqs[i] == seqs[j]) Die(absl::StrCat(op, " names sequence ", seqs[i], " twice"));
+    }
+  }
+}
+
+// "1 block", "2 blocks".
+std::string Blocks(int64_t n, const char* kind = "") {
+  return absl::StrCat(n, " ", kind, n == 1 ? "block" : "blocks");
+}
+
+const KvCacheConfig& ValidOrDie(const KvCacheConfig& config) {
+  if (absl::Status s = config.Validate(); !s.ok()) Die(std::string(s.message()));
+  return config;
+}
+
+}  // namespace
+
+absl::Status KvCacheConfig::Validate() const {
+  if (block_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache.block_size must be positive, got ", block_size));
+  }
+  if (num_blocks <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache.num_blocks must be positive, got ", num_blocks));
+  }
+  if (num_swap_blocks < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache.num_swap_blocks must not be negative, got ", num_swap_blocks));
+  }
+  return absl::OkStatus();
+}
+
+KvCacheManager::KvCacheManager(const KvCacheConfig& config)
+    : config_(ValidOrDie(config)),
+      pool_(config_.num_blocks),
+      swap_pool_(config_.num_swap_blocks),
+      prefix_(pool_.num_blocks(), config.block_size),
+      primary_pinned_(pool_.num_blocks(), 0),
+      host_pinned_(swap_pool_.num_blocks(), 0),
+      origin_(pool_.num_blocks(), Origin::kNone),
+      origin_src_(pool_.num_blocks(), kNoBlock),
+      primary_mark_(pool_.num_blocks(), 0),
+      host_mark_(swap_pool_.num_blocks(), 0),
+      primary_map_(pool_.num_blocks(), kNoBlock),
+      host_map_(swap_pool_.num_blocks(), kNoBlock) {}
+
+// ---- Helpers ----------------------------------------------------------------
+
+const KvCacheManager::SeqState& KvCacheManager::Get(SeqId seq) const {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) Die(absl::StrCat("unknown sequence ", seq));
+  return it->second;
+}
+
+KvCacheManager::SeqState& KvCacheManager::GetResident(SeqId seq, const char* op) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) Die(absl::StrCat(op, " of unknown sequence ", seq));
+  if (it->second.swapped) Die(absl::StrCat(op, " of swapped-out sequence ", seq));
+  return it->second;
+}
+
+BlockId KvCacheManager::AllocateFresh() {
+  std::optional<BlockId> id = pool_.Allocate();
+  if (!id) Die("allocation from an empty pool (capacity was checked)");
+  if (prefix_.contains(*id)) {
+    // The LRU cached block gives up its prefix for new content.
+    prefix_.Erase(*id);
+    --num_cached_free_;
+    ++counters_.evicted_cached_blocks;
+  }
+  return *id;
+}
+
+void KvCacheManager::ReleasePrimary(BlockId id) {
+  if (pool_.Release(id) && prefix_.contains(id)) ++num_cached_free_;
+}
+
+void KvCacheManager::PinPrimary(BlockId id) {
+  if (primary_pinned_[id]) return;
+  primary_pinned_[id] = 1;
+  pool_.AddRef(id);
+  pinned_primary_list_.push_back(id);
+}
+
+void KvCacheManager::PinHost(BlockId id) {
+  if (host_pinned_[id]) return;
+  host_pinned_[id] = 1;
+  swap_pool_.AddRef(id);
+  pinned_host_list_.push_back(id);
+}
+
+void KvCacheManager::RecordCow(BlockId src, BlockId dst) {
+  ++counters_.cow_copies;
+  if (origin_[src] == Origin::kSwapIn) {
+    // src itself is still arriving from the host: copy from there instead.
+    const BlockId host = origin_src_[src];
+    pending_.swap_in.push_back({host, dst});
+    origin_[dst] = Origin::kSwapIn;
+    origin_src_[dst] = host;
+  } else {
+    // (src is a pending copy-on-write destination only if its owner forked
+    // before computing its new tokens, which Fork forbids; kept so the batch
+    // stays independent whatever the caller does.)
+    const BlockId from = origin_[src] == Origin::kCow ? origin_src_[src] : src;
+    pending_.copies.push_back({from, dst});
+    PinPrimary(from);
+    origin_[dst] = Origin::kCow;
+    origin_src_[dst] = from;
+  }
+  PinPrimary(dst);
+}
+
+void KvCacheManager::NextMarkEpoch() const {
+  if (++mark_epoch_ == 0) {
+    std::fill(primary_mark_.begin(), primary_mark_.end(), 0);
+    std::fill(host_mark_.begin(), host_mark_.end(), 0);
+    mark_epoch_ = 1;
+  }
+}
+
+std::span<const int32_t> KvCacheManager::BlockTokens(const SeqState& s, int32_t index) const {
+  return std::span<const int32_t>(s.tokens).subspan(static_cast<size_t>(index) * config_.block_size,
+                                                    config_.block_size);
+}
+
+BlockId KvCacheManager::FindCachedBlock(const SeqState& s, int32_t index) const {
+  if (index >= static_cast<int32_t>(s.hashes.size())) return kNoBlock;
+  const BlockHash parent = index == 0 ? config_.hash_seed : s.hashes[index - 1];
+  return prefix_.Find(s.hashes[index], parent, s.extra_key, BlockTokens(s, index));
+}
+
+int32_t KvCacheManager::FindCachedPrefix(std::span<const int32_t> prompt, uint64_t extra_key,
+                                         std::vector<BlockId>* hits,
+                                         std::vector<BlockHash>* hashes) const {
+  hits->clear();
+  hashes->clear();
+  if (!config_.enable_prefix_caching) return 0;
+  const int32_t bs = config_.block_size;
+  // At least the last prompt token is computed, so the step yields logits.
+  const int32_t candidates = (static_cast<int32_t>(prompt.size()) - 1) / bs;
+  BlockHash parent = config_.hash_seed;
+  int32_t num_free = 0;
+  for (int32_t i = 0; i < candidates; ++i) {
+    std::span<const int32_t> tokens = prompt.subspan(static_cast<size_t>(i) * bs, bs);
+    const BlockHash h = HashBlock(parent, extra_key, tokens);
+    const BlockId id = prefix_.Find(h, parent, extra_key, tokens);
+    if (id == kNoBlock) break;
+    hits->push_back(id);
+    hashes->push_back(h);
+    if (pool_.is_free(id)) ++num_free;
+    parent = h;
+  }
+  return num_free;
+}
+
+// ---- Admission --------------------------------------------------------------
+
+bool KvCacheManager::CanAllocate(std::span<const int32_t> prompt,
+                                 std::string_view cache_salt) const {
+  if (prompt.empty()) return false;
+  const int32_t hit_free =
+      FindCachedPrefix(prompt, HashCacheSalt(cache_salt), &hit_scratch_, &hash_scratch_);
+  const int32_t total = BlocksFor(prompt.size());
+  return total - static_cast<int32_t>(hit_scratch_.size()) + hit_free <= pool_.num_free();
+}
+
+absl::StatusOr<AllocateResult> KvCacheManager::Allocate(SeqId seq, std::span<const int32_t> prompt,
+                                                        std::string_view cache_salt) {
+  if (seqs_.contains(seq)) Die(absl::StrCat("Allocate of existing sequence ", seq));
+  if (prompt.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("sequence ", seq, " has an empty prompt"));
+  }
+  const uint64_t extra_key = HashCacheSalt(cache_salt);
+  const int32_t hit_free = FindCachedPrefix(prompt, extra_key, &hit_scratch_, &hash_scratch_);
+  const int32_t num_hits = static_cast<int32_t>(hit_scratch_.size());
+  const int32_t total = BlocksFor(prompt.size());
+  const int32_t needed = total - num_hits + hit_free;
+  if (needed > pool_.num_free()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "prompt of ", prompt.size(), " tokens needs ", Blocks(total), " (", num_hits, " cached, ",
+        needed, " to take); ", pool_.num_free(), " of ", pool_.num_blocks(), " blocks are free"));
+  }
+
+  SeqState state(config_.block_size);
+  // Hits first: taking them off the free list keeps the allocations below
+  // from evicting them.
+  for (BlockId id : hit_scratch_) {
+    if (pool_.is_free(id)) {
+      pool_.Take(id);
+      --num_cached_free_;
+    } else {
+      pool_.AddRef(id);
+    }
+    state.table.AppendBlock(id);
+  }
+  for (int32_t i = num_hits; i < total; ++i) state.table.AppendBlock(AllocateFresh());
+  state.tokens.assign(prompt.begin(), prompt.end());
+  state.table.set_num_tokens(static_cast<int32_t>(prompt.size()));
+  state.hashes = hash_scratch_;
+  state.extra_key = extra_key;
+  state.num_computed = num_hits * config_.block_size;
+  seqs_.emplace(seq, std::move(state));
+
+  if (config_.enable_prefix_caching) {
+    ++counters_.prefix_queries;
+    counters_.prefix_query_tokens += static_cast<int64_t>(prompt.size());
+    counters_.prefix_hit_tokens += static_cast<int64_t>(num_hits) * config_.block_size;
+  }
+  return AllocateResult{num_hits * config_.block_size};
+}
+
+// ---- Growth -----------------------------------------------------------------
+
+bool KvCacheManager::CanAppend(SeqId seq, int32_t num_new_tokens) const {
+  const SeqState& s = Get(seq);
+  if (s.swapped) Die(absl::StrCat("CanAppend of swapped-out sequence ", seq));
+  if (num_new_tokens <= 0) return true;
+  const int32_t cur = s.table.num_tokens();
+  const bool cow = cur % config_.block_size != 0 && SeqRefs(s.table.blocks().back()) > 1;
+  const int32_t needed =
+      BlocksFor(static_cast<size_t>(cur) + num_new_tokens) - s.table.num_blocks() + (cow ? 1 : 0);
+  return needed <= pool_.num_free();
+}
+
+absl::Status KvCacheManager::Append(SeqId seq, std::span<const int32_t> new_token_ids) {
+  SeqState& s = GetResident(seq, "Append");
+  if (new_token_ids.empty()) return absl::OkStatus();
+  const int32_t cur = s.table.num_tokens();
+  const int32_t new_blocks = BlocksFor(cur + new_token_ids.size()) - s.table.num_blocks();
+  const bool cow = cur % config_.block_size != 0 && SeqRefs(s.table.blocks().back()) > 1;
+  const int32_t needed = new_blocks + (cow ? 1 : 0);
+  if (needed > pool_.num_free()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "sequence ", seq, " needs ", Blocks(needed, "more "), cow ? " (one copy-on-write)" : "",
+        "; ", pool_.num_free(), " of ", pool_.num_blocks(), " blocks are free"));
+  }
+  if (cow) {
+    const int32_t last = s.table.num_blocks() - 1;
+    const BlockId shared = s.table.blocks()[last];
+    const BlockId copy = AllocateFresh();
+    RecordCow(shared, copy);
+    ReleasePrimary(shared);
+    s.table.SetBlock(last, copy);
+  }
+  for (int32_t i = 0; i < new_blocks; ++i) s.table.AppendBlock(AllocateFresh());
+  s.tokens.insert(s.tokens.end(), new_token_ids.begin(), new_token_ids.end());
+  s.table.set_num_tokens(static_cast<int32_t>(s.tokens.size()));
+  return absl::OkStatus();
+}
+
+void KvCacheManager::MarkComputed(SeqId seq, int32_t num_computed_tokens) {
+  SeqState& s = GetResident(seq, "MarkComputed");
+  if (num_computed_tokens > s.table.num_tokens() || num_computed_tokens < s.num_computed) {
+    Die(absl::StrCat("MarkComputed(", seq, ", ", num_computed_tokens, ") with ", s.num_computed,
+                     " computed of ", s.table.num_tokens(), " reserved"));
+  }
+  s.num_computed = num_computed_tokens;
+  if (!config_.enable_prefix_caching) return;
+  const int32_t bs = config_.block_size;
+  const int32_t full = num_computed_tokens / bs;
+  BlockHash parent = s.hashes.empty() ? config_.hash_seed : s.hashes.back();
+  for (int32_t i = static_cast<int32_t>(s.hashes.size()); i < full; ++i) {
+    std::span<const int32_t> tokens = BlockTokens(s, i);
+    const BlockHash h = HashBlock(parent, s.extra_key, tokens);
+    s.hashes.push_back(h);
+    const BlockId id = s.table.blocks()[i];
+    // A block another sequence also holds was filed (or not) by whoever
+    // computed it; the same content computed twice stays private (Insert
+    // refuses a taken hash).
+    if (!prefix_.contains(id) && SeqRefs(id) == 1)
+      prefix_.Insert(id, h, parent, s.extra_key, tokens);
+    parent = h;
+  }
+}
+
+// ---- Branching and ending ---------------------------------------------------
+
+void KvCacheManager::Fork(SeqId parent, SeqId child) {
+  if (seqs_.contains(child)) Die(absl::StrCat("Fork into existing sequence ", child));
+  const SeqState& p = GetResident(parent, "Fork");
+  if (p.num_computed != p.table.num_tokens()) {
+    Die(absl::StrCat("Fork of sequence ", parent, " with ", p.table.num_tokens() - p.num_computed,
+                     " uncomputed tokens (both would write their slots)"));
+  }
+  SeqState copy = p;
+  for (BlockId id : copy.table.blocks()) pool_.AddRef(id);
+  seqs_.emplace(child, std::move(copy));
+}
+
+void KvCacheManager::Free(SeqId seq) {
+  auto it = seqs_.find(seq);
+  if (it == seqs_.end()) Die(absl::StrCat("Free of unknown sequence ", seq, " (double free?)"));
+  const SeqState& s = it->second;
+  const std::vector<BlockId>& blocks = s.table.blocks();
+  // Tail first: the tail enters the LRU list first, so it is evicted first.
+  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b) {
+    if (s.swapped) {
+      swap_pool_.Release(*b);
+    } else {
+      ReleasePrimary(*b);
+    }
+  }
+  if (s.swapped) --num_swapped_seqs_;
+  seqs_.erase(it);
+}
+
+// ---- Swap -------------------------------------------------------------------
+
+int32_t KvCacheManager::CountSwapOutBlocks(std::span<const SeqId> seqs) const {
+  NextMarkEpoch();
+  int32_t count = 0;
+  for (SeqId seq : seqs) {
+    const SeqState& s = Get(seq);
+    if (s.swapped) Die(absl::StrCat("SwapOut of swapped-out sequence ", seq));
+    for (BlockId id : s.table.blocks()) {
+      if (primary_mark_[id] == mark_epoch_) continue;
+      primary_mark_[id] = mark_epoch_;
+      // A block still arriving from the host goes back to that host block.
+      if (origin_[id] != Origin::kSwapIn) ++count;
+    }
+  }
+  return count;
+}
+
+int32_t KvCacheManager::CountSwapInBlocks(std::span<const SeqId> seqs) const {
+  NextMarkEpoch();
+  int32_t count = 0;
+  for (SeqId seq : seqs) {
+    const SeqState& s = Get(seq);
+    if (!s.swapped) Die(absl::StrCat("SwapIn of resident sequence ", seq));
+    for (int32_t i = 0; i < s.table.num_blocks(); ++i) {
+      const BlockId h = s.table.blocks()[i];
+      if (host_mark_[h] == mark_epoch_) continue;
+      host_mark_[h] = mark_epoch_;
+      const BlockId cached = FindCachedBlock(s, i);
+      if (cached == kNoBlock || pool_.is_free(cached)) ++count;
+    }
+  }
+  return count;
+}
+
+bool KvCacheManager::CanSwapOut(std::span<const SeqId> seqs) const {
+  CheckNoDuplicates(seqs, "CanSwapOut");
+  return CountSwapOutBlocks(seqs) <= swap_pool_.num_free();
+}
+
+bool KvCacheManager::CanSwapIn(std::span<const SeqId> seqs) const {
+  CheckNoDuplicates(seqs, "CanSwapIn");
+  return CountSwapInBlocks(seqs) <= pool_.num_free();
+}
+
+absl::Status KvCacheManager::SwapOut(std::span<const SeqId> seqs) {
+  CheckNoDuplicates(seqs, "SwapOut");
+  const int32_t needed = CountSwapOutBlocks(seqs);
+  if (needed > swap_pool_.num_free()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("swap-out of ", seqs.size(), " sequence(s) needs ", Blocks(needed, "host "),
+                     "; ", swap_pool_.num_free(), " of ", swap_pool_.num_blocks(), " are free"));
+  }
+  NextMarkEpoch();
+  std::vector<BlockId>& host_ids = hit_scratch_;
+  for (SeqId seq : seqs) {
+    SeqState& s = GetResident(seq, "SwapOut");
+    host_ids.clear();
+    for (BlockId p : s.table.blocks()) {
+      BlockId h;
+      if (primary_mark_[p] == mark_epoch_) {
+        h = primary_map_[p];  // shared inside the group: copied once
+        swap_pool_.AddRef(h);
+      } else if (origin_[p] == Origin::kSwapIn) {
+        h = origin_src_[p];  // pinned, still holds exactly what p will hold
+        swap_pool_.AddRef(h);
+      } else {
+        h = *swap_pool_.Allocate();
+        const BlockId from = origin_[p] == Origin::kCow ? origin_src_[p] : p;
+        pending_.swap_out.push_back({from, h});
+        PinHost(h);
+        ++counters_.swapped_out_blocks;
+      }
+      primary_mark_[p] = mark_epoch_;
+      primary_map_[p] = h;
+      host_ids.push_back(h);
+    }
+    // Tail first, like Free: cached blocks among them are evicted tail first.
+    for (int32_t i = s.table.num_blocks() - 1; i >= 0; --i) {
+      ReleasePrimary(s.table.blocks()[i]);
+      s.table.SetBlock(i, host_ids[i]);
+    }
+    s.swapped = true;
+    ++num_swapped_seqs_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status KvCacheManager::SwapIn(std::span<const SeqId> seqs) {
+  CheckNoDuplicates(seqs, "SwapIn");
+  const int32_t needed = CountSwapInBlocks(seqs);
+  if (needed > pool_.num_free()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("swap-in of ", seqs.size(), " sequence(s) needs ", Blocks(needed), "; ",
+                     pool_.num_free(), " of ", pool_.num_blocks(), " are free"));
+  }
+  NextMarkEpoch();
+  std::vector<BlockId>& primary_ids = hit_scratch_;
+  for (SeqId seq : seqs) {
+    SeqState& s = seqs_.find(seq)->second;
+    primary_ids.clear();
+    for (int32_t i = 0; i < s.table.num_blocks(); ++i) {
+      const BlockId h = s.table.blocks()[i];
+      BlockId p;
+      if (host_mark_[h] == mark_epoch_) {
+        p = host_map_[h];  // shared inside the group: one primary block
+        pool_.AddRef(p);
+      } else if (p = FindCachedBlock(s, i); p != kNoBlock) {
+        // The block's content is still cached on the device: no copy.
+        if (pool_.is_free(p)) {
+          pool_.Take(p);
+          --num_cached_free_;
+        } else {
+          pool_.AddRef(p);
+        }
+      } else {
+        p = AllocateFresh();
+        pending_.swap_in.push_back({h, p});
+        PinPrimary(p);
+        PinHost(h);
+        origin_[p] = Origin::kSwapIn;
+        origin_src_[p] = h;
+        ++counters_.swapped_in_blocks;
+        // File it again (its content lands before the forward pass that
+        // could read it), unless the hash has another block by now.
+        if (i < static_cast<int32_t>(s.hashes.size()) && !prefix_.ContainsHash(s.hashes[i])) {
+          prefix_.Insert(p, s.hashes[i], i == 0 ? config_.hash_seed : s.hashes[i - 1], s.extra_key,
+                         BlockTokens(s, i));
+        }
+      }
+      if (host_mark_[h] != mark_epoch_) {
+        host_mark_[h] = mark_epoch_;
+        host_map_[h] = p;
+      }
+      primary_ids.push_back(p);
+    }
+    for (int32_t i = s.table.num_blocks() - 1; i >= 0; --i) {
+      swap_pool_.Release(s.table.blocks()[i]);
+      s.table.SetBlock(i, primary_ids[i]);
+    }
+    s.swapped = false;
+    --num_swapped_seqs_;
+  }
+  return absl::OkStatus();
+}
+
+// ---- Per step ---------------------------------------------------------------
+
+StepCopies KvCacheManager::TakePendingCopies() {
+  StepCopies out = std::exchange(pending_, StepCopies{});
+  for (BlockId id : pinned_primary_list_) {
+    primary_pinned_[id] = 0;
+    origin_[id] = Origin::kNone;
+    origin_src_[id] = kNoBlock;
+    ReleasePrimary(id);
+  }
+  pinned_primary_list_.clear();
+  for (BlockId id : pinned_host_list_) {
+    host_pinned_[id] = 0;
+    swap_pool_.Release(id);
+  }
+  pinned_host_list_.clear();
+  return out;
+}
+
+// ---- Views ------------------------------------------------------------------
+
+void KvCacheManager::AppendSlotMapping(SeqId seq, int32_t begin, int32_t end,
+                                       std::vector<int64_t>* slots) const {
+  const SeqState& s = Get(seq);
+  if (s.swapped || begin < 0 || begin > end || end > s.table.num_tokens()) {
+    Die(absl::StrCat("AppendSlotMapping(", seq, ", ", begin, ", ", end, ") of a ",
+                     s.swapped ? "swapped-out" : "resident", " sequence of ", s.table.num_tokens(),
+                     " tokens"));
+  }
+  for (int32_t i = begin; i < end; ++i) slots->push_back(s.table.SlotOf(i));
+}
+
+KvCacheStats KvCacheManager::Stats() const {
+  KvCacheStats st = counters_;
+  st.num_blocks = pool_.num_blocks();
+  st.num_free_blocks = pool_.num_free();
+  st.num_active_blocks = pool_.num_used();
+  st.num_cached_blocks = num_cached_free_;
+  const double total = st.num_blocks > 0 ? st.num_blocks : 1;
+  st.active_usage = st.num_active_blocks / total;
+  st.usage_with_cached = (st.num_active_blocks + st.num_cached_blocks) / total;
+  st.num_swap_blocks = swap_pool_.num_blocks();
+  st.num_swap_free_blocks = swap_pool_.num_free();
+  st.num_sequences = static_cast<int32_t>(seqs_.size());
+  st.num_swapped_sequences = num_swapped_seqs_;
+  return st;
+}
+
+absl::Status KvCacheManager::CheckInvariants() const {
+  const int32_t bs = config_.block_size;
+  std::vector<int32_t> refs(pool_.num_blocks(), 0);
+  std::vector<int32_t> host_refs(swap_pool_.num_blocks(), 0);
+  int32_t swapped = 0;
+  for (const auto& [seq, s] : seqs_) {
+    const BlockTable& t = s.table;
+    if (t.block_size() != bs || static_cast<int32_t>(s.tokens.size()) != t.num_tokens() ||
+        t.num_blocks() != BlocksFor(s.tokens.size()) || t.num_tokens() == 0) {
+      return absl::InternalError(absl::StrCat("sequence ", seq, " has ", t.num_tokens(),
+                                              " tokens (", s.tokens.size(), " ids) in ",
+                                              t.num_blocks(), " blocks"));
+    }
+    if (s.num_computed < 0 || s.num_computed > t.num_tokens() ||
+        static_cast<int32_t>(s.hashes.size()) > s.num_computed / bs ||
+        (!config_.enable_prefix_caching && !s.hashes.empty())) {
+      return absl::InternalError(absl::StrCat("sequence ", seq, " has ", s.num_computed,
+                                              " computed tokens and ", s.hashes.size(),
+                                              " block hashes"));
+    }
+    if (s.swapped) ++swapped;
+    for (int32_t i = 0; i < t.num_blocks(); ++i) {
+      const BlockId id = t.blocks()[i];
+      const int32_t limit = s.swapped ? swap_pool_.num_blocks() : pool_.num_blocks();
+      if (id < 0 || id >= limit) {
+        return absl::InternalError(absl::StrCat("sequence ", seq, " names block ", id));
+      }
+      if (s.swapped) {
+        ++host_refs[id];
+        continue;
+      }
+      ++refs[id];
+      if (prefix_.contains(id) &&
+          (i >= static_cast<int32_t>(s.hashes.size()) || prefix_.hash(id) != s.hashes[i])) {
+        return absl::InternalError(absl::StrCat("sequence ", seq, " holds cached block ", id,
+                                                " at index ", i, " under another hash"));
+      }
+    }
+  }
+  if (swapped != num_swapped_seqs_) {
+    return absl::InternalError(
+        absl::StrCat(swapped, " sequences are swapped out, counted ", num_swapped_seqs_));
+  }
+
+  auto check_pool = [](const BlockPool& pool, const std::vector<int32_t>& refs,
+                       const std::vector<uint8_t>& pinned, const char* name) -> absl::Status {
+    int32_t zero = 0;
+    for (BlockId id = 0; id < pool.num_blocks(); ++id) {
+      const int32_t expected = refs[id] + pinned[id];
+      if (pool.ref_count(id) != expected) {
+        return absl::InternalError(absl::StrCat(name, " block ", id, " has ref count ",
+                                                pool.ref_count(id), "; tables hold ", refs[id],
+                                                pinned[id] ? " plus a pin" : ""));
+      }
+      if (expected == 0) ++zero;
+    }
+    const std::vector<BlockId> free_list = pool.FreeListInOrder();
+    if (static_cast<int32_t>(free_list.size()) != pool.num_free() || zero != pool.num_free() ||
+        pool.num_free() + pool.num_used() != pool.num_blocks()) {
+      return absl::InternalError(absl::StrCat(name, " pool: ", free_list.size(),
+                                              " blocks listed free, ", zero, " unreferenced, ",
+                                              pool.num_free(), " counted free"));
+    }
+    for (BlockId id : free_list) {
+      if (pool.ref_count(id) != 0) {
+        return absl::InternalError(absl::StrCat(name, " block ", id, " is free and used"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = check_pool(pool_, refs, primary_pinned_, "primary"); !s.ok()) return s;
+  if (absl::Status s = check_pool(swap_pool_, host_refs, host_pinned_, "host"); !s.ok()) return s;
+
+  int32_t cached_free = 0;
+  for (BlockId id = 0; id < pool_.num_blocks(); ++id) {
+    if (pool_.is_free(id) && prefix_.contains(id)) ++cached_free;
+    if (!primary_pinned_[id] && origin_[id] != Origin::kNone) {
+      return absl::InternalError(absl::StrCat("unpinned block ", id, " has a pending origin"));
+    }
+  }
+  if (cached_free != num_cached_free_) {
+    return absl::InternalError(
+        absl::StrCat(cached_free, " free blocks are cached, counted ", num_cached_free_));
+  }
+  if (!config_.enable_prefix_caching && prefix_.size() != 0) {
+    return absl::InternalError("prefix caching is off but blocks are cached");
+  }
+  return prefix_.CheckConsistent();
+}
+
+}  // namespace kvserve

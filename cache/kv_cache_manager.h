@@ -1,0 +1,255 @@
+// KvCacheManager: the KV cache as the scheduler sees it. It owns the primary
+// block pool, the host swap pool, one block table per sequence, the prefix
+// cache, and the copies the backend must run before the next forward pass.
+// Sequences are named by a SeqId the scheduler chooses.
+//
+// Protocol, once per engine step:
+//   1. plan:     CanAllocate/Allocate new prompts, CanAppend/Append decode
+//                tokens, Fork for n > 1, Free finished sequences,
+//                SwapOut/SwapIn for preemption. Running out of blocks is a
+//                value (ResourceExhausted) with nothing changed, which the
+//                scheduler answers with preemption.
+//   2. copies:   TakePendingCopies(); run swap_out, then copies, then swap_in
+//                (block_copy.h), before the forward pass.
+//   3. forward:  BatchInput from block_table()/AppendSlotMapping().
+//   4. commit:   MarkComputed(seq, n) once the K/V of tokens [0, n) are
+//                written. Only then do full blocks enter the prefix cache, so
+//                a hit never names a block a prefill chunk has yet to write.
+//
+// Copy-on-write: Fork shares every block (ref count + 1). Append, about to
+// put tokens into a partial last block that another sequence also holds,
+// first moves the sequence to a private copy. Full blocks are never written.
+//
+// Prefix caching (KvCacheConfig::enable_prefix_caching): a computed full
+// block is filed under a hash chained from its parent's hash, its tokens and
+// the cache salt (block_hash.h). Allocate reuses the longest chain of filed
+// blocks, whether held by running sequences (ref + 1) or free, and always
+// leaves at least the last prompt token to compute so the step has logits.
+// Freed filed blocks stay reusable in the pool's LRU free list until an
+// allocation needs them; Free releases a sequence's tail first, so its tail
+// is evicted first.
+//
+// Why the fixed copy order (swap_out, copies, swap_in, forward) is safe even
+// when blocks are freed and reused within one step:
+//   * Blocks a pending copy reads or writes are pinned (an extra pool
+//     reference, not visible as sharing) until TakePendingCopies, so they are
+//     never handed out again in the same step. The one exception is the
+//     source of a swap-out, which is freed at once so preemption makes room
+//     in the same step; swap-outs run first, before anything can overwrite it.
+//   * A copy never reads a block that a pending copy has yet to write: such a
+//     read is redirected to the original source (copy-on-write of a block
+//     being swapped in becomes a swap-in; swapping out a fresh copy-on-write
+//     block copies from its source; swapping out a block still being swapped
+//     in simply keeps the host block it came from).
+//   * So inside each batch no block is written twice or both read and
+//     written, and the forward pass only writes blocks after every copy.
+//
+// Contract violations (unknown or duplicate SeqId, appending to a swapped
+// sequence, forking a sequence with uncomputed tokens, marking computed
+// tokens that were never reserved) abort with a message: they are scheduler
+// bugs, not load.
+//
+// Thread-safety: none; the engine thread owns the manager.
+//
+// Example (block_size 4):
+//   KvCacheManager kv({.block_size = 4, .num_blocks = 8});
+//   auto r = kv.Allocate(1, prompt);          // r->num_cached_tokens == 0
+//   ... step: TakePendingCopies, forward, then kv.MarkComputed(1, prompt.size());
+//   kv.Fork(1, 2);                            // shares every block
+//   kv.Append(2, {token});                    // copy-on-write of the last block
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cache/block_copy.h"
+#include "cache/block_hash.h"
+#include "cache/block_pool.h"
+#include "cache/block_table.h"
+#include "cache/kv_cache_stats.h"
+#include "cache/prefix_cache.h"
+
+namespace kvserve {
+
+using SeqId = int64_t;
+
+struct KvCacheConfig {
+  int32_t block_size = 16;      // tokens per block
+  int32_t num_blocks = 0;       // primary (device) pool
+  int32_t num_swap_blocks = 0;  // host pool for swapped-out sequences; 0: no swap
+  bool enable_prefix_caching = true;
+  uint64_t hash_seed = 0;  // seeds every hash chain (block_hash.h)
+
+  // Names the bad field ("cache.block_size must be positive, got 0").
+  absl::Status Validate() const;
+};
+
+struct AllocateResult {
+  // Leading prompt tokens whose K/V came from the prefix cache (a multiple of
+  // block_size, less than the prompt length): compute from here.
+  int32_t num_cached_tokens = 0;
+};
+
+class KvCacheManager {
+ public:
+  // Aborts if !config.Validate().ok(); validate configs at start-up.
+  explicit KvCacheManager(const KvCacheConfig& config);
+
+  KvCacheManager(const KvCacheManager&) = delete;
+  KvCacheManager& operator=(const KvCacheManager&) = delete;
+
+  const KvCacheConfig& config() const { return config_; }
+  int32_t block_size() const { return config_.block_size; }
+
+  // ---- Admission -----------------------------------------------------------
+  // Whether Allocate would succeed now (counts prefix hits). It hashes the
+  // prompt, as Allocate does again; a scheduler may instead call Allocate and
+  // treat ResourceExhausted as "not now".
+  bool CanAllocate(std::span<const int32_t> prompt, std::string_view cache_salt = {}) const;
+  // Reserves slots for every prompt token, reusing cached prefix blocks.
+  // ResourceExhausted (nothing changed) when the pool is short;
+  // InvalidArgument for an empty prompt.
+  absl::StatusOr<AllocateResult> Allocate(SeqId seq, std::span<const int32_t> prompt,
+                                          std::string_view cache_salt = {});
+  absl::StatusOr<AllocateResult> Allocate(SeqId seq, std::initializer_list<int32_t> prompt,
+                                          std::string_view cache_salt = {}) {
+    return Allocate(seq, std::span<const int32_t>(prompt.begin(), prompt.size()), cache_salt);
+  }
+
+  // ---- Growth --------------------------------------------------------------
+  // Whether Append of num_new_tokens would succeed now (counts the
+  // copy-on-write block).
+  bool CanAppend(SeqId seq, int32_t num_new_tokens) const;
+  // Reserves slots for new tokens (normally the one just sampled), first
+  // copying a shared partial last block. ResourceExhausted (nothing changed)
+  // when the pool is short.
+  absl::Status Append(SeqId seq, std::span<const int32_t> new_token_ids);
+  absl::Status Append(SeqId seq, std::initializer_list<int32_t> new_token_ids) {
+    return Append(seq, std::span<const int32_t>(new_token_ids.begin(), new_token_ids.size()));
+  }
+  // The K/V of tokens [0, num_computed_tokens) are written: full blocks among
+  // them become prefix-cache entries. Never decreases.
+  void MarkComputed(SeqId seq, int32_t num_computed_tokens);
+
+  // ---- Branching and ending ------------------------------------------------
+  // `child` shares every block of `parent` (resident, every token computed).
+  void Fork(SeqId parent, SeqId child);
+  // Releases the sequence's blocks (primary or host), tail first.
+  void Free(SeqId seq);
+
+  // ---- Swap (preemption) ---------------------------------------------------
+  // A group (e.g. the samples of one request) moves together, so blocks its
+  // members share are copied once and stay shared. SwapOut frees the primary
+  // blocks at once (filed ones stay cached until evicted). SwapIn takes a
+  // block whose K/V are still in the prefix cache without a copy, and files
+  // the blocks it copies back in again. ResourceExhausted (nothing changed)
+  // when the target pool is short.
+  bool CanSwapOut(std::span<const SeqId> seqs) const;
+  absl::Status SwapOut(std::span<const SeqId> seqs);
+  absl::Status SwapOut(SeqId seq) { return SwapOut(std::span<const SeqId>(&seq, 1)); }
+  bool CanSwapIn(std::span<const SeqId> seqs) const;
+  absl::Status SwapIn(std::span<const SeqId> seqs);
+  absl::Status SwapIn(SeqId seq) { return SwapIn(std::span<const SeqId>(&seq, 1)); }
+
+  // ---- Per step ------------------------------------------------------------
+  // The copies recorded since the last call, and releases their pins (a
+  // block freed while a pending copy names it becomes allocatable here). Run
+  // them (in StepCopies order) before the forward pass.
+  StepCopies TakePendingCopies();
+  const StepCopies& pending_copies() const { return pending_; }
+
+  // ---- Views ---------------------------------------------------------------
+  bool Contains(SeqId seq) const { return seqs_.contains(seq); }
+  bool IsSwapped(SeqId seq) const { return Get(seq).swapped; }
+  // Logical block -> primary id (host ids while swapped).
+  const BlockTable& block_table(SeqId seq) const { return Get(seq).table; }
+  std::span<const int32_t> token_ids(SeqId seq) const { return Get(seq).tokens; }
+  int32_t num_tokens(SeqId seq) const { return Get(seq).table.num_tokens(); }
+  int32_t num_computed_tokens(SeqId seq) const { return Get(seq).num_computed; }
+  // Appends the slots (block_id * block_size + offset) of token indices
+  // [begin, end) of a resident sequence: BatchInput::slot_mapping.
+  void AppendSlotMapping(SeqId seq, int32_t begin, int32_t end, std::vector<int64_t>* slots) const;
+  int32_t num_sequences() const { return static_cast<int32_t>(seqs_.size()); }
+  int32_t num_free_blocks() const { return pool_.num_free(); }
+  // Whether a primary block is filed in the prefix cache.
+  bool IsCachedBlock(BlockId id) const {
+    return id >= 0 && id < pool_.num_blocks() && prefix_.contains(id);
+  }
+  const BlockPool& pool() const { return pool_; }
+  const BlockPool& swap_pool() const { return swap_pool_; }
+  KvCacheStats Stats() const;
+
+  // Full self-check, O(blocks + tokens): ref counts equal table references
+  // plus pins, free lists agree with ref counts, the prefix cache agrees with
+  // its map, every table covers its tokens. For tests and debug builds.
+  absl::Status CheckInvariants() const;
+
+ private:
+  struct SeqState {
+    explicit SeqState(int32_t block_size) : table(block_size) {}
+    BlockTable table;
+    std::vector<int32_t> tokens;
+    std::vector<BlockHash> hashes;  // chain hash of each computed full block
+    uint64_t extra_key = 0;
+    int32_t num_computed = 0;
+    bool swapped = false;
+  };
+  // What a pinned primary block will hold once this step's copies ran.
+  enum class Origin : uint8_t { kNone, kCow, kSwapIn };
+
+  const SeqState& Get(SeqId seq) const;
+  SeqState& GetResident(SeqId seq, const char* op);
+  int32_t BlocksFor(size_t num_tokens) const {
+    return static_cast<int32_t>((num_tokens + config_.block_size - 1) / config_.block_size);
+  }
+  int32_t SeqRefs(BlockId id) const { return pool_.ref_count(id) - primary_pinned_[id]; }
+  std::span<const int32_t> BlockTokens(const SeqState& s, int32_t index) const;
+  // The cached block holding block `index` of s (a computed full block), or kNoBlock.
+  BlockId FindCachedBlock(const SeqState& s, int32_t index) const;
+  int32_t FindCachedPrefix(std::span<const int32_t> prompt, uint64_t extra_key,
+                           std::vector<BlockId>* hits, std::vector<BlockHash>* hashes) const;
+  BlockId AllocateFresh();
+  void ReleasePrimary(BlockId id);
+  void PinPrimary(BlockId id);
+  void PinHost(BlockId id);
+  void RecordCow(BlockId src, BlockId dst);
+  int32_t CountSwapOutBlocks(std::span<const SeqId> seqs) const;
+  int32_t CountSwapInBlocks(std::span<const SeqId> seqs) const;
+  void NextMarkEpoch() const;
+
+  KvCacheConfig config_;
+  BlockPool pool_;
+  BlockPool swap_pool_;
+  PrefixCache prefix_;
+  absl::flat_hash_map<SeqId, SeqState> seqs_;
+  int32_t num_swapped_seqs_ = 0;
+  int32_t num_cached_free_ = 0;  // free primary blocks filed in the prefix cache
+
+  StepCopies pending_;
+  std::vector<uint8_t> primary_pinned_;  // [num_blocks] 0/1
+  std::vector<uint8_t> host_pinned_;     // [num_swap_blocks] 0/1
+  std::vector<Origin> origin_;           // [num_blocks], kNone unless pinned
+  std::vector<BlockId> origin_src_;      // [num_blocks]
+  std::vector<BlockId> pinned_primary_list_;
+  std::vector<BlockId> pinned_host_list_;
+
+  // Scratch for swap grouping: block id -> id in the other pool, valid where
+  // the stamp equals mark_epoch_ (no clearing between calls).
+  mutable uint32_t mark_epoch_ = 0;
+  mutable std::vector<uint32_t> primary_mark_;
+  mutable std::vector<uint32_t> host_mark_;
+  std::vector<BlockId> primary_map_;
+  std::vector<BlockId> host_map_;
+  mutable std::vector<BlockId> hit_scratch_;
+  mutable std::vector<BlockHash> hash_scratch_;
+
+  KvCacheStats counters_;
+};
+
+}  // namespace kvserve
