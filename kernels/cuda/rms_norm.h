@@ -1,0 +1,51 @@
+// RMSNorm on the GPU over rows of activations, optionally fused with the
+// residual add that precedes it in every Llama block (vLLM's
+// fused_add_rms_norm):
+//   plain:  out[t] = x[t] / rms(x[t]) * weight
+//   fused:  x[t] += residual[t];  out[t] = x[t] / rms(x[t]) * weight
+// with rms(v) = sqrt(mean(v^2) + eps).
+//
+// x, residual, weight and out share one storage dtype (fp32, fp16 or bf16);
+// all arithmetic is fp32 and each output element is rounded once. In the
+// fused form the sum is rounded to the storage dtype and stored, and the norm
+// is taken of that rounded value, so `out` is exactly the norm of what the
+// next residual add will read.
+//
+// Aliasing: out may equal residual (vLLM's in-place form) or, when not fused,
+// x. In the fused form out must not equal x.
+//
+// Thread-safety: stateless; the work is enqueued on the given stream and
+// the call does not synchronise.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace kvserve::cuda {
+
+// Storage type of activations and norm weights.
+enum class ActDtype : uint8_t { kFp32, kFp16, kBf16 };
+
+struct RmsNormParams {
+  void* x = nullptr;               // [num_tokens][x_stride]; fused: becomes x + residual
+  const void* residual = nullptr;  // [num_tokens][residual_stride]; null: plain RMSNorm
+  const void* weight = nullptr;    // [dim]
+  void* out = nullptr;             // [num_tokens][out_stride]
+  int64_t num_tokens = 0;
+  int64_t dim = 0;
+  // Elements from one row to the next; 0 means dim (contiguous rows).
+  int64_t x_stride = 0;
+  int64_t residual_stride = 0;
+  int64_t out_stride = 0;
+  float eps = 1e-5f;
+  ActDtype dtype = ActDtype::kFp32;
+};
+
+// InvalidArgument naming the field for a bad shape, stride, pointer or eps;
+// otherwise the launch's status. num_tokens == 0 launches nothing.
+absl::Status RmsNorm(const RmsNormParams& params, cudaStream_t stream);
+
+}  // namespace kvserve::cuda
