@@ -1,0 +1,312 @@
+// Decode speed of the CPU forward pass on a real checkpoint (stories260K by
+// default): single-stream greedy decode of 255 tokens from BOS, N runs, the
+// median tokens/s; then batched decode of 8 and 64 sequences together (total
+// tokens/s), on one thread and on the default thread count; then the model's
+// linear layers alone, our kernel against OpenBLAS (sgemv / sgemm), for 1, 8
+// and 64 rows. Wall-clock numbers are the headline; CPU-time numbers are
+// printed beside them because they are steadier on a shared machine.
+//
+//   decode_bench [MODEL] [--runs N] [--json FILE] [--mode all|single|batched|gemm]
+// MODEL defaults to $KVSERVE_SHARED/models/stories260k/stories260K.bin, else
+// shared/models/stories260k beside the current directory or one of its
+// ancestors (the repository root or a build folder inside it).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "cache/block_pool.h"
+#include "kernels/cpu/gemm.h"
+#include "model/cpu_model_runner.h"
+#include "model/model_loader.h"
+
+namespace kvserve {
+namespace {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+std::string DefaultModel() {
+  const std::string rel = "models/stories260k/stories260K.bin";
+  if (const char* env = std::getenv("KVSERVE_SHARED"); env != nullptr && *env != '\0') {
+    return std::string(env) + "/" + rel;
+  }
+  for (fs::path d = fs::current_path();; d = d.parent_path()) {
+    if (fs::exists(d / "shared" / rel)) return (d / "shared" / rel).string();
+    if (fs::exists(d / ".." / "shared" / rel)) return (d / ".." / "shared" / rel).string();
+    if (d == d.parent_path()) break;
+  }
+  return "../shared/" + rel;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+double ThreadCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+int32_t Argmax(const float* row, int n) {
+  return static_cast<int32_t>(std::max_element(row, row + n) - row);
+}
+
+// `num_seqs` sequences, each [BOS, first_token[i]] prefilled together, then
+// `steps` decode steps of all of them together. Returns the seconds the
+// decode steps took (prefill excluded when num_seqs > 1; for one sequence the
+// prompt is BOS alone and every step, the first included, is timed).
+struct DecodeResult {
+  double seconds = 0;
+  double cpu_seconds = 0;  // this thread's CPU time: less noisy on a shared machine
+  int64_t tokens = 0;
+  std::vector<int32_t> first_seq_tokens;
+};
+
+DecodeResult RunDecode(CpuModelRunner& runner, int num_seqs, int steps) {
+  const ModelConfig& c = runner.config();
+  const int bs = runner.kv_format().block_size();
+  const int32_t max_blocks = (c.max_position_embeddings + bs - 1) / bs;
+  BlockPool pool(runner.num_blocks());
+  std::vector<std::vector<int32_t>> tables(num_seqs);
+  std::vector<int32_t> len(num_seqs, 0);  // tokens cached so far
+  std::vector<float> logits(static_cast<size_t>(num_seqs) * c.vocab_size);
+  DecodeResult res;
+
+  BatchInput batch;
+  batch.Clear();
+  batch.max_blocks_per_seq = max_blocks;
+  batch.block_table.assign(static_cast<size_t>(num_seqs) * max_blocks, -1);
+  auto slot_for = [&](int s, int32_t i) -> int64_t {
+    if (i / bs >= static_cast<int32_t>(tables[s].size())) {
+      std::optional<BlockId> id = pool.Allocate();
+      if (!id) {
+        std::fprintf(stderr, "decode_bench: out of KV blocks\n");
+        std::exit(1);
+      }
+      tables[s].push_back(*id);
+      batch.block_table[static_cast<size_t>(s) * max_blocks + i / bs] = *id;
+    }
+    return int64_t{tables[s][i / bs]} * bs + i % bs;
+  };
+
+  std::vector<int32_t> next(num_seqs, c.bos_id);
+  if (num_seqs > 1) {
+    // Prefill [BOS, distinct token] per sequence so the streams differ.
+    for (int s = 0; s < num_seqs; ++s) {
+      const int32_t prompt[2] = {c.bos_id, static_cast<int32_t>(3 + (s * 37) % (c.vocab_size - 3))};
+      for (int32_t i = 0; i < 2; ++i) {
+        batch.token_ids.push_back(prompt[i]);
+        batch.positions.push_back(i);
+        batch.slot_mapping.push_back(slot_for(s, i));
+      }
+      batch.query_start.push_back(batch.num_tokens());
+      batch.context_len.push_back(2);
+      batch.logits_rows.push_back(batch.num_tokens() - 1);
+      len[s] = 2;
+    }
+    if (!runner.Forward(batch, logits).ok()) std::exit(1);
+    for (int s = 0; s < num_seqs; ++s)
+      next[s] = Argmax(logits.data() + s * c.vocab_size, c.vocab_size);
+  }
+  // Decode: one row per sequence; the batch is updated in place.
+  batch.token_ids.assign(num_seqs, 0);
+  batch.positions.assign(num_seqs, 0);
+  batch.slot_mapping.assign(num_seqs, 0);
+  batch.query_start.resize(num_seqs + 1);
+  batch.context_len.assign(num_seqs, 0);
+  batch.logits_rows.resize(num_seqs);
+  for (int s = 0; s <= num_seqs; ++s) batch.query_start[s] = s;
+  for (int s = 0; s < num_seqs; ++s) batch.logits_rows[s] = s;
+
+  const auto t0 = Clock::now();
+  const double c0 = ThreadCpuSeconds();
+  for (int step = 0; step < steps; ++step) {
+    for (int s = 0; s < num_seqs; ++s) {
+      const int32_t pos = len[s];
+      batch.token_ids[s] = next[s];
+      batch.positions[s] = pos;
+      batch.slot_mapping[s] = slot_for(s, pos);
+      batch.context_len[s] = pos + 1;
+      len[s] = pos + 1;
+    }
+    if (absl::Status st = runner.Forward(batch, logits); !st.ok()) {
+      std::fprintf(stderr, "decode_bench: %s\n", std::string(st.message()).c_str());
+      std::exit(1);
+    }
+    for (int s = 0; s < num_seqs; ++s)
+      next[s] = Argmax(logits.data() + s * c.vocab_size, c.vocab_size);
+    res.first_seq_tokens.push_back(next[0]);
+  }
+  res.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  res.cpu_seconds = ThreadCpuSeconds() - c0;
+  res.tokens = int64_t{steps} * num_seqs;
+  return res;
+}
+
+// Microseconds per row for every weight matrix of one token, per kernel.
+nlohmann::json BenchLinear(const LlamaWeights& w, int runs) {
+  struct Mat {
+    std::vector<float> data;  // a copy, so every kernel reads the same memory
+    int64_t out, in;
+  };
+  std::vector<Mat> mats;
+  auto add = [&](const Tensor& t) {
+    mats.push_back({std::vector<float>(t.data, t.data + t.numel()), t.shape[0], t.shape[1]});
+  };
+  for (const LayerWeights& l : w.layers) {
+    for (const Tensor* t : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) add(*t);
+  }
+  add(w.output);
+  int64_t max_in = 0, max_out = 0, macs = 0;
+  for (const Mat& m : mats) {
+    max_in = std::max(max_in, m.in);
+    max_out = std::max(max_out, m.out);
+    macs += m.in * m.out;
+  }
+  nlohmann::json out = nlohmann::json::array();
+  for (int rows : {1, 8, 64}) {
+    std::vector<float> x(rows * max_in, 0.25f), y(rows * max_out);
+    enum Kind { kOurs, kBlasGemm, kBlasGemv };
+    for (Kind kind : {kOurs, kBlasGemm, kBlasGemv}) {
+      if (kind == kBlasGemv && rows != 1) continue;
+      const char* name = kind == kOurs       ? "kvserve"
+                         : kind == kBlasGemm ? "openblas_sgemm"
+                                             : "openblas_sgemv";
+      const int iters = std::max(1, 2000 / rows);
+      std::vector<double> per_row_us;
+      for (int r = 0; r < std::max(3, runs); ++r) {
+        const double c0 = ThreadCpuSeconds();
+        for (int it = 0; it < iters; ++it) {
+          for (const Mat& m : mats) {
+            if (kind == kOurs) {
+              cpu::Linear(x.data(), rows, m.in, m.data.data(), m.out, y.data(), m.out, false);
+            } else if (kind == kBlasGemm) {
+              cpu::LinearBlas(x.data(), rows, m.in, m.data.data(), m.out, y.data(), m.out, false);
+            } else {
+              cpu::MatVec(m.data.data(), x.data(), y.data(), m.out, m.in, false,
+                          cpu::MatVecKernel::kBlas);
+            }
+          }
+        }
+        per_row_us.push_back((ThreadCpuSeconds() - c0) / iters / rows * 1e6);
+      }
+      const double med = Median(per_row_us);
+      std::printf("linear layers of one token, %2d rows, %-15s %8.2f us per row (%.1f GFLOP/s)\n",
+                  rows, name, med, 2.0 * macs / (med * 1e3));
+      out.push_back({{"rows", rows}, {"kernel", name}, {"cpu_us_per_row", med}});
+    }
+  }
+  return out;
+}
+
+int Main(int argc, char** argv) {
+  std::string model_path;
+  std::string json_path = "bench-decode.json";
+  int runs = 7;
+  std::string mode = "all";
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--json" && i + 1 < argc) {
+      json_path = argv[++i];
+    } else if (a == "--mode" && i + 1 < argc) {
+      mode = argv[++i];
+    } else if (a == "--runs" && i + 1 < argc) {
+      runs = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--help" || a == "-h") {
+      std::printf(
+          "usage: decode_bench [MODEL] [--runs N] [--json FILE] [--mode "
+          "all|single|batched|gemm]\n");
+      return 0;
+    } else if (!a.empty() && a[0] != '-') {
+      model_path = a;
+    } else {
+      std::fprintf(stderr, "decode_bench: unknown argument '%s'\n", a.c_str());
+      return 2;
+    }
+  }
+  if (model_path.empty()) model_path = DefaultModel();
+  auto loaded = LoadModel(model_path);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "decode_bench: %s\n", std::string(loaded.status().message()).c_str());
+    return 1;
+  }
+  const ModelConfig& c = loaded->weights.config;
+  const int steps = std::min(255, c.max_position_embeddings - 2);
+  nlohmann::json out;
+  out["model"] = c.name;
+  out["steps"] = steps;
+
+  // Single stream, one thread: the headline number.
+  if (mode == "all" || mode == "single") {
+    CpuRunnerOptions opt;
+    opt.num_threads = 1;
+    auto runner = CpuModelRunner::Create(loaded->weights, opt);
+    if (!runner.ok()) return 1;
+    RunDecode(**runner, 1, steps);  // warm-up: page in weights, size buffers
+    std::vector<double> tps, cpu_tps;
+    for (int r = 0; r < runs; ++r) {
+      DecodeResult d = RunDecode(**runner, 1, steps);
+      tps.push_back(d.tokens / d.seconds);
+      cpu_tps.push_back(d.tokens / d.cpu_seconds);
+      std::printf(
+          "single-stream run %d: %lld tokens in %.3f ms = %.0f tokens/s (%.0f per CPU second)\n",
+          r + 1, static_cast<long long>(d.tokens), d.seconds * 1e3, tps.back(), cpu_tps.back());
+    }
+    const double med = Median(tps);
+    std::printf(
+        "single-stream greedy decode: median %.0f tokens/s over %d runs "
+        "(%.0f per CPU second)\n",
+        med, runs, Median(cpu_tps));
+    out["single_stream"] = {{"threads", 1},
+                            {"runs_tokens_per_s", tps},
+                            {"median_tokens_per_s", med},
+                            {"median_tokens_per_cpu_s", Median(cpu_tps)}};
+  }
+
+  // Batched decode: total tokens/s, one thread and the default pool.
+  nlohmann::json batched = nlohmann::json::array();
+  for (int threads : {1, 0}) {
+    if (mode != "all" && mode != "batched") break;
+    CpuRunnerOptions opt;
+    opt.num_threads = threads;
+    opt.num_blocks = 64 * ((c.max_position_embeddings + opt.block_size - 1) / opt.block_size);
+    auto runner = CpuModelRunner::Create(loaded->weights, opt);
+    if (!runner.ok()) return 1;
+    for (int seqs : {8, 64}) {
+      const int bsteps = steps - 1;
+      RunDecode(**runner, seqs, bsteps);
+      std::vector<double> tps;
+      for (int r = 0; r < std::max(3, runs / 2); ++r) {
+        DecodeResult d = RunDecode(**runner, seqs, bsteps);
+        tps.push_back(d.tokens / d.seconds);
+      }
+      const double med = Median(tps);
+      std::printf("batched decode, %2d sequences, %d thread(s): median %.0f tokens/s total\n", seqs,
+                  (*runner)->num_threads(), med);
+      batched.push_back({{"sequences", seqs},
+                         {"threads", (*runner)->num_threads()},
+                         {"runs_tokens_per_s", tps},
+                         {"median_tokens_per_s", med}});
+    }
+  }
+  out["batched"] = batched;
+  if (mode == "all" || mode == "gemm") out["linear"] = BenchLinear(loaded->weights, runs);
+  std::ofstream(json_path) << out.dump(2) << "\n";
+  std::printf("wrote %s\n", json_path.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvserve
+
+int main(int argc, char** argv) { return kvserve::Main(argc, argv); }

@@ -1,0 +1,224 @@
+#include "kernels/cpu/gemm.h"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <mutex>
+
+#include "kernels/cpu/cpu_features.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace kvserve::cpu {
+namespace {
+
+void LinearScalar(const float* x, int64_t rows, int64_t in, const float* w, int64_t out, float* y,
+                  int64_t ldy, bool accumulate) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * in;
+    float* yr = y + r * ldy;
+    for (int64_t o = 0; o < out; ++o) {
+      const float* wr = w + o * in;
+      float s = 0.0f;
+      for (int64_t k = 0; k < in; ++k) s += wr[k] * xr[k];
+      yr[o] = accumulate ? yr[o] + s : s;
+    }
+  }
+}
+
+#if defined(__x86_64__)
+#define KV_AVX2 __attribute__((target("avx2,fma")))
+
+// Sums of four 8-lane accumulators, in one fixed tree:
+// ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) for each.
+KV_AVX2 inline __m128 Reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+// The same tree for eight accumulators at once: [sum a0 .. sum a7].
+KV_AVX2 inline __m256 Reduce8(const __m256* a) {
+  const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+  const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
+}
+
+// One tile: R rows of x against OT consecutive rows of W (OT = 4 or 8).
+// Each output is its own FMA chain over k in steps of 8 (the last step
+// masked), reduced by the same tree, so the result of an element does not
+// depend on R, OT or where the tile starts. Rows of W past `out` are clamped
+// to the last one and their results dropped.
+//
+// The loops over R and OT are unrolled so the accumulators live in
+// registers; only the reduced sums go through memory (buf).
+template <int R, int OT>
+KV_AVX2 inline void Tile(const float* const* xr, const float* w, int64_t in, int64_t o, int64_t out,
+                         float* const* yr, bool accumulate, __m256i tail_mask) {
+  const float* wr[OT];
+  if (o + OT <= out) {
+#pragma GCC unroll 16
+    for (int i = 0; i < OT; ++i) wr[i] = w + (o + i) * in;
+  } else {
+#pragma GCC unroll 16
+    for (int i = 0; i < OT; ++i) wr[i] = w + std::min<int64_t>(o + i, out - 1) * in;
+  }
+  __m256 acc[R][OT];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 16
+    for (int i = 0; i < OT; ++i) acc[r][i] = _mm256_setzero_ps();
+  }
+  const int64_t in8 = in & ~int64_t{7};
+  for (int64_t k = 0; k < in8; k += 8) {
+    __m256 xv[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_ps(xr[r] + k);
+#pragma GCC unroll 16
+    for (int i = 0; i < OT; ++i) {
+      const __m256 wv = _mm256_loadu_ps(wr[i] + k);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) acc[r][i] = _mm256_fmadd_ps(wv, xv[r], acc[r][i]);
+    }
+  }
+  if (in8 < in) {
+    __m256 xv[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; ++r) xv[r] = _mm256_maskload_ps(xr[r] + in8, tail_mask);
+#pragma GCC unroll 16
+    for (int i = 0; i < OT; ++i) {
+      const __m256 wv = _mm256_maskload_ps(wr[i] + in8, tail_mask);
+#pragma GCC unroll 16
+      for (int r = 0; r < R; ++r) acc[r][i] = _mm256_fmadd_ps(wv, xv[r], acc[r][i]);
+    }
+  }
+  alignas(32) float buf[R][OT];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) {
+    if constexpr (OT == 8) {
+      _mm256_store_ps(buf[r], Reduce8(acc[r]));
+    } else {
+      _mm_store_ps(buf[r], Reduce4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
+    }
+  }
+  const int64_t valid = std::min<int64_t>(OT, out - o);
+  for (int r = 0; r < R; ++r) {
+    float* yo = yr[r] + o;
+    if (accumulate) {
+      for (int64_t i = 0; i < valid; ++i) yo[i] += buf[r][i];
+    } else {
+      for (int64_t i = 0; i < valid; ++i) yo[i] = buf[r][i];
+    }
+  }
+}
+
+// Outputs [o_begin, o_end) of rows r .. r+R-1: tiles of three rows x four
+// outputs (twelve independent chains); a single row (decode) takes eight
+// outputs per tile so that it still has eight chains in flight.
+template <int R>
+KV_AVX2 void RowTile(const float* x, int64_t r, int64_t in, const float* w, int64_t o_begin,
+                     int64_t o_end, int64_t out, float* y, int64_t ldy, bool accumulate,
+                     __m256i tail_mask) {
+  const float* xr[R];
+  float* yr[R];
+  for (int i = 0; i < R; ++i) {
+    xr[i] = x + (r + i) * in;
+    yr[i] = y + (r + i) * ldy;
+  }
+  constexpr int OT = R == 1 ? 8 : 4;
+  for (int64_t o = o_begin; o < o_end; o += OT) {
+    Tile<R, OT>(xr, w, in, o, out, yr, accumulate, tail_mask);
+  }
+}
+
+KV_AVX2 void LinearAvx2(const float* x, int64_t rows, int64_t in, const float* w, int64_t out,
+                        float* y, int64_t ldy, bool accumulate) {
+  const int tail = static_cast<int>(in & 7);
+  alignas(32) int32_t mask_bits[8];
+  for (int i = 0; i < 8; ++i) mask_bits[i] = i < tail ? -1 : 0;
+  const __m256i tail_mask = _mm256_load_si256(reinterpret_cast<const __m256i*>(mask_bits));
+  // Walk W in blocks that stay in L2 while every row passes over them; a
+  // block is a multiple of 8 outputs so tiles never straddle two blocks.
+  constexpr int64_t kBlockBytes = 256 * 1024;
+  const int64_t block =
+      std::max<int64_t>(8, (kBlockBytes / (in * int64_t{sizeof(float)})) & ~int64_t{7});
+  for (int64_t o0 = 0; o0 < out; o0 += block) {
+    const int64_t o1 = std::min(out, o0 + block);
+    int64_t r = 0;
+    for (; r + 3 <= rows; r += 3) {
+      RowTile<3>(x, r, in, w, o0, o1, out, y, ldy, accumulate, tail_mask);
+    }
+    if (rows - r == 2) {
+      RowTile<2>(x, r, in, w, o0, o1, out, y, ldy, accumulate, tail_mask);
+    } else if (rows - r == 1) {
+      RowTile<1>(x, r, in, w, o0, o1, out, y, ldy, accumulate, tail_mask);
+    }
+  }
+}
+#endif  // __x86_64__
+
+bool UseAvx2() {
+#if defined(__x86_64__)
+  return DefaultCpuIsa() == CpuIsa::kAvx2;
+#else
+  return false;
+#endif
+}
+
+}  // namespace
+
+void SetBlasSingleThreaded() {
+  static std::once_flag once;
+  std::call_once(once, [] { openblas_set_num_threads(1); });
+}
+
+void Linear(const float* x, int64_t rows, int64_t in, const float* w, int64_t out, float* y,
+            int64_t ldy, bool accumulate) {
+  if (rows <= 0 || out <= 0) return;
+#if defined(__x86_64__)
+  if (UseAvx2()) {
+    LinearAvx2(x, rows, in, w, out, y, ldy, accumulate);
+    return;
+  }
+#endif
+  LinearScalar(x, rows, in, w, out, y, ldy, accumulate);
+}
+
+void MatVec(const float* w, const float* x, float* y, int64_t out, int64_t in, bool accumulate,
+            MatVecKernel kernel) {
+  switch (kernel) {
+    case MatVecKernel::kBest:
+      Linear(x, 1, in, w, out, y, out, accumulate);
+      return;
+    case MatVecKernel::kBlas:
+      SetBlasSingleThreaded();
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<blasint>(out), static_cast<blasint>(in),
+                  1.0f, w, static_cast<blasint>(in), x, 1, accumulate ? 1.0f : 0.0f, y, 1);
+      return;
+    case MatVecKernel::kAvx2:
+#if defined(__x86_64__)
+      if (CpuHasAvx2()) {
+        LinearAvx2(x, 1, in, w, out, y, out, accumulate);
+        return;
+      }
+#endif
+      [[fallthrough]];
+    case MatVecKernel::kScalar:
+      LinearScalar(x, 1, in, w, out, y, out, accumulate);
+      return;
+  }
+}
+
+void LinearBlas(const float* x, int64_t rows, int64_t in, const float* w, int64_t out, float* y,
+                int64_t ldy, bool accumulate) {
+  if (rows <= 0 || out <= 0) return;
+  SetBlasSingleThreaded();
+  // Y[rows, out] = X[rows, in] * W[out, in]^T
+  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(rows),
+              static_cast<blasint>(out), static_cast<blasint>(in), 1.0f, x,
+              static_cast<blasint>(in), w, static_cast<blasint>(in), accumulate ? 1.0f : 0.0f, y,
+              static_cast<blasint>(ldy));
+}
+
+}  // namespace kvserve::cpu

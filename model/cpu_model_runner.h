@@ -1,0 +1,79 @@
+// CpuModelRunner: the CPU backend of ModelRunner. It owns the model weights,
+// the primary KV pool (host memory, [num_layers][num_blocks][block_bytes])
+// and a second host pool that preempted sequences are swapped into; block
+// ids of both come from the caller's BlockPools.
+//
+// Example:
+//   KV_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(path));
+//   CpuRunnerOptions opt;
+//   opt.block_size = 16;
+//   opt.num_blocks = 64;
+//   KV_ASSIGN_OR_RETURN(auto runner, CpuModelRunner::Create(std::move(m.weights), opt));
+//   KV_RETURN_IF_ERROR(runner->Forward(batch, logits));
+//
+// Thread-safety: none; the engine thread owns the runner (Forward may use a
+// private thread pool internally).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "absl/status/statusor.h"
+#include "cache/kv_format.h"
+#include "cache/kv_pages.h"
+#include "model/llama_model.h"
+#include "model/llama_weights.h"
+#include "model/model_runner.h"
+
+namespace kvserve {
+
+struct CpuRunnerOptions {
+  KvDtype kv_dtype = KvDtype::kFp32;
+  int block_size = 16;
+  // Primary pool size; 0 means enough blocks for one sequence of
+  // max_position_embeddings tokens.
+  int32_t num_blocks = 0;
+  int32_t num_swap_blocks = 0;
+  int int4_group_size = 64;
+  // Threads of the forward pass, the caller included; <= 0: one per hardware thread.
+  int num_threads = 0;
+};
+
+class CpuModelRunner final : public ModelRunner {
+ public:
+  // Takes the weights (their storage stays alive with the runner). Copying a
+  // LlamaWeights is cheap (its tensors are views on shared storage), so
+  // several runners may share one loaded model.
+  static absl::StatusOr<std::unique_ptr<CpuModelRunner>> Create(LlamaWeights weights,
+                                                                const CpuRunnerOptions& options);
+
+  const ModelConfig& config() const override { return model_->config(); }
+  const KvFormat& kv_format() const override { return primary_.format(); }
+  int32_t num_blocks() const override { return primary_.num_blocks(); }
+  int32_t num_swap_blocks() const override { return swap_.num_blocks(); }
+
+  absl::Status Forward(const BatchInput& batch, std::span<float> logits) override;
+  // Aborts on a block id outside its pool (the scheduler's broken invariant).
+  void CopyBlocks(std::span<const BlockCopy> copies) override;
+  void SwapOut(std::span<const BlockCopy> copies) override;
+  void SwapIn(std::span<const BlockCopy> copies) override;
+
+  // The host pages, for tests and tools that inspect the cache.
+  const HostKvPages& primary_pages() const { return primary_; }
+  const HostKvPages& swap_pages() const { return swap_; }
+  int num_threads() const { return model_->num_threads(); }
+
+ private:
+  CpuModelRunner(std::unique_ptr<LlamaModel> model, const KvFormat& format, int32_t num_blocks,
+                 int32_t num_swap_blocks);
+
+  static void CopyAcross(const HostKvPages& from, HostKvPages& to,
+                         std::span<const BlockCopy> copies, const char* what);
+
+  std::unique_ptr<LlamaModel> model_;
+  HostKvPages primary_;
+  HostKvPages swap_;
+};
+
+}  // namespace kvserve

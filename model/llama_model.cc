@@ -1,0 +1,403 @@
+#include "model/llama_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "cache/status_macros.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/paged_attention.h"
+
+namespace kvserve {
+namespace {
+
+absl::Status CheckTensor(const Tensor& t, int64_t numel, const std::string& name) {
+  if (t.data == nullptr)
+    return absl::InvalidArgumentError(absl::StrCat("weights: ", name, " is missing"));
+  if (t.numel() != numel) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weights: ", name, " has ", t.numel(), " elements, the config needs ", numel));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckWeights(const LlamaWeights& w) {
+  const ModelConfig& c = w.config;
+  KV_RETURN_IF_ERROR(c.Validate());
+  if (static_cast<int>(w.layers.size()) != c.num_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weights: ", w.layers.size(), " layers, the config says ", c.num_layers));
+  }
+  const int64_t dim = c.dim, hid = c.hidden_dim;
+  const int64_t qd = int64_t{c.num_heads} * c.head_dim, kvd = int64_t{c.num_kv_heads} * c.head_dim;
+  KV_RETURN_IF_ERROR(CheckTensor(w.tok_embeddings, c.vocab_size * dim, "tok_embeddings"));
+  KV_RETURN_IF_ERROR(CheckTensor(w.final_norm, dim, "final_norm"));
+  KV_RETURN_IF_ERROR(CheckTensor(w.output, c.vocab_size * dim, "output"));
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& lw = w.layers[l];
+    const std::string p = absl::StrCat("layers.", l, ".");
+    KV_RETURN_IF_ERROR(CheckTensor(lw.attn_norm, dim, p + "attn_norm"));
+    KV_RETURN_IF_ERROR(CheckTensor(lw.wq, qd * dim, p + "wq"));
+    KV_RETURN_IF_ERROR(CheckTensor(lw.wk, kvd * dim, p + "wk"));
+    KV_RETURN_IF_ERROR(CheckTensor(lw.wv, kvd * dim, p + "wv"));
+    KV_RETURN_IF_ERROR(CheckTensor(lw.wo, dim * qd, p + "wo"));
+    KV_RETURN_IF_ERROR(CheckTensor(lw.ffn_norm, dim, p + "ffn_norm"));
+    KV_RETURN_IF_ERROR(CheckTensor(lw.w_gate, hid * dim, p + "w_gate"));
+    KV_RETURN_IF_ERROR(CheckTensor(lw.w_down, dim * hid, p + "w_down"));
+    KV_RETURN_IF_ERROR(CheckTensor(lw.w_up, hid * dim, p + "w_up"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BadBatch(const std::string& what) {
+  return absl::InvalidArgumentError(absl::StrCat("BatchInput: ", what));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weights,
+                                                               int num_threads) {
+  KV_RETURN_IF_ERROR(CheckWeights(weights));
+  cpu::SetBlasSingleThreaded();
+  if (num_threads <= 0) num_threads = std::max(1u, std::thread::hardware_concurrency());
+  return std::unique_ptr<LlamaModel>(new LlamaModel(std::move(weights), num_threads));
+}
+
+LlamaModel::LlamaModel(LlamaWeights weights, int num_threads)
+    : weights_(std::move(weights)),
+      rope_(weights_.config.max_position_embeddings, weights_.config.head_dim,
+            weights_.config.rope_theta),
+      pool_(num_threads) {
+  const ModelConfig& c = weights_.config;
+  q_dim_ = c.num_heads * c.head_dim;
+  kv_dim_ = c.num_kv_heads * c.head_dim;
+  attn_scale_ = 1.0f / sqrtf(static_cast<float>(c.head_dim));
+  macs_per_token_ = int64_t{c.num_layers} * (int64_t{c.dim} * (2 * q_dim_ + 2 * kv_dim_) +
+                                             3 * int64_t{c.dim} * c.hidden_dim) +
+                    int64_t{c.vocab_size} * c.dim;
+  for (const LayerWeights& w : weights_.layers) {
+    mats_.push_back(
+        {w.wq.data, w.wk.data, w.wv.data, w.wo.data, w.w_gate.data, w.w_up.data, w.w_down.data});
+  }
+  output_ = weights_.output.data;
+  RepackIfMisaligned();
+}
+
+void LlamaModel::FreeDeleter::operator()(float* p) const { std::free(p); }
+
+void LlamaModel::RepackIfMisaligned() {
+  constexpr int64_t kAlignFloats = 16;  // 64 bytes
+  auto misaligned = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 64 != 0; };
+  auto padded = [](int64_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; };
+  std::vector<std::pair<const float**, int64_t>> todo;  // matrix pointer, floats
+  for (size_t l = 0; l < mats_.size(); ++l) {
+    const LayerWeights& w = weights_.layers[l];
+    LayerMatrices& m = mats_[l];
+    todo.push_back({&m.wq, w.wq.numel()});
+    todo.push_back({&m.wk, w.wk.numel()});
+    todo.push_back({&m.wv, w.wv.numel()});
+    todo.push_back({&m.wo, w.wo.numel()});
+    todo.push_back({&m.w_gate, w.w_gate.numel()});
+    todo.push_back({&m.w_up, w.w_up.numel()});
+    todo.push_back({&m.w_down, w.w_down.numel()});
+  }
+  todo.push_back({&output_, weights_.output.numel()});
+  int64_t total = 0;
+  bool any_misaligned = false;
+  for (const auto& [ptr, n] : todo) {
+    total += padded(n);
+    any_misaligned |= misaligned(*ptr);
+  }
+  if (!any_misaligned || total * int64_t{sizeof(float)} > kMaxRepackBytes) return;
+  float* arena = static_cast<float*>(std::aligned_alloc(64, total * sizeof(float)));
+  if (arena == nullptr) return;  // keep reading the weights in place
+  arena_.reset(arena);
+  int64_t off = 0;
+  for (const auto& [ptr, n] : todo) {
+    std::copy(*ptr, *ptr + n, arena + off);
+    *ptr = arena + off;
+    off += padded(n);
+  }
+}
+
+absl::Status LlamaModel::Validate(const BatchInput& batch, const HostKvPages& kv,
+                                  std::span<float> logits) const {
+  const ModelConfig& c = weights_.config;
+  const KvFormat& f = kv.format();
+  if (kv.num_layers() != c.num_layers || f.num_kv_heads() != c.num_kv_heads ||
+      f.head_dim() != c.head_dim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV pages (", kv.num_layers(), " layers, ", f.num_kv_heads(),
+                     " kv heads, head_dim ", f.head_dim(), ") do not match the model (",
+                     c.num_layers, ", ", c.num_kv_heads, ", ", c.head_dim, ")"));
+  }
+  const int64_t T = batch.num_tokens(), B = batch.num_seqs();
+  if (static_cast<int64_t>(batch.positions.size()) != T) {
+    return BadBatch(absl::StrCat("positions has ", batch.positions.size(), " entries, want ", T));
+  }
+  if (static_cast<int64_t>(batch.slot_mapping.size()) != T) {
+    return BadBatch(
+        absl::StrCat("slot_mapping has ", batch.slot_mapping.size(), " entries, want ", T));
+  }
+  if (static_cast<int64_t>(batch.query_start.size()) != B + 1 || batch.query_start[0] != 0 ||
+      batch.query_start[B] != T) {
+    return BadBatch(absl::StrCat("query_start must have num_seqs + 1 = ", B + 1,
+                                 " entries from 0 to num_tokens = ", T));
+  }
+  if (batch.max_blocks_per_seq < 0 ||
+      static_cast<int64_t>(batch.block_table.size()) < B * batch.max_blocks_per_seq) {
+    return BadBatch(absl::StrCat(
+        "block_table has ", batch.block_table.size(),
+        " entries, want num_seqs * max_blocks_per_seq = ", B * batch.max_blocks_per_seq));
+  }
+  const int bs = f.block_size();
+  for (int64_t b = 0; b < B; ++b) {
+    const int32_t q_len = batch.query_start[b + 1] - batch.query_start[b];
+    const int32_t ctx = batch.context_len[b];
+    if (q_len < 0) return BadBatch(absl::StrCat("query_start decreases at sequence ", b));
+    if (ctx < q_len) {
+      return BadBatch(
+          absl::StrCat("context_len[", b, "] = ", ctx, " is less than its ", q_len, " new tokens"));
+    }
+    if (q_len == 0) continue;
+    const int64_t needed = (int64_t{ctx} + bs - 1) / bs;
+    if (needed > batch.max_blocks_per_seq) {
+      return BadBatch(absl::StrCat("context_len[", b, "] = ", ctx, " needs ", needed,
+                                   " blocks but max_blocks_per_seq is ", batch.max_blocks_per_seq));
+    }
+    // Only blocks the attention window of this step's first row can reach
+    // are read; earlier ones may already be released.
+    const int32_t first = ctx - q_len;
+    const int32_t lo = c.sliding_window > 0 ? std::max(0, first - c.sliding_window + 1) : 0;
+    const int32_t* row = batch.BlockRow(static_cast<int32_t>(b));
+    for (int64_t i = lo / bs; i < needed; ++i) {
+      if (row[i] < 0 || row[i] >= kv.num_blocks()) {
+        return BadBatch(absl::StrCat("block_table[", b, "][", i, "] = ", row[i],
+                                     " is not a block id (pool has ", kv.num_blocks(), ")"));
+      }
+    }
+  }
+  const int64_t num_slots = int64_t{kv.num_blocks()} * bs;
+  for (int64_t t = 0; t < T; ++t) {
+    if (batch.token_ids[t] < 0 || batch.token_ids[t] >= c.vocab_size) {
+      return BadBatch(absl::StrCat("token_ids[", t, "] = ", batch.token_ids[t],
+                                   " is outside the vocabulary of ", c.vocab_size));
+    }
+    if (batch.positions[t] < 0 || batch.positions[t] >= rope_.max_positions()) {
+      return BadBatch(
+          absl::StrCat("positions[", t, "] = ", batch.positions[t],
+                       " is outside [0, max_position_embeddings = ", rope_.max_positions(), ")"));
+    }
+    if (batch.slot_mapping[t] >= num_slots) {
+      return BadBatch(absl::StrCat("slot_mapping[", t, "] = ", batch.slot_mapping[t],
+                                   " is past the last slot ", num_slots - 1));
+    }
+  }
+  int32_t prev = -1;
+  for (size_t i = 0; i < batch.logits_rows.size(); ++i) {
+    const int32_t r = batch.logits_rows[i];
+    if (r <= prev || r >= T) {
+      return BadBatch(absl::StrCat("logits_rows[", i, "] = ", r,
+                                   " is not ascending inside [0, num_tokens = ", T, ")"));
+    }
+    prev = r;
+  }
+  const size_t want = batch.logits_rows.size() * static_cast<size_t>(c.vocab_size);
+  if (logits.size() < want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("logits buffer has ", logits.size(), " floats, the batch needs ", want));
+  }
+  return absl::OkStatus();
+}
+
+void LlamaModel::EnsureCapacity(int64_t rows, int64_t logit_rows) {
+  const ModelConfig& c = weights_.config;
+  if (rows > capacity_) {
+    capacity_ = std::max(rows, capacity_ * 2);
+    x_.resize(capacity_ * c.dim);
+    xb_.resize(capacity_ * c.dim);
+    q_.resize(capacity_ * q_dim_);
+    k_.resize(capacity_ * kv_dim_);
+    v_.resize(capacity_ * kv_dim_);
+    att_.resize(capacity_ * q_dim_);
+    gate_.resize(capacity_ * c.hidden_dim);
+    up_.resize(capacity_ * c.hidden_dim);
+  }
+  if (logit_rows > logit_capacity_) {
+    logit_capacity_ = std::max(logit_rows, logit_capacity_ * 2);
+    final_.resize(logit_capacity_ * c.dim);
+  }
+}
+
+void LlamaModel::PlanStep(const BatchInput& batch) {
+  const ModelConfig& c = weights_.config;
+  const int32_t T = batch.num_tokens();
+  const int window = c.sliding_window;
+  auto keys_of = [&](int32_t idx) -> int64_t {
+    return window > 0 ? std::min<int64_t>(idx + 1, window) : idx + 1;
+  };
+  int64_t total_keys = 0;
+  for (int32_t b = 0; b < batch.num_seqs(); ++b) {
+    const int32_t q_len = batch.query_start[b + 1] - batch.query_start[b];
+    const int32_t first = batch.context_len[b] - q_len;
+    for (int32_t i = 0; i < q_len; ++i) total_keys += keys_of(first + i);
+  }
+  // Q.K and P.V for every head and layer.
+  const int64_t attn_macs = total_keys * 2 * q_dim_ * c.num_layers;
+  const int64_t macs = int64_t{T} * macs_per_token_ + attn_macs;
+  const int threads = pool_.num_threads();
+  if (threads == 1 || T < 2 || macs < kParallelMinMacs) {
+    row_chunks_ = 1;
+    attn_split_.assign({0, T});
+    return;
+  }
+  row_chunks_ = static_cast<int>(std::min<int64_t>(threads, T));
+  const int parts = static_cast<int>(std::min<int64_t>(kAttentionChunksPerThread * threads, T));
+  attn_split_.assign(parts + 1, T);
+  attn_split_[0] = 0;
+  // Cost of a row: the keys it reads plus a fixed per-row overhead.
+  constexpr int64_t kRowOverhead = 8;
+  const int64_t total = total_keys + kRowOverhead * T;
+  int64_t acc = 0;
+  int part = 1;
+  for (int32_t b = 0; b < batch.num_seqs() && part < parts; ++b) {
+    const int32_t q_len = batch.query_start[b + 1] - batch.query_start[b];
+    const int32_t first = batch.context_len[b] - q_len;
+    for (int32_t i = 0; i < q_len && part < parts; ++i) {
+      acc += keys_of(first + i) + kRowOverhead;
+      const int32_t r = batch.query_start[b] + i;
+      while (part < parts && acc * parts >= total * part) attn_split_[part++] = r + 1;
+    }
+  }
+}
+
+void LlamaModel::AttentionInput(int layer, const BatchInput& batch, HostKvPages& kv, int64_t r0,
+                                int64_t r1) {
+  const int64_t n = r1 - r0;
+  if (n <= 0) return;
+  const ModelConfig& c = weights_.config;
+  const LayerWeights& w = weights_.layers[layer];
+  const LayerMatrices& m = mats_[layer];
+  const int64_t dim = c.dim;
+  cpu::RmsNorm(x_.data() + r0 * dim, w.attn_norm.data, xb_.data() + r0 * dim, n, dim,
+               c.rms_norm_eps);
+  const float* xb = xb_.data() + r0 * dim;
+  float* q = q_.data() + r0 * q_dim_;
+  float* k = k_.data() + r0 * kv_dim_;
+  float* v = v_.data() + r0 * kv_dim_;
+  cpu::Linear(xb, n, dim, m.wq, q_dim_, q, q_dim_, false);
+  cpu::Linear(xb, n, dim, m.wk, kv_dim_, k, kv_dim_, false);
+  cpu::Linear(xb, n, dim, m.wv, kv_dim_, v, kv_dim_, false);
+  const bool interleaved = c.rope_style == RopeStyle::kInterleaved;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t pos = batch.positions[r0 + i];
+    const float* cs = rope_.cos(pos);
+    const float* sn = rope_.sin(pos);
+    cpu::ApplyRope(q + i * q_dim_, c.num_heads, c.head_dim, cs, sn, interleaved);
+    cpu::ApplyRope(k + i * kv_dim_, c.num_kv_heads, c.head_dim, cs, sn, interleaved);
+  }
+  cpu::KvWriteParams wp;
+  wp.k = k;
+  wp.v = v;
+  wp.slot_mapping = batch.slot_mapping.data() + r0;
+  wp.num_tokens = static_cast<int32_t>(n);
+  wp.kv_layer = kv.layer(layer);
+  wp.format = &kv.format();
+  cpu::WriteKv(wp);
+}
+
+void LlamaModel::AttentionOutputAndMlp(int layer, int64_t r0, int64_t r1) {
+  const int64_t n = r1 - r0;
+  if (n <= 0) return;
+  const ModelConfig& c = weights_.config;
+  const LayerWeights& w = weights_.layers[layer];
+  const LayerMatrices& m = mats_[layer];
+  const int64_t dim = c.dim, hid = c.hidden_dim;
+  float* x = x_.data() + r0 * dim;
+  float* xb = xb_.data() + r0 * dim;
+  float* gate = gate_.data() + r0 * hid;
+  float* up = up_.data() + r0 * hid;
+  cpu::Linear(att_.data() + r0 * q_dim_, n, q_dim_, m.wo, dim, x, dim, /*accumulate=*/true);
+  cpu::RmsNorm(x, w.ffn_norm.data, xb, n, dim, c.rms_norm_eps);
+  cpu::Linear(xb, n, dim, m.w_gate, hid, gate, hid, false);
+  cpu::Linear(xb, n, dim, m.w_up, hid, up, hid, false);
+  cpu::SiluMul(gate, up, n * hid);
+  cpu::Linear(gate, n, hid, m.w_down, dim, x, dim, /*accumulate=*/true);
+}
+
+absl::Status LlamaModel::Forward(const BatchInput& batch, HostKvPages& kv,
+                                 std::span<float> logits) {
+  KV_RETURN_IF_ERROR(Validate(batch, kv, logits));
+  const ModelConfig& c = weights_.config;
+  const int64_t T = batch.num_tokens();
+  const int64_t R = static_cast<int64_t>(batch.logits_rows.size());
+  if (T == 0) return absl::OkStatus();
+  EnsureCapacity(T, R);
+  const int64_t dim = c.dim;
+
+  PlanStep(batch);
+  const int chunks = row_chunks_;
+  const int attn_chunks = static_cast<int>(attn_split_.size()) - 1;
+
+  cpu::Embedding(weights_.tok_embeddings.data, batch.token_ids.data(), T, dim, x_.data());
+
+  cpu::PagedAttentionParams ap;
+  ap.q = q_.data();
+  ap.out = att_.data();
+  ap.format = &kv.format();
+  ap.batch = &batch;
+  ap.num_heads = c.num_heads;
+  ap.scale = attn_scale_;
+  ap.sliding_window = c.sliding_window;
+
+  // Phase boundaries are the only synchronisation: K/V of every row must be
+  // written before any row attends, and attention ranges are split by cost,
+  // not like the row ranges, so the MLP waits for all of them. The MLP of
+  // layer l and the attention input of layer l + 1 share the row ranges and
+  // run in one phase.
+  pool_.Run(chunks, [&](int ch) {
+    int64_t r0, r1;
+    cpu::SplitRange(T, chunks, ch, &r0, &r1);
+    AttentionInput(0, batch, kv, r0, r1);
+  });
+  for (int l = 0; l < c.num_layers; ++l) {
+    ap.kv_layer = kv.layer(l);
+    pool_.Run(attn_chunks, [&](int ch) {
+      if (attn_split_[ch] < attn_split_[ch + 1]) {
+        cpu::PagedAttention(ap, attn_split_[ch], attn_split_[ch + 1]);
+      }
+    });
+    pool_.Run(chunks, [&](int ch) {
+      int64_t r0, r1;
+      cpu::SplitRange(T, chunks, ch, &r0, &r1);
+      AttentionOutputAndMlp(l, r0, r1);
+      if (l + 1 < c.num_layers) AttentionInput(l + 1, batch, kv, r0, r1);
+    });
+  }
+
+  if (R == 0) return absl::OkStatus();
+  for (int64_t i = 0; i < R; ++i) {
+    const float* src = x_.data() + static_cast<int64_t>(batch.logits_rows[i]) * dim;
+    std::copy(src, src + dim, final_.begin() + i * dim);
+  }
+  cpu::RmsNorm(final_.data(), weights_.final_norm.data, final_.data(), R, dim, c.rms_norm_eps);
+  // The head splits over vocabulary columns (multiples of 8, the kernel's
+  // tile), which works for any number of rows.
+  const int64_t vocab = c.vocab_size;
+  const int64_t col_groups = (vocab + 7) / 8;
+  const int head_chunks = static_cast<int>(std::min<int64_t>(chunks, col_groups));
+  pool_.Run(head_chunks, [&](int ch) {
+    int64_t g0, g1;
+    cpu::SplitRange(col_groups, head_chunks, ch, &g0, &g1);
+    const int64_t c0 = g0 * 8, c1 = std::min(vocab, g1 * 8);
+    cpu::Linear(final_.data(), R, dim, output_ + c0 * dim, c1 - c0, logits.data() + c0, vocab,
+                false);
+  });
+  return absl::OkStatus();
+}
+
+}  // namespace kvserve

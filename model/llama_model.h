@@ -1,0 +1,125 @@
+// LlamaModel: the Llama-family forward pass on the CPU over one flattened
+// BatchInput (prefill chunks and decode tokens of many sequences together),
+// reading and writing K/V only through the paged cache it is given.
+//
+// Per layer: RMSNorm -> Q/K/V projections -> RoPE at batch.positions ->
+// WriteKv at batch.slot_mapping -> PagedAttention (GQA, optional sliding
+// window) -> output projection + residual -> RMSNorm -> SwiGLU MLP +
+// residual. Then the final RMSNorm and the output head, only for the rows in
+// batch.logits_rows.
+//
+// Activations are preallocated for the largest batch seen so far, so a
+// steady decode loop allocates nothing. Work is split over the thread pool
+// only when a step is big enough to pay for the hand-off (kParallelMinMacs;
+// never for one decoding sequence of a tiny model): one row range per thread
+// for the projections and the MLP (each range streams the weights once),
+// finer ranges balanced by context length for attention, vocabulary ranges
+// for the output head. Every kernel computes a row the same way whatever
+// batch it is in (see kernels/cpu/gemm.h), so a sequence's tokens do not
+// depend on what it is batched with or how the work was split.
+//
+// Matrices that are not 64-byte aligned (an mmap of a llama2.c file starts
+// them 28 bytes in) are copied once into an aligned arena when the model is
+// small enough (kMaxRepackBytes); the aligned loads make decode of tiny
+// models about a fifth faster.
+//
+// Thread-safety: none; one engine thread calls Forward.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cache/kv_pages.h"
+#include "kernels/batch_input.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/thread_pool.h"
+#include "model/llama_weights.h"
+
+namespace kvserve {
+
+class LlamaModel {
+ public:
+  // num_threads counts the calling thread; <= 0 means one per hardware thread.
+  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(LlamaWeights weights, int num_threads);
+
+  const ModelConfig& config() const { return weights_.config; }
+  const LlamaWeights& weights() const { return weights_; }
+  int num_threads() const { return pool_.num_threads(); }
+
+  // Runs one step. kv must have config().num_layers layers whose format
+  // matches the model's kv heads and head_dim. Fills logits[i * vocab ..]
+  // for row batch.logits_rows[i]. InvalidArgument names a malformed batch
+  // field (sizes, token ids, positions, slots, block ids) before any K/V is
+  // written.
+  absl::Status Forward(const BatchInput& batch, HostKvPages& kv, std::span<float> logits);
+
+  // A step estimated below this many multiply-adds (weights x rows plus
+  // attention) runs on one thread: about 50 us of work, against a few
+  // microseconds of hand-offs per layer.
+  static constexpr int64_t kParallelMinMacs = int64_t{1} << 20;
+  // Attention ranges per thread (cost estimates are rough; claiming evens out).
+  static constexpr int kAttentionChunksPerThread = 4;
+  // Largest total of matrices copied for alignment.
+  static constexpr int64_t kMaxRepackBytes = int64_t{256} << 20;
+
+ private:
+  LlamaModel(LlamaWeights weights, int num_threads);
+  void RepackIfMisaligned();
+
+  absl::Status Validate(const BatchInput& batch, const HostKvPages& kv,
+                        std::span<float> logits) const;
+  void EnsureCapacity(int64_t rows, int64_t logit_rows);
+  // Decides how many threads the step uses (rows_chunks_) and splits the
+  // attention rows into ranges of about equal cost (attn_split_).
+  void PlanStep(const BatchInput& batch);
+
+  // Phases of one layer over rows [r0, r1).
+  void AttentionInput(int layer, const BatchInput& batch, HostKvPages& kv, int64_t r0, int64_t r1);
+  void AttentionOutputAndMlp(int layer, int64_t r0, int64_t r1);
+
+  // The matrices the forward pass reads: the weights' own, or aligned copies.
+  struct LayerMatrices {
+    const float* wq;
+    const float* wk;
+    const float* wv;
+    const float* wo;
+    const float* w_gate;
+    const float* w_up;
+    const float* w_down;
+  };
+  struct FreeDeleter {
+    void operator()(float* p) const;
+  };
+
+  LlamaWeights weights_;
+  std::vector<LayerMatrices> mats_;
+  const float* output_ = nullptr;              // [vocab][dim]
+  std::unique_ptr<float, FreeDeleter> arena_;  // aligned copies, when made
+  cpu::RopeTable rope_;
+  cpu::ThreadPool pool_;
+  int q_dim_ = 0;   // num_heads * head_dim
+  int kv_dim_ = 0;  // num_kv_heads * head_dim
+  float attn_scale_ = 0.0f;
+
+  // Activations, [capacity rows][width]; grown, never shrunk.
+  int64_t capacity_ = 0;
+  int64_t logit_capacity_ = 0;
+  std::vector<float> x_;             // residual stream [T][dim]
+  std::vector<float> xb_;            // normed input [T][dim]
+  std::vector<float> q_;             // [T][q_dim]
+  std::vector<float> k_;             // [T][kv_dim]
+  std::vector<float> v_;             // [T][kv_dim]
+  std::vector<float> att_;           // attention output [T][q_dim]
+  std::vector<float> gate_;          // [T][hidden_dim]
+  std::vector<float> up_;            // [T][hidden_dim]
+  std::vector<float> final_;         // normed rows that want logits [R][dim]
+  int64_t macs_per_token_ = 0;       // weight multiply-adds of one row
+  int row_chunks_ = 1;               // row ranges of the projections / MLP / head
+  std::vector<int32_t> attn_split_;  // [attention ranges + 1] row boundaries
+};
+
+}  // namespace kvserve
