@@ -9,9 +9,11 @@
 // row_bytes = head_dim * bits / 8. meta_bytes per token per head:
 //   fp32/fp16/bf16: 0
 //   fp8_e4m3, int8: 4  (one fp32 scale; value = q * scale)
-//   int4: (head_dim / group_size) * 4  (fp16 scale, fp16 zero per group;
+//   int4: (head_dim / group_size) * 4  (fp16 scale, fp16 zero per group,
+//         stored as [scale, zero] pairs, group 0 first;
 //         value = q * scale + zero, q in [0, 15], two values per byte,
 //         channel 2i in the low nibble, 2i+1 in the high nibble)
+// How values are quantized into this layout: kernels/cpu/kv_quant.h.
 // k8v4 stores K as int8 and V as int4.
 //
 // The pool is [num_layers][num_blocks][block_bytes]; block_bytes is rounded up

@@ -1,13 +1,259 @@
-// Placeholder until this subcommand lands; its owner replaces the file.
+// `kvserve plan`: how many tokens and sequences fit in a memory budget per KV
+// cache format, for a model given as a preset name or a path. The numbers
+// come from cache/capacity_plan.h (exact page layouts), so they match the
+// pools the engine builds. Prints a table; --json also writes it as JSON.
 #include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
 
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cache/capacity_plan.h"
+#include "cache/kv_format.h"
+#include "model/dummy_model.h"
+#include "model/hf_loader.h"
+#include "model/model_config.h"
+#include "model/model_loader.h"
 #include "server/cli.h"
 
 namespace kvserve::cli {
+namespace {
+
+constexpr char kUsage[] =
+    "usage: kvserve plan --model PRESET_OR_PATH --memory SIZE --context N [options]\n"
+    "Plans KV cache capacity for every KV format: bytes per token (all layers, K and V,\n"
+    "scales included), the blocks and tokens that fit in --memory after the weights, and\n"
+    "how many sequences of --context tokens run at once.\n"
+    "options:\n"
+    "  --model M           preset (tiny, llama-2-7b, llama-2-70b, llama-3-8b, mistral-7b;\n"
+    "                      'dummy:' prefix optional), HF directory or llama2.c checkpoint\n"
+    "  --memory SIZE       memory for weights + KV cache: 80GiB (1024^3), 80GB (1000^3)\n"
+    "                      or bytes (required)\n"
+    "  --context N         tokens per sequence (required)\n"
+    "  --block-size B      KV block size in tokens (default 16)\n"
+    "  --batch N           also show what N sequences of --context tokens need (default 0)\n"
+    "  --weight-dtype D    weight storage: fp32, fp16, bf16, fp8, int8, int4 (default fp16)\n"
+    "  --int4-group-size G channels per int4 scale group (default 64)\n"
+    "  --json FILE         also write the plan as JSON\n";
+
+struct Options {
+  std::string model;
+  int64_t memory_bytes = -1;
+  int64_t context = 0;
+  int block_size = 16;
+  int64_t batch = 0;
+  std::string weight_dtype = "fp16";
+  double weight_bytes_per_param = 2.0;
+  int int4_group_size = 64;
+  std::string json_path;
+};
+
+int UsageError(const std::string& msg) {
+  std::fprintf(stderr, "kvserve plan: %s\n(run 'kvserve plan --help' for usage)\n", msg.c_str());
+  return 2;
+}
+
+bool WeightBytesPerParam(const std::string& dtype, double* bytes) {
+  if (dtype == "fp32" || dtype == "float32") {
+    *bytes = 4;
+  } else if (dtype == "fp16" || dtype == "bf16" || dtype == "float16" || dtype == "bfloat16") {
+    *bytes = 2;
+  } else if (dtype == "fp8" || dtype == "int8") {
+    *bytes = 1;
+  } else if (dtype == "int4") {
+    *bytes = 0.5;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Returns -1 to go on, or the exit code (0 after --help, 2 on a bad flag).
+int ParseFlags(int argc, char** argv, Options* o) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    }
+    if (arg.rfind("--", 0) != 0) return UsageError(absl::StrCat("unexpected argument '", arg, "'"));
+    std::string name = arg, value;
+    bool has_value = false;
+    if (size_t eq = arg.find('='); eq != std::string::npos) {
+      name = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+      has_value = true;
+    } else if (i + 1 < argc) {
+      value = argv[++i];
+      has_value = true;
+    }
+    if (!has_value) return UsageError(absl::StrCat(name, " needs a value"));
+    auto bad = [&](const char* want) {
+      return UsageError(absl::StrCat(name, ": '", value, "' is not ", want));
+    };
+    int64_t n = 0;
+    if (name == "--model") {
+      o->model = value;
+    } else if (name == "--memory") {
+      absl::StatusOr<int64_t> bytes = ParseByteSize(value, "--memory");
+      if (!bytes.ok()) return UsageError(std::string(bytes.status().message()));
+      o->memory_bytes = *bytes;
+    } else if (name == "--context") {
+      if (!absl::SimpleAtoi(value, &n) || n < 1) return bad("an integer >= 1");
+      o->context = n;
+    } else if (name == "--block-size") {
+      if (!absl::SimpleAtoi(value, &n) || n < 1 || n > (1 << 20)) return bad("an integer >= 1");
+      o->block_size = static_cast<int>(n);
+    } else if (name == "--batch") {
+      if (!absl::SimpleAtoi(value, &n) || n < 0) return bad("an integer >= 0");
+      o->batch = n;
+    } else if (name == "--weight-dtype") {
+      if (!WeightBytesPerParam(value, &o->weight_bytes_per_param)) {
+        return bad("one of fp32, fp16, bf16, fp8, int8, int4");
+      }
+      o->weight_dtype = value;
+    } else if (name == "--int4-group-size") {
+      if (!absl::SimpleAtoi(value, &n) || n < 2 || n > (1 << 20))
+        return bad("an even integer >= 2");
+      o->int4_group_size = static_cast<int>(n);
+    } else if (name == "--json") {
+      o->json_path = value;
+    } else {
+      return UsageError(absl::StrCat("unknown flag ", name));
+    }
+  }
+  if (o->model.empty()) return UsageError("--model is required");
+  if (o->memory_bytes < 0) return UsageError("--memory is required");
+  if (o->context == 0) return UsageError("--context is required");
+  return -1;
+}
+
+// A preset name (with or without "dummy:"), else an HF directory (its
+// config.json only), else anything LoadModel reads.
+absl::StatusOr<ModelConfig> ResolveModel(const std::string& model) {
+  if (absl::StatusOr<ModelConfig> preset = DummyPresetConfig(model); preset.ok()) return preset;
+  if (std::ifstream(model + "/config.json").good()) return ParseHfConfig(model + "/config.json");
+  absl::StatusOr<LoadedModel> loaded = LoadModel(model);
+  if (!loaded.ok()) {
+    std::string presets;
+    for (const std::string& p : DummyPresetNames()) presets += (presets.empty() ? "" : ", ") + p;
+    return absl::Status(loaded.status().code(),
+                        absl::StrCat(std::string(loaded.status().message()),
+                                     " (and it is not a preset: ", presets, ")"));
+  }
+  return loaded->weights.config;
+}
+
+std::string WithCommas(int64_t v) {
+  std::string digits = absl::StrCat(v < 0 ? -v : v), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return v < 0 ? "-" + out : out;
+}
+
+}  // namespace
 
 int RunPlan(int argc, char** argv) {
-  std::fprintf(stderr, "kvserve: this command is not built yet\n");
-  return 1;
+  Options o;
+  if (int rc = ParseFlags(argc, argv, &o); rc >= 0) return rc;
+  absl::StatusOr<ModelConfig> config = ResolveModel(o.model);
+  if (!config.ok()) {
+    std::fprintf(stderr, "kvserve plan: %s\n", std::string(config.status().message()).c_str());
+    return 1;
+  }
+  const ModelConfig& c = *config;
+  const int64_t params = c.NumParams();
+  CapacityPlanRequest req;
+  req.num_layers = c.num_layers;
+  req.num_kv_heads = c.num_kv_heads;
+  req.head_dim = c.head_dim;
+  req.weight_bytes = static_cast<int64_t>(static_cast<double>(params) * o.weight_bytes_per_param);
+  req.memory_bytes = o.memory_bytes;
+  req.context_tokens = o.context;
+  req.block_size = o.block_size;
+  req.int4_group_size = o.int4_group_size;
+  req.batch = o.batch;
+  absl::StatusOr<std::vector<KvFormatCapacity>> plan = PlanCapacity(req);
+  if (!plan.ok()) {
+    std::fprintf(stderr, "kvserve plan: %s\n", std::string(plan.status().message()).c_str());
+    return 2;
+  }
+  const int64_t budget = plan->front().kv_budget_bytes;
+
+  std::printf("model %s: %d layers, %d heads / %d kv heads, head_dim %d, %s parameters\n",
+              c.name.empty() ? o.model.c_str() : c.name.c_str(), c.num_layers, c.num_heads,
+              c.num_kv_heads, c.head_dim, WithCommas(params).c_str());
+  std::printf("memory %s - weights %s (%s) = KV budget %s\n", FormatBytes(o.memory_bytes).c_str(),
+              FormatBytes(req.weight_bytes).c_str(), o.weight_dtype.c_str(),
+              FormatBytes(budget).c_str());
+  if (req.weight_bytes >= o.memory_bytes) {
+    std::printf(
+        "the weights alone exceed --memory: nothing fits (more memory or a smaller"
+        " --weight-dtype)\n");
+  }
+  std::printf("context %s tokens = %s blocks of %d tokens per sequence\n\n",
+              WithCommas(o.context).c_str(), WithCommas(plan->front().blocks_per_seq).c_str(),
+              o.block_size);
+  const std::string batch_header =
+      o.batch > 0 ? absl::StrCat("  ", o.batch, " x ", o.context, " needs") : "";
+  std::printf("%-9s %12s %8s %16s %14s%s\n", "kv_dtype", "bytes/token", "vs fp16", "tokens",
+              absl::StrCat("seqs@", o.context).c_str(), batch_header.c_str());
+  for (const KvFormatCapacity& f : *plan) {
+    std::string batch_col;
+    if (o.batch > 0) {
+      batch_col = absl::StrCat("  ", FormatBytes(f.batch_bytes),
+                               f.batch_fits ? "" : ", more than the budget");
+    }
+    std::printf("%-9s %12s %7.2fx %16s %14s%s\n", std::string(KvDtypeName(f.dtype)).c_str(),
+                WithCommas(f.bytes_per_token).c_str(), f.tokens_vs_fp16,
+                WithCommas(f.num_tokens).c_str(), WithCommas(f.max_seqs).c_str(),
+                batch_col.c_str());
+  }
+  std::printf("\nbytes/token: all %d layers, K and V, scales included (int4 groups of %d).\n",
+              c.num_layers, std::min(o.int4_group_size, c.head_dim));
+
+  if (!o.json_path.empty()) {
+    nlohmann::json j;
+    j["model"] = {{"name", c.name.empty() ? o.model : c.name},
+                  {"num_layers", c.num_layers},
+                  {"num_heads", c.num_heads},
+                  {"num_kv_heads", c.num_kv_heads},
+                  {"head_dim", c.head_dim},
+                  {"num_params", params}};
+    j["memory_bytes"] = o.memory_bytes;
+    j["weight_dtype"] = o.weight_dtype;
+    j["weight_bytes"] = req.weight_bytes;
+    j["kv_budget_bytes"] = budget;
+    j["context"] = o.context;
+    j["block_size"] = o.block_size;
+    j["batch"] = o.batch;
+    j["int4_group_size"] = std::min(o.int4_group_size, c.head_dim);
+    nlohmann::json formats = nlohmann::json::array();
+    for (const KvFormatCapacity& f : *plan) {
+      formats.push_back({{"kv_dtype", std::string(KvDtypeName(f.dtype))},
+                         {"bytes_per_token", f.bytes_per_token},
+                         {"block_bytes", f.block_bytes},
+                         {"num_blocks", f.num_blocks},
+                         {"num_tokens", f.num_tokens},
+                         {"max_seqs", f.max_seqs},
+                         {"batch_bytes", f.batch_bytes},
+                         {"batch_fits", f.batch_fits},
+                         {"tokens_vs_fp16", f.tokens_vs_fp16}});
+    }
+    j["formats"] = formats;
+    std::ofstream out(o.json_path);
+    out << j.dump(2) << "\n";
+    if (!out) {
+      std::fprintf(stderr, "kvserve plan: cannot write %s\n", o.json_path.c_str());
+      return 1;
+    }
+  }
+  return 0;
 }
 
 }  // namespace kvserve::cli

@@ -1,22 +1,20 @@
-// fp32 reference implementation of WriteKv and PagedAttention. Other formats
-// are added by the quantized-KV work; this one fixes the semantics.
+// WriteKv, the PagedAttention dispatcher and its scalar path. The scalar path
+// is the readable reference: per (row, kv head) it decodes one cached K or V
+// row at a time (DequantizeRow into a head_dim scratch, never more) and serves
+// every query head of the GQA group from it, with an exact two-pass softmax.
 #include "kernels/cpu/paged_attention.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <vector>
+
+#include "kernels/cpu/kv_quant.h"
+#include "kernels/cpu/paged_attention_avx2.h"
 
 namespace kvserve::cpu {
 namespace {
-
-[[noreturn]] void Unsupported(KvDtype d) {
-  std::fprintf(stderr, "paged attention: kv dtype %s not supported on CPU yet\n",
-               std::string(KvDtypeName(d)).c_str());
-  std::abort();
-}
 
 // The sequence that owns row r: the last b with query_start[b] <= r.
 int32_t SeqOfRow(const BatchInput& batch, int32_t r) {
@@ -24,67 +22,102 @@ int32_t SeqOfRow(const BatchInput& batch, int32_t r) {
   return static_cast<int32_t>(it - batch.query_start.begin()) - 1;
 }
 
+void CheckHeads(const PagedAttentionParams& p) {
+  const int hkv = p.format->num_kv_heads();
+  if (p.num_heads <= 0 || p.num_heads % hkv != 0) {
+    std::fprintf(stderr, "PagedAttention: num_heads %d is not a multiple of num_kv_heads %d\n",
+                 p.num_heads, hkv);
+    std::abort();
+  }
+}
+
+void PagedAttentionScalar(const PagedAttentionParams& p, int32_t row_begin, int32_t row_end) {
+  const KvFormat& f = *p.format;
+  const BatchInput& batch = *p.batch;
+  const int hd = f.head_dim(), bs = f.block_size(), nh = p.num_heads;
+  const int hkv = f.num_kv_heads(), group = nh / hkv;
+  thread_local std::vector<float> scores, row, acc, sums;
+  row.resize(hd);
+  sums.resize(group);
+  acc.resize(static_cast<size_t>(group) * hd);
+  for (int32_t r = row_begin; r < row_end; ++r) {
+    const int32_t b = SeqOfRow(batch, r);
+    const int32_t q_len = batch.query_start[b + 1] - batch.query_start[b];
+    const int32_t idx = batch.context_len[b] - q_len + (r - batch.query_start[b]);
+    const int32_t lo = p.sliding_window > 0 ? std::max(0, idx - p.sliding_window + 1) : 0;
+    const int32_t n = idx - lo + 1;
+    const int32_t* table = batch.BlockRow(b);
+    scores.resize(static_cast<size_t>(group) * n);
+    for (int kvh = 0; kvh < hkv; ++kvh) {
+      const float* q = p.q + (int64_t(r) * nh + kvh * group) * hd;  // [group][hd]
+      for (int32_t i = lo; i <= idx; ++i) {
+        const uint8_t* block = p.kv_layer + int64_t(table[i / bs]) * f.block_bytes();
+        DequantizeRow(f.k(), hd, block + f.RowOffset(f.k(), kvh, i % bs),
+                      block + f.MetaOffset(f.k(), kvh, i % bs), row.data());
+        for (int g = 0; g < group; ++g) {
+          float s = 0.0f;
+          for (int d = 0; d < hd; ++d) s += q[g * hd + d] * row[d];
+          scores[static_cast<size_t>(g) * n + (i - lo)] = s * p.scale;
+        }
+      }
+      for (int g = 0; g < group; ++g) {
+        float* s = scores.data() + static_cast<size_t>(g) * n;
+        const float maxs = *std::max_element(s, s + n);
+        float total = 0.0f;
+        for (int32_t i = 0; i < n; ++i) {
+          s[i] = std::exp(s[i] - maxs);
+          total += s[i];
+        }
+        sums[g] = total;
+      }
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      for (int32_t i = lo; i <= idx; ++i) {
+        const uint8_t* block = p.kv_layer + int64_t(table[i / bs]) * f.block_bytes();
+        DequantizeRow(f.v(), hd, block + f.RowOffset(f.v(), kvh, i % bs),
+                      block + f.MetaOffset(f.v(), kvh, i % bs), row.data());
+        for (int g = 0; g < group; ++g) {
+          const float w = scores[static_cast<size_t>(g) * n + (i - lo)];
+          float* a = acc.data() + static_cast<size_t>(g) * hd;
+          for (int d = 0; d < hd; ++d) a[d] += w * row[d];
+        }
+      }
+      for (int g = 0; g < group; ++g) {
+        float* out = p.out + (int64_t(r) * nh + kvh * group + g) * hd;
+        const float inv = 1.0f / sums[g];
+        for (int d = 0; d < hd; ++d) out[d] = acc[static_cast<size_t>(g) * hd + d] * inv;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 void WriteKv(const KvWriteParams& p) {
   const KvFormat& f = *p.format;
-  if (f.dtype() != KvDtype::kFp32) Unsupported(f.dtype());
   const int hkv = f.num_kv_heads(), hd = f.head_dim(), bs = f.block_size();
+  const CpuIsa isa = ResolveCpuIsa(p.isa);
   for (int32_t t = 0; t < p.num_tokens; ++t) {
     const int64_t slot = p.slot_mapping[t];
     if (slot < 0) continue;
     uint8_t* block = p.kv_layer + (slot / bs) * f.block_bytes();
     const int off = static_cast<int>(slot % bs);
     for (int h = 0; h < hkv; ++h) {
-      std::memcpy(block + f.RowOffset(f.k(), h, off), p.k + (int64_t(t) * hkv + h) * hd,
-                  hd * sizeof(float));
-      std::memcpy(block + f.RowOffset(f.v(), h, off), p.v + (int64_t(t) * hkv + h) * hd,
-                  hd * sizeof(float));
+      const int64_t src = (int64_t(t) * hkv + h) * hd;
+      QuantizeRow(f.k(), hd, p.k + src, block + f.RowOffset(f.k(), h, off),
+                  block + f.MetaOffset(f.k(), h, off), isa);
+      QuantizeRow(f.v(), hd, p.v + src, block + f.RowOffset(f.v(), h, off),
+                  block + f.MetaOffset(f.v(), h, off), isa);
     }
   }
 }
 
 void PagedAttention(const PagedAttentionParams& p, int32_t row_begin, int32_t row_end) {
-  const KvFormat& f = *p.format;
-  if (f.dtype() != KvDtype::kFp32) Unsupported(f.dtype());
-  const BatchInput& batch = *p.batch;
-  const int hd = f.head_dim(), bs = f.block_size(), nh = p.num_heads;
-  const int group = nh / f.num_kv_heads();
-  thread_local std::vector<float> scores;
-  for (int32_t r = row_begin; r < row_end; ++r) {
-    const int32_t b = SeqOfRow(batch, r);
-    const int32_t q_len = batch.query_start[b + 1] - batch.query_start[b];
-    const int32_t idx = batch.context_len[b] - q_len + (r - batch.query_start[b]);
-    const int32_t lo = p.sliding_window > 0 ? std::max(0, idx - p.sliding_window + 1) : 0;
-    const int32_t* table = batch.BlockRow(b);
-    scores.resize(idx - lo + 1);
-    for (int h = 0; h < nh; ++h) {
-      const int kvh = h / group;
-      const float* q = p.q + (int64_t(r) * nh + h) * hd;
-      float maxs = -INFINITY;
-      for (int32_t i = lo; i <= idx; ++i) {
-        const uint8_t* block = p.kv_layer + int64_t(table[i / bs]) * f.block_bytes();
-        const float* k = reinterpret_cast<const float*>(block + f.RowOffset(f.k(), kvh, i % bs));
-        float s = 0.0f;
-        for (int d = 0; d < hd; ++d) s += q[d] * k[d];
-        s *= p.scale;
-        scores[i - lo] = s;
-        maxs = std::max(maxs, s);
-      }
-      float sum = 0.0f;
-      for (float& s : scores) {
-        s = std::exp(s - maxs);
-        sum += s;
-      }
-      float* out = p.out + (int64_t(r) * nh + h) * hd;
-      std::fill(out, out + hd, 0.0f);
-      for (int32_t i = lo; i <= idx; ++i) {
-        const uint8_t* block = p.kv_layer + int64_t(table[i / bs]) * f.block_bytes();
-        const float* v = reinterpret_cast<const float*>(block + f.RowOffset(f.v(), kvh, i % bs));
-        const float w = scores[i - lo] / sum;
-        for (int d = 0; d < hd; ++d) out[d] += w * v[d];
-      }
-    }
+  if (row_begin >= row_end) return;
+  CheckHeads(p);
+  if (ResolveCpuIsa(p.isa) == CpuIsa::kAvx2 && internal::Avx2AttentionSupports(*p.format)) {
+    internal::PagedAttentionAvx2(p, row_begin, row_end);
+  } else {
+    PagedAttentionScalar(p, row_begin, row_end);
   }
 }
 

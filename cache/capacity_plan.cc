@@ -1,0 +1,117 @@
+#include "cache/capacity_plan.h"
+
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "cache/status_macros.h"
+
+namespace kvserve {
+namespace {
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+absl::Status Positive(int64_t v, const char* field) {
+  if (v > 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, " must be > 0, got ", v));
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<KvFormatCapacity>> PlanCapacity(const CapacityPlanRequest& req) {
+  KV_RETURN_IF_ERROR(Positive(req.num_layers, "num_layers"));
+  KV_RETURN_IF_ERROR(Positive(req.num_kv_heads, "num_kv_heads"));
+  KV_RETURN_IF_ERROR(Positive(req.head_dim, "head_dim"));
+  KV_RETURN_IF_ERROR(Positive(req.context_tokens, "context"));
+  KV_RETURN_IF_ERROR(Positive(req.block_size, "block_size"));
+  if (req.memory_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("memory must be >= 0, got ", req.memory_bytes));
+  }
+  if (req.weight_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("weight bytes must be >= 0, got ", req.weight_bytes));
+  }
+  if (req.batch < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("batch must be >= 0, got ", req.batch));
+  }
+  const int64_t budget = std::max<int64_t>(0, req.memory_bytes - req.weight_bytes);
+  std::vector<KvFormatCapacity> plan;
+  int64_t fp16_bytes_per_token = 0;
+  for (KvDtype dtype : kAllKvDtypes) {
+    KV_ASSIGN_OR_RETURN(KvFormat f, KvFormat::Create(dtype, req.num_kv_heads, req.head_dim,
+                                                     req.block_size, req.int4_group_size));
+    KvFormatCapacity c;
+    c.dtype = dtype;
+    c.bytes_per_token = f.bytes_per_token_per_layer() * req.num_layers;
+    c.block_bytes = f.block_bytes() * req.num_layers;
+    c.kv_budget_bytes = budget;
+    c.num_blocks = budget / c.block_bytes;
+    c.num_tokens = c.num_blocks * req.block_size;
+    c.blocks_per_seq = CeilDiv(req.context_tokens, req.block_size);
+    c.max_seqs = c.num_blocks / c.blocks_per_seq;
+    c.batch_bytes = req.batch * c.blocks_per_seq * c.block_bytes;
+    c.batch_fits = c.batch_bytes <= budget;
+    if (dtype == KvDtype::kFp16) fp16_bytes_per_token = c.bytes_per_token;
+    plan.push_back(c);
+  }
+  for (KvFormatCapacity& c : plan) {
+    c.tokens_vs_fp16 = static_cast<double>(fp16_bytes_per_token) / c.bytes_per_token;
+  }
+  return plan;
+}
+
+absl::StatusOr<int64_t> ParseByteSize(std::string_view text, std::string_view what) {
+  const std::string s = absl::AsciiStrToLower(
+      absl::StripAsciiWhitespace(absl::string_view(text.data(), text.size())));
+  auto bad = [&]() {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(what), ": '", std::string(text),
+                     "' is not a byte size (e.g. 80GiB, 80GB, 512MiB or a plain byte count)"));
+  };
+  size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  if (i == 0) return bad();
+  char* end = nullptr;
+  const std::string number = s.substr(0, i);
+  const long double value = std::strtold(number.c_str(), &end);
+  if (end != number.c_str() + number.size()) return bad();
+  std::string unit = s.substr(i);
+  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
+  long double mult = 0;
+  if (unit.empty() || unit == "b") {
+    mult = 1;
+  } else {
+    const char prefix = unit[0];
+    const std::string rest = unit.substr(1);
+    int power = prefix == 'k' ? 1 : prefix == 'm' ? 2 : prefix == 'g' ? 3 : prefix == 't' ? 4 : 0;
+    if (power == 0) return bad();
+    if (rest.empty() || rest == "i" || rest == "ib") {
+      mult = std::pow(1024.0L, power);
+    } else if (rest == "b") {
+      mult = std::pow(1000.0L, power);
+    } else {
+      return bad();
+    }
+  }
+  const long double bytes = std::roundl(value * mult);
+  if (!(bytes >= 0) || bytes > 9.2e18L) return bad();
+  return static_cast<int64_t>(bytes);
+}
+
+std::string FormatBytes(int64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (bytes >= (int64_t{1} << 30)) {
+    return absl::StrFormat("%.2f GiB (%.2f GB)", b / (1 << 30), b / 1e9);
+  }
+  if (bytes >= (int64_t{1} << 20)) {
+    return absl::StrFormat("%.2f MiB (%.2f MB)", b / (1 << 20), b / 1e6);
+  }
+  if (bytes >= 1024) return absl::StrFormat("%d B (%.1f KiB)", bytes, b / 1024);
+  return absl::StrFormat("%d B", bytes);
+}
+
+}  // namespace kvserve

@@ -1,0 +1,71 @@
+// Capacity planning: how many tokens and sequences a KV cache holds in a
+// memory budget, per KV format, computed from the exact page layout
+// (KvFormat::Create), so the plan and the pool the engine builds agree.
+//
+// Arithmetic (per format):
+//   bytes_per_token = num_layers * num_kv_heads * (K row + K scales + V row +
+//                     V scales)                      (unpadded, scales included)
+//   block_bytes     = num_layers * KvFormat::block_bytes() (padded pages)
+//   kv_budget       = memory - weights               (0 when weights do not fit)
+//   num_blocks      = floor(kv_budget / block_bytes); tokens = blocks * block_size
+//   seqs at context = floor(num_blocks / ceil(context / block_size))
+//   batch bytes     = batch * ceil(context / block_size) * block_bytes
+// Example (Llama-2-70B: 80 layers, 8 kv heads, head_dim 128, fp16):
+// 80 * 8 * (256 + 256) = 327,680 bytes = 320 KiB per token; 32 sequences of
+// 4096 tokens take 131,072 tokens * 320 KiB = 40 GiB = 42.9 GB.
+//
+// Byte sizes in text: "80GiB"/"80G" (powers of 1024: KiB MiB GiB TiB, K M G
+// T), "80GB" (powers of 1000: kB MB GB TB), or a plain byte count.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cache/kv_format.h"
+
+namespace kvserve {
+
+struct CapacityPlanRequest {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int64_t weight_bytes = 0;    // subtracted from memory_bytes first
+  int64_t memory_bytes = 0;    // the whole budget (device memory for the model)
+  int64_t context_tokens = 0;  // tokens per sequence
+  int block_size = 16;
+  int int4_group_size = 64;
+  int64_t batch = 0;  // sequences whose need to report (0: none)
+};
+
+struct KvFormatCapacity {
+  KvDtype dtype = KvDtype::kFp16;
+  int64_t bytes_per_token = 0;  // all layers, K + V, scales, no padding
+  int64_t block_bytes = 0;      // one block in all layers, padded
+  int64_t kv_budget_bytes = 0;  // memory - weights, at least 0
+  int64_t num_blocks = 0;
+  int64_t num_tokens = 0;       // num_blocks * block_size
+  int64_t blocks_per_seq = 0;   // ceil(context / block_size)
+  int64_t max_seqs = 0;         // sequences of context_tokens that fit at once
+  int64_t batch_bytes = 0;      // what `batch` sequences of context_tokens need
+  bool batch_fits = false;      // batch_bytes <= kv_budget_bytes
+  double tokens_vs_fp16 = 0.0;  // fp16 bytes per token / this format's
+};
+
+// One entry per KV format, in kAllKvDtypes order. InvalidArgument names the
+// bad field (non-positive shape, context or block size, negative budget or
+// weights, a group size that does not divide head_dim).
+absl::StatusOr<std::vector<KvFormatCapacity>> PlanCapacity(const CapacityPlanRequest& req);
+
+// "80GiB" -> 85899345920, "80GB" -> 80000000000, "4096" -> 4096. `what`
+// names the flag or field in the error.
+absl::StatusOr<int64_t> ParseByteSize(std::string_view text, std::string_view what = "size");
+
+// "40.00 GiB (42.95 GB)"; below 1 MiB: "327680 B (320.0 KiB)".
+std::string FormatBytes(int64_t bytes);
+
+}  // namespace kvserve

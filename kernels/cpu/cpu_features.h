@@ -1,0 +1,35 @@
+// Which CPU instruction set the kernels use, decided once at run time.
+//
+// The AVX2 kernels need AVX2, FMA and F16C (every AVX2 CPU made so far has
+// all three); anything else runs the portable scalar code. KVSERVE_CPU_ISA
+// overrides the choice for the whole process: `scalar` forces the fallback
+// (to compare paths or to debug), `avx2` insists on AVX2 and aborts where the
+// CPU lacks it, `auto` (or unset) takes the best available. Kernel parameter
+// structs carry a CpuIsa too, so tests can run both paths side by side.
+//
+// Thread-safety: detection runs once (thread-safe static); all functions are
+// pure afterwards.
+#pragma once
+
+#include <string_view>
+
+namespace kvserve::cpu {
+
+enum class CpuIsa : unsigned char { kAuto, kScalar, kAvx2 };
+
+std::string_view CpuIsaName(CpuIsa isa);
+
+// True when the CPU can run the AVX2 kernels (AVX2 + FMA + F16C).
+bool CpuHasAvx2();
+
+// The process default: KVSERVE_CPU_ISA if set, else the best available.
+// Never kAuto. An unknown KVSERVE_CPU_ISA value, or `avx2` on a CPU without
+// it, aborts with a message (a misconfigured host should not silently run a
+// different path than asked).
+CpuIsa DefaultCpuIsa();
+
+// kAuto -> DefaultCpuIsa(); kAvx2 on a CPU without AVX2 -> kScalar; else
+// unchanged.
+CpuIsa ResolveCpuIsa(CpuIsa requested);
+
+}  // namespace kvserve::cpu

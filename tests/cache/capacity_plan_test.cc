@@ -1,0 +1,152 @@
+#include "cache/capacity_plan.h"
+
+#include <catch2/catch.hpp>
+#include <map>
+
+namespace kvserve {
+namespace {
+
+constexpr int64_t kGiB = int64_t{1} << 30;
+
+// Llama-2-70B: 80 layers, 8 kv heads of head_dim 128.
+CapacityPlanRequest Llama2_70b() {
+  CapacityPlanRequest r;
+  r.num_layers = 80;
+  r.num_kv_heads = 8;
+  r.head_dim = 128;
+  r.context_tokens = 4096;
+  r.block_size = 16;
+  r.int4_group_size = 64;
+  r.batch = 32;
+  return r;
+}
+
+std::map<KvDtype, KvFormatCapacity> ByDtype(const std::vector<KvFormatCapacity>& plan) {
+  std::map<KvDtype, KvFormatCapacity> m;
+  for (const KvFormatCapacity& c : plan) m[c.dtype] = c;
+  return m;
+}
+
+TEST_CASE("Llama-2-70B at 4096 tokens x 32 sequences needs 40 GiB of fp16 KV", "[cache]") {
+  CapacityPlanRequest req = Llama2_70b();
+  req.memory_bytes = 80 * kGiB;  // weights 0: the whole 80 GiB is KV budget
+  const auto plan = ByDtype(*PlanCapacity(req));
+  const KvFormatCapacity& fp16 = plan.at(KvDtype::kFp16);
+
+  SECTION("320 KiB per token: 80 layers x (K + V) x 8 heads x 128 x 2 bytes") {
+    REQUIRE(fp16.bytes_per_token == 80 * 2 * 8 * 128 * 2);
+    REQUIRE(fp16.bytes_per_token == 327680);
+    REQUIRE(plan.at(KvDtype::kBf16).bytes_per_token == 327680);
+    REQUIRE(plan.at(KvDtype::kFp32).bytes_per_token == 655360);
+  }
+  SECTION("32 x 4096 tokens = 131,072 tokens = 42,949,672,960 bytes (42.9 GB, 40 GiB)") {
+    REQUIRE(fp16.blocks_per_seq == 256);
+    REQUIRE(fp16.batch_bytes == int64_t{131072} * 327680);
+    REQUIRE(fp16.batch_bytes == 42949672960);
+    REQUIRE(fp16.batch_bytes == 40 * kGiB);
+    REQUIRE(fp16.batch_fits);
+  }
+  SECTION("scales are counted: int8 and fp8 add 4 bytes per row, int4 g64 8 bytes") {
+    // (128 + 4) per part per head
+    REQUIRE(plan.at(KvDtype::kInt8).bytes_per_token == 80 * 8 * 2 * (128 + 4));
+    REQUIRE(plan.at(KvDtype::kFp8E4m3).bytes_per_token == 80 * 8 * 2 * (128 + 4));
+    // 64 bytes of nibbles + 2 groups x (fp16 scale + fp16 zero)
+    REQUIRE(plan.at(KvDtype::kInt4).bytes_per_token == 80 * 8 * 2 * (64 + 8));
+    // K int8 + V int4
+    REQUIRE(plan.at(KvDtype::kK8V4).bytes_per_token == 80 * 8 * ((128 + 4) + (64 + 8)));
+  }
+  SECTION("the same bytes hold >= 1.9x the tokens in int8/fp8 and >= 3.5x in int4") {
+    const double fp16_tokens = static_cast<double>(fp16.num_tokens);
+    REQUIRE(fp16.num_tokens == 80 * kGiB / 327680);
+    REQUIRE(plan.at(KvDtype::kInt8).num_tokens / fp16_tokens >= 1.9);
+    REQUIRE(plan.at(KvDtype::kFp8E4m3).num_tokens / fp16_tokens >= 1.9);
+    REQUIRE(plan.at(KvDtype::kInt4).num_tokens / fp16_tokens >= 3.5);
+    REQUIRE(plan.at(KvDtype::kInt8).tokens_vs_fp16 == Approx(256.0 / 132.0));
+    REQUIRE(plan.at(KvDtype::kInt4).tokens_vs_fp16 == Approx(256.0 / 72.0));
+  }
+  SECTION("sequences at the context: whole blocks per sequence") {
+    REQUIRE(fp16.max_seqs == fp16.num_blocks / 256);
+    REQUIRE(fp16.max_seqs == 64);  // 80 GiB / 40 GiB per 32 sequences
+  }
+}
+
+TEST_CASE("the weights come off the budget first", "[cache]") {
+  CapacityPlanRequest req = Llama2_70b();
+  req.memory_bytes = 80 * kGiB;
+  SECTION("what is left is split into whole blocks") {
+    req.weight_bytes = 40 * kGiB;
+    const auto plan = ByDtype(*PlanCapacity(req));
+    const KvFormatCapacity& fp16 = plan.at(KvDtype::kFp16);
+    REQUIRE(fp16.kv_budget_bytes == 40 * kGiB);
+    REQUIRE(fp16.block_bytes == 16 * 327680);
+    REQUIRE(fp16.num_blocks == 40 * kGiB / (16 * 327680));
+    REQUIRE(fp16.max_seqs == 32);
+    REQUIRE(fp16.batch_fits);
+    req.batch = 33;
+    REQUIRE_FALSE(ByDtype(*PlanCapacity(req)).at(KvDtype::kFp16).batch_fits);
+  }
+  SECTION("weights larger than memory leave nothing, not a negative budget") {
+    req.weight_bytes = 138 * kGiB;
+    const absl::StatusOr<std::vector<KvFormatCapacity>> plan = PlanCapacity(req);
+    REQUIRE(plan.ok());
+    for (const KvFormatCapacity& c : *plan) {
+      REQUIRE(c.kv_budget_bytes == 0);
+      REQUIRE(c.num_tokens == 0);
+      REQUIRE(c.max_seqs == 0);
+      REQUIRE_FALSE(c.batch_fits);
+    }
+  }
+}
+
+TEST_CASE("padded pages: block bytes round up, bytes per token do not", "[cache]") {
+  // stories260K: 5 layers, 4 kv heads, head_dim 8; int8 regions are 16-byte
+  // aligned and blocks 64-byte aligned.
+  CapacityPlanRequest req;
+  req.num_layers = 5;
+  req.num_kv_heads = 4;
+  req.head_dim = 8;
+  req.context_tokens = 512;
+  req.block_size = 1;
+  req.memory_bytes = 1 << 20;
+  const auto plan = ByDtype(*PlanCapacity(req));
+  const KvFormatCapacity& int8 = plan.at(KvDtype::kInt8);
+  REQUIRE(int8.bytes_per_token == 5 * 4 * 2 * (8 + 4));
+  // One slot per block: K data 32, K meta 16, V data 32, V meta 16 -> 96 -> 128.
+  REQUIRE(int8.block_bytes == 5 * 128);
+  REQUIRE(int8.num_tokens == (1 << 20) / 640);
+}
+
+TEST_CASE("bad plans name the field", "[cache]") {
+  CapacityPlanRequest req = Llama2_70b();
+  req.memory_bytes = kGiB;
+  req.context_tokens = 0;
+  REQUIRE(PlanCapacity(req).status().message() == "context must be > 0, got 0");
+  req = Llama2_70b();
+  req.int4_group_size = 48;
+  REQUIRE(PlanCapacity(req).status().code() == absl::StatusCode::kInvalidArgument);
+  req = Llama2_70b();
+  req.memory_bytes = -1;
+  REQUIRE(PlanCapacity(req).status().message() == "memory must be >= 0, got -1");
+}
+
+TEST_CASE("byte sizes: GiB is 1024^3, GB is 1000^3", "[cache]") {
+  REQUIRE(*ParseByteSize("80GiB") == 80 * kGiB);
+  REQUIRE(*ParseByteSize("80G") == 80 * kGiB);
+  REQUIRE(*ParseByteSize("80gib") == 80 * kGiB);
+  REQUIRE(*ParseByteSize("80GB") == 80000000000);
+  REQUIRE(*ParseByteSize("1.5 TiB") == 3 * (int64_t{1} << 39));
+  REQUIRE(*ParseByteSize("512MiB") == 512 << 20);
+  REQUIRE(*ParseByteSize("12345") == 12345);
+  REQUIRE(*ParseByteSize("4kB") == 4000);
+  REQUIRE_FALSE(ParseByteSize("80 parsecs").ok());
+  REQUIRE_FALSE(ParseByteSize("GiB").ok());
+  REQUIRE_FALSE(ParseByteSize("-3GB").ok());
+  REQUIRE(ParseByteSize("x", "--memory").status().message() ==
+          "--memory: 'x' is not a byte size (e.g. 80GiB, 80GB, 512MiB or a plain byte count)");
+  REQUIRE(FormatBytes(40 * kGiB) == "40.00 GiB (42.95 GB)");
+  REQUIRE(FormatBytes(327680) == "327680 B (320.0 KiB)");
+  REQUIRE(FormatBytes(5 << 20) == "5.00 MiB (5.24 MB)");
+}
+
+}  // namespace
+}  // namespace kvserve

@@ -1,0 +1,373 @@
+#include "kernels/cpu/paged_attention.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cache/kv_format.h"
+#include "cache/kv_pages.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/kv_quant.h"
+
+namespace kvserve::cpu {
+namespace {
+
+// One attention problem: several sequences (decode rows, prefill chunks) over
+// a paged cache whose physical blocks are shuffled and whose unused slots are
+// poisoned with NaN bytes, so any read outside [lo, i] shows up in the output.
+struct AttnCase {
+  KvDtype dtype = KvDtype::kFp32;
+  int block_size = 16;
+  int head_dim = 8;
+  int num_kv_heads = 2;
+  int group = 1;  // query heads per kv head
+  int window = 0;
+  int int4_group = 32;
+  std::vector<int> ctx;    // context_len per sequence
+  std::vector<int> q_len;  // new rows per sequence (at the end of its context)
+  float q_scale = 1.0f;    // > 1 makes the softmax peaky
+  uint32_t seed = 1;
+
+  std::string Name() const {
+    return absl::StrCat(std::string(KvDtypeName(dtype)), " bs", block_size, " hd", head_dim, " g",
+                        group, " w", window, " ctx", ctx[0]);
+  }
+};
+
+struct Problem {
+  KvFormat format;
+  HostKvPages pages;
+  BatchInput batch;
+  std::vector<float> q;  // [T][num_heads][head_dim]
+  int num_heads;
+};
+
+Problem Build(const AttnCase& c) {
+  absl::StatusOr<KvFormat> f =
+      KvFormat::Create(c.dtype, c.num_kv_heads, c.head_dim, c.block_size, c.int4_group);
+  REQUIRE(f.ok());
+  std::mt19937 rng(c.seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const int nb_seq = static_cast<int>(c.ctx.size());
+  int total_blocks = 3;  // spares that no table names
+  int max_blocks = 0;
+  for (int len : c.ctx) {
+    const int n = (len + c.block_size - 1) / c.block_size;
+    total_blocks += n;
+    max_blocks = std::max(max_blocks, n + 1);
+  }
+  Problem p{*f, HostKvPages(*f, 1, total_blocks), {}, {}, c.num_kv_heads * c.group};
+  std::memset(p.pages.layer(0), 0xff, p.pages.total_bytes());
+  std::vector<int32_t> ids(total_blocks);
+  std::iota(ids.begin(), ids.end(), 0);
+  std::shuffle(ids.begin(), ids.end(), rng);
+
+  BatchInput& b = p.batch;
+  b.Clear();
+  b.max_blocks_per_seq = max_blocks;
+  b.block_table.assign(static_cast<size_t>(nb_seq) * max_blocks, -1);
+  std::vector<int64_t> slots;
+  int next = 0;
+  for (int s = 0; s < nb_seq; ++s) {
+    const int n = (c.ctx[s] + c.block_size - 1) / c.block_size;
+    for (int i = 0; i < n; ++i) b.block_table[s * max_blocks + i] = ids[next++];
+    for (int i = 0; i < c.ctx[s]; ++i) {
+      slots.push_back(int64_t(b.block_table[s * max_blocks + i / c.block_size]) * c.block_size +
+                      i % c.block_size);
+    }
+    b.context_len.push_back(c.ctx[s]);
+    b.query_start.push_back(b.query_start.back() + c.q_len[s]);
+    for (int r = 0; r < c.q_len[s]; ++r) {
+      const int idx = c.ctx[s] - c.q_len[s] + r;
+      b.token_ids.push_back(0);
+      b.positions.push_back(idx);
+      b.slot_mapping.push_back(slots[slots.size() - c.q_len[s] + r]);
+    }
+  }
+  // Every cached entry, past and new, written through the kernel under test.
+  const size_t kv_elems = slots.size() * c.num_kv_heads * c.head_dim;
+  std::vector<float> k(kv_elems), v(kv_elems);
+  for (float& x : k) x = normal(rng);
+  for (size_t i = 0; i < v.size(); ++i) v[i] = normal(rng) + (i % 3 == 0 ? 1.5f : 0.0f);
+  KvWriteParams w;
+  w.k = k.data();
+  w.v = v.data();
+  w.slot_mapping = slots.data();
+  w.num_tokens = static_cast<int32_t>(slots.size());
+  w.kv_layer = p.pages.layer(0);
+  w.format = &p.format;
+  WriteKv(w);
+
+  p.q.resize(static_cast<size_t>(b.num_tokens()) * p.num_heads * c.head_dim);
+  for (float& x : p.q) x = c.q_scale * normal(rng);
+  return p;
+}
+
+std::vector<float> Run(const Problem& p, const HostKvPages& pages, int window, CpuIsa isa) {
+  std::vector<float> out(p.q.size(), -777.0f);
+  PagedAttentionParams a;
+  a.q = p.q.data();
+  a.out = out.data();
+  a.kv_layer = pages.layer(0);
+  a.format = &pages.format();
+  a.batch = &p.batch;
+  a.num_heads = p.num_heads;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(pages.format().head_dim()));
+  a.sliding_window = window;
+  a.isa = isa;
+  // Two calls over a split row range, as a thread pool would make them.
+  const int32_t t = p.batch.num_tokens(), mid = t / 2;
+  PagedAttention(a, 0, mid);
+  PagedAttention(a, mid, t);
+  return out;
+}
+
+// Dequantized row (head h, cache index i of sequence s) read back from pages.
+void ReadRow(const Problem& p, const KvPartLayout& part, int s, int i, int h, float* out) {
+  const KvFormat& f = p.format;
+  const int bs = f.block_size();
+  const uint8_t* block = p.pages.layer(0) + int64_t(p.batch.BlockRow(s)[i / bs]) * f.block_bytes();
+  DequantizeRow(part, f.head_dim(), block + f.RowOffset(part, h, i % bs),
+                block + f.MetaOffset(part, h, i % bs), out);
+}
+
+// A copy of the cache in fp32 holding exactly the dequantized values.
+HostKvPages Fp32Copy(const Problem& p) {
+  const KvFormat& f = p.format;
+  KvFormat f32 = *KvFormat::Create(KvDtype::kFp32, f.num_kv_heads(), f.head_dim(), f.block_size());
+  HostKvPages copy(f32, 1, p.pages.num_blocks());
+  std::memset(copy.layer(0), 0xff, copy.total_bytes());
+  for (int s = 0; s < p.batch.num_seqs(); ++s) {
+    for (int i = 0; i < p.batch.context_len[s]; ++i) {
+      const int bs = f.block_size();
+      uint8_t* block = copy.layer(0) + int64_t(p.batch.BlockRow(s)[i / bs]) * f32.block_bytes();
+      for (int h = 0; h < f.num_kv_heads(); ++h) {
+        ReadRow(p, f.k(), s, i, h,
+                reinterpret_cast<float*>(block + f32.RowOffset(f32.k(), h, i % bs)));
+        ReadRow(p, f.v(), s, i, h,
+                reinterpret_cast<float*>(block + f32.RowOffset(f32.v(), h, i % bs)));
+      }
+    }
+  }
+  return copy;
+}
+
+// Naive softmax attention in double over the dequantized rows, plus the
+// largest |v| each (row, head) could mix (the scale of its error).
+void Reference(const Problem& p, int window, std::vector<double>* out, std::vector<double>* vmax) {
+  const KvFormat& f = p.format;
+  const int hd = f.head_dim(), nh = p.num_heads, group = nh / f.num_kv_heads();
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  out->assign(p.q.size(), 0.0);
+  vmax->assign(p.q.size() / hd, 0.0);
+  std::vector<float> k(hd), v(hd);
+  for (int s = 0; s < p.batch.num_seqs(); ++s) {
+    const int q_len = p.batch.query_start[s + 1] - p.batch.query_start[s];
+    for (int r = p.batch.query_start[s]; r < p.batch.query_start[s + 1]; ++r) {
+      const int idx = p.batch.context_len[s] - q_len + (r - p.batch.query_start[s]);
+      const int lo = window > 0 ? std::max(0, idx - window + 1) : 0;
+      for (int h = 0; h < nh; ++h) {
+        const float* q = p.q.data() + (int64_t(r) * nh + h) * hd;
+        std::vector<double> sc;
+        for (int i = lo; i <= idx; ++i) {
+          ReadRow(p, f.k(), s, i, h / group, k.data());
+          double d = 0.0;
+          for (int j = 0; j < hd; ++j) d += double(q[j]) * k[j];
+          sc.push_back(d * scale);
+        }
+        const double m = *std::max_element(sc.begin(), sc.end());
+        double sum = 0.0;
+        for (double& x : sc) sum += (x = std::exp(x - m));
+        double* o = out->data() + (int64_t(r) * nh + h) * hd;
+        double& vm = (*vmax)[int64_t(r) * nh + h];
+        for (int i = lo; i <= idx; ++i) {
+          ReadRow(p, f.v(), s, i, h / group, v.data());
+          for (int j = 0; j < hd; ++j) {
+            o[j] += sc[i - lo] / sum * v[j];
+            vm = std::max(vm, std::fabs(double(v[j])));
+          }
+        }
+      }
+    }
+  }
+}
+
+// max over (row, head) of max|a - b| / max|v|.
+double WorstRelErr(const std::vector<float>& a, const std::vector<double>& b,
+                   const std::vector<double>& vmax, int hd) {
+  double worst = 0.0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double e = std::fabs(double(a[i]) - b[i]) / std::max(vmax[i / hd], 1e-30);
+    worst = std::isnan(e) ? INFINITY : std::max(worst, e);
+  }
+  return worst;
+}
+
+std::vector<double> ToDouble(const std::vector<float>& x) { return {x.begin(), x.end()}; }
+
+std::vector<CpuIsa> Paths() {
+  if (CpuHasAvx2()) return {CpuIsa::kScalar, CpuIsa::kAvx2};
+  WARN("no AVX2 on this CPU: testing the scalar path only");
+  return {CpuIsa::kScalar};
+}
+
+// Checks every path against the double reference and against the fp32
+// kernel over an fp32 copy of the dequantized cache, and the paths against
+// each other.
+void CheckCase(const AttnCase& c) {
+  INFO(c.Name());
+  const Problem p = Build(c);
+  std::vector<double> ref, vmax;
+  Reference(p, c.window, &ref, &vmax);
+  const HostKvPages copy = Fp32Copy(p);
+  const int hd = c.head_dim;
+  std::vector<std::vector<float>> outs;
+  for (CpuIsa isa : Paths()) {
+    INFO("path " << CpuIsaName(isa));
+    const std::vector<float> got = Run(p, p.pages, c.window, isa);
+    const std::vector<float> via_copy = Run(p, copy, c.window, isa);
+    CHECK(WorstRelErr(got, ref, vmax, hd) <= 1e-5);
+    CHECK(WorstRelErr(got, ToDouble(via_copy), vmax, hd) <= 1e-5);
+    outs.push_back(got);
+  }
+  for (size_t i = 1; i < outs.size(); ++i) {
+    CHECK(WorstRelErr(outs[i], ToDouble(outs[0]), vmax, hd) <= 1e-5);
+  }
+}
+
+TEST_CASE("paged attention over every format matches attention over its dequantized values",
+          "[kernels][attention]") {
+  // Each batch mixes a decode row, a 5-row prefill chunk at the end of the
+  // same context and a whole prompt prefill, all sharing the pool.
+  for (KvDtype dtype : kAllKvDtypes) {
+    SECTION(std::string(KvDtypeName(dtype))) {
+      uint32_t seed = 1;
+      for (int bs : {1, 16, 64}) {
+        for (int ctx : {1, 17, 97}) {
+          for (int hd : {8, 64, 128}) {
+            for (int group : {1, 2, 4}) {
+              for (int window : {0, 7}) {
+                AttnCase c;
+                c.dtype = dtype;
+                c.block_size = bs;
+                c.head_dim = hd;
+                c.group = group;
+                c.window = window;
+                c.ctx = {ctx, ctx, std::min(ctx, 17)};
+                c.q_len = {1, std::min(ctx, 5), std::min(ctx, 17)};
+                c.seed = seed++;
+                CheckCase(c);
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("long contexts merge softmax tiles exactly", "[kernels][attention]") {
+  // 700 keys in blocks of 16 make 88 chunks, so three tiles whose maxima
+  // differ; scaled-up queries make the softmax peaky so a wrong rescale shows.
+  for (KvDtype dtype : {KvDtype::kFp32, KvDtype::kInt8, KvDtype::kK8V4}) {
+    for (int hd : {8, 64}) {
+      AttnCase c;
+      c.dtype = dtype;
+      c.head_dim = hd;
+      c.group = 2;
+      c.ctx = {700, 300};
+      c.q_len = {1, 3};
+      c.q_scale = 6.0f;
+      c.seed = 77 + hd;
+      CheckCase(c);
+      c.window = 333;
+      CheckCase(c);
+    }
+  }
+}
+
+TEST_CASE("GQA groups that are not powers of two and MQA", "[kernels][attention]") {
+  for (int group : {3, 8, 6}) {
+    for (int hkv : {1, 2}) {
+      AttnCase c;
+      c.dtype = group == 3 ? KvDtype::kFp16 : KvDtype::kInt4;
+      c.head_dim = 64;
+      c.num_kv_heads = hkv;
+      c.group = group;
+      c.ctx = {45};
+      c.q_len = {4};
+      CheckCase(c);
+    }
+  }
+}
+
+TEST_CASE("shapes outside the AVX2 kernels fall back to the scalar path", "[kernels][attention]") {
+  SECTION("head_dim 6 (not a multiple of 8)") {
+    for (KvDtype dtype : {KvDtype::kFp32, KvDtype::kBf16, KvDtype::kInt8}) {
+      AttnCase c;
+      c.dtype = dtype;
+      c.head_dim = 6;
+      c.group = 2;
+      c.ctx = {19, 3};
+      c.q_len = {19, 1};
+      CheckCase(c);
+    }
+  }
+  SECTION("int4 groups of 4 channels") {
+    AttnCase c;
+    c.dtype = KvDtype::kK8V4;
+    c.head_dim = 16;
+    c.int4_group = 4;
+    c.ctx = {19, 3};
+    c.q_len = {19, 1};
+    CheckCase(c);
+  }
+}
+
+TEST_CASE("the instruction set is resolved once, and KVSERVE_CPU_ISA can force scalar",
+          "[kernels][attention]") {
+  const CpuIsa def = DefaultCpuIsa();
+  REQUIRE(def != CpuIsa::kAuto);
+  REQUIRE(ResolveCpuIsa(CpuIsa::kAuto) == def);
+  REQUIRE(ResolveCpuIsa(CpuIsa::kScalar) == CpuIsa::kScalar);
+  REQUIRE(ResolveCpuIsa(CpuIsa::kAvx2) == (CpuHasAvx2() ? CpuIsa::kAvx2 : CpuIsa::kScalar));
+  const char* env = std::getenv("KVSERVE_CPU_ISA");
+  if (env != nullptr && std::string(env) == "scalar") {
+    REQUIRE(def == CpuIsa::kScalar);
+  } else {
+    REQUIRE(def == (CpuHasAvx2() ? CpuIsa::kAvx2 : CpuIsa::kScalar));
+  }
+}
+
+TEST_CASE("WriteKv skips rows with a negative slot", "[kernels][attention]") {
+  KvFormat f = *KvFormat::Create(KvDtype::kInt8, 1, 8, 4);
+  HostKvPages pages(f, 1, 2);
+  std::vector<float> k(16, 1.0f), v(16, 2.0f);
+  const int64_t slots[2] = {-1, 5};
+  KvWriteParams w;
+  w.k = k.data();
+  w.v = v.data();
+  w.slot_mapping = slots;
+  w.num_tokens = 2;
+  w.kv_layer = pages.layer(0);
+  w.format = &f;
+  WriteKv(w);
+  std::vector<float> row(8);
+  const uint8_t* block1 = pages.block(0, 1);
+  DequantizeRow(f.v(), 8, block1 + f.RowOffset(f.v(), 0, 1), block1 + f.MetaOffset(f.v(), 0, 1),
+                row.data());
+  REQUIRE(row == std::vector<float>(8, 2.0f));
+  // Block 0 was never written: still all zero bytes.
+  const uint8_t* block0 = pages.block(0, 0);
+  REQUIRE(std::all_of(block0, block0 + f.block_bytes(), [](uint8_t x) { return x == 0; }));
+}
+
+}  // namespace
+}  // namespace kvserve::cpu
