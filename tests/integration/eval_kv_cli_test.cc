@@ -1,0 +1,158 @@
+// `kvserve eval-kv` end to end, through the built binary: on stories260K and
+// the first stories of the dev text it prints one table row per format
+// (fp32 first, as the reference), writes JSON that parses with the expected
+// keys, and rejects bad flags with exit code 2.
+#include <sys/wait.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "nlohmann/json.hpp"
+#include "tests/test_util.h"
+
+namespace kvserve {
+namespace {
+
+struct RunResult {
+  int exit_code = -1;
+  std::string out;
+};
+
+// Runs `kvserve ARGS` through the shell; captures stdout, and stderr too
+// when both_streams.
+RunResult RunKvserve(const std::string& args, bool both_streams = false) {
+  const std::string cmd = absl::StrCat("'", testing::KvserveBinary(), "' ", args,
+                                       both_streams ? " 2>&1" : " 2>/dev/null");
+  RunResult r;
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
+  const int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+std::string Quote(const std::string& s) { return absl::StrCat("'", s, "'"); }
+
+std::string DevText() { return testing::SharedDir() + "/data/tinystories_valid_dev.txt"; }
+
+std::string BaseArgs() {
+  return absl::StrCat("eval-kv --model ", Quote(testing::Stories260kCheckpoint()), " --text ",
+                      Quote(DevText()));
+}
+
+// The line of the table that starts with `format` and a space, or "".
+std::string TableRow(const std::string& out, const std::string& format) {
+  size_t pos = 0;
+  while (pos < out.size()) {
+    size_t eol = out.find('\n', pos);
+    if (eol == std::string::npos) eol = out.size();
+    const std::string line = out.substr(pos, eol - pos);
+    if (line.rfind(format + " ", 0) == 0) return line;
+    pos = eol + 1;
+  }
+  return "";
+}
+
+TEST_CASE("kvserve eval-kv reports fp32 and int8 as a table and JSON", "[integration]") {
+  const std::string json_path = testing::MakeTempDir("eval-kv") + "/report.json";
+  RunResult r =
+      RunKvserve(absl::StrCat(BaseArgs(), " --kv-dtype fp32,int8 --max-stories 5",
+                              " --prompts 3 --continuation 32 --json ", Quote(json_path)));
+  REQUIRE(r.exit_code == 0);
+  INFO(r.out);
+
+  SECTION("the table has a header and one row per format, fp32 first") {
+    REQUIRE(r.out.find("5 stories") != std::string::npos);
+    const size_t header = r.out.find("format    bytes/token");
+    REQUIRE(header != std::string::npos);
+    REQUIRE(r.out.find("mean KL", header) != std::string::npos);
+    REQUIRE(r.out.find("top-1 agree", header) != std::string::npos);
+    const std::string fp32 = TableRow(r.out, "fp32");
+    const std::string int8 = TableRow(r.out, "int8");
+    REQUIRE(!fp32.empty());
+    REQUIRE(!int8.empty());
+    REQUIRE(r.out.find(fp32) < r.out.find(int8));
+    // stories260K: 5 layers x 4 kv heads x head_dim 8.
+    REQUIRE(fp32.find(" 1280 ") != std::string::npos);
+    REQUIRE(fp32.find("+0.000%") != std::string::npos);
+    REQUIRE(fp32.find("100.00%") != std::string::npos);
+    REQUIRE(int8.find(" 480 ") != std::string::npos);
+    REQUIRE(TableRow(r.out, "int4").empty());
+  }
+  SECTION("the JSON parses and holds every key, with perplexities above 1") {
+    const nlohmann::json j = nlohmann::json::parse(testing::ReadFileOrDie(json_path));
+    for (const char* key :
+         {"model", "text", "stories", "predictions", "prompts", "prompt_tokens", "continuation",
+          "block_size", "int4_group_size", "seconds", "formats"}) {
+      INFO(key);
+      REQUIRE(j.contains(key));
+    }
+    REQUIRE(j["stories"] == 5);
+    REQUIRE(j["prompts"] == 3);
+    REQUIRE(j["continuation"] == 32);
+    REQUIRE(j["block_size"] == 16);
+    REQUIRE(j["predictions"].get<int64_t>() > 500);
+    const nlohmann::json& formats = j["formats"];
+    REQUIRE(formats.size() == 2);
+    REQUIRE(formats[0]["kv_dtype"] == "fp32");
+    REQUIRE(formats[1]["kv_dtype"] == "int8");
+    for (const nlohmann::json& f : formats) {
+      for (const char* key :
+           {"bytes_per_token", "bytes_vs_fp16", "perplexity", "delta_ppl_percent", "mean_kl",
+            "max_kl", "top1_agreement", "mean_greedy_agreement", "greedy_full_match"}) {
+        INFO(f["kv_dtype"] << " " << key);
+        REQUIRE(f.contains(key));
+      }
+      REQUIRE(f["perplexity"].get<double>() > 1.0);
+    }
+    REQUIRE(formats[0]["bytes_per_token"] == 1280);
+    REQUIRE(formats[0]["mean_kl"] == 0.0);
+    REQUIRE(formats[0]["top1_agreement"] == 1.0);
+    REQUIRE(formats[1]["bytes_per_token"] == 480);
+    REQUIRE(formats[1]["bytes_vs_fp16"] == 0.75);
+    REQUIRE(formats[1]["mean_kl"].get<double>() > 0.0);
+    REQUIRE(formats[1]["delta_ppl_percent"].get<double>() <= 0.5);
+  }
+}
+
+TEST_CASE("kvserve eval-kv rejects bad flags with exit code 2", "[integration]") {
+  SECTION("each bad value names its flag") {
+    for (const char* bad :
+         {"--kv-dtype fp7", "--kv-dtype int8,fp7", "--block-size 0", "--int4-group-size 48",
+          "--max-stories -1", "--context 1", "--chunk 0", "--prompts x", "--bogus 1"}) {
+      INFO(bad);
+      RunResult r = RunKvserve(absl::StrCat(BaseArgs(), " ", bad), /*both_streams=*/true);
+      REQUIRE(r.exit_code == 2);
+      REQUIRE(r.out.find("kvserve eval-kv:") != std::string::npos);
+    }
+  }
+  SECTION("--model and --text are required") {
+    RunResult r = RunKvserve(absl::StrCat("eval-kv --text ", Quote(DevText())), true);
+    REQUIRE(r.exit_code == 2);
+    REQUIRE(r.out.find("--model is required") != std::string::npos);
+    r = RunKvserve(absl::StrCat("eval-kv --model ", Quote(testing::Stories260kCheckpoint())), true);
+    REQUIRE(r.exit_code == 2);
+    REQUIRE(r.out.find("--text is required") != std::string::npos);
+  }
+  SECTION("--help prints usage and exits 0") {
+    RunResult r = RunKvserve("eval-kv --help");
+    REQUIRE(r.exit_code == 0);
+    REQUIRE(r.out.find("usage: kvserve eval-kv") != std::string::npos);
+  }
+  SECTION("a missing text file is a runtime error naming the path") {
+    RunResult r =
+        RunKvserve(absl::StrCat("eval-kv --model ", Quote(testing::Stories260kCheckpoint()),
+                                " --text /nonexistent/stories.txt"),
+                   true);
+    REQUIRE(r.exit_code == 1);
+    REQUIRE(r.out.find("/nonexistent/stories.txt") != std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace kvserve
