@@ -57,16 +57,16 @@ struct SamplerState {
   std::mt19937_64 rng;
 };
 
-struct TokenLogprob {
+struct SampledLogprob {
   int32_t token = -1;
   float logprob = 0.0f;
 };
 
 struct SampleLogprobs {
-  TokenLogprob chosen;
+  SampledLogprob chosen;
   // The num_top_logprobs most likely tokens of the raw distribution, most
   // likely first, ties towards the lower id.
-  std::vector<TokenLogprob> top;
+  std::vector<SampledLogprob> top;
 };
 
 class Sampler {

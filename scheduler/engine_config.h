@@ -21,6 +21,9 @@ struct EngineConfig {
   PreemptionMode preemption_mode = PreemptionMode::kRecompute;  // scheduler.preemption_mode
   bool prefix_caching = true;            // cache.prefix_caching
   std::string default_kv_policy;         // cache.eviction_policy ("" = none)
+  // Runs KvCacheManager::CheckInvariants after every step and aborts on a
+  // broken one (O(blocks + tokens) per step: tests and debugging only).
+  bool debug_check_invariants = false;
 
   // Called on the engine thread once per finished request (metrics); must
   // not block.

@@ -20,6 +20,7 @@ struct EngineStats {
   // Counters.
   int64_t steps = 0;
   int64_t batched_tokens = 0;      // sum of BatchInput sizes
+  int64_t batched_seqs = 0;        // sum of sequences per step (mean batch = this / steps)
   int64_t prompt_tokens = 0;
   int64_t generated_tokens = 0;
   int64_t preemptions = 0;

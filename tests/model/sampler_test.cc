@@ -87,7 +87,7 @@ SamplingParams Creative() {
   return p;
 }
 
-TEST_CASE("The same seed gives the same tokens; another seed does not", "[model]") {
+TEST_CASE("The same seed gives the same tokens, another seed does not", "[model]") {
   const SamplingParams params = Creative();
   Sampler a, b;
   SamplerState sa(42), sb(42);
@@ -361,7 +361,7 @@ TEST_CASE("Logprobs are log_softmax of the raw logits", "[model]") {
     REQUIRE(lp.top[0].token == 2);  // tie with 4: lower id first
     REQUIRE(lp.top[1].token == 4);
     REQUIRE(lp.top[2].token == 1);
-    for (const TokenLogprob& t : lp.top) {
+    for (const SampledLogprob& t : lp.top) {
       REQUIRE(t.logprob == Approx(log_softmax(t.token)).margin(1e-6));
     }
   }

@@ -1,0 +1,598 @@
+#include "scheduler/engine_impl.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "cache/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace kvserve {
+namespace {
+
+absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentError(message); }
+
+double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
+                                                       std::unique_ptr<ModelRunner> runner,
+                                                       std::shared_ptr<const Tokenizer> tokenizer) {
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<EngineImpl> engine,
+                      EngineImpl::Create(config, std::move(runner), std::move(tokenizer)));
+  return std::unique_ptr<Engine>(std::move(engine));
+}
+
+absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
+    const EngineConfig& config, std::unique_ptr<ModelRunner> runner,
+    std::shared_ptr<const Tokenizer> tokenizer) {
+  KV_RETURN_IF_ERROR(config.Validate());
+  if (runner == nullptr) return Invalid("engine: no model runner");
+  if (tokenizer == nullptr) return Invalid("engine: no tokenizer");
+  const ModelConfig& mc = runner->config();
+  const int32_t max_len =
+      config.max_model_len == 0 ? mc.max_position_embeddings : config.max_model_len;
+  if (max_len > mc.max_position_embeddings) {
+    return Invalid(absl::StrCat("max_model_len (", max_len,
+                                ") exceeds the model's max_position_embeddings (",
+                                mc.max_position_embeddings, ")"));
+  }
+  if (tokenizer->vocab_size() > mc.vocab_size) {
+    return Invalid(absl::StrCat("the tokenizer has ", tokenizer->vocab_size(),
+                                " pieces but the model's vocabulary is ", mc.vocab_size));
+  }
+  KvCacheConfig kv_config;
+  kv_config.block_size = runner->kv_format().block_size();
+  kv_config.num_blocks = runner->num_blocks();
+  kv_config.num_swap_blocks = runner->num_swap_blocks();
+  kv_config.enable_prefix_caching = config.prefix_caching;
+  kv_config.hash_seed = std::random_device{}();
+  KV_RETURN_IF_ERROR(kv_config.Validate());
+  const int64_t blocks_needed =
+      (static_cast<int64_t>(max_len) + kv_config.block_size - 1) / kv_config.block_size;
+  if (blocks_needed > kv_config.num_blocks) {
+    return Invalid(absl::StrCat("max_model_len (", max_len, " tokens) needs ", blocks_needed,
+                                " KV blocks of ", kv_config.block_size,
+                                " tokens, but the pool has only ", kv_config.num_blocks,
+                                "; lower max_model_len or give the KV cache more blocks"));
+  }
+  spdlog::debug(
+      "engine: {} KV blocks of {} tokens ({} swap), max_model_len {}, max_num_seqs {}, "
+      "max_num_batched_tokens {}, prefix caching {}, preemption {}",
+      kv_config.num_blocks, kv_config.block_size, kv_config.num_swap_blocks, max_len,
+      config.max_num_seqs, config.max_num_batched_tokens, config.prefix_caching ? "on" : "off",
+      config.preemption_mode == PreemptionMode::kSwap ? "swap" : "recompute");
+  return std::unique_ptr<EngineImpl>(
+      new EngineImpl(config, max_len, std::move(runner), std::move(tokenizer), kv_config));
+}
+
+EngineImpl::EngineImpl(const EngineConfig& config, int32_t max_model_len,
+                       std::unique_ptr<ModelRunner> runner,
+                       std::shared_ptr<const Tokenizer> tokenizer, const KvCacheConfig& kv_config)
+    : config_(config),
+      max_model_len_(max_model_len),
+      model_config_(runner->config()),
+      runner_(std::move(runner)),
+      tokenizer_(std::move(tokenizer)),
+      vocab_size_(model_config_.vocab_size),
+      block_size_(kv_config.block_size),
+      num_blocks_(kv_config.num_blocks),
+      kv_(kv_config),
+      scheduler_(SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens,
+                                 config.preemption_mode},
+                 &kv_),
+      seed_rng_(std::random_device{}()) {
+  row_copy_.resize(vocab_size_);
+  logits_.reserve(static_cast<size_t>(config.max_num_seqs) * vocab_size_);
+  touched_.reserve(config.max_num_seqs);
+  PublishStats();
+  thread_ = std::thread([this] { Loop(); });
+}
+
+EngineImpl::~EngineImpl() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+// ---- Front-end side ----------------------------------------------------------
+
+absl::Status EngineImpl::Validate(GenerateRequest& r, std::vector<int32_t>* prompt_ids) const {
+  KV_RETURN_IF_ERROR(r.sampling.Validate());
+  if (r.max_tokens < 1) return Invalid(absl::StrCat("max_tokens must be >= 1, got ", r.max_tokens));
+  const int32_t max_n = std::min(kMaxSamplesPerRequest, config_.max_num_seqs);
+  if (r.n < 1 || r.n > max_n) {
+    return Invalid(absl::StrCat("n must be in [1, ", max_n, "], got ", r.n));
+  }
+  if (r.logprobs < -1 || r.logprobs > kMaxLogprobs) {
+    return Invalid(
+        absl::StrCat("logprobs must be -1 (off) or in [0, ", kMaxLogprobs, "], got ", r.logprobs));
+  }
+  for (size_t i = 0; i < r.stop.size(); ++i) {
+    if (r.stop[i].empty()) return Invalid(absl::StrCat("stop[", i, "] must not be empty"));
+  }
+  for (size_t i = 0; i < r.stop_token_ids.size(); ++i) {
+    const int32_t id = r.stop_token_ids[i];
+    if (id < 0 || id >= vocab_size_) {
+      return Invalid(absl::StrCat("stop_token_ids[", i, "] = ", id,
+                                  " is outside the vocabulary [0, ", vocab_size_, ")"));
+    }
+  }
+  if (!r.kv_policy.empty() && r.kv_policy != "none") {
+    return Invalid(absl::StrCat("kv_policy \"", r.kv_policy,
+                                "\" is not supported by this engine yet (only \"none\")"));
+  }
+  if (!r.prompt_token_ids.empty()) {
+    *prompt_ids = std::move(r.prompt_token_ids);
+    r.prompt_token_ids.clear();
+    for (size_t i = 0; i < prompt_ids->size(); ++i) {
+      const int32_t id = (*prompt_ids)[i];
+      if (id < 0 || id >= vocab_size_) {
+        return Invalid(absl::StrCat("prompt_token_ids[", i, "] = ", id,
+                                    " is outside the vocabulary [0, ", vocab_size_, ")"));
+      }
+    }
+  } else {
+    *prompt_ids = tokenizer_->Encode(r.prompt, r.add_bos);
+  }
+  r.prompt.clear();
+  r.prompt.shrink_to_fit();
+  const int64_t prompt_len = static_cast<int64_t>(prompt_ids->size());
+  if (prompt_len == 0) return Invalid("prompt must not be empty (it has no tokens)");
+  if (prompt_len >= max_model_len_) {
+    return Invalid(absl::StrCat("prompt has ", prompt_len,
+                                " tokens, which leaves no room to generate within max_model_len (",
+                                max_model_len_, ")"));
+  }
+  const int64_t total = prompt_len + r.max_tokens;
+  if (total > max_model_len_) {
+    return Invalid(absl::StrCat("max_tokens (", r.max_tokens, ") + prompt (", prompt_len,
+                                " tokens) = ", total, " exceeds max_model_len (", max_model_len_,
+                                "); lower max_tokens to at most ", max_model_len_ - prompt_len));
+  }
+  const int64_t blocks = (total + block_size_ - 1) / block_size_;
+  if (blocks > num_blocks_) {
+    return Invalid(absl::StrCat("max_tokens: prompt + max_tokens = ", total, " tokens need ",
+                                blocks, " KV blocks, but the whole pool has ", num_blocks_));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<RequestStream>> EngineImpl::Submit(GenerateRequest request) {
+  if (draining()) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    return absl::UnavailableError("the engine is draining and accepts no new requests");
+  }
+  auto req = std::make_unique<RequestState>();
+  if (absl::Status s = Validate(request, &req->prompt_ids); !s.ok()) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    return s;
+  }
+  if (!request.ignore_eos) {
+    req->stop_ids.push_back(model_config_.eos_id);
+    if (model_config_.bos_is_stop) req->stop_ids.push_back(model_config_.bos_id);
+  }
+  req->stop_ids.insert(req->stop_ids.end(), request.stop_token_ids.begin(),
+                       request.stop_token_ids.end());
+  req->usage.prompt_tokens = static_cast<int32_t>(req->prompt_ids.size());
+  req->submit_time = absl::Now();
+  req->params = std::move(request);
+
+  absl::MutexLock lock(&mu_);
+  if (stop_ || draining()) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    return absl::UnavailableError("the engine is draining and accepts no new requests");
+  }
+  const int64_t queued =
+      static_cast<int64_t>(inbox_.size()) + num_waiting_.load(std::memory_order_relaxed);
+  if (queued >= config_.max_queue_size) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "the request queue is full (", queued,
+        " requests waiting; scheduler.max_queue_size = ", config_.max_queue_size, ")"));
+  }
+  req->arrival = next_arrival_++;
+  if (req->params.request_id.empty()) req->params.request_id = absl::StrCat("req-", req->arrival);
+  req->id = req->params.request_id;
+  req->seed_base = req->params.sampling.seed.has_value() ? *req->params.sampling.seed : seed_rng_();
+  req->stream = std::make_shared<RequestStream>(req->id);
+  std::shared_ptr<RequestStream> stream = req->stream;
+  inbox_.push_back(std::move(req));
+  return stream;
+}
+
+EngineStats EngineImpl::GetStats() const {
+  EngineStats s;
+  {
+    absl::MutexLock lock(&stats_mu_);
+    s = published_;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    s.num_waiting += static_cast<int64_t>(inbox_.size());
+  }
+  s.requests_rejected = rejected_.load(std::memory_order_relaxed);
+  return s;
+}
+
+void EngineImpl::Drain(absl::Time deadline) {
+  draining_.store(true, std::memory_order_release);
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return idle_ && inbox_.empty(); };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
+    cancel_all_ = true;
+    mu_.Await(absl::Condition(&idle));
+  }
+}
+
+// ---- Engine thread -------------------------------------------------------------
+
+void EngineImpl::Loop() {
+  for (;;) {
+    bool stop = false;
+    bool cancel_all = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (live_.empty() && inbox_.empty() && !stop_ && !cancel_all_) {
+        idle_ = true;
+        auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return !inbox_.empty() || stop_ || cancel_all_;
+        };
+        mu_.Await(absl::Condition(&wake));
+      }
+      idle_ = false;
+      incoming_.swap(inbox_);
+      stop = stop_;
+      cancel_all = cancel_all_;
+      cancel_all_ = false;
+    }
+    for (std::unique_ptr<RequestState>& req : incoming_) Admit(std::move(req));
+    incoming_.clear();
+    CancelRequests(stop || cancel_all);
+    if (!stop && !scheduler_.idle()) Step();
+    PublishStats();
+    FlushEvents();
+    if (stop) return;
+  }
+}
+
+void EngineImpl::Admit(std::unique_ptr<RequestState> req) {
+  auto seq =
+      std::make_unique<Sequence>(next_seq_id_++, req.get(), 0, req->seed_base, tokenizer_.get());
+  req->num_live = 1;
+  req->forked = req->params.n == 1;
+  scheduler_.AddWaiting(seq.get());
+  req->samples.push_back(std::move(seq));
+  live_.push_back(std::move(req));
+}
+
+void EngineImpl::CancelRequests(bool all) {
+  for (const std::unique_ptr<RequestState>& req : live_) {
+    if (req->done) continue;
+    if (all || req->stream->cancelled()) FinishRequest(req.get(), FinishReason::kCancelled);
+  }
+}
+
+void EngineImpl::RunCopies() {
+  StepCopies copies = kv_.TakePendingCopies();
+  if (!copies.swap_out.empty()) runner_->SwapOut(copies.swap_out);
+  if (!copies.copies.empty()) runner_->CopyBlocks(copies.copies);
+  if (!copies.swap_in.empty()) runner_->SwapIn(copies.swap_in);
+}
+
+void EngineImpl::BuildBatch(const StepPlan& plan) {
+  batch_.Clear();
+  int32_t max_blocks = 0;
+  for (const ScheduledSeq& s : plan.seqs) {
+    max_blocks = std::max(max_blocks, kv_.block_table(s.seq->id).num_blocks());
+  }
+  batch_.max_blocks_per_seq = max_blocks;
+  batch_.block_table.resize(plan.seqs.size() * static_cast<size_t>(max_blocks), 0);
+  int32_t* table_row = batch_.block_table.data();
+  for (const ScheduledSeq& s : plan.seqs) {
+    const Sequence* seq = s.seq;
+    const int32_t begin = seq->num_computed;
+    const int32_t end = begin + s.num_new_tokens;
+    batch_.token_ids.insert(batch_.token_ids.end(), seq->tokens.begin() + begin,
+                            seq->tokens.begin() + end);
+    for (int32_t i = begin; i < end; ++i) batch_.positions.push_back(i);
+    kv_.AppendSlotMapping(seq->id, begin, end, &batch_.slot_mapping);
+    batch_.query_start.push_back(batch_.num_tokens());
+    batch_.context_len.push_back(end);
+    const std::vector<BlockId>& blocks = kv_.block_table(seq->id).blocks();
+    std::copy(blocks.begin(), blocks.end(), table_row);
+    table_row += max_blocks;
+    if (end == static_cast<int32_t>(seq->tokens.size())) {
+      batch_.logits_rows.push_back(batch_.num_tokens() - 1);
+    }
+  }
+}
+
+void EngineImpl::Step() {
+  step_time_ = absl::Now();
+  const StepPlan& plan = scheduler_.Schedule();
+  RunCopies();
+  if (plan.empty()) {
+    if (plan.num_preempted > 0 || scheduler_.num_running() > 0) return;
+    // Nothing runs and the next sequence still cannot start: Submit's checks
+    // should make this impossible; fail it rather than spin.
+    if (Sequence* seq = scheduler_.next_waiting(); seq != nullptr) {
+      spdlog::error("engine: request {} cannot be scheduled on an idle engine; failing it",
+                    seq->request->id);
+      FinishRequest(seq->request, FinishReason::kError,
+                    "the request cannot be scheduled (it does not fit the KV cache)");
+    } else if (Sequence* swapped = scheduler_.next_swapped(); swapped != nullptr) {
+      spdlog::error("engine: request {} cannot be swapped back in; failing it",
+                    swapped->request->id);
+      FinishRequest(swapped->request, FinishReason::kError,
+                    "the request cannot be swapped back in (it does not fit the KV cache)");
+    }
+    return;
+  }
+  for (const ScheduledSeq& s : plan.seqs) {
+    RequestState* req = s.seq->request;
+    if (req->first_scheduled == absl::InfinitePast()) {
+      req->first_scheduled = step_time_;
+      stats_.prompt_tokens += req->usage.prompt_tokens;
+    }
+  }
+
+  BuildBatch(plan);
+  logits_.resize(batch_.logits_rows.size() * static_cast<size_t>(vocab_size_));
+  const absl::Status status = runner_->Forward(batch_, logits_);
+  ++stats_.steps;
+  stats_.batched_tokens += batch_.num_tokens();
+  stats_.batched_seqs += batch_.num_seqs();
+  step_time_ = absl::Now();
+  if (!status.ok()) {
+    const std::string error = absl::StrCat("forward pass failed: ", std::string(status.message()));
+    spdlog::error("engine: {}", error);
+    for (const ScheduledSeq& s : plan.seqs) {
+      if (!s.seq->request->done) FinishRequest(s.seq->request, FinishReason::kError, error);
+    }
+    return;
+  }
+  float* row = logits_.data();
+  for (const ScheduledSeq& s : plan.seqs) {
+    Sequence* seq = s.seq;
+    seq->num_computed += s.num_new_tokens;
+    kv_.MarkComputed(seq->id, seq->num_computed);
+    if (seq->num_computed < static_cast<int32_t>(seq->tokens.size())) continue;  // mid-prefill
+    ProcessRow(seq, row);
+    row += vocab_size_;
+  }
+  if (config_.debug_check_invariants) {
+    if (absl::Status s = kv_.CheckInvariants(); !s.ok()) {
+      std::fprintf(stderr, "engine: KV cache invariant broken: %s\n",
+                   std::string(s.message()).c_str());
+      std::abort();
+    }
+  }
+}
+
+void EngineImpl::ProcessRow(Sequence* seq, float* row) {
+  RequestState* req = seq->request;
+  if (req->forked) {
+    SampleAndEmit(seq, row);
+    return;
+  }
+  // First token of an n > 1 request: every sample draws from the same raw
+  // logits (the sampler modifies the row in place).
+  Fork(seq);
+  std::copy(row, row + vocab_size_, row_copy_.begin());
+  for (size_t i = 0; i < req->samples.size(); ++i) {
+    if (i > 0) std::copy(row_copy_.begin(), row_copy_.end(), row);
+    SampleAndEmit(req->samples[i].get(), row);
+  }
+}
+
+void EngineImpl::Fork(Sequence* parent) {
+  RequestState* req = parent->request;
+  for (int32_t i = 1; i < req->params.n; ++i) {
+    auto child =
+        std::make_unique<Sequence>(next_seq_id_++, req, i, req->seed_base + i, tokenizer_.get());
+    child->num_computed = parent->num_computed;
+    kv_.Fork(parent->id, child->id);
+    scheduler_.AddRunning(child.get());
+    req->samples.push_back(std::move(child));
+  }
+  req->num_live += req->params.n - 1;
+  req->forked = true;
+}
+
+void EngineImpl::SampleAndEmit(Sequence* seq, float* row) {
+  const GenerateRequest& p = seq->request->params;
+  float logprob = 0.0f;
+  const int32_t token =
+      sampler_.Sample(std::span<float>(row, vocab_size_), p.sampling, seq->prompt(), seq->output(),
+                      &seq->rng, p.logprobs, &logprob, &top_scratch_);
+  EmitToken(seq, token, logprob, &top_scratch_);
+}
+
+void EngineImpl::EmitToken(Sequence* seq, int32_t token, float logprob,
+                           std::vector<std::pair<int32_t, float>>* top) {
+  RequestState* req = seq->request;
+  const GenerateRequest& p = req->params;
+  seq->tokens.push_back(token);
+  ++req->usage.completion_tokens;
+  ++stats_.generated_tokens;
+  if (req->last_token != step_time_) {
+    if (req->first_token == absl::InfinitePast()) req->first_token = step_time_;
+    req->last_token = step_time_;
+    ++req->token_steps;
+  }
+  seq->out.token_ids.push_back(token);
+  if (p.logprobs >= 0) {
+    TokenLogprob& lp = seq->out.logprobs.emplace_back();
+    lp.token_id = token;
+    lp.logprob = logprob;
+    lp.top.assign(top->begin(), top->end());
+  }
+  seq->has_out = true;
+  Touch(req);
+
+  if (std::find(req->stop_ids.begin(), req->stop_ids.end(), token) != req->stop_ids.end()) {
+    FinishSample(seq, FinishReason::kStop, /*flush_text=*/true);
+    return;
+  }
+  piece_scratch_.clear();
+  seq->detok.Add(token, &piece_scratch_);
+  if (!piece_scratch_.empty() && seq->stop.Add(piece_scratch_, &seq->out.text)) {
+    FinishSample(seq, FinishReason::kStop, /*flush_text=*/false);
+    return;
+  }
+  if (seq->num_output() >= p.max_tokens ||
+      static_cast<int32_t>(seq->tokens.size()) >= max_model_len_) {
+    FinishSample(seq, FinishReason::kLength, /*flush_text=*/true);
+  }
+}
+
+void EngineImpl::FinishSample(Sequence* seq, FinishReason reason, bool flush_text,
+                              const std::string& error) {
+  if (seq->finished()) return;
+  RequestState* req = seq->request;
+  if (flush_text) {
+    piece_scratch_.clear();
+    seq->detok.Finish(&piece_scratch_);
+    if (seq->stop.Add(piece_scratch_, &seq->out.text)) {
+      reason = FinishReason::kStop;
+    } else {
+      seq->stop.Flush(&seq->out.text);
+    }
+  }
+  seq->out.finish_reason = reason;
+  if (!error.empty()) seq->out.error = error;
+  seq->has_out = true;
+  Touch(req);
+  scheduler_.Remove(seq);  // frees its blocks
+  req->finish_reason = reason;
+  if (!error.empty()) req->error = error;
+  if (--req->num_live > 0) return;
+  req->done = true;
+  switch (reason) {
+    case FinishReason::kStop:
+      ++stats_.requests_finished_stop;
+      break;
+    case FinishReason::kLength:
+      ++stats_.requests_finished_length;
+      break;
+    case FinishReason::kCancelled:
+      ++stats_.requests_finished_cancelled;
+      break;
+    case FinishReason::kError:
+      ++stats_.requests_finished_error;
+      break;
+    case FinishReason::kNone:
+      break;
+  }
+}
+
+void EngineImpl::FinishRequest(RequestState* req, FinishReason reason, const std::string& error) {
+  for (const std::unique_ptr<Sequence>& seq : req->samples) {
+    FinishSample(seq.get(), reason, /*flush_text=*/false, error);
+  }
+}
+
+void EngineImpl::Touch(RequestState* req) {
+  if (req->in_step) return;
+  req->in_step = true;
+  touched_.push_back(req);
+}
+
+void EngineImpl::FlushEvents() {
+  const absl::Time now = absl::Now();
+  for (RequestState* req : touched_) {
+    req->in_step = false;
+    // Samples 1 .. n-1 of a request that ended before its fork never existed:
+    // they still get their final event.
+    const int32_t unborn = req->done && !req->forked ? req->params.n - 1 : 0;
+    size_t last = req->samples.size();
+    if (unborn == 0) {
+      for (size_t i = 0; i < req->samples.size(); ++i) {
+        if (req->samples[i]->has_out) last = i;
+      }
+    }
+    for (size_t i = 0; i < req->samples.size(); ++i) {
+      Sequence* seq = req->samples[i].get();
+      if (!seq->has_out) continue;
+      GenerateOutput out = std::move(seq->out);
+      seq->out = GenerateOutput();
+      seq->out.index = seq->index;
+      seq->has_out = false;
+      if (req->done && i == last) {
+        out.request_finished = true;
+        out.usage = req->usage;
+      }
+      req->stream->Push(std::move(out));
+    }
+    for (int32_t i = 1; i <= unborn; ++i) {
+      GenerateOutput out;
+      out.index = i;
+      out.finish_reason = req->finish_reason;
+      out.error = req->error;
+      if (i == unborn) {
+        out.request_finished = true;
+        out.usage = req->usage;
+      }
+      req->stream->Push(std::move(out));
+    }
+    if (!req->done) continue;
+
+    if (config_.on_request_finished) {
+      RequestMetrics m;
+      m.request_id = req->id;
+      m.finish_reason = req->finish_reason;
+      m.e2e_s = Seconds(now - req->submit_time);
+      m.queue_s = req->first_scheduled == absl::InfinitePast()
+                      ? m.e2e_s
+                      : Seconds(req->first_scheduled - req->submit_time);
+      if (req->first_token != absl::InfinitePast()) {
+        m.ttft_s = Seconds(req->first_token - req->submit_time);
+        if (req->token_steps >= 2) {
+          m.tpot_s = Seconds(req->last_token - req->first_token) /
+                     static_cast<double>(req->token_steps - 1);
+        }
+      }
+      m.usage = req->usage;
+      config_.on_request_finished(m);
+    }
+    spdlog::debug("engine: request {} finished ({}), {} prompt + {} completion tokens", req->id,
+                  std::string(FinishReasonName(req->finish_reason)), req->usage.prompt_tokens,
+                  req->usage.completion_tokens);
+    req->stream->Close();
+  }
+  touched_.clear();
+  live_.erase(std::remove_if(live_.begin(), live_.end(),
+                             [](const std::unique_ptr<RequestState>& r) { return r->done; }),
+              live_.end());
+}
+
+void EngineImpl::PublishStats() {
+  const KvCacheStats kv = kv_.Stats();
+  stats_.num_waiting = scheduler_.num_waiting();
+  stats_.num_running = scheduler_.num_running();
+  stats_.num_swapped = scheduler_.num_swapped();
+  stats_.kv_blocks_total = kv.num_blocks;
+  stats_.kv_blocks_free = kv.num_free_blocks;
+  stats_.kv_blocks_active = kv.num_active_blocks;
+  stats_.kv_blocks_cached = kv.num_cached_blocks;
+  stats_.kv_usage_active = kv.active_usage;
+  stats_.kv_usage_with_cached = kv.usage_with_cached;
+  stats_.preemptions = scheduler_.num_preemptions();
+  stats_.prefix_queries_tokens = kv.prefix_query_tokens;
+  stats_.prefix_hits_tokens = kv.prefix_hit_tokens;
+  stats_.cow_copies = kv.cow_copies;
+  stats_.swap_out_blocks = kv.swapped_out_blocks;
+  stats_.swap_in_blocks = kv.swapped_in_blocks;
+  stats_.cached_block_evictions = kv.evicted_cached_blocks;
+  num_waiting_.store(scheduler_.num_waiting(), std::memory_order_relaxed);
+  absl::MutexLock lock(&stats_mu_);
+  published_ = stats_;
+}
+
+}  // namespace kvserve

@@ -1,0 +1,152 @@
+// EngineImpl: the Engine (engine.h) behind Engine::Create. One thread runs
+// the loop below; Submit/GetStats/Drain talk to it through a mutex-guarded
+// inbox and a published stats snapshot.
+//
+// One step of the loop:
+//   1. take new submissions, cancel requests whose stream was cancelled
+//      (their blocks are freed before anything is scheduled);
+//   2. Scheduler::Schedule() -> StepPlan (preempting when the pool is short);
+//   3. run the KV copies the plan recorded (swap-out, copy-on-write,
+//      swap-in) through the ModelRunner, before the forward pass;
+//   4. build the BatchInput (buffers reused, no per-step allocation once
+//      warm) and run Forward;
+//   5. for rows that complete a sequence's uncomputed tokens: fork n > 1
+//      requests, sample, detokenize, match stops, finish and free;
+//   6. publish the stats snapshot, then push this step's events (so a client
+//      that sees an event sees stats at least as new as its step).
+// When there is nothing to do the thread sleeps on the mutex until a
+// submission, Drain's cancel-all or shutdown arrives.
+//
+// Request semantics worth knowing:
+//   * Stop tokens (EOS and, for llama2.c stories checkpoints, BOS, unless
+//     ignore_eos; plus stop_token_ids) are reported in token_ids and counted
+//     in completion_tokens, but add no text. A stop string is matched on the
+//     text (sequence.h, stop_matcher.h); the token that completes it is
+//     reported, the stop string and anything after it are not.
+//   * Sample i of an n > 1 request draws from seed (seed + i) mod 2^64
+//     (sequence.h), so it equals a separate request with that seed.
+//   * Limits checked at Submit: n <= min(64, max_num_seqs); logprobs in
+//     [-1, 20]; prompt (text + BOS, or prompt_token_ids as given) non-empty
+//     and inside the vocabulary; prompt + max_tokens <= max_model_len and
+//     within the whole KV pool; kv_policy "" or "none" (eviction policies are
+//     not implemented by this engine yet).
+//   * Every event of a request carries one sample's new tokens for one step;
+//     a sample's last event has its finish_reason; the request's very last
+//     event has request_finished and usage. Samples of an n > 1 request that
+//     ends before its fork (cancelled while prefilling) still get a final
+//     event each.
+//
+// Thread-safety: as Engine.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "cache/kv_cache_manager.h"
+#include "kernels/batch_input.h"
+#include "scheduler/engine.h"
+#include "scheduler/scheduler.h"
+#include "scheduler/sequence.h"
+#include "scheduler/token_sampler.h"
+
+namespace kvserve {
+
+// At most this many parallel samples per request (also capped by
+// scheduler.max_num_seqs).
+inline constexpr int32_t kMaxSamplesPerRequest = 64;
+// At most this many alternatives per token (OpenAI's top_logprobs limit).
+inline constexpr int32_t kMaxLogprobs = 20;
+
+class EngineImpl final : public Engine {
+ public:
+  static absl::StatusOr<std::unique_ptr<EngineImpl>> Create(
+      const EngineConfig& config, std::unique_ptr<ModelRunner> runner,
+      std::shared_ptr<const Tokenizer> tokenizer);
+  ~EngineImpl() override;
+
+  absl::StatusOr<std::shared_ptr<RequestStream>> Submit(GenerateRequest request) override;
+  EngineStats GetStats() const override;
+  void Drain(absl::Time deadline) override;
+  bool draining() const override { return draining_.load(std::memory_order_acquire); }
+
+  const ModelConfig& model_config() const override { return model_config_; }
+  const Tokenizer& tokenizer() const override { return *tokenizer_; }
+  const EngineConfig& config() const override { return config_; }
+
+ private:
+  EngineImpl(const EngineConfig& config, int32_t max_model_len, std::unique_ptr<ModelRunner> runner,
+             std::shared_ptr<const Tokenizer> tokenizer, const KvCacheConfig& kv_config);
+
+  // Submit's checks; fills req->prompt_ids. InvalidArgument names the field.
+  absl::Status Validate(GenerateRequest& request, std::vector<int32_t>* prompt_ids) const;
+
+  // ---- Engine thread ----
+  void Loop();
+  void Admit(std::unique_ptr<RequestState> req);
+  void CancelRequests(bool all);
+  void Step();
+  void BuildBatch(const StepPlan& plan);
+  void RunCopies();
+  void ProcessRow(Sequence* seq, float* row);
+  void Fork(Sequence* parent);
+  void SampleAndEmit(Sequence* seq, float* row);
+  void EmitToken(Sequence* seq, int32_t token, float logprob,
+                 std::vector<std::pair<int32_t, float>>* top);
+  void FinishSample(Sequence* seq, FinishReason reason, bool flush_text,
+                    const std::string& error = "");
+  void FinishRequest(RequestState* req, FinishReason reason, const std::string& error = "");
+  void Touch(RequestState* req);
+  void FlushEvents();
+  void PublishStats();
+
+  const EngineConfig config_;
+  const int32_t max_model_len_;
+  const ModelConfig model_config_;
+  std::unique_ptr<ModelRunner> runner_;
+  const std::shared_ptr<const Tokenizer> tokenizer_;
+  const int32_t vocab_size_;
+  const int32_t block_size_;
+  const int32_t num_blocks_;
+
+  // Engine thread only.
+  KvCacheManager kv_;
+  Scheduler scheduler_;
+  TokenSampler sampler_;
+  BatchInput batch_;
+  std::vector<float> logits_;
+  std::vector<float> row_copy_;  // raw logits kept for the samples of a fork
+  std::vector<std::pair<int32_t, float>> top_scratch_;
+  std::string piece_scratch_;
+  std::vector<std::unique_ptr<RequestState>> live_;
+  std::vector<RequestState*> touched_;  // requests with events this step
+  std::vector<std::unique_ptr<RequestState>> incoming_;
+  SeqId next_seq_id_ = 1;
+  absl::Time step_time_;
+  EngineStats stats_;  // counters and gauges, published each step
+
+  // Shared with front ends.
+  mutable absl::Mutex mu_;
+  std::vector<std::unique_ptr<RequestState>> inbox_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancel_all_ ABSL_GUARDED_BY(mu_) = false;
+  bool idle_ ABSL_GUARDED_BY(mu_) = true;
+  uint64_t next_arrival_ ABSL_GUARDED_BY(mu_) = 0;
+  std::mt19937_64 seed_rng_ ABSL_GUARDED_BY(mu_);
+  std::atomic<int64_t> num_waiting_{0};  // scheduler's waiting queue, per step
+  std::atomic<int64_t> rejected_{0};
+  std::atomic<bool> draining_{false};
+
+  mutable absl::Mutex stats_mu_;
+  EngineStats published_ ABSL_GUARDED_BY(stats_mu_);
+
+  std::thread thread_;
+};
+
+}  // namespace kvserve

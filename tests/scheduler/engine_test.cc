@@ -1,0 +1,799 @@
+// Engine end to end on stories260K (CpuModelRunner): continuous batching,
+// chunked prefill, preemption (recompute and swap), prefix caching, parallel
+// samples, stop conditions, streaming text, cancellation and validation.
+//
+// The reference for every batched run is the same request run alone on the
+// same kind of engine: continuous batching must not change a single token.
+#include "scheduler/engine.h"
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "model/cpu_model_runner.h"
+#include "model/model_loader.h"
+#include "scheduler/detokenizer.h"
+#include "tests/test_util.h"
+
+namespace kvserve {
+namespace {
+
+struct Model {
+  LlamaWeights weights;
+  std::shared_ptr<const Tokenizer> tokenizer;
+};
+
+const Model& Stories() {
+  static const Model* model = [] {
+    auto m = LoadModel(testing::Stories260kCheckpoint());
+    if (!m.ok()) std::abort();
+    return new Model{m->weights, std::shared_ptr<const Tokenizer>(std::move(m->tokenizer))};
+  }();
+  return *model;
+}
+
+struct Setup {
+  int block_size = 16;
+  int32_t num_blocks = 2048;
+  int32_t num_swap_blocks = 0;
+  bool prefix_caching = true;
+  PreemptionMode mode = PreemptionMode::kRecompute;
+  int32_t max_num_seqs = 64;
+  int32_t max_num_batched_tokens = 512;
+  int32_t max_model_len = 0;
+  std::function<void(const RequestMetrics&)> on_finished;
+};
+
+std::unique_ptr<Engine> MakeEngine(const Setup& s) {
+  CpuRunnerOptions opt;
+  opt.block_size = s.block_size;
+  opt.num_blocks = s.num_blocks;
+  opt.num_swap_blocks = s.num_swap_blocks;
+  auto runner = CpuModelRunner::Create(Stories().weights, opt);
+  REQUIRE(runner.ok());
+  EngineConfig config;
+  config.max_num_seqs = s.max_num_seqs;
+  config.max_num_batched_tokens = s.max_num_batched_tokens;
+  config.max_model_len = s.max_model_len;
+  config.preemption_mode = s.mode;
+  config.prefix_caching = s.prefix_caching;
+  config.debug_check_invariants = true;
+  config.on_request_finished = s.on_finished;
+  auto engine = Engine::Create(config, std::move(*runner), Stories().tokenizer);
+  REQUIRE(engine.ok());
+  return std::move(*engine);
+}
+
+// Everything one request streamed, per sample.
+struct Result {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<std::string> text;
+  std::vector<FinishReason> finish;
+  std::vector<int> events;
+  Usage usage;
+  bool all_text_valid = true;
+  int finished_events = 0;  // events with request_finished (must be 1, the last)
+};
+
+Result Collect(RequestStream& stream, int n = 1) {
+  Result r;
+  r.tokens.resize(n);
+  r.text.resize(n);
+  r.finish.assign(n, FinishReason::kNone);
+  r.events.assign(n, 0);
+  GenerateOutput out;
+  bool last_was_finished = false;
+  while (stream.Next(&out) == RequestStream::Pop::kOutput) {
+    REQUIRE(out.index >= 0);
+    REQUIRE(out.index < n);
+    REQUIRE(r.finish[out.index] == FinishReason::kNone);  // nothing after a sample's end
+    r.tokens[out.index].insert(r.tokens[out.index].end(), out.token_ids.begin(),
+                               out.token_ids.end());
+    r.text[out.index] += out.text;
+    if (!IsValidUtf8(out.text)) r.all_text_valid = false;
+    r.finish[out.index] = out.finish_reason;
+    ++r.events[out.index];
+    last_was_finished = out.request_finished;
+    if (out.request_finished) {
+      ++r.finished_events;
+      r.usage = out.usage;
+    }
+  }
+  REQUIRE(last_was_finished);
+  REQUIRE(r.finished_events == 1);
+  return r;
+}
+
+Result RunOne(Engine& engine, GenerateRequest req) {
+  const int n = req.n;
+  auto stream = engine.Submit(std::move(req));
+  REQUIRE(stream.ok());
+  return Collect(**stream, n);
+}
+
+// Stories of the dev set, for prompts.
+const std::vector<std::string>& DevStories() {
+  static const std::vector<std::string>* stories = [] {
+    std::string all =
+        testing::ReadFileOrDie(testing::SharedDir() + "/data/tinystories_valid_dev.txt");
+    auto* out = new std::vector<std::string>;
+    size_t pos = 0;
+    const std::string sep = "<|endoftext|>";
+    while (pos < all.size()) {
+      size_t end = all.find(sep, pos);
+      if (end == std::string::npos) end = all.size();
+      std::string s = all.substr(pos, end - pos);
+      while (!s.empty() && (s.front() == '\n' || s.front() == ' ')) s.erase(0, 1);
+      if (s.size() > 200) out->push_back(s);
+      pos = end + sep.size();
+    }
+    return out;
+  }();
+  return *stories;
+}
+
+// A random snippet of a dev story: starts at a word, 1 .. max_chars long.
+std::string RandomSnippet(std::mt19937& rng, size_t max_chars) {
+  const auto& stories = DevStories();
+  const std::string& s = stories[rng() % stories.size()];
+  size_t start = rng() % (s.size() / 2);
+  while (start > 0 && s[start - 1] != ' ') --start;
+  const size_t len = 1 + rng() % max_chars;
+  return s.substr(start, len);
+}
+
+GenerateRequest Greedy(std::string prompt, int32_t max_tokens) {
+  GenerateRequest r;
+  r.prompt = std::move(prompt);
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0.0f;
+  return r;
+}
+
+// Submits all requests at once, then collects every stream.
+std::vector<Result> RunConcurrently(Engine& engine, const std::vector<GenerateRequest>& reqs) {
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  for (const GenerateRequest& r : reqs) {
+    auto s = engine.Submit(r);
+    REQUIRE(s.ok());
+    streams.push_back(*s);
+  }
+  std::vector<Result> results;
+  for (size_t i = 0; i < streams.size(); ++i) results.push_back(Collect(*streams[i], reqs[i].n));
+  return results;
+}
+
+void RequireAllBlocksFree(const Engine& engine) {
+  const EngineStats st = engine.GetStats();
+  REQUIRE(st.num_running == 0);
+  REQUIRE(st.num_waiting == 0);
+  REQUIRE(st.num_swapped == 0);
+  REQUIRE(st.kv_blocks_active == 0);
+  REQUIRE(st.kv_blocks_free == st.kv_blocks_total);
+}
+
+TEST_CASE("Engine reproduces llama2.c's greedy story from BOS", "[scheduler]") {
+  auto engine = MakeEngine({});
+  GenerateRequest req = Greedy("", 256);  // run.c: 256 forward steps, 256 tokens
+  Result r = RunOne(*engine, req);
+  REQUIRE(r.text[0] == testing::GoldenGreedyText());
+  REQUIRE(r.usage.prompt_tokens == 1);
+  REQUIRE(r.usage.completion_tokens == static_cast<int32_t>(r.tokens[0].size()));
+}
+
+TEST_CASE("64 concurrent requests produce exactly their solo greedy tokens", "[scheduler]") {
+  for (int block_size : {1, 16}) {
+    for (bool prefix : {false, true}) {
+      DYNAMIC_SECTION("block_size " << block_size << ", prefix caching " << prefix) {
+        Setup setup;
+        setup.block_size = block_size;
+        setup.num_blocks = 64 * 512 / block_size;
+        setup.prefix_caching = prefix;
+        setup.max_num_batched_tokens = 256;  // long prompts are chunked
+        auto engine = MakeEngine(setup);
+        std::mt19937 rng(1000 + block_size + prefix);
+        std::vector<GenerateRequest> reqs;
+        for (int i = 0; i < 64; ++i) {
+          reqs.push_back(Greedy(RandomSnippet(rng, 400), 1 + rng() % 80));
+          reqs.back().ignore_eos = rng() % 4 == 0;
+        }
+        std::vector<Result> solo;
+        for (const GenerateRequest& r : reqs) solo.push_back(RunOne(*engine, r));
+        const EngineStats solo_stats = engine->GetStats();
+        std::vector<Result> together = RunConcurrently(*engine, reqs);
+        for (size_t i = 0; i < reqs.size(); ++i) {
+          INFO("request " << i << ": " << reqs[i].prompt);
+          REQUIRE(together[i].tokens[0] == solo[i].tokens[0]);
+          REQUIRE(together[i].text[0] == solo[i].text[0]);
+          REQUIRE(together[i].finish[0] == solo[i].finish[0]);
+          REQUIRE(together[i].usage.completion_tokens == solo[i].usage.completion_tokens);
+        }
+        const EngineStats st = engine->GetStats();
+        REQUIRE(st.preemptions == 0);
+        REQUIRE(st.requests_finished_stop + st.requests_finished_length == 128);
+        // The concurrent run really batched: many sequences per step.
+        REQUIRE(st.batched_seqs - solo_stats.batched_seqs > 8 * (st.steps - solo_stats.steps));
+        if (prefix) {
+          REQUIRE(st.prefix_hits_tokens > 0);
+        } else {
+          REQUIRE(st.prefix_hits_tokens == 0);
+        }
+        RequireAllBlocksFree(*engine);
+      }
+    }
+  }
+}
+
+TEST_CASE("A pool too small forces preemption and every request still finishes exactly",
+          "[scheduler]") {
+  for (PreemptionMode mode : {PreemptionMode::kRecompute, PreemptionMode::kSwap}) {
+    for (int block_size : {4, 16}) {
+      DYNAMIC_SECTION((mode == PreemptionMode::kSwap ? "swap" : "recompute")
+                      << ", block_size " << block_size) {
+        Setup setup;
+        setup.block_size = block_size;
+        setup.max_model_len = 192;
+        setup.num_blocks = 2 * 192 / block_size;  // two long sequences at most
+        setup.num_swap_blocks = mode == PreemptionMode::kSwap ? 6 * 192 / block_size : 0;
+        setup.mode = mode;
+        setup.max_num_seqs = 16;
+        auto engine = MakeEngine(setup);
+        std::mt19937 rng(7 + block_size);
+        std::vector<GenerateRequest> reqs;
+        for (int i = 0; i < 16; ++i) {
+          reqs.push_back(Greedy(RandomSnippet(rng, 120), 40 + rng() % 100));
+          reqs.back().ignore_eos = true;
+          if (i % 5 == 4) reqs.back().priority = -1;  // some jump the queue
+        }
+        std::vector<Result> solo;
+        for (const GenerateRequest& r : reqs) solo.push_back(RunOne(*engine, r));
+        REQUIRE(engine->GetStats().preemptions == 0);
+        std::vector<Result> together = RunConcurrently(*engine, reqs);
+        for (size_t i = 0; i < reqs.size(); ++i) {
+          INFO("request " << i);
+          REQUIRE(together[i].finish[0] == FinishReason::kLength);
+          REQUIRE(together[i].tokens[0] == solo[i].tokens[0]);
+          REQUIRE(together[i].text[0] == solo[i].text[0]);
+        }
+        const EngineStats st = engine->GetStats();
+        REQUIRE(st.preemptions > 0);
+        if (mode == PreemptionMode::kSwap) {
+          REQUIRE(st.swap_out_blocks > 0);
+          REQUIRE(st.swap_in_blocks > 0);
+        } else {
+          REQUIRE(st.swap_out_blocks == 0);
+        }
+        RequireAllBlocksFree(*engine);
+      }
+    }
+  }
+}
+
+TEST_CASE("Swap preemption falls back to recompute when the host pool is full", "[scheduler]") {
+  Setup setup;
+  setup.max_model_len = 192;
+  setup.num_blocks = 24;
+  setup.num_swap_blocks = 12;  // room for about one swapped sequence
+  setup.mode = PreemptionMode::kSwap;
+  auto engine = MakeEngine(setup);
+  std::mt19937 rng(99);
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < 12; ++i) {
+    reqs.push_back(Greedy(RandomSnippet(rng, 100), 100 + rng() % 60));
+    reqs.back().ignore_eos = true;
+  }
+  std::vector<Result> solo;
+  for (const GenerateRequest& r : reqs) solo.push_back(RunOne(*engine, r));
+  std::vector<Result> together = RunConcurrently(*engine, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) REQUIRE(together[i].tokens[0] == solo[i].tokens[0]);
+  const EngineStats st = engine->GetStats();
+  REQUIRE(st.preemptions > 0);
+  REQUIRE(st.swap_out_blocks > 0);
+  RequireAllBlocksFree(*engine);
+}
+
+TEST_CASE("Cancelling half the requests mid-stream leaks no blocks", "[scheduler]") {
+  Setup setup;
+  setup.num_blocks = 256;  // tight enough that some requests wait
+  auto engine = MakeEngine(setup);
+  std::mt19937 rng(5);
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < 32; ++i) {
+    GenerateRequest r = Greedy(RandomSnippet(rng, 200), 200);
+    r.ignore_eos = true;
+    reqs.push_back(r);
+    auto s = engine->Submit(r);
+    REQUIRE(s.ok());
+    RequestStream* raw = s->get();
+    if (i % 2 == 0) {
+      // Cancel from the engine thread right after a few tokens arrived.
+      auto count = std::make_shared<int>(0);
+      const int after = 1 + i % 7;
+      raw->SetNotify([raw, count, after] {
+        if (++*count == after) raw->Cancel();
+      });
+    }
+    streams.push_back(*s);
+  }
+  streams[30]->Cancel();  // before it ever ran, perhaps
+  for (int i = 0; i < 32; ++i) {
+    INFO("request " << i);
+    Result r = Collect(*streams[i]);
+    if (i % 2 == 0) {
+      REQUIRE(r.finish[0] == FinishReason::kCancelled);
+      REQUIRE(r.tokens[0].size() < 200);
+    } else {
+      REQUIRE(r.finish[0] == FinishReason::kLength);
+      REQUIRE(r.tokens[0].size() == 200);
+    }
+  }
+  const EngineStats st = engine->GetStats();
+  REQUIRE(st.requests_finished_cancelled == 16);
+  REQUIRE(st.requests_finished_length == 16);
+  RequireAllBlocksFree(*engine);
+
+  SECTION("the survivors produced their solo tokens") {
+    for (int i = 1; i < 32; i += 2) {
+      auto stream = engine->Submit(reqs[i]);
+      REQUIRE(stream.ok());
+      Result solo = Collect(**stream);
+      REQUIRE(solo.tokens[0].size() == 200);
+    }
+  }
+}
+
+TEST_CASE("Stop strings and stop tokens end a sample without emitting the stop", "[scheduler]") {
+  auto engine = MakeEngine({});
+  GenerateRequest base = Greedy("Once upon a time, there was a", 120);
+  base.ignore_eos = true;
+  Result full = RunOne(*engine, base);
+  const std::string& text = full.text[0];
+  REQUIRE(text.size() > 200);
+
+  SECTION("a stop string spanning several tokens") {
+    const std::string stop = text.substr(100, 9);
+    GenerateRequest req = base;
+    req.stop = {"never appears", stop};
+    Result r = RunOne(*engine, req);
+    REQUIRE(r.finish[0] == FinishReason::kStop);
+    REQUIRE(r.text[0] == text.substr(0, text.find(stop)));
+    // The tokens are the solo tokens up to the one that completed the stop.
+    REQUIRE(r.tokens[0].size() < full.tokens[0].size());
+    REQUIRE(std::equal(r.tokens[0].begin(), r.tokens[0].end(), full.tokens[0].begin()));
+    REQUIRE(Stories().tokenizer->Decode(r.tokens[0], base.prompt.empty() ? 1 : 0).size() > 0);
+  }
+  SECTION("a stop string that never matches leaves the text whole") {
+    GenerateRequest req = base;
+    req.stop = {"zzz"};
+    Result r = RunOne(*engine, req);
+    REQUIRE(r.finish[0] == FinishReason::kLength);
+    REQUIRE(r.text[0] == text);
+  }
+  SECTION("a stop token id ends the sample and adds no text") {
+    const int32_t stop_id = full.tokens[0][10];
+    const size_t first =
+        std::find(full.tokens[0].begin(), full.tokens[0].end(), stop_id) - full.tokens[0].begin();
+    GenerateRequest req = base;
+    req.stop_token_ids = {stop_id};
+    Result r = RunOne(*engine, req);
+    REQUIRE(r.finish[0] == FinishReason::kStop);
+    REQUIRE(r.tokens[0] ==
+            std::vector<int32_t>(full.tokens[0].begin(), full.tokens[0].begin() + first + 1));
+    const std::vector<int32_t> prompt_ids = Stories().tokenizer->Encode(base.prompt, true);
+    REQUIRE(r.text[0] ==
+            Stories().tokenizer->Decode(std::span<const int32_t>(r.tokens[0]).first(first),
+                                        prompt_ids.back()));
+  }
+  SECTION("EOS stops unless ignore_eos") {
+    GenerateRequest req = Greedy("", 400);
+    Result r = RunOne(*engine, req);
+    REQUIRE(r.finish[0] == FinishReason::kStop);
+    REQUIRE(r.tokens[0].back() == Stories().tokenizer->bos_id());  // BOS ends a story here
+    req.ignore_eos = true;
+    Result r2 = RunOne(*engine, req);
+    REQUIRE(r2.finish[0] == FinishReason::kLength);
+    REQUIRE(r2.tokens[0].size() == 400);
+  }
+}
+
+TEST_CASE("n > 1 samples share the prompt and match separate seeded runs", "[scheduler]") {
+  Setup setup;
+  setup.num_blocks = 512;
+  // A 100-token prompt is prefilled over 7 steps, so a notify callback set
+  // right after Submit is in place long before the first token.
+  setup.max_num_batched_tokens = 16;
+  setup.max_num_seqs = 16;
+  auto engine = MakeEngine(setup);
+  // 100 prompt tokens: 6 full blocks of 16 and 4 tokens in a partial one.
+  std::vector<int32_t> prompt = Stories().tokenizer->Encode(DevStories()[3], true);
+  prompt.resize(100);
+
+  GenerateRequest req;
+  req.prompt_token_ids = prompt;
+  req.max_tokens = 40;
+  req.ignore_eos = true;
+  req.sampling.temperature = 1.0f;
+  req.sampling.top_k = 40;
+  req.sampling.seed = 1234;
+  req.n = 4;
+
+  SECTION("sample i equals a separate request with seed + i") {
+    // Stats are published before a step's events are pushed, so the notify
+    // callback (engine thread) sees the snapshot of the step it reports.
+    struct Seen {
+      absl::Mutex mu;
+      std::vector<EngineStats> stats;
+    };
+    Engine* e = engine.get();
+    std::shared_ptr<RequestStream> stream;
+    std::shared_ptr<Seen> seen_box;
+    for (int attempt = 0;; ++attempt) {
+      REQUIRE(attempt < 5);
+      auto s = engine->Submit(req);
+      REQUIRE(s.ok());
+      stream = *s;
+      seen_box = std::make_shared<Seen>();
+      stream->SetNotify([box = seen_box, e] {
+        absl::MutexLock lock(&box->mu);
+        box->stats.push_back(e->GetStats());
+      });
+      GenerateOutput early;
+      if (stream->TryNext(&early) == RequestStream::Pop::kTimeout) break;
+      // An event arrived before the callback was set: try again.
+      while (stream->Next(&early) == RequestStream::Pop::kOutput) {
+      }
+    }
+    Result together = Collect(*stream, 4);
+    REQUIRE(together.usage.prompt_tokens == 100);
+    REQUIRE(together.usage.completion_tokens == 160);
+    {
+      absl::MutexLock lock(&seen_box->mu);
+      const std::vector<EngineStats>& seen = seen_box->stats;
+      REQUIRE(seen.size() >= 8);
+      // Fork step: the 7 prompt blocks are held once by all 4 samples.
+      REQUIRE(seen[0].kv_blocks_active == 7);
+      REQUIRE(seen[0].num_running == 4);
+      // Next step: 3 samples copied the shared partial block (copy-on-write),
+      // the 4th keeps the original; the 6 full blocks stay shared.
+      REQUIRE(seen[4].kv_blocks_active == 10);
+      REQUIRE(seen[4].cow_copies - seen[0].cow_copies == 3);
+    }
+    std::vector<std::vector<int32_t>> distinct;
+    for (int i = 0; i < 4; ++i) {
+      GenerateRequest one = req;
+      one.n = 1;
+      one.sampling.seed = 1234 + i;
+      Result solo = RunOne(*engine, one);
+      INFO("sample " << i);
+      REQUIRE(together.tokens[i] == solo.tokens[0]);
+      REQUIRE(together.text[i] == solo.text[0]);
+      REQUIRE(together.finish[i] == FinishReason::kLength);
+      distinct.push_back(solo.tokens[0]);
+    }
+    std::sort(distinct.begin(), distinct.end());
+    REQUIRE(std::unique(distinct.begin(), distinct.end()) == distinct.end());
+  }
+  SECTION("samples under preemption still match") {
+    Setup small;
+    small.num_blocks = 12;  // 4 samples of 140 tokens need 6 shared + 4 x 3 blocks
+    small.max_model_len = 160;
+    auto tight = MakeEngine(small);
+    Result together = RunOne(*tight, req);
+    REQUIRE(tight->GetStats().preemptions > 0);
+    for (int i = 0; i < 4; ++i) {
+      GenerateRequest one = req;
+      one.n = 1;
+      one.sampling.seed = 1234 + i;
+      REQUIRE(together.tokens[i] == RunOne(*tight, one).tokens[0]);
+    }
+    RequireAllBlocksFree(*tight);
+  }
+  SECTION("greedy samples with logprobs") {
+    GenerateRequest g = req;
+    g.sampling = SamplingParams();
+    g.sampling.temperature = 0.0f;
+    g.logprobs = 3;
+    g.n = 2;
+    g.max_tokens = 5;
+    auto stream = engine->Submit(g);
+    REQUIRE(stream.ok());
+    GenerateOutput out;
+    int with_logprobs = 0;
+    while ((*stream)->Next(&out) == RequestStream::Pop::kOutput) {
+      REQUIRE(out.logprobs.size() == out.token_ids.size());
+      for (size_t k = 0; k < out.logprobs.size(); ++k) {
+        const TokenLogprob& lp = out.logprobs[k];
+        REQUIRE(lp.token_id == out.token_ids[k]);
+        REQUIRE(lp.top.size() == 3);
+        REQUIRE(lp.top[0].first == lp.token_id);  // greedy picks the most likely
+        REQUIRE(lp.top[0].second == lp.logprob);
+        REQUIRE(lp.top[0].second >= lp.top[1].second);
+        REQUIRE(lp.logprob <= 0.0f);
+        ++with_logprobs;
+      }
+    }
+    REQUIRE(with_logprobs == 10);
+  }
+}
+
+TEST_CASE("Streamed text of byte-fallback output is valid UTF-8 and equals the whole text",
+          "[scheduler]") {
+  auto engine = MakeEngine({});
+  GenerateRequest req;
+  req.prompt = "\xF0\x9F\x90\xB6\xE4\xBD\xA0\xE5\xA5\xBD \xC3\xA9t\xC3\xA9 \xE2\x9C\x93 Lily";
+  req.max_tokens = 300;
+  req.ignore_eos = true;
+  req.sampling.temperature = 8.0f;  // nearly uniform: about half are byte pieces
+  req.sampling.seed = 42;
+  const std::vector<int32_t> prompt_ids = Stories().tokenizer->Encode(req.prompt, true);
+  Result r = RunOne(*engine, req);
+  REQUIRE(r.all_text_valid);
+  int byte_pieces = 0;
+  for (int32_t id : r.tokens[0]) {
+    if (Stories().tokenizer->IdToPiece(id).rfind("<0x", 0) == 0) ++byte_pieces;
+  }
+  REQUIRE(byte_pieces > 20);
+  REQUIRE(r.text[0] == SanitizeUtf8(Stories().tokenizer->Decode(r.tokens[0], prompt_ids.back())));
+}
+
+TEST_CASE("Prefix caching reuses a shared 100-token prefix without changing tokens",
+          "[scheduler]") {
+  std::vector<int32_t> prefix = Stories().tokenizer->Encode(DevStories()[10], true);
+  prefix.resize(100);
+  std::mt19937 rng(3);
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < 16; ++i) {
+    GenerateRequest r;
+    r.sampling.temperature = 0.0f;
+    r.prompt_token_ids = prefix;
+    std::vector<int32_t> tail = Stories().tokenizer->Encode(" " + RandomSnippet(rng, 60), false);
+    r.prompt_token_ids.insert(r.prompt_token_ids.end(), tail.begin(), tail.end());
+    r.max_tokens = 30 + rng() % 30;
+    reqs.push_back(r);
+  }
+  auto run = [&](bool prefix_caching, std::vector<Usage>* usage) {
+    Setup setup;
+    setup.prefix_caching = prefix_caching;
+    auto engine = MakeEngine(setup);
+    // The first request computes the prefix; the rest arrive after it.
+    std::vector<std::vector<int32_t>> tokens;
+    Result first = RunOne(*engine, reqs[0]);
+    tokens.push_back(first.tokens[0]);
+    usage->push_back(first.usage);
+    std::vector<GenerateRequest> rest(reqs.begin() + 1, reqs.end());
+    for (Result& r : RunConcurrently(*engine, rest)) {
+      tokens.push_back(r.tokens[0]);
+      usage->push_back(r.usage);
+    }
+    const EngineStats st = engine->GetStats();
+    RequireAllBlocksFree(*engine);
+    return std::make_pair(tokens, st);
+  };
+  std::vector<Usage> usage_off, usage_on;
+  auto [off, st_off] = run(false, &usage_off);
+  auto [on, st_on] = run(true, &usage_on);
+  REQUIRE(on == off);
+  REQUIRE(st_off.prefix_hits_tokens == 0);
+  REQUIRE(usage_on[0].cached_prompt_tokens == 0);
+  for (int i = 1; i < 16; ++i) {
+    REQUIRE(usage_on[i].cached_prompt_tokens == 96);  // 6 full blocks of 16
+    REQUIRE(usage_off[i].cached_prompt_tokens == 0);
+  }
+  REQUIRE(st_on.prefix_hits_tokens == 15 * 96);
+  REQUIRE(st_on.kv_blocks_cached > 0);
+
+  SECTION("a different cache salt shares nothing") {
+    Setup setup;
+    auto engine = MakeEngine(setup);
+    GenerateRequest a = reqs[0];
+    a.cache_salt = "tenant-a";
+    GenerateRequest b = reqs[1];
+    b.cache_salt = "tenant-b";
+    RunOne(*engine, a);
+    REQUIRE(RunOne(*engine, b).usage.cached_prompt_tokens == 0);
+    b.cache_salt = "tenant-a";
+    REQUIRE(RunOne(*engine, b).usage.cached_prompt_tokens == 96);
+  }
+}
+
+TEST_CASE("Requests that can never fit are rejected naming the field", "[scheduler]") {
+  Setup setup;
+  setup.max_model_len = 128;
+  setup.num_blocks = 16;
+  auto engine = MakeEngine(setup);
+  GenerateRequest ok = Greedy("Once upon a time", 100);
+  ok.ignore_eos = true;
+  auto running = engine->Submit(ok);
+  REQUIRE(running.ok());
+
+  auto message_of = [&](GenerateRequest r) {
+    auto s = engine->Submit(std::move(r));
+    REQUIRE_FALSE(s.ok());
+    REQUIRE(s.status().code() == absl::StatusCode::kInvalidArgument);
+    return std::string(s.status().message());
+  };
+  using Catch::Matchers::Contains;
+  REQUIRE_THAT(message_of(Greedy("Once upon a time", 127)), Contains("max_tokens"));
+  REQUIRE_THAT(message_of(Greedy("Once upon a time", 0)), Contains("max_tokens"));
+  GenerateRequest empty = Greedy("", 10);
+  empty.add_bos = false;
+  REQUIRE_THAT(message_of(empty), Contains("prompt"));
+  GenerateRequest huge;
+  huge.prompt_token_ids.assign(200, 5);
+  REQUIRE_THAT(message_of(huge), Contains("prompt"));
+  GenerateRequest bad_id;
+  bad_id.prompt_token_ids = {1, 600};
+  REQUIRE_THAT(message_of(bad_id), Contains("prompt_token_ids[1]"));
+  GenerateRequest n0 = Greedy("Hi", 4);
+  n0.n = 0;
+  REQUIRE_THAT(message_of(n0), Contains("n must be"));
+  GenerateRequest n_big = Greedy("Hi", 4);
+  n_big.n = 65;
+  REQUIRE_THAT(message_of(n_big), Contains("n must be"));
+  GenerateRequest temp = Greedy("Hi", 4);
+  temp.sampling.temperature = -1;
+  REQUIRE_THAT(message_of(temp), Contains("temperature"));
+  GenerateRequest lp = Greedy("Hi", 4);
+  lp.logprobs = 21;
+  REQUIRE_THAT(message_of(lp), Contains("logprobs"));
+  GenerateRequest stop = Greedy("Hi", 4);
+  stop.stop = {""};
+  REQUIRE_THAT(message_of(stop), Contains("stop[0]"));
+  GenerateRequest stop_id = Greedy("Hi", 4);
+  stop_id.stop_token_ids = {512};
+  REQUIRE_THAT(message_of(stop_id), Contains("stop_token_ids[0]"));
+
+  Result r = Collect(**running);
+  REQUIRE(r.finish[0] == FinishReason::kLength);
+  REQUIRE(r.tokens[0].size() == 100);
+  REQUIRE(engine->GetStats().requests_rejected == 11);
+
+  SECTION("an engine whose pool cannot hold max_model_len is refused") {
+    CpuRunnerOptions opt;
+    opt.block_size = 16;
+    opt.num_blocks = 4;
+    auto runner = CpuModelRunner::Create(Stories().weights, opt);
+    REQUIRE(runner.ok());
+    EngineConfig config;
+    config.max_model_len = 128;
+    auto e = Engine::Create(config, std::move(*runner), Stories().tokenizer);
+    REQUIRE_FALSE(e.ok());
+    REQUIRE_THAT(std::string(e.status().message()), Contains("max_model_len"));
+  }
+}
+
+TEST_CASE("Chunked prefill, priorities, metrics and drain", "[scheduler]") {
+  absl::Mutex mu;
+  std::vector<RequestMetrics> metrics;
+  Setup setup;
+  setup.max_num_batched_tokens = 64;  // prompts of ~100 tokens take 2+ steps
+  setup.max_num_seqs = 4;
+  setup.on_finished = [&](const RequestMetrics& m) {
+    absl::MutexLock lock(&mu);
+    metrics.push_back(m);
+  };
+  auto engine = MakeEngine(setup);
+  std::mt19937 rng(11);
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < 10; ++i) {
+    reqs.push_back(Greedy(DevStories()[20 + i].substr(0, 300 + rng() % 200), 20));
+    reqs.back().request_id = "r" + std::to_string(i);
+    reqs.back().ignore_eos = true;
+  }
+  std::vector<Result> solo;
+  for (const GenerateRequest& r : reqs) solo.push_back(RunOne(*engine, r));
+  std::vector<Result> together = RunConcurrently(*engine, reqs);
+  for (size_t i = 0; i < reqs.size(); ++i) REQUIRE(together[i].tokens[0] == solo[i].tokens[0]);
+  {
+    absl::MutexLock lock(&mu);
+    REQUIRE(metrics.size() == 20);
+    for (const RequestMetrics& m : metrics) {
+      REQUIRE(m.finish_reason == FinishReason::kLength);
+      REQUIRE(m.usage.completion_tokens == 20);
+      REQUIRE(m.ttft_s > 0);
+      REQUIRE(m.ttft_s >= m.queue_s);
+      REQUIRE(m.tpot_s > 0);
+      REQUIRE(m.e2e_s >= m.ttft_s);
+    }
+  }
+  const EngineStats st = engine->GetStats();
+  REQUIRE(st.batched_tokens <= st.steps * 64);
+  REQUIRE(st.prompt_tokens > 0);
+
+  SECTION("Drain lets in-flight requests finish, then refuses new ones") {
+    auto a = engine->Submit(reqs[0]);
+    REQUIRE(a.ok());
+    engine->Drain(absl::InfiniteFuture());
+    REQUIRE(engine->draining());
+    Result r = Collect(**a);
+    REQUIRE(r.finish[0] == FinishReason::kLength);
+    auto refused = engine->Submit(reqs[1]);
+    REQUIRE(refused.status().code() == absl::StatusCode::kUnavailable);
+  }
+  SECTION("Drain past its deadline cancels what is left") {
+    GenerateRequest long_one = Greedy("Once", 400);
+    long_one.ignore_eos = true;
+    auto a = engine->Submit(long_one);
+    REQUIRE(a.ok());
+    engine->Drain(absl::Now());
+    Result r = Collect(**a);
+    REQUIRE((r.finish[0] == FinishReason::kCancelled || r.finish[0] == FinishReason::kLength));
+    RequireAllBlocksFree(*engine);
+  }
+}
+
+TEST_CASE("Waiting requests are admitted by priority, then in arrival order", "[scheduler]") {
+  absl::Mutex mu;
+  std::vector<std::string> finished;
+  Setup setup;
+  setup.max_num_seqs = 1;  // one at a time: admission order is finishing order
+  setup.max_num_batched_tokens = 16;
+  setup.on_finished = [&](const RequestMetrics& m) {
+    absl::MutexLock lock(&mu);
+    finished.push_back(m.request_id);
+  };
+  auto engine = MakeEngine(setup);
+  Engine* e = engine.get();
+  struct Queued {
+    absl::Mutex mu;
+    std::vector<std::shared_ptr<RequestStream>> streams;
+  };
+  auto queued = std::make_shared<Queued>();
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    GenerateRequest first = Greedy("Once upon a time", 300);
+    first.ignore_eos = true;
+    first.request_id = "first";
+    auto a = engine->Submit(first);
+    REQUIRE(a.ok());
+    // From the engine thread, while "first" runs: queue four more at once.
+    (*a)->SetNotify([queued, e] {
+      absl::MutexLock lock(&queued->mu);
+      if (!queued->streams.empty()) return;
+      const std::pair<const char*, int> order[] = {{"b0", 0}, {"c1", 1}, {"d-1", -1}, {"e0", 0}};
+      for (const auto& [id, priority] : order) {
+        GenerateRequest r = Greedy("The dog", 8);
+        r.request_id = id;
+        r.priority = priority;
+        auto s = e->Submit(r);
+        if (s.ok()) queued->streams.push_back(*s);
+      }
+    });
+    Result r = Collect(**a);
+    REQUIRE(r.finish[0] == FinishReason::kLength);
+    absl::MutexLock lock(&queued->mu);
+    if (!queued->streams.empty()) break;  // else "first" ended before SetNotify: again
+  }
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  {
+    absl::MutexLock lock(&queued->mu);
+    streams = queued->streams;
+  }
+  REQUIRE(streams.size() == 4);
+  for (auto& s : streams) Collect(*s);
+  absl::MutexLock lock(&mu);
+  REQUIRE(finished.size() >= 5);
+  REQUIRE(std::vector<std::string>(finished.end() - 5, finished.end()) ==
+          std::vector<std::string>{"first", "d-1", "b0", "e0", "c1"});
+}
+
+TEST_CASE("Destroying a busy engine cancels its requests", "[scheduler]") {
+  std::shared_ptr<RequestStream> stream;
+  {
+    auto engine = MakeEngine({});
+    GenerateRequest r = Greedy("Once", 400);
+    r.ignore_eos = true;
+    auto s = engine->Submit(r);
+    REQUIRE(s.ok());
+    stream = *s;
+  }
+  Result r = Collect(*stream);
+  REQUIRE((r.finish[0] == FinishReason::kCancelled || r.finish[0] == FinishReason::kLength));
+}
+
+}  // namespace
+}  // namespace kvserve

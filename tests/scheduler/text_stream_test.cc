@@ -1,0 +1,181 @@
+// Streaming text: the detokenizer's UTF-8 hold-back and the stop matcher's
+// partial-match hold-back, on the stories260K tokenizer (512 pieces, so most
+// non-ASCII text falls back to byte pieces).
+#include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/tokenizer.h"
+#include "scheduler/detokenizer.h"
+#include "scheduler/stop_matcher.h"
+#include "tests/test_util.h"
+
+namespace kvserve {
+namespace {
+
+std::unique_ptr<Tokenizer> LoadTokenizer() {
+  auto tok = Tokenizer::LoadSentencePiece(testing::Stories260kTokenizer());
+  REQUIRE(tok.ok());
+  return std::move(*tok);
+}
+
+TEST_CASE("UTF-8 prefix decoding holds back incomplete characters only", "[scheduler]") {
+  std::string out;
+  SECTION("a complete string passes through") {
+    REQUIRE(DecodeUtf8Prefix("caf\xC3\xA9", false, &out) == 5);
+    REQUIRE(out == "caf\xC3\xA9");
+  }
+  SECTION("an emoji cut after two of its four bytes waits") {
+    REQUIRE(DecodeUtf8Prefix("ab\xF0\x9F", false, &out) == 2);
+    REQUIRE(out == "ab");
+  }
+  SECTION("at the end an incomplete tail becomes one U+FFFD per byte") {
+    REQUIRE(DecodeUtf8Prefix("ab\xF0\x9F", true, &out) == 4);
+    REQUIRE(out == "ab\xEF\xBF\xBD\xEF\xBF\xBD");
+  }
+  SECTION("bytes that can never be valid are replaced at once") {
+    REQUIRE(DecodeUtf8Prefix("\x80x\xC0\xAFy\xED\xA0\x80", false, &out) == 8);
+    REQUIRE(out == "\xEF\xBF\xBDx\xEF\xBF\xBD\xEF\xBF\xBDy\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");
+    REQUIRE(IsValidUtf8(out));
+  }
+}
+
+TEST_CASE("Detokenizer streams byte-fallback text as whole characters", "[scheduler]") {
+  auto tok = LoadTokenizer();
+  const std::string text =
+      "Lily saw a \xF0\x9F\x90\xB6 dog. \xE4\xBD\xA0\xE5\xA5\xBD, caf\xC3\xA9 \xE2\x9C\x93 "
+      "\xF0\x9F\x98\x80\xF0\x9F\x98\x80!";
+  std::vector<int32_t> ids = tok->Encode(text, /*add_bos=*/true);
+  REQUIRE(ids.front() == tok->bos_id());
+
+  Detokenizer detok(tok.get(), ids[0]);
+  std::string streamed;
+  size_t max_held = 0;
+  int byte_pieces = 0;
+  for (size_t i = 1; i < ids.size(); ++i) {
+    if (tok->IdToPiece(ids[i]).rfind("<0x", 0) == 0) ++byte_pieces;
+    std::string piece;
+    detok.Add(ids[i], &piece);
+    REQUIRE(IsValidUtf8(piece));
+    max_held = std::max(max_held, detok.pending_bytes());
+    streamed += piece;
+  }
+  std::string tail;
+  detok.Finish(&tail);
+  REQUIRE(tail.empty());
+  // The 4-byte emoji arrive as byte pieces, so some bytes had to wait.
+  REQUIRE(byte_pieces >= 16);
+  REQUIRE(max_held == 3);
+  REQUIRE(streamed == text);
+  REQUIRE(streamed == tok->Decode(std::span<const int32_t>(ids).subspan(1), ids[0]));
+}
+
+TEST_CASE("Detokenizer applies the leading-space rule only after BOS", "[scheduler]") {
+  auto tok = LoadTokenizer();
+  std::vector<int32_t> ids = tok->Encode("Once upon", /*add_bos=*/false);
+  std::string after_bos, after_word;
+  Detokenizer a(tok.get(), tok->bos_id());
+  Detokenizer b(tok.get(), ids.back());
+  for (int32_t id : ids) {
+    a.Add(id, &after_bos);
+    b.Add(id, &after_word);
+  }
+  REQUIRE(after_bos == "Once upon");
+  REQUIRE(after_word == " Once upon");
+}
+
+TEST_CASE("Detokenizer output equals sanitized Decode for any token sequence", "[scheduler]") {
+  auto tok = LoadTokenizer();
+  // Byte pieces in a scrambled order produce invalid and incomplete UTF-8.
+  uint32_t x = 12345;
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<int32_t> ids;
+    for (int i = 0; i < 40; ++i) {
+      x = x * 1664525u + 1013904223u;
+      ids.push_back(static_cast<int32_t>(3 + (x >> 8) % 300));  // bytes and pieces
+    }
+    Detokenizer detok(tok.get(), tok->bos_id());
+    std::string streamed;
+    for (int32_t id : ids) {
+      std::string piece;
+      detok.Add(id, &piece);
+      REQUIRE(IsValidUtf8(piece));
+      streamed += piece;
+    }
+    detok.Finish(&streamed);
+    REQUIRE(streamed == SanitizeUtf8(tok->Decode(ids, tok->bos_id())));
+  }
+}
+
+// Feeds pieces through a matcher; returns the emitted text.
+std::string Feed(StopMatcher& m, const std::vector<std::string>& pieces, bool* stopped) {
+  std::string out;
+  *stopped = false;
+  for (const std::string& p : pieces) {
+    if (m.Add(p, &out)) {
+      *stopped = true;
+      return out;
+    }
+  }
+  m.Flush(&out);
+  return out;
+}
+
+TEST_CASE("StopMatcher finds stop strings across pieces and never emits them", "[scheduler]") {
+  bool stopped = false;
+  SECTION("a stop string split over three pieces") {
+    StopMatcher m({"The end"});
+    std::string out;
+    REQUIRE_FALSE(m.Add("and they were happy. Th", &out));
+    REQUIRE(out == "and they were happy. ");  // "Th" could start "The end"
+    REQUIRE(m.held_bytes() == 2);
+    REQUIRE_FALSE(m.Add("e e", &out));
+    REQUIRE(out == "and they were happy. ");
+    REQUIRE(m.Add("nd. More", &out));
+    REQUIRE(out == "and they were happy. ");
+    REQUIRE(m.matched() == 0);
+  }
+  SECTION("the earliest of several stop strings wins") {
+    StopMatcher m({"dog", "cat"});
+    REQUIRE(Feed(m, {"the c", "at and the dog"}, &stopped) == "the ");
+    REQUIRE(stopped);
+    REQUIRE(m.matched() == 1);
+  }
+  SECTION("a partial match that does not complete is released") {
+    StopMatcher m({"Lily!"});
+    std::string out;
+    REQUIRE_FALSE(m.Add("Hi Lil", &out));
+    REQUIRE(out == "Hi ");
+    REQUIRE_FALSE(m.Add("y.", &out));
+    REQUIRE(out == "Hi Lily.");
+  }
+  SECTION("a partial match held at the end is released by Flush") {
+    StopMatcher m({"\n\n"});
+    REQUIRE(Feed(m, {"One day.", "\n"}, &stopped) == "One day.\n");
+    REQUIRE_FALSE(stopped);
+  }
+  SECTION("a stop string at the very start emits nothing") {
+    StopMatcher m({"Once"});
+    REQUIRE(Feed(m, {"On", "ce upon"}, &stopped).empty());
+    REQUIRE(stopped);
+  }
+  SECTION("held-back text never splits a UTF-8 character") {
+    // "\xC3\xA9" is e-acute; the stop string starts with its last byte.
+    StopMatcher m({"\xA9x"});
+    std::string out;
+    REQUIRE_FALSE(m.Add("caf\xC3\xA9", &out));
+    REQUIRE(out == "caf");
+    REQUIRE(IsValidUtf8(out));
+    m.Flush(&out);
+    REQUIRE(out == "caf\xC3\xA9");
+  }
+  SECTION("without stop strings text passes straight through") {
+    StopMatcher m({});
+    REQUIRE(m.empty());
+    REQUIRE(Feed(m, {"a", "b"}, &stopped) == "ab");
+  }
+}
+
+}  // namespace
+}  // namespace kvserve
