@@ -20,12 +20,7 @@ build: deps $(BUILD_DIR)/CMakeCache.txt
 
 run: build
 	@model_dir=$$(bash scripts/fetch-model.sh stories260k) && \
-	  if [ -f $(CONFIG) ] && $(BUILD_DIR)/kvserve serve --help >/dev/null 2>&1; then \
-	    exec $(BUILD_DIR)/kvserve serve --config $(CONFIG); \
-	  else \
-	    exec $(BUILD_DIR)/kvserve generate --model $$model_dir/stories260K.bin \
-	      --prompt "Once upon a time" --max-tokens 200 --temperature 0; \
-	  fi
+	  export KVSERVE_MODEL_DIR=$$model_dir && exec $(BUILD_DIR)/kvserve serve --config $(CONFIG)
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS) --timeout 1200

@@ -1,0 +1,489 @@
+#include "server/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <map>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "cache/kv_format.h"
+#include "cache/status_macros.h"
+
+namespace kvserve {
+namespace {
+
+namespace fs = std::filesystem;
+
+enum class Source { kFile, kOverride };
+
+absl::Status Bad(const std::string& key, const std::string& expected, const std::string& got) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(key, ": expected ", expected, ", got '", got, "'"));
+}
+
+// ${VAR} and ${VAR:-fallback}; the fallback may itself hold ${...}.
+absl::StatusOr<std::string> ExpandEnv(const std::string& key, const std::string& text) {
+  std::string out;
+  size_t i = 0;
+  while (i < text.size()) {
+    if (text.compare(i, 2, "${") != 0) {
+      out.push_back(text[i++]);
+      continue;
+    }
+    // Find the matching brace, allowing nested ${...} in the fallback.
+    size_t depth = 1, j = i + 2;
+    for (; j < text.size() && depth > 0; ++j) {
+      if (text.compare(j, 2, "${") == 0) {
+        ++depth;
+        ++j;
+      } else if (text[j] == '}') {
+        --depth;
+      }
+    }
+    if (depth != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(key, ": unterminated ${ in '", text, "'"));
+    }
+    std::string inner = text.substr(i + 2, j - 1 - (i + 2));
+    std::string name = inner, fallback;
+    bool has_fallback = false;
+    if (size_t sep = inner.find(":-"); sep != std::string::npos) {
+      name = inner.substr(0, sep);
+      fallback = inner.substr(sep + 2);
+      has_fallback = true;
+    }
+    const char* value = std::getenv(name.c_str());
+    if (value != nullptr && *value != '\0') {
+      out.append(value);
+    } else if (has_fallback) {
+      KV_ASSIGN_OR_RETURN(std::string expanded, ExpandEnv(key, fallback));
+      out.append(expanded);
+    } else {
+      return absl::InvalidArgumentError(absl::StrCat(key, ": environment variable ", name,
+                                                     " is not set (use ${", name, ":-fallback})"));
+    }
+    i = j;
+  }
+  return out;
+}
+
+absl::StatusOr<int64_t> ParseInt(const std::string& key, const std::string& text, int64_t min,
+                                 int64_t max, const std::string& expected) {
+  std::string t(absl::StripAsciiWhitespace(text));
+  if (t.empty()) return Bad(key, expected, text);
+  errno = 0;
+  char* end = nullptr;
+  long long v = std::strtoll(t.c_str(), &end, 10);
+  if (errno != 0 || end != t.c_str() + t.size() || v < min || v > max) {
+    return Bad(key, expected, text);
+  }
+  return static_cast<int64_t>(v);
+}
+
+absl::StatusOr<double> ParseDouble(const std::string& key, const std::string& text,
+                                   const std::string& expected) {
+  std::string t(absl::StripAsciiWhitespace(text));
+  char* end = nullptr;
+  double v = t.empty() ? 0 : std::strtod(t.c_str(), &end);
+  if (t.empty() || end != t.c_str() + t.size() || !std::isfinite(v)) {
+    return Bad(key, expected, text);
+  }
+  return v;
+}
+
+absl::StatusOr<bool> ParseBool(const std::string& key, const std::string& text) {
+  std::string t = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+  if (t == "true" || t == "yes" || t == "on" || t == "1") return true;
+  if (t == "false" || t == "no" || t == "off" || t == "0") return false;
+  return Bad(key, "true or false", text);
+}
+
+// "1073741824", "512MiB", "4GiB", "64k": binary multiples either way.
+absl::StatusOr<int64_t> ParseBytes(const std::string& key, const std::string& text) {
+  const std::string expected = "a byte count (e.g. 1048576, 512MiB, 4GiB)";
+  std::string t(absl::StripAsciiWhitespace(text));
+  size_t digits = 0;
+  while (digits < t.size() && std::isdigit(static_cast<unsigned char>(t[digits]))) ++digits;
+  if (digits == 0 || digits > 18) return Bad(key, expected, text);
+  int64_t value = std::stoll(t.substr(0, digits));
+  std::string unit = absl::AsciiStrToLower(absl::StripAsciiWhitespace(t.substr(digits)));
+  static const std::map<std::string, int> kShift = {
+      {"", 0},     {"b", 0},  {"k", 10},  {"kb", 10},  {"kib", 10}, {"m", 20},  {"mb", 20},
+      {"mib", 20}, {"g", 30}, {"gb", 30}, {"gib", 30}, {"t", 40},   {"tb", 40}, {"tib", 40}};
+  auto it = kShift.find(unit);
+  if (it == kShift.end()) return Bad(key, expected, text);
+  if (value > (std::numeric_limits<int64_t>::max() >> it->second)) return Bad(key, expected, text);
+  return value << it->second;
+}
+
+// Seconds as a number, optionally with an "s", "ms" or "m" suffix.
+absl::StatusOr<double> ParseSeconds(const std::string& key, const std::string& text) {
+  const std::string expected = "a duration in seconds >= 0 (e.g. 30, 2.5s, 500ms, 1m)";
+  std::string t(absl::StripAsciiWhitespace(text));
+  double scale = 1;
+  if (t.size() > 2 && t.ends_with("ms")) {
+    scale = 1e-3;
+    t.resize(t.size() - 2);
+  } else if (t.size() > 1 && t.back() == 's') {
+    t.pop_back();
+  } else if (t.size() > 1 && t.back() == 'm') {
+    scale = 60;
+    t.pop_back();
+  }
+  absl::StatusOr<double> v = ParseDouble(key, t, expected);
+  if (!v.ok() || *v < 0) return Bad(key, expected, text);
+  return *v * scale;
+}
+
+absl::StatusOr<std::string> ParseEnum(const std::string& key, const std::string& text,
+                                      const std::vector<std::string>& allowed) {
+  std::string t(absl::StripAsciiWhitespace(text));
+  if (std::find(allowed.begin(), allowed.end(), t) == allowed.end()) {
+    return Bad(key, absl::StrCat("one of ", absl::StrJoin(allowed, ", ")), text);
+  }
+  return t;
+}
+
+// One settable key: parses a scalar's text into the struct.
+struct Field {
+  std::string key;
+  std::function<absl::Status(ServeConfig&, const std::string& text, Source source,
+                             const std::string& base_dir)>
+      set;
+};
+
+Field Int(std::string key, int64_t min, int64_t max, std::string expected,
+          std::function<void(ServeConfig&, int64_t)> assign) {
+  return {key, [=](ServeConfig& c, const std::string& text, Source, const std::string&) {
+            KV_ASSIGN_OR_RETURN(int64_t v, ParseInt(key, text, min, max, expected));
+            assign(c, v);
+            return absl::OkStatus();
+          }};
+}
+
+Field Str(std::string key, std::function<void(ServeConfig&, std::string)> assign) {
+  return {key, [=](ServeConfig& c, const std::string& text, Source, const std::string&) {
+            assign(c, text);
+            return absl::OkStatus();
+          }};
+}
+
+Field Enum(std::string key, std::vector<std::string> allowed,
+           std::function<void(ServeConfig&, std::string)> assign) {
+  return {key, [=](ServeConfig& c, const std::string& text, Source, const std::string&) {
+            KV_ASSIGN_OR_RETURN(std::string v, ParseEnum(key, text, allowed));
+            assign(c, std::move(v));
+            return absl::OkStatus();
+          }};
+}
+
+Field Bool(std::string key, std::function<void(ServeConfig&, bool)> assign) {
+  return {key, [=](ServeConfig& c, const std::string& text, Source, const std::string&) {
+            KV_ASSIGN_OR_RETURN(bool v, ParseBool(key, text));
+            assign(c, v);
+            return absl::OkStatus();
+          }};
+}
+
+// A file path: relative ones from the file resolve against its directory.
+// "dummy:<preset>" and empty values are kept as they are.
+Field Path(std::string key, std::function<void(ServeConfig&, std::string)> assign) {
+  return {key,
+          [=](ServeConfig& c, const std::string& text, Source source, const std::string& base_dir) {
+            std::string v = text;
+            if (source == Source::kFile && !v.empty() && !base_dir.empty() &&
+                !v.starts_with("dummy:") && fs::path(v).is_relative()) {
+              v = (fs::path(base_dir) / v).lexically_normal().string();
+            }
+            assign(c, std::move(v));
+            return absl::OkStatus();
+          }};
+}
+
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+
+const std::vector<Field>& Fields() {
+  static const std::vector<Field>* fields = new std::vector<Field>{
+      // model
+      Path("model.path", [](ServeConfig& c, std::string v) { c.model.path = std::move(v); }),
+      Path("model.tokenizer",
+           [](ServeConfig& c, std::string v) { c.model.tokenizer = std::move(v); }),
+      Str("model.name", [](ServeConfig& c, std::string v) { c.model.name = std::move(v); }),
+      Enum("model.device", {"cpu", "cuda"},
+           [](ServeConfig& c, std::string v) { c.model.device = std::move(v); }),
+      {"model.chat_template",
+       [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+         absl::StatusOr<ChatTemplate> t =
+             ChatTemplate::Builtin(std::string(absl::StripAsciiWhitespace(text)));
+         if (!t.ok()) {
+           return Bad("model.chat_template",
+                      "a built-in template (plain, chatml, llama3) or a map of role patterns",
+                      text);
+         }
+         c.model.chat_template = *std::move(t);
+         return absl::OkStatus();
+       }},
+      // cache
+      {
+          "cache.kv_dtype",
+          [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+            std::string t(absl::StripAsciiWhitespace(text));
+            if (!ParseKvDtype(t).ok()) {
+              return Bad("cache.kv_dtype", "one of fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4",
+                         text);
+            }
+            c.cache.kv_dtype = t;
+            return absl::OkStatus();
+          }},
+      Int("cache.block_size", 1, 4096, "a positive integer",
+          [](ServeConfig& c, int64_t v) { c.cache.block_size = static_cast<int32_t>(v); }),
+      Int("cache.num_blocks", 0, kMaxInt32, "an integer >= 0 (0: from the memory budget)",
+          [](ServeConfig& c, int64_t v) { c.cache.num_blocks = static_cast<int32_t>(v); }),
+      {"cache.memory_bytes",
+       [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+         KV_ASSIGN_OR_RETURN(c.cache.memory_bytes, ParseBytes("cache.memory_bytes", text));
+         return absl::OkStatus();
+       }},
+      {"cache.memory_fraction",
+       [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+         const std::string expected = "a number in (0, 1]";
+         KV_ASSIGN_OR_RETURN(double v, ParseDouble("cache.memory_fraction", text, expected));
+         if (!(v > 0 && v <= 1)) return Bad("cache.memory_fraction", expected, text);
+         c.cache.memory_fraction = v;
+         return absl::OkStatus();
+       }},
+      Int("cache.num_swap_blocks", 0, kMaxInt32, "an integer >= 0",
+          [](ServeConfig& c, int64_t v) { c.cache.num_swap_blocks = static_cast<int32_t>(v); }),
+      Int("cache.int4_group_size", 1, 4096, "a positive integer",
+          [](ServeConfig& c, int64_t v) { c.cache.int4_group_size = static_cast<int32_t>(v); }),
+      Bool("cache.prefix_caching", [](ServeConfig& c, bool v) { c.cache.prefix_caching = v; }),
+      Enum("cache.eviction_policy", {"none", "sliding_window", "streaming", "h2o", "scissorhands"},
+           [](ServeConfig& c, std::string v) { c.cache.eviction_policy = std::move(v); }),
+      // scheduler
+      Int("scheduler.max_num_seqs", 1, kMaxInt32, "a positive integer",
+          [](ServeConfig& c, int64_t v) { c.scheduler.max_num_seqs = static_cast<int32_t>(v); }),
+      Int("scheduler.max_num_batched_tokens", 1, kMaxInt32, "a positive integer",
+          [](ServeConfig& c, int64_t v) {
+            c.scheduler.max_num_batched_tokens = static_cast<int32_t>(v);
+          }),
+      Int("scheduler.max_model_len", 0, kMaxInt32, "an integer >= 0 (0: the model's)",
+          [](ServeConfig& c, int64_t v) { c.scheduler.max_model_len = static_cast<int32_t>(v); }),
+      Enum("scheduler.preemption_mode", {"recompute", "swap"},
+           [](ServeConfig& c, std::string v) { c.scheduler.preemption_mode = std::move(v); }),
+      // server
+      Str("server.host", [](ServeConfig& c, std::string v) { c.server.host = std::move(v); }),
+      Int("server.http_port", 0, 65535, "a port number in [0, 65535]",
+          [](ServeConfig& c, int64_t v) { c.server.http_port = static_cast<int32_t>(v); }),
+      Int("server.grpc_port", 0, 65535, "a port number in [0, 65535]",
+          [](ServeConfig& c, int64_t v) { c.server.grpc_port = static_cast<int32_t>(v); }),
+      {"server.shutdown_timeout",
+       [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+         KV_ASSIGN_OR_RETURN(c.server.shutdown_timeout,
+                             ParseSeconds("server.shutdown_timeout", text));
+         return absl::OkStatus();
+       }},
+      {"server.max_body_bytes",
+       [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+         KV_ASSIGN_OR_RETURN(int64_t v, ParseBytes("server.max_body_bytes", text));
+         if (v < 1) return Bad("server.max_body_bytes", "a positive byte count", text);
+         c.server.max_body_bytes = v;
+         return absl::OkStatus();
+       }},
+      Int("server.max_queue", 1, kMaxInt32, "a positive integer",
+          [](ServeConfig& c, int64_t v) { c.server.max_queue = static_cast<int32_t>(v); }),
+      Str("server.api_key", [](ServeConfig& c, std::string v) { c.server.api_key = std::move(v); }),
+      Int("server.http_threads", 1, 4096, "an integer in [1, 4096]",
+          [](ServeConfig& c, int64_t v) { c.server.http_threads = static_cast<int32_t>(v); }),
+      // logging
+      Enum("logging.level", {"trace", "debug", "info", "warn", "error", "critical", "off"},
+           [](ServeConfig& c, std::string v) { c.logging.level = std::move(v); }),
+      Enum("logging.format", {"text", "json"},
+           [](ServeConfig& c, std::string v) { c.logging.format = std::move(v); }),
+  };
+  return *fields;
+}
+
+const Field* FindField(const std::string& key) {
+  for (const Field& f : Fields()) {
+    if (f.key == key) return &f;
+  }
+  return nullptr;
+}
+
+absl::Status UnknownKey(const std::string& key) {
+  std::string section = key.substr(0, key.find('.'));
+  std::vector<std::string> known;
+  for (const Field& f : Fields()) {
+    if (f.key.starts_with(section + ".")) known.push_back(f.key.substr(section.size() + 1));
+  }
+  if (known.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(key, ": unknown key (sections: model, cache, scheduler, server, logging)"));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(key, ": unknown key (", section, " has: ", absl::StrJoin(known, ", "), ")"));
+}
+
+std::string Describe(const YAML::Node& node) {
+  if (node.IsSequence()) return "a list";
+  if (node.IsMap()) return "a map";
+  return "null";
+}
+
+absl::Status SetScalar(ServeConfig& config, const std::string& key, const std::string& raw,
+                       Source source, const std::string& base_dir) {
+  const Field* field = FindField(key);
+  if (field == nullptr) return UnknownKey(key);
+  KV_ASSIGN_OR_RETURN(std::string text, ExpandEnv(key, raw));
+  return field->set(config, text, source, base_dir);
+}
+
+absl::Status SetChatTemplateMap(ServeConfig& config, const YAML::Node& node) {
+  std::map<std::string, std::string> patterns;
+  std::string generation_prompt;
+  for (const auto& kv : node) {
+    std::string role = kv.first.as<std::string>();
+    std::string key = absl::StrCat("model.chat_template.", role);
+    if (!kv.second.IsScalar()) return Bad(key, "a string", Describe(kv.second));
+    if (role == "generation_prompt") {
+      generation_prompt = kv.second.Scalar();
+    } else {
+      patterns[role] = kv.second.Scalar();
+    }
+  }
+  absl::StatusOr<ChatTemplate> t =
+      ChatTemplate::FromPatterns(std::move(patterns), std::move(generation_prompt));
+  if (!t.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.chat_template.", std::string(t.status().message())));
+  }
+  config.model.chat_template = *std::move(t);
+  return absl::OkStatus();
+}
+
+absl::Status ApplyYaml(ServeConfig& config, const YAML::Node& root, const std::string& base_dir) {
+  if (!root || root.IsNull()) return absl::OkStatus();
+  if (!root.IsMap()) {
+    return absl::InvalidArgumentError("the config must be a map of sections (model, cache, ...)");
+  }
+  for (const auto& section : root) {
+    std::string name = section.first.as<std::string>();
+    if (name != "model" && name != "cache" && name != "scheduler" && name != "server" &&
+        name != "logging") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, ": unknown section (sections: model, cache, scheduler, server, logging)"));
+    }
+    if (section.second.IsNull()) continue;
+    if (!section.second.IsMap()) return Bad(name, "a map", section.second.Scalar());
+    for (const auto& kv : section.second) {
+      std::string key = absl::StrCat(name, ".", kv.first.as<std::string>());
+      const YAML::Node& value = kv.second;
+      if (key == "model.chat_template" && value.IsMap()) {
+        KV_RETURN_IF_ERROR(SetChatTemplateMap(config, value));
+        continue;
+      }
+      if (FindField(key) == nullptr) return UnknownKey(key);
+      if (value.IsNull()) continue;  // "key:" with no value keeps the default
+      if (!value.IsScalar()) return Bad(key, "a single value", Describe(value));
+      KV_RETURN_IF_ERROR(SetScalar(config, key, value.Scalar(), Source::kFile, base_dir));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckWhole(const ServeConfig& c) {
+  if (c.model.path.empty()) {
+    return absl::InvalidArgumentError(
+        "model.path: required (a llama2.c checkpoint, an HF directory or dummy:<preset>)");
+  }
+  if (c.server.http_port != 0 && c.server.http_port == c.server.grpc_port) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "server.grpc_port: must differ from server.http_port (both ", c.server.http_port, ")"));
+  }
+  if (c.scheduler.max_num_batched_tokens < c.scheduler.max_num_seqs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("scheduler.max_num_batched_tokens: must be >= scheduler.max_num_seqs (",
+                     c.scheduler.max_num_batched_tokens, " < ", c.scheduler.max_num_seqs, ")"));
+  }
+  if (c.scheduler.preemption_mode == "swap" && c.cache.num_swap_blocks == 0) {
+    return absl::InvalidArgumentError(
+        "cache.num_swap_blocks: must be > 0 when scheduler.preemption_mode is swap");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+EngineConfig ServeConfig::ToEngineConfig() const {
+  EngineConfig e;
+  e.max_num_seqs = scheduler.max_num_seqs;
+  e.max_num_batched_tokens = scheduler.max_num_batched_tokens;
+  e.max_model_len = scheduler.max_model_len;
+  e.max_queue_size = server.max_queue;
+  e.preemption_mode =
+      scheduler.preemption_mode == "swap" ? PreemptionMode::kSwap : PreemptionMode::kRecompute;
+  e.prefix_caching = cache.prefix_caching;
+  e.default_kv_policy = cache.eviction_policy == "none" ? "" : cache.eviction_policy;
+  return e;
+}
+
+absl::StatusOr<ServeConfig> ParseServeConfig(const std::string& yaml_text,
+                                             const std::string& base_dir,
+                                             const std::vector<std::string>& overrides) {
+  ServeConfig config;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("YAML syntax error: ", e.what()));
+  }
+  try {
+    KV_RETURN_IF_ERROR(ApplyYaml(config, root, base_dir));
+  } catch (const YAML::Exception& e) {
+    // Keys that are not strings (e.g. a list used as a key).
+    return absl::InvalidArgumentError(absl::StrCat("malformed config: ", e.what()));
+  }
+  for (const std::string& o : overrides) {
+    size_t eq = o.find('=');
+    if (eq == std::string::npos || eq == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--set ", o, ": expected key.path=value (e.g. cache.block_size=32)"));
+    }
+    std::string key(absl::StripAsciiWhitespace(o.substr(0, eq)));
+    KV_RETURN_IF_ERROR(SetScalar(config, key, o.substr(eq + 1), Source::kOverride, base_dir));
+  }
+  KV_RETURN_IF_ERROR(CheckWhole(config));
+  return config;
+}
+
+absl::StatusOr<ServeConfig> LoadServeConfig(const std::string& path,
+                                            const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read the config file"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  std::string base_dir = fs::absolute(fs::path(path)).parent_path().string();
+  absl::StatusOr<ServeConfig> config = ParseServeConfig(ss.str(), base_dir, overrides);
+  if (!config.ok()) {
+    return absl::Status(config.status().code(),
+                        absl::StrCat(path, ": ", std::string(config.status().message())));
+  }
+  return config;
+}
+
+std::vector<std::string> ServeConfigKeys() {
+  std::vector<std::string> keys;
+  for (const Field& f : Fields()) keys.push_back(f.key);
+  return keys;
+}
+
+}  // namespace kvserve

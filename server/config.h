@@ -1,0 +1,81 @@
+// ServeConfig: everything `kvserve serve` reads from its YAML file and
+// `--set key=value` overrides, as a typed struct with defaults.
+//
+// Five sections: model, cache, scheduler, server, logging. Every key is
+// known: an unknown key, a value of the wrong type or out of range stops
+// start-up with the key path and the reason, e.g.
+//   "cache.block_size: expected a positive integer, got 'abc'".
+//
+// String values may use ${VAR} and ${VAR:-fallback} (environment). Relative
+// paths in the file (model.path, model.tokenizer) resolve against the file's
+// directory; those given with --set against the current directory.
+//
+// Thread-safety: plain value type.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "scheduler/engine_config.h"
+#include "server/chat_template.h"
+
+namespace kvserve {
+
+struct ServeConfig {
+  struct Model {
+    std::string path;            // checkpoint file, HF directory or "dummy:<preset>"; required
+    std::string tokenizer;       // "" = found beside the model
+    std::string name;            // the served name (OpenAI `model`); "" = from the model
+    std::string device = "cpu";  // cpu | cuda
+    ChatTemplate chat_template;  // a built-in name or a map of role patterns
+  } model;
+  struct Cache {
+    std::string kv_dtype = "fp32";
+    int32_t block_size = 16;
+    int32_t num_blocks = 0;        // 0: from memory_bytes / memory_fraction / a default
+    int64_t memory_bytes = 0;      // KV budget in bytes (accepts KiB/MiB/GiB suffixes)
+    double memory_fraction = 0.9;  // CUDA: of free device memory after the weights
+    int32_t num_swap_blocks = 0;
+    int32_t int4_group_size = 64;
+    bool prefix_caching = true;
+    std::string eviction_policy = "none";
+  } cache;
+  struct Scheduler {
+    int32_t max_num_seqs = 64;
+    int32_t max_num_batched_tokens = 512;
+    int32_t max_model_len = 0;                  // 0: the model's
+    std::string preemption_mode = "recompute";  // recompute | swap
+  } scheduler;
+  struct Server {
+    std::string host = "127.0.0.1";
+    int32_t http_port = 8000;          // 0: any free port
+    int32_t grpc_port = 50051;         // 0: any free port
+    double shutdown_timeout = 30;      // seconds to finish in-flight work on SIGTERM
+    int64_t max_body_bytes = 8 << 20;  // larger HTTP bodies get 413
+    int32_t max_queue = 4096;          // waiting requests beyond this get 429
+    std::string api_key;               // "" = no auth; else "Authorization: Bearer <key>"
+    int32_t http_threads = 64;         // concurrent HTTP connections served
+  } server;
+  struct Logging {
+    std::string level = "info";   // trace | debug | info | warn | error | critical | off
+    std::string format = "text";  // text | json
+  } logging;
+
+  EngineConfig ToEngineConfig() const;
+};
+
+// Parses YAML text. base_dir anchors relative paths ("" = leave them as is).
+// overrides are "key.path=value" strings applied after the file.
+absl::StatusOr<ServeConfig> ParseServeConfig(const std::string& yaml_text,
+                                             const std::string& base_dir,
+                                             const std::vector<std::string>& overrides = {});
+// Reads and parses a config file; errors name the file too.
+absl::StatusOr<ServeConfig> LoadServeConfig(const std::string& path,
+                                            const std::vector<std::string>& overrides = {});
+
+// Every key a config may hold, for --help ("cache.block_size", ...).
+std::vector<std::string> ServeConfigKeys();
+
+}  // namespace kvserve

@@ -1,0 +1,62 @@
+// ServerMetrics: the Prometheus metrics behind GET /metrics, in the text
+// exposition format (prometheus-cpp's registry and TextSerializer; no
+// separate exporter thread or port).
+//
+// Gauges and counters mirror Engine::GetStats(): they are refreshed when
+// scraped, counters by the growth since the previous scrape, so the engine
+// keeps one source of truth. Latency histograms are observed per finished
+// request from EngineConfig::on_request_finished (engine thread).
+//
+// Thread-safety: every method is safe from any thread; ObserveRequest only
+// takes prometheus-cpp's short per-metric locks, so it never blocks the
+// engine for long.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "scheduler/engine_stats.h"
+#include "scheduler/request.h"
+
+namespace prometheus {
+class Registry;
+class Counter;
+class Gauge;
+class Histogram;
+}  // namespace prometheus
+
+namespace kvserve {
+
+class ServerMetrics {
+ public:
+  ServerMetrics();
+  ~ServerMetrics();
+  ServerMetrics(const ServerMetrics&) = delete;
+  ServerMetrics& operator=(const ServerMetrics&) = delete;
+
+  // One finished request's timings and token counts.
+  void ObserveRequest(const RequestMetrics& m);
+  // One HTTP response, by status code ("200", "400", ...).
+  void CountHttpResponse(int status);
+  // Whether the daemon accepts work (1) or is loading/draining (0).
+  void SetReady(bool ready);
+
+  // Refreshes gauges and counters from `stats`, then renders the registry.
+  std::string Scrape(const EngineStats& stats);
+  // Renders without engine numbers (while the model loads).
+  std::string Scrape();
+
+ private:
+  struct Handles;
+  void UpdateLocked(const EngineStats& stats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string Serialize() const;
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<Handles> h_;
+  absl::Mutex mu_;
+  EngineStats last_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvserve

@@ -1,0 +1,750 @@
+#include "server/openai_protocol.h"
+
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "scheduler/detokenizer.h"
+
+namespace kvserve {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr int kMaxN = 64;
+constexpr int kMaxLogprobs = 20;
+constexpr int kMaxStops = 16;
+
+#define API_TRY(expr)                                               \
+  do {                                                              \
+    if (std::optional<ApiError> api_err_ = (expr)) return api_err_; \
+  } while (0)
+
+const char* TypeName(const json& v) {
+  switch (v.type()) {
+    case json::value_t::null:
+      return "null";
+    case json::value_t::boolean:
+      return "a boolean";
+    case json::value_t::string:
+      return "a string";
+    case json::value_t::array:
+      return "an array";
+    case json::value_t::object:
+      return "an object";
+    case json::value_t::number_float:
+      return "a number";
+    case json::value_t::number_integer:
+    case json::value_t::number_unsigned:
+      return "an integer";
+    default:
+      return "a value";
+  }
+}
+
+ApiError WrongType(const std::string& param, const char* expected, const json& got) {
+  return InvalidRequest(param,
+                        absl::StrCat("'", param, "' must be ", expected, ", got ", TypeName(got)));
+}
+
+// The member, or nullptr when absent or null (null means "not given").
+const json* Member(const json& obj, const char* name) {
+  auto it = obj.find(name);
+  if (it == obj.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+std::optional<ApiError> GetNumber(const json& obj, const char* name, std::optional<double>* out) {
+  const json* v = Member(obj, name);
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_number()) return WrongType(name, "a number", *v);
+  double d = v->get<double>();
+  if (!std::isfinite(d)) return InvalidRequest(name, absl::StrCat("'", name, "' must be finite"));
+  *out = d;
+  return std::nullopt;
+}
+
+// Integers; a float with an integral value (3.0) is accepted as JSON allows.
+std::optional<ApiError> GetInt(const json& obj, const char* name, std::optional<int64_t>* out) {
+  const json* v = Member(obj, name);
+  if (v == nullptr) return std::nullopt;
+  if (v->is_number_integer()) {
+    if (v->is_number_unsigned() &&
+        v->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return InvalidRequest(name, absl::StrCat("'", name, "' is out of range"));
+    }
+    *out = v->get<int64_t>();
+    return std::nullopt;
+  }
+  if (v->is_number_float()) {
+    double d = v->get<double>();
+    if (std::isfinite(d) && d == std::floor(d) && std::fabs(d) < 9.0e15) {
+      *out = static_cast<int64_t>(d);
+      return std::nullopt;
+    }
+  }
+  return WrongType(name, "an integer", *v);
+}
+
+std::optional<ApiError> GetBool(const json& obj, const char* name, std::optional<bool>* out) {
+  const json* v = Member(obj, name);
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_boolean()) return WrongType(name, "a boolean", *v);
+  *out = v->get<bool>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> GetString(const json& obj, const char* name,
+                                  std::optional<std::string>* out) {
+  const json* v = Member(obj, name);
+  if (v == nullptr) return std::nullopt;
+  if (!v->is_string()) return WrongType(name, "a string", *v);
+  *out = v->get<std::string>();
+  return std::nullopt;
+}
+
+template <typename T>
+std::string Num(T v) {
+  return absl::StrCat(v);
+}
+
+ApiError OutOfRange(const char* param, const std::string& rule, const std::string& got) {
+  return InvalidRequest(param, absl::StrCat("'", param, "' must be ", rule, ", got ", got));
+}
+
+// Reads an array of token ids, each in [0, vocab).
+std::optional<ApiError> GetTokenIds(const json& arr, const std::string& param, int vocab,
+                                    std::vector<int32_t>* out) {
+  out->clear();
+  for (const json& t : arr) {
+    if (!t.is_number_integer()) {
+      return InvalidRequest(
+          param, absl::StrCat("'", param, "' token ids must be integers, got ", TypeName(t)));
+    }
+    int64_t id = t.get<int64_t>();
+    if (id < 0 || id >= vocab) {
+      return InvalidRequest(param, absl::StrCat("'", param, "' token id ", id,
+                                                " is outside the vocabulary [0, ", vocab, ")"));
+    }
+    out->push_back(static_cast<int32_t>(id));
+  }
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseSampling(const json& body, ApiRequest* r) {
+  SamplingParams& s = r->request.sampling;
+  std::optional<double> d;
+  std::optional<int64_t> i;
+
+  API_TRY(GetNumber(body, "temperature", &d));
+  if (d) {
+    if (*d < 0) return OutOfRange("temperature", ">= 0", Num(*d));
+    s.temperature = static_cast<float>(*d);
+  }
+  d.reset();
+  API_TRY(GetNumber(body, "top_p", &d));
+  if (d) {
+    if (!(*d > 0 && *d <= 1)) return OutOfRange("top_p", "in (0, 1]", Num(*d));
+    s.top_p = static_cast<float>(*d);
+  }
+  d.reset();
+  API_TRY(GetNumber(body, "min_p", &d));
+  if (d) {
+    if (!(*d >= 0 && *d < 1)) return OutOfRange("min_p", "in [0, 1)", Num(*d));
+    s.min_p = static_cast<float>(*d);
+  }
+  d.reset();
+  API_TRY(GetNumber(body, "repetition_penalty", &d));
+  if (d) {
+    if (!(*d > 0)) return OutOfRange("repetition_penalty", "> 0", Num(*d));
+    s.repetition_penalty = static_cast<float>(*d);
+  }
+  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
+    d.reset();
+    API_TRY(GetNumber(body, name, &d));
+    if (d) {
+      if (!(*d >= -2 && *d <= 2)) return OutOfRange(name, "in [-2, 2]", Num(*d));
+      (std::string_view(name) == "presence_penalty" ? s.presence_penalty : s.frequency_penalty) =
+          static_cast<float>(*d);
+    }
+  }
+  API_TRY(GetInt(body, "top_k", &i));
+  if (i) {
+    if (*i < -1 || *i > std::numeric_limits<int32_t>::max()) {
+      return OutOfRange("top_k", "-1, 0 (off) or a positive integer", Num(*i));
+    }
+    s.top_k = static_cast<int32_t>(*i);
+  }
+  i.reset();
+  API_TRY(GetInt(body, "seed", &i));
+  if (i) s.seed = static_cast<uint64_t>(*i);
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParseStops(const json& body, int vocab, GenerateRequest* g) {
+  if (const json* stop = Member(body, "stop")) {
+    if (stop->is_string()) {
+      if (!stop->get<std::string>().empty()) g->stop.push_back(stop->get<std::string>());
+    } else if (stop->is_array()) {
+      if (stop->size() > kMaxStops) {
+        return OutOfRange("stop", absl::StrCat("at most ", kMaxStops, " strings"),
+                          Num(stop->size()));
+      }
+      for (const json& s : *stop) {
+        if (!s.is_string()) {
+          return InvalidRequest("stop",
+                                absl::StrCat("'stop' entries must be strings, got ", TypeName(s)));
+        }
+        if (!s.get<std::string>().empty()) g->stop.push_back(s.get<std::string>());
+      }
+    } else {
+      return WrongType("stop", "a string or an array of strings", *stop);
+    }
+  }
+  if (const json* ids = Member(body, "stop_token_ids")) {
+    if (!ids->is_array()) return WrongType("stop_token_ids", "an array of token ids", *ids);
+    API_TRY(GetTokenIds(*ids, "stop_token_ids", vocab, &g->stop_token_ids));
+  }
+  return std::nullopt;
+}
+
+// Chat message content: a string, null, or an array of {"type": "text"} parts.
+std::optional<ApiError> MessageContent(const json& msg, size_t index, std::string* out) {
+  std::string param = absl::StrCat("messages[", index, "].content");
+  auto it = msg.find("content");
+  if (it == msg.end() || it->is_null()) return std::nullopt;
+  if (it->is_string()) {
+    *out = it->get<std::string>();
+    return std::nullopt;
+  }
+  if (!it->is_array()) return WrongType(param, "a string or an array of content parts", *it);
+  std::string text;
+  for (const json& part : *it) {
+    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+        !part["text"].is_string()) {
+      return InvalidRequest(param, absl::StrCat("'", param,
+                                                "' parts must be {\"type\": \"text\", "
+                                                "\"text\": \"...\"} (only text is supported)"));
+    }
+    if (!text.empty()) text.push_back('\n');
+    text += part["text"].get<std::string>();
+  }
+  *out = std::move(text);
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParsePrompt(ApiKind kind, const json& body, const ApiContext& ctx,
+                                    ApiRequest* r) {
+  const int vocab = ctx.tokenizer->vocab_size();
+  std::vector<int32_t>& ids = r->request.prompt_token_ids;
+  if (kind == ApiKind::kChat) {
+    const json* messages = Member(body, "messages");
+    if (messages == nullptr) return InvalidRequest("messages", "'messages' is required");
+    if (!messages->is_array()) return WrongType("messages", "an array of messages", *messages);
+    if (messages->empty()) return InvalidRequest("messages", "'messages' must not be empty");
+    std::vector<ChatMessage> chat;
+    for (size_t k = 0; k < messages->size(); ++k) {
+      const json& m = (*messages)[k];
+      std::string param = absl::StrCat("messages[", k, "]");
+      if (!m.is_object()) return WrongType(param, "an object", m);
+      auto role = m.find("role");
+      if (role == m.end() || !role->is_string() || role->get<std::string>().empty()) {
+        return InvalidRequest(param + ".role",
+                              absl::StrCat("'", param, ".role' must be a non-empty string"));
+      }
+      ChatMessage cm{role->get<std::string>(), ""};
+      API_TRY(MessageContent(m, k, &cm.content));
+      chat.push_back(std::move(cm));
+    }
+    std::string prompt = ctx.chat_template->Render(chat);
+    ids = ctx.tokenizer->Encode(prompt, /*add_bos=*/true);
+    return std::nullopt;
+  }
+
+  const json* prompt = Member(body, "prompt");
+  if (prompt == nullptr) return InvalidRequest("prompt", "'prompt' is required");
+  const json* p = prompt;
+  if (p->is_array() && p->size() == 1 && ((*p)[0].is_string() || (*p)[0].is_array())) {
+    p = &(*p)[0];  // [string] or [[ids]]: one prompt
+  } else if (p->is_array() && !p->empty() && ((*p)[0].is_string() || (*p)[0].is_array())) {
+    return InvalidRequest("prompt",
+                          "batched prompts are not supported: send one prompt per request");
+  }
+  if (p->is_string()) {
+    r->echo_text = p->get<std::string>();
+    ids = ctx.tokenizer->Encode(r->echo_text, /*add_bos=*/true);
+    return std::nullopt;
+  }
+  if (p->is_array()) {
+    if (p->empty()) return InvalidRequest("prompt", "'prompt' must not be empty");
+    API_TRY(GetTokenIds(*p, "prompt", vocab, &ids));
+    r->echo_text = SanitizeUtf8(ctx.tokenizer->Decode(ids));
+    return std::nullopt;
+  }
+  return WrongType("prompt", "a string, an array of one string or an array of token ids", *prompt);
+}
+
+}  // namespace
+
+nlohmann::json ApiError::ToJson() const {
+  json e = {{"message", message}, {"type", type}, {"param", nullptr}, {"code", nullptr}};
+  if (!param.empty()) e["param"] = param;
+  if (!code.empty()) e["code"] = code;
+  return json{{"error", e}};
+}
+
+std::string ApiError::Body() const { return DumpJson(ToJson()); }
+
+ApiError InvalidRequest(std::string param, std::string message) {
+  ApiError e;
+  e.param = std::move(param);
+  e.message = std::move(message);
+  return e;
+}
+
+ApiError ApiErrorFromStatus(const absl::Status& status, const std::string& prompt_param) {
+  ApiError e;
+  e.message = std::string(status.message());
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange: {
+      e.http_status = 400;
+      // Engine messages start with the field they are about.
+      size_t n = 0;
+      while (n < e.message.size() &&
+             (std::isalnum(static_cast<unsigned char>(e.message[n])) || e.message[n] == '_')) {
+        ++n;
+      }
+      std::string field = e.message.substr(0, n);
+      static const char* kKnown[] = {"temperature",
+                                     "top_p",
+                                     "top_k",
+                                     "min_p",
+                                     "repetition_penalty",
+                                     "presence_penalty",
+                                     "frequency_penalty",
+                                     "max_tokens",
+                                     "n",
+                                     "stop",
+                                     "stop_token_ids",
+                                     "logprobs",
+                                     "seed",
+                                     "priority",
+                                     "cache_salt",
+                                     "kv_policy",
+                                     "ignore_eos"};
+      if (field == "prompt" || field == "prompt_token_ids") {
+        e.param = prompt_param;
+      } else {
+        for (const char* k : kKnown) {
+          if (field == k) e.param = field;
+        }
+      }
+      break;
+    }
+    case absl::StatusCode::kResourceExhausted:
+      e.http_status = 429;
+      e.type = "rate_limit_exceeded";
+      e.code = "queue_full";
+      break;
+    case absl::StatusCode::kUnavailable:
+      e.http_status = 503;
+      e.type = "service_unavailable";
+      break;
+    default:
+      e.http_status = 500;
+      e.type = "server_error";
+      break;
+  }
+  return e;
+}
+
+std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
+                                        const ApiContext& ctx, ApiRequest* out) {
+  json j;
+  try {
+    j = json::parse(body);
+  } catch (const json::parse_error& e) {
+    return InvalidRequest("", absl::StrCat("invalid JSON body: ", e.what()));
+  }
+  if (!j.is_object()) return InvalidRequest("", "the request body must be a JSON object");
+
+  ApiRequest r;
+  r.kind = kind;
+  GenerateRequest& g = r.request;
+  const std::string prompt_param = kind == ApiKind::kChat ? "messages" : "prompt";
+
+  std::optional<std::string> s;
+  API_TRY(GetString(j, "model", &s));
+  r.model = s.value_or(ctx.model_name);
+  if (r.model != ctx.model_name) {
+    ApiError e = InvalidRequest(
+        "model", absl::StrCat("The model '", r.model, "' does not exist; this server serves '",
+                              ctx.model_name, "'"));
+    e.http_status = 404;
+    e.code = "model_not_found";
+    return e;
+  }
+
+  std::optional<bool> b;
+  API_TRY(GetBool(j, "stream", &b));
+  r.stream = b.value_or(false);
+  if (const json* so = Member(j, "stream_options")) {
+    if (!so->is_object()) return WrongType("stream_options", "an object", *so);
+    b.reset();
+    API_TRY(GetBool(*so, "include_usage", &b));
+    r.include_usage = b.value_or(false);
+  }
+
+  API_TRY(ParseSampling(j, &r));
+
+  std::optional<int64_t> i;
+  API_TRY(GetInt(j, "n", &i));
+  if (i) {
+    if (*i < 1 || *i > kMaxN) return OutOfRange("n", absl::StrCat("in [1, ", kMaxN, "]"), Num(*i));
+    g.n = static_cast<int32_t>(*i);
+  }
+  i.reset();
+  API_TRY(GetInt(j, "best_of", &i));
+  if (i && *i != g.n) {
+    return InvalidRequest("best_of", "'best_of' other than n is not supported");
+  }
+
+  std::optional<int64_t> max_tokens;
+  const char* max_tokens_param = "max_tokens";
+  API_TRY(GetInt(j, "max_tokens", &max_tokens));
+  if (kind == ApiKind::kChat) {
+    std::optional<int64_t> mct;
+    API_TRY(GetInt(j, "max_completion_tokens", &mct));
+    if (mct) {
+      max_tokens = mct;
+      max_tokens_param = "max_completion_tokens";
+    }
+  }
+  if (max_tokens && (*max_tokens < 1 || *max_tokens > std::numeric_limits<int32_t>::max())) {
+    return OutOfRange(max_tokens_param, ">= 1", Num(*max_tokens));
+  }
+
+  API_TRY(ParseStops(j, ctx.tokenizer->vocab_size(), &g));
+
+  b.reset();
+  API_TRY(GetBool(j, "ignore_eos", &b));
+  g.ignore_eos = b.value_or(false);
+  s.reset();
+  API_TRY(GetString(j, "cache_salt", &s));
+  g.cache_salt = s.value_or("");
+  s.reset();
+  API_TRY(GetString(j, "kv_policy", &s));
+  g.kv_policy = s.value_or("");
+  s.reset();
+  API_TRY(GetString(j, "user", &s));
+  r.user = s.value_or("");
+  i.reset();
+  API_TRY(GetInt(j, "priority", &i));
+  if (i) {
+    if (*i < std::numeric_limits<int32_t>::min() || *i > std::numeric_limits<int32_t>::max()) {
+      return OutOfRange("priority", "a 32-bit integer", Num(*i));
+    }
+    g.priority = static_cast<int32_t>(*i);
+  }
+
+  // logprobs: an int on completions, a bool plus top_logprobs on chat.
+  if (kind == ApiKind::kCompletion) {
+    i.reset();
+    API_TRY(GetInt(j, "logprobs", &i));
+    if (i) {
+      if (*i < 0 || *i > kMaxLogprobs) {
+        return OutOfRange("logprobs", absl::StrCat("in [0, ", kMaxLogprobs, "]"), Num(*i));
+      }
+      g.logprobs = static_cast<int32_t>(*i);
+    }
+    b.reset();
+    API_TRY(GetBool(j, "echo", &b));
+    r.echo = b.value_or(false);
+    s.reset();
+    API_TRY(GetString(j, "suffix", &s));
+    if (s && !s->empty()) return InvalidRequest("suffix", "'suffix' is not supported");
+  } else {
+    b.reset();
+    API_TRY(GetBool(j, "logprobs", &b));
+    i.reset();
+    API_TRY(GetInt(j, "top_logprobs", &i));
+    if (i && (*i < 0 || *i > kMaxLogprobs)) {
+      return OutOfRange("top_logprobs", absl::StrCat("in [0, ", kMaxLogprobs, "]"), Num(*i));
+    }
+    if (i && !b.value_or(false)) {
+      return InvalidRequest("top_logprobs", "'top_logprobs' requires 'logprobs': true");
+    }
+    if (b.value_or(false)) g.logprobs = static_cast<int32_t>(i.value_or(0));
+  }
+  if (const json* bias = Member(j, "logit_bias")) {
+    if (!bias->is_object()) return WrongType("logit_bias", "an object", *bias);
+    if (!bias->empty()) return InvalidRequest("logit_bias", "'logit_bias' is not supported");
+  }
+
+  API_TRY(ParsePrompt(kind, j, ctx, &r));
+  const int64_t prompt_len = static_cast<int64_t>(g.prompt_token_ids.size());
+  if (prompt_len >= ctx.max_model_len) {
+    ApiError e = InvalidRequest(
+        prompt_param, absl::StrCat("This model's maximum context length is ", ctx.max_model_len,
+                                   " tokens, and the prompt has ", prompt_len,
+                                   " tokens, leaving no room for the completion"));
+    e.code = "context_length_exceeded";
+    return e;
+  }
+  if (!max_tokens) {
+    max_tokens = kind == ApiKind::kChat ? ctx.max_model_len - prompt_len : 16;
+  }
+  if (prompt_len + *max_tokens > ctx.max_model_len) {
+    ApiError e = InvalidRequest(
+        max_tokens_param,
+        absl::StrCat("This model's maximum context length is ", ctx.max_model_len, " tokens, but ",
+                     prompt_len + *max_tokens, " were requested (", prompt_len, " in the prompt, ",
+                     *max_tokens, " for the completion)"));
+    e.code = "context_length_exceeded";
+    return e;
+  }
+  g.max_tokens = static_cast<int32_t>(*max_tokens);
+  *out = std::move(r);
+  return std::nullopt;
+}
+
+nlohmann::json FinishReasonJson(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kNone:
+      return nullptr;
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kCancelled:
+      return "abort";
+    case FinishReason::kError:
+      return "error";
+  }
+  return nullptr;
+}
+
+nlohmann::json UsageJson(const Usage& usage) {
+  return json{{"prompt_tokens", usage.prompt_tokens},
+              {"completion_tokens", usage.completion_tokens},
+              {"total_tokens", usage.prompt_tokens + usage.completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", usage.cached_prompt_tokens}}}};
+}
+
+std::string DumpJson(const nlohmann::json& j) {
+  return j.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// ---- logprobs ----------------------------------------------------------------
+
+std::string LogprobFormatter::TokenText(int32_t id, int32_t prev) const {
+  return SanitizeUtf8(tokenizer_->TokenBytes(id, prev));
+}
+
+void LogprobFormatter::Append(int32_t index, const std::vector<TokenLogprob>& logprobs,
+                              nlohmann::json* into) {
+  // OpenAI writes -9999 where a probability underflows; JSON has no -inf.
+  auto finite = [](float lp) { return std::isfinite(lp) ? static_cast<double>(lp) : -9999.0; };
+  auto bytes = [this](int32_t id, int32_t prev) {
+    json b = json::array();
+    for (unsigned char c : tokenizer_->TokenBytes(id, prev)) b.push_back(static_cast<int>(c));
+    return b;
+  };
+  if (into->is_null()) {
+    *into = kind_ == ApiKind::kChat ? json{{"content", json::array()}}
+                                    : json{{"tokens", json::array()},
+                                           {"token_logprobs", json::array()},
+                                           {"top_logprobs", json::array()},
+                                           {"text_offset", json::array()}};
+  }
+  auto [it, inserted] = prev_.try_emplace(index, last_prompt_token_);
+  int32_t& prev = it->second;
+  int64_t& offset = text_offset_[index];
+  for (const TokenLogprob& tl : logprobs) {
+    std::string text = TokenText(tl.token_id, prev);
+    if (kind_ == ApiKind::kChat) {
+      json top = json::array();
+      for (const auto& [id, lp] : tl.top) {
+        top.push_back(
+            {{"token", TokenText(id, prev)}, {"logprob", finite(lp)}, {"bytes", bytes(id, prev)}});
+      }
+      (*into)["content"].push_back({{"token", text},
+                                    {"logprob", finite(tl.logprob)},
+                                    {"bytes", bytes(tl.token_id, prev)},
+                                    {"top_logprobs", top}});
+    } else {
+      (*into)["tokens"].push_back(text);
+      (*into)["token_logprobs"].push_back(finite(tl.logprob));
+      if (tl.top.empty()) {
+        (*into)["top_logprobs"].push_back(nullptr);
+      } else {
+        json top = json::object();
+        for (const auto& [id, lp] : tl.top) top[TokenText(id, prev)] = finite(lp);
+        (*into)["top_logprobs"].push_back(top);
+      }
+      (*into)["text_offset"].push_back(offset);
+    }
+    offset += static_cast<int64_t>(text.size());
+    prev = tl.token_id;
+  }
+}
+
+// ---- whole responses -----------------------------------------------------------
+
+namespace {
+int32_t LastPromptToken(const ApiRequest& r) {
+  return r.request.prompt_token_ids.empty() ? -1 : r.request.prompt_token_ids.back();
+}
+}  // namespace
+
+ResponseAccumulator::ResponseAccumulator(const ApiRequest& request, const Tokenizer* tokenizer)
+    : kind_(request.kind),
+      want_logprobs_(request.request.logprobs >= 0),
+      choices_(static_cast<size_t>(request.request.n)),
+      logprob_formatter_(request.kind, tokenizer, LastPromptToken(request)) {
+  if (request.echo) {
+    for (Choice& c : choices_) c.text = request.echo_text;
+  }
+}
+
+void ResponseAccumulator::Add(const GenerateOutput& out) {
+  if (out.index < 0 || out.index >= static_cast<int32_t>(choices_.size())) return;
+  Choice& c = choices_[static_cast<size_t>(out.index)];
+  c.text += out.text;
+  if (want_logprobs_ && !out.logprobs.empty()) {
+    logprob_formatter_.Append(out.index, out.logprobs, &c.logprobs);
+  }
+  if (out.finish_reason != FinishReason::kNone) c.finish = out.finish_reason;
+  if (out.finish_reason == FinishReason::kError && error_.empty()) {
+    error_ = out.error.empty() ? "generation failed" : out.error;
+  }
+  if (out.request_finished) usage_ = out.usage;
+}
+
+nlohmann::json ResponseAccumulator::ToJson(const std::string& id, int64_t created,
+                                           const std::string& model) const {
+  json choices = json::array();
+  for (size_t k = 0; k < choices_.size(); ++k) {
+    const Choice& c = choices_[k];
+    json logprobs = want_logprobs_ && c.logprobs.is_null()
+                        ? (kind_ == ApiKind::kChat ? json{{"content", json::array()}} : json())
+                        : c.logprobs;
+    if (kind_ == ApiKind::kChat) {
+      choices.push_back({{"index", k},
+                         {"message", {{"role", "assistant"}, {"content", c.text}}},
+                         {"logprobs", logprobs},
+                         {"finish_reason", FinishReasonJson(c.finish)}});
+    } else {
+      choices.push_back({{"index", k},
+                         {"text", c.text},
+                         {"logprobs", logprobs},
+                         {"finish_reason", FinishReasonJson(c.finish)}});
+    }
+  }
+  return json{{"id", id},
+              {"object", kind_ == ApiKind::kChat ? "chat.completion" : "text_completion"},
+              {"created", created},
+              {"model", model},
+              {"choices", choices},
+              {"usage", UsageJson(usage_)}};
+}
+
+// ---- streaming --------------------------------------------------------------------
+
+StreamFormatter::StreamFormatter(const ApiRequest& request, const Tokenizer* tokenizer,
+                                 std::string id, int64_t created, std::string model)
+    : kind_(request.kind),
+      want_logprobs_(request.request.logprobs >= 0),
+      include_usage_(request.include_usage),
+      echo_(request.echo),
+      echo_text_(request.echo_text),
+      n_(request.request.n),
+      id_(std::move(id)),
+      created_(created),
+      model_(std::move(model)),
+      logprob_formatter_(request.kind, tokenizer, LastPromptToken(request)) {}
+
+nlohmann::json StreamFormatter::Chunk(nlohmann::json choices) const {
+  json chunk = {{"id", id_},
+                {"object", kind_ == ApiKind::kChat ? "chat.completion.chunk" : "text_completion"},
+                {"created", created_},
+                {"model", model_},
+                {"choices", std::move(choices)}};
+  if (include_usage_) chunk["usage"] = nullptr;
+  return chunk;
+}
+
+std::string StreamFormatter::Event(const nlohmann::json& chunk) const {
+  return absl::StrCat("data: ", DumpJson(chunk), "\n\n");
+}
+
+std::string StreamFormatter::Start() {
+  std::string events;
+  for (int32_t k = 0; k < n_; ++k) {
+    if (kind_ == ApiKind::kChat) {
+      events += Event(Chunk(json::array({{{"index", k},
+                                          {"delta", {{"role", "assistant"}, {"content", ""}}},
+                                          {"logprobs", nullptr},
+                                          {"finish_reason", nullptr}}})));
+    } else if (echo_ && !echo_text_.empty()) {
+      events += Event(Chunk(json::array({{{"index", k},
+                                          {"text", echo_text_},
+                                          {"logprobs", nullptr},
+                                          {"finish_reason", nullptr}}})));
+    }
+  }
+  return events;
+}
+
+std::string StreamFormatter::Add(const GenerateOutput& out) {
+  if (out.request_finished) usage_ = out.usage;
+  if (out.finish_reason == FinishReason::kError) {
+    ApiError e;
+    e.http_status = 500;
+    e.type = "server_error";
+    e.message = out.error.empty() ? "generation failed" : out.error;
+    return Event(e.ToJson());
+  }
+  json logprobs;
+  if (want_logprobs_ && !out.logprobs.empty()) {
+    logprob_formatter_.Append(out.index, out.logprobs, &logprobs);
+  }
+  const bool finished = out.finish_reason != FinishReason::kNone;
+  std::string events;
+  if (kind_ == ApiKind::kChat) {
+    if (!out.text.empty() || !logprobs.is_null()) {
+      events += Event(Chunk(json::array({{{"index", out.index},
+                                          {"delta", {{"content", out.text}}},
+                                          {"logprobs", logprobs},
+                                          {"finish_reason", nullptr}}})));
+    }
+    if (finished) {
+      events +=
+          Event(Chunk(json::array({{{"index", out.index},
+                                    {"delta", json::object()},
+                                    {"logprobs", nullptr},
+                                    {"finish_reason", FinishReasonJson(out.finish_reason)}}})));
+    }
+  } else if (!out.text.empty() || !logprobs.is_null() || finished) {
+    events += Event(Chunk(json::array({{{"index", out.index},
+                                        {"text", out.text},
+                                        {"logprobs", logprobs},
+                                        {"finish_reason", FinishReasonJson(out.finish_reason)}}})));
+  }
+  return events;
+}
+
+std::string StreamFormatter::Finish() {
+  std::string events;
+  if (include_usage_) {
+    json chunk = Chunk(json::array());
+    chunk["usage"] = UsageJson(usage_);
+    events += Event(chunk);
+  }
+  events += "data: [DONE]\n\n";
+  return events;
+}
+
+}  // namespace kvserve

@@ -1,0 +1,86 @@
+// ServingState: what the HTTP and gRPC front ends share inside one daemon —
+// the engine (absent while the model loads), the lifecycle phase, the
+// metrics, the served model's description and the in-flight call count that
+// a graceful shutdown waits on.
+//
+// Lifecycle: kLoading -> kReady -> kDraining. Readiness (/health, the gRPC
+// health service) is kReady only; generation calls in any other phase are
+// refused with 503 / UNAVAILABLE. The engine pointer is set once, before
+// kReady, and stays valid until the front ends are stopped.
+//
+// Thread-safety: every method is safe from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "scheduler/engine.h"
+#include "server/chat_template.h"
+#include "server/metrics.h"
+
+namespace kvserve {
+
+// The served model as the APIs describe it (/v1/models, GetModelInfo).
+struct ServedModelInfo {
+  std::string name;
+  std::string device = "cpu";
+  std::string kv_dtype;
+  int32_t block_size = 0;
+  int32_t num_blocks = 0;
+  int32_t num_swap_blocks = 0;
+  int32_t max_model_len = 0;
+  bool prefix_caching = true;
+};
+
+// A fresh random request id (16 hex digits).
+std::string NewRequestId();
+// A client-chosen id is kept when it is 1-128 characters of [A-Za-z0-9._:-].
+bool IsAcceptableRequestId(std::string_view id);
+
+class ServingState {
+ public:
+  enum class Phase { kLoading, kReady, kDraining };
+
+  ServingState(ServerMetrics* metrics, ChatTemplate chat_template, std::string api_key)
+      : metrics_(metrics), chat_template_(std::move(chat_template)), api_key_(std::move(api_key)) {}
+
+  // Publishes the engine and becomes ready.
+  void SetReady(Engine* engine, ServedModelInfo info);
+  // Stops admitting new calls (in-flight ones continue).
+  void StartDraining();
+
+  Phase phase() const { return phase_.load(std::memory_order_acquire); }
+  bool ready() const { return phase() == Phase::kReady; }
+  // Null while loading.
+  Engine* engine() const { return engine_.load(std::memory_order_acquire); }
+  const ServedModelInfo& info() const { return info_; }  // valid once ready
+  ServerMetrics& metrics() const { return *metrics_; }
+  const ChatTemplate& chat_template() const { return chat_template_; }
+  // "" = no authentication.
+  const std::string& api_key() const { return api_key_; }
+  // True when `authorization` ("Bearer <key>") matches, or no key is set.
+  bool Authorized(std::string_view authorization) const;
+
+  // Generation calls still running (streams included).
+  void CallStarted();
+  void CallFinished();
+  int64_t calls_in_flight() const;
+  // Waits until no call is in flight or `deadline`; true when idle.
+  bool WaitForCalls(absl::Time deadline) const;
+
+ private:
+  ServerMetrics* const metrics_;
+  const ChatTemplate chat_template_;
+  const std::string api_key_;
+  std::atomic<Phase> phase_{Phase::kLoading};
+  std::atomic<Engine*> engine_{nullptr};
+  ServedModelInfo info_;  // written once before phase_ becomes kReady
+
+  mutable absl::Mutex mu_;
+  int64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace kvserve

@@ -1,0 +1,259 @@
+#include "server/config.h"
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <fstream>
+
+#include "tests/test_util.h"
+
+namespace kvserve {
+namespace {
+
+std::string Error(const absl::StatusOr<ServeConfig>& c) {
+  REQUIRE_FALSE(c.ok());
+  return std::string(c.status().message());
+}
+
+TEST_CASE("A minimal config takes every default", "[server]") {
+  auto c = ParseServeConfig("model:\n  path: dummy:tiny\n", "/cfg");
+  REQUIRE(c.ok());
+  REQUIRE(c->model.path == "dummy:tiny");
+  REQUIRE(c->model.device == "cpu");
+  REQUIRE(c->model.chat_template.name() == "plain");
+  REQUIRE(c->cache.kv_dtype == "fp32");
+  REQUIRE(c->cache.block_size == 16);
+  REQUIRE(c->cache.prefix_caching);
+  REQUIRE(c->scheduler.max_num_seqs == 64);
+  REQUIRE(c->scheduler.preemption_mode == "recompute");
+  REQUIRE(c->server.host == "127.0.0.1");
+  REQUIRE(c->server.http_port == 8000);
+  REQUIRE(c->server.grpc_port == 50051);
+  REQUIRE(c->server.shutdown_timeout == 30);
+  REQUIRE(c->server.max_body_bytes == 8 << 20);
+  REQUIRE(c->server.api_key.empty());
+  REQUIRE(c->logging.level == "info");
+  REQUIRE(c->logging.format == "text");
+}
+
+TEST_CASE("Every section is read into the typed struct", "[server]") {
+  const char* yaml = R"(
+model:
+  path: models/x.bin
+  tokenizer: /abs/tok.model
+  name: tiny
+  device: cuda
+  chat_template: chatml
+cache:
+  kv_dtype: int8
+  block_size: 32
+  num_blocks: 100
+  memory_bytes: 512MiB
+  memory_fraction: 0.5
+  num_swap_blocks: 8
+  int4_group_size: 32
+  prefix_caching: false
+  eviction_policy: none
+scheduler:
+  max_num_seqs: 8
+  max_num_batched_tokens: 256
+  max_model_len: 400
+  preemption_mode: swap
+server:
+  host: 0.0.0.0
+  http_port: 9000
+  grpc_port: 9001
+  shutdown_timeout: 2.5s
+  max_body_bytes: 64k
+  max_queue: 10
+  api_key: secret
+  http_threads: 4
+logging:
+  level: debug
+  format: json
+)";
+  auto c = ParseServeConfig(yaml, "/etc/kvserve");
+  REQUIRE(c.ok());
+  SECTION("relative paths resolve against the config's directory") {
+    REQUIRE(c->model.path == "/etc/kvserve/models/x.bin");
+    REQUIRE(c->model.tokenizer == "/abs/tok.model");
+  }
+  SECTION("values keep their types") {
+    REQUIRE(c->model.name == "tiny");
+    REQUIRE(c->model.device == "cuda");
+    REQUIRE(c->model.chat_template.name() == "chatml");
+    REQUIRE(c->cache.kv_dtype == "int8");
+    REQUIRE(c->cache.block_size == 32);
+    REQUIRE(c->cache.num_blocks == 100);
+    REQUIRE(c->cache.memory_bytes == 512LL << 20);
+    REQUIRE(c->cache.memory_fraction == 0.5);
+    REQUIRE(c->cache.num_swap_blocks == 8);
+    REQUIRE(c->cache.int4_group_size == 32);
+    REQUIRE_FALSE(c->cache.prefix_caching);
+    REQUIRE(c->scheduler.max_num_seqs == 8);
+    REQUIRE(c->scheduler.max_num_batched_tokens == 256);
+    REQUIRE(c->scheduler.max_model_len == 400);
+    REQUIRE(c->server.host == "0.0.0.0");
+    REQUIRE(c->server.http_port == 9000);
+    REQUIRE(c->server.grpc_port == 9001);
+    REQUIRE(c->server.shutdown_timeout == 2.5);
+    REQUIRE(c->server.max_body_bytes == 65536);
+    REQUIRE(c->server.max_queue == 10);
+    REQUIRE(c->server.api_key == "secret");
+    REQUIRE(c->server.http_threads == 4);
+    REQUIRE(c->logging.level == "debug");
+    REQUIRE(c->logging.format == "json");
+  }
+  SECTION("the engine config carries the scheduler keys and the queue limit") {
+    EngineConfig e = c->ToEngineConfig();
+    REQUIRE(e.max_num_seqs == 8);
+    REQUIRE(e.max_num_batched_tokens == 256);
+    REQUIRE(e.max_model_len == 400);
+    REQUIRE(e.max_queue_size == 10);
+    REQUIRE(e.preemption_mode == PreemptionMode::kSwap);
+    REQUIRE_FALSE(e.prefix_caching);
+    REQUIRE(e.default_kv_policy.empty());
+  }
+}
+
+TEST_CASE("Bad values stop with the key path and the reason", "[server]") {
+  auto parse = [](const std::string& body) {
+    return ParseServeConfig("model:\n  path: dummy:tiny\n" + body, "");
+  };
+  REQUIRE(Error(parse("cache:\n  block_size: abc\n")) ==
+          "cache.block_size: expected a positive integer, got 'abc'");
+  REQUIRE(Error(parse("cache:\n  block_size: 0\n")) ==
+          "cache.block_size: expected a positive integer, got '0'");
+  REQUIRE(Error(parse("cache:\n  block_size: 16.5\n")) ==
+          "cache.block_size: expected a positive integer, got '16.5'");
+  REQUIRE(Error(parse("cache:\n  kv_dtype: int3\n")) ==
+          "cache.kv_dtype: expected one of fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4, got "
+          "'int3'");
+  REQUIRE(Error(parse("cache:\n  prefix_caching: maybe\n")) ==
+          "cache.prefix_caching: expected true or false, got 'maybe'");
+  REQUIRE(Error(parse("cache:\n  memory_fraction: 1.5\n")) ==
+          "cache.memory_fraction: expected a number in (0, 1], got '1.5'");
+  REQUIRE(Error(parse("cache:\n  memory_bytes: 12 parsecs\n")) ==
+          "cache.memory_bytes: expected a byte count (e.g. 1048576, 512MiB, 4GiB), got '12 "
+          "parsecs'");
+  REQUIRE(Error(parse("server:\n  http_port: 70000\n")) ==
+          "server.http_port: expected a port number in [0, 65535], got '70000'");
+  REQUIRE(Error(parse("server:\n  shutdown_timeout: -1\n")) ==
+          "server.shutdown_timeout: expected a duration in seconds >= 0 (e.g. 30, 2.5s, 500ms, "
+          "1m), got '-1'");
+  REQUIRE(Error(parse("scheduler:\n  preemption_mode: pray\n")) ==
+          "scheduler.preemption_mode: expected one of recompute, swap, got 'pray'");
+  REQUIRE(Error(parse("logging:\n  format: xml\n")) ==
+          "logging.format: expected one of text, json, got 'xml'");
+  REQUIRE(Error(parse("cache:\n  block_size: [1, 2]\n")) ==
+          "cache.block_size: expected a single value, got 'a list'");
+  REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  device: tpu\n", "")) ==
+          "model.device: expected one of cpu, cuda, got 'tpu'");
+}
+
+TEST_CASE("Unknown keys and sections are refused, naming what is known", "[server]") {
+  auto c = ParseServeConfig("model:\n  path: x\ncache:\n  blocksize: 16\n", "");
+  REQUIRE(Error(c).rfind("cache.blocksize: unknown key (cache has: kv_dtype, block_size,", 0) == 0);
+  c = ParseServeConfig("model:\n  path: x\ncaches:\n  block_size: 16\n", "");
+  REQUIRE(Error(c) ==
+          "caches: unknown section (sections: model, cache, scheduler, server, logging)");
+  c = ParseServeConfig("- a\n- b\n", "");
+  REQUIRE(Error(c) == "the config must be a map of sections (model, cache, ...)");
+  c = ParseServeConfig("model: [\n", "");
+  REQUIRE(Error(c).rfind("YAML syntax error", 0) == 0);
+}
+
+TEST_CASE("Whole-config rules name the key to fix", "[server]") {
+  REQUIRE(Error(ParseServeConfig("cache:\n  block_size: 16\n", "")) ==
+          "model.path: required (a llama2.c checkpoint, an HF directory or dummy:<preset>)");
+  REQUIRE(Error(ParseServeConfig("model: {path: x}\nserver: {http_port: 9000, grpc_port: 9000}\n",
+                                 "")) ==
+          "server.grpc_port: must differ from server.http_port (both 9000)");
+  REQUIRE(
+      Error(ParseServeConfig(
+          "model: {path: x}\nscheduler: {max_num_seqs: 64, max_num_batched_tokens: 32}\n", "")) ==
+      "scheduler.max_num_batched_tokens: must be >= scheduler.max_num_seqs (32 < 64)");
+  REQUIRE(Error(ParseServeConfig("model: {path: x}\nscheduler: {preemption_mode: swap}\n", "")) ==
+          "cache.num_swap_blocks: must be > 0 when scheduler.preemption_mode is swap");
+  REQUIRE(ParseServeConfig("model: {path: x}\nserver: {http_port: 0, grpc_port: 0}\n", "").ok());
+}
+
+TEST_CASE("Overrides (--set) apply after the file and are checked the same way", "[server]") {
+  const std::string yaml = "model:\n  path: m.bin\ncache:\n  block_size: 16\n";
+  SECTION("a valid override wins") {
+    auto c = ParseServeConfig(
+        yaml, "/d", {"cache.block_size=32", "server.http_port=0", "model.tokenizer=t.model"});
+    REQUIRE(c.ok());
+    REQUIRE(c->cache.block_size == 32);
+    REQUIRE(c->server.http_port == 0);
+    // Command-line paths are the user's, relative to the current directory.
+    REQUIRE(c->model.tokenizer == "t.model");
+    REQUIRE(c->model.path == "/d/m.bin");
+  }
+  SECTION("a bad override names its key") {
+    REQUIRE(Error(ParseServeConfig(yaml, "", {"cache.block_size=abc"})) ==
+            "cache.block_size: expected a positive integer, got 'abc'");
+    REQUIRE(
+        Error(ParseServeConfig(yaml, "", {"cache.blok=1"})).rfind("cache.blok: unknown key", 0) ==
+        0);
+    REQUIRE(Error(ParseServeConfig(yaml, "", {"nonsense"})) ==
+            "--set nonsense: expected key.path=value (e.g. cache.block_size=32)");
+  }
+}
+
+TEST_CASE("Environment variables expand in values, with fallbacks", "[server]") {
+  setenv("KVSERVE_TEST_MODEL_DIR", "/models/tiny", 1);
+  unsetenv("KVSERVE_TEST_UNSET");
+  auto c = ParseServeConfig(
+      "model:\n  path: ${KVSERVE_TEST_MODEL_DIR}/m.bin\n"
+      "  tokenizer: ${KVSERVE_TEST_UNSET:-${KVSERVE_TEST_MODEL_DIR}/fallback}/tok.model\n"
+      "server:\n  http_port: ${KVSERVE_TEST_UNSET:-8123}\n",
+      "/cfg");
+  REQUIRE(c.ok());
+  REQUIRE(c->model.path == "/models/tiny/m.bin");
+  REQUIRE(c->model.tokenizer == "/models/tiny/fallback/tok.model");
+  REQUIRE(c->server.http_port == 8123);
+  REQUIRE(Error(ParseServeConfig("model:\n  path: ${KVSERVE_TEST_UNSET}/m.bin\n", "")) ==
+          "model.path: environment variable KVSERVE_TEST_UNSET is not set (use "
+          "${KVSERVE_TEST_UNSET:-fallback})");
+}
+
+TEST_CASE("A chat template is a built-in name or a map of role patterns", "[server]") {
+  auto c = ParseServeConfig(
+      "model:\n  path: x\n  chat_template:\n    user: \"[U] {content}\\n\"\n"
+      "    default: \"<{role}> {content}\\n\"\n    generation_prompt: \"[A]\"\n",
+      "");
+  REQUIRE(c.ok());
+  REQUIRE(c->model.chat_template.name() == "custom");
+  std::vector<ChatMessage> m = {{"system", "be brief"}, {"user", "hi"}};
+  REQUIRE(c->model.chat_template.Render(m) == "<system> be brief\n[U] hi\n[A]");
+  REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  chat_template: jinja\n", "")) ==
+          "model.chat_template: expected a built-in template (plain, chatml, llama3) or a map of "
+          "role patterns, got 'jinja'");
+  REQUIRE(
+      Error(ParseServeConfig("model:\n  path: x\n  chat_template:\n    user: \"{text}\"\n", "")) ==
+      "model.chat_template.user: unknown placeholder {text} (known: {role}, {content})");
+}
+
+TEST_CASE("The shipped configs parse", "[server]") {
+  setenv("KVSERVE_MODEL_DIR", "/models/stories260k", 1);
+  auto c = LoadServeConfig(std::string(KVSERVE_SOURCE_DIR) + "/configs/default.yaml");
+  REQUIRE(c.ok());
+  REQUIRE(c->model.path == "/models/stories260k/stories260K.bin");
+  REQUIRE(c->model.device == "cpu");
+  unsetenv("KVSERVE_MODEL_DIR");
+  auto fallback = LoadServeConfig(std::string(KVSERVE_SOURCE_DIR) + "/configs/default.yaml");
+  REQUIRE(fallback.ok());
+  REQUIRE(fallback->model.path.ends_with("/shared/models/stories260k/stories260K.bin"));
+
+  auto h200 = LoadServeConfig(std::string(KVSERVE_SOURCE_DIR) + "/configs/llama3-8b-h200.yaml");
+  REQUIRE(h200.ok());
+  REQUIRE(h200->model.device == "cuda");
+  REQUIRE(h200->cache.kv_dtype == "int8");
+  REQUIRE(h200->model.chat_template.name() == "llama3");
+
+  REQUIRE(LoadServeConfig("/nonexistent/kvserve.yaml").status().message() ==
+          "/nonexistent/kvserve.yaml: cannot read the config file");
+}
+
+}  // namespace
+}  // namespace kvserve

@@ -1,0 +1,136 @@
+#include "server/metrics.h"
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+
+#include "tests/test_util.h"
+
+namespace kvserve {
+namespace {
+
+// The value of the sample line that starts with `series` (name{labels}).
+double Sample(const std::string& text, const std::string& series) {
+  size_t pos = text.find("\n" + series + " ");
+  REQUIRE(pos != std::string::npos);
+  pos += series.size() + 2;
+  return std::stod(text.substr(pos, text.find('\n', pos) - pos));
+}
+
+EngineStats SomeStats() {
+  EngineStats s;
+  s.num_waiting = 3;
+  s.num_running = 5;
+  s.kv_blocks_total = 100;
+  s.kv_blocks_free = 60;
+  s.kv_blocks_active = 40;
+  s.kv_blocks_cached = 10;
+  s.kv_usage_active = 0.4;
+  s.kv_usage_with_cached = 0.5;
+  s.prompt_tokens = 120;
+  s.generated_tokens = 300;
+  s.preemptions = 2;
+  s.prefix_queries_tokens = 100;
+  s.prefix_hits_tokens = 48;
+  s.swap_out_blocks = 7;
+  s.swap_in_blocks = 6;
+  s.requests_finished_stop = 4;
+  s.requests_finished_length = 1;
+  s.requests_finished_cancelled = 2;
+  return s;
+}
+
+TEST_CASE("Gauges mirror the engine and counters advance by its deltas", "[server]") {
+  ServerMetrics m;
+  EngineStats s = SomeStats();
+  std::string text = m.Scrape(s);
+  REQUIRE(Sample(text, "kvserve_queue_length") == 3);
+  REQUIRE(Sample(text, "kvserve_running_sequences") == 5);
+  REQUIRE(Sample(text, "kvserve_kv_usage_ratio{kind=\"active\"}") == 0.4);
+  REQUIRE(Sample(text, "kvserve_kv_usage_ratio{kind=\"with_cached\"}") == 0.5);
+  REQUIRE(Sample(text, "kvserve_kv_blocks{state=\"active\"}") == 40);
+  REQUIRE(Sample(text, "kvserve_kv_blocks{state=\"cached\"}") == 10);
+  REQUIRE(Sample(text, "kvserve_kv_blocks{state=\"free\"}") == 50);
+  REQUIRE(Sample(text, "kvserve_kv_blocks_capacity") == 100);
+  REQUIRE(Sample(text, "kvserve_requests_total{finish_reason=\"stop\"}") == 4);
+  REQUIRE(Sample(text, "kvserve_requests_total{finish_reason=\"cancelled\"}") == 2);
+  REQUIRE(Sample(text, "kvserve_prefix_cache_hits_tokens_total") == 48);
+  REQUIRE(Sample(text, "kvserve_swap_out_blocks_total") == 7);
+  REQUIRE(Sample(text, "kvserve_generation_tokens_total") == 300);
+
+  SECTION("a second scrape adds only what grew") {
+    s.generated_tokens = 350;
+    s.requests_finished_stop = 6;
+    s.num_running = 0;
+    s.kv_usage_active = 0;
+    text = m.Scrape(s);
+    REQUIRE(Sample(text, "kvserve_generation_tokens_total") == 350);
+    REQUIRE(Sample(text, "kvserve_requests_total{finish_reason=\"stop\"}") == 6);
+    REQUIRE(Sample(text, "kvserve_running_sequences") == 0);
+    REQUIRE(Sample(text, "kvserve_kv_usage_ratio{kind=\"active\"}") == 0);
+  }
+}
+
+TEST_CASE("Finished requests feed the latency histograms", "[server]") {
+  ServerMetrics m;
+  RequestMetrics r;
+  r.queue_s = 0.002;
+  r.ttft_s = 0.03;
+  r.tpot_s = 0.004;
+  r.e2e_s = 1.2;
+  r.usage = Usage{10, 0, 100};
+  m.ObserveRequest(r);
+  r.ttft_s = 0;  // no token: no TTFT sample
+  r.tpot_s = 0;
+  m.ObserveRequest(r);
+  std::string text = m.Scrape();
+  REQUIRE(Sample(text, "kvserve_time_to_first_token_seconds_count") == 1);
+  REQUIRE(Sample(text, "kvserve_time_to_first_token_seconds_bucket{le=\"0.05\"}") == 1);
+  REQUIRE(Sample(text, "kvserve_time_to_first_token_seconds_bucket{le=\"0.025\"}") == 0);
+  REQUIRE(Sample(text, "kvserve_time_per_output_token_seconds_count") == 1);
+  REQUIRE(Sample(text, "kvserve_e2e_request_latency_seconds_count") == 2);
+  REQUIRE(Sample(text, "kvserve_e2e_request_latency_seconds_sum") == Approx(2.4));
+  REQUIRE(Sample(text, "kvserve_queue_time_seconds_count") == 2);
+  REQUIRE(Sample(text, "kvserve_request_generation_tokens_sum") == 200);
+  m.CountHttpResponse(200);
+  m.CountHttpResponse(200);
+  m.CountHttpResponse(429);
+  m.SetReady(true);
+  text = m.Scrape();
+  REQUIRE(Sample(text, "kvserve_http_responses_total{code=\"200\"}") == 2);
+  REQUIRE(Sample(text, "kvserve_http_responses_total{code=\"429\"}") == 1);
+  REQUIRE(Sample(text, "kvserve_ready") == 1);
+}
+
+TEST_CASE("promtool check metrics accepts the exposition", "[server]") {
+  if (std::system("command -v promtool >/dev/null 2>&1") != 0) {
+    WARN("promtool not installed (Debian package prometheus): skipping the lint");
+    return;
+  }
+  ServerMetrics m;
+  RequestMetrics r;
+  r.ttft_s = 0.01;
+  r.tpot_s = 0.01;
+  r.e2e_s = 0.5;
+  m.ObserveRequest(r);
+  m.CountHttpResponse(200);
+  std::string path = testing::MakeTempDir("metrics") + "/metrics.txt";
+  {
+    std::ofstream out(path);
+    out << m.Scrape(SomeStats());
+  }
+  std::string cmd = "promtool check metrics < " + path + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  REQUIRE(p != nullptr);
+  std::string output;
+  char buf[512];
+  while (size_t n = fread(buf, 1, sizeof(buf), p)) output.append(buf, n);
+  int rc = pclose(p);
+  INFO(output);
+  REQUIRE(rc == 0);
+  REQUIRE(output.empty());
+}
+
+}  // namespace
+}  // namespace kvserve

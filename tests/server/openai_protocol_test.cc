@@ -1,0 +1,387 @@
+#include "server/openai_protocol.h"
+
+#include <catch2/catch.hpp>
+
+namespace kvserve {
+namespace {
+
+using json = nlohmann::json;
+
+// A byte-level tokenizer: "hi" with BOS is {1, 3 + 'h', 3 + 'i'}.
+struct Fixture {
+  std::unique_ptr<Tokenizer> tokenizer = Tokenizer::ByteLevel(512);
+  ChatTemplate chat_template;
+  ApiContext ctx() const {
+    ApiContext c;
+    c.tokenizer = tokenizer.get();
+    c.chat_template = &chat_template;
+    c.model_name = "tiny";
+    c.max_model_len = 64;
+    return c;
+  }
+};
+
+std::vector<int32_t> Bytes(const std::string& s, bool bos = true) {
+  std::vector<int32_t> ids;
+  if (bos) ids.push_back(1);
+  for (unsigned char c : s) ids.push_back(3 + c);
+  return ids;
+}
+
+ApiRequest Parse(ApiKind kind, const std::string& body) {
+  Fixture f;
+  ApiRequest r;
+  std::optional<ApiError> err = ParseApiRequest(kind, body, f.ctx(), &r);
+  INFO(body);
+  REQUIRE_FALSE(err.has_value());
+  return r;
+}
+
+ApiError ParseError(ApiKind kind, const std::string& body) {
+  Fixture f;
+  ApiRequest r;
+  std::optional<ApiError> err = ParseApiRequest(kind, body, f.ctx(), &r);
+  INFO(body);
+  REQUIRE(err.has_value());
+  return *err;
+}
+
+TEST_CASE("Completion requests carry every OpenAI and extension field", "[server]") {
+  ApiRequest r = Parse(ApiKind::kCompletion, R"({
+    "model": "tiny", "prompt": "hi", "max_tokens": 5, "temperature": 0.5, "top_p": 0.9,
+    "n": 2, "stop": ["x", "yz"], "seed": 7, "logprobs": 3, "presence_penalty": 0.5,
+    "frequency_penalty": -0.5, "user": "u1", "stream": true,
+    "stream_options": {"include_usage": true}, "top_k": 40, "min_p": 0.05,
+    "repetition_penalty": 1.1, "ignore_eos": true, "stop_token_ids": [2, 7],
+    "cache_salt": "tenant-a", "kv_policy": "none", "priority": -3, "unknown_field": {"a": 1}})");
+  const GenerateRequest& g = r.request;
+  REQUIRE(r.kind == ApiKind::kCompletion);
+  REQUIRE(r.model == "tiny");
+  REQUIRE(r.stream);
+  REQUIRE(r.include_usage);
+  REQUIRE(r.user == "u1");
+  REQUIRE(g.prompt_token_ids == Bytes("hi"));
+  REQUIRE(g.max_tokens == 5);
+  REQUIRE(g.n == 2);
+  REQUIRE(g.stop == std::vector<std::string>{"x", "yz"});
+  REQUIRE(g.stop_token_ids == std::vector<int32_t>{2, 7});
+  REQUIRE(g.logprobs == 3);
+  REQUIRE(g.ignore_eos);
+  REQUIRE(g.cache_salt == "tenant-a");
+  REQUIRE(g.kv_policy == "none");
+  REQUIRE(g.priority == -3);
+  REQUIRE(g.sampling.temperature == 0.5f);
+  REQUIRE(g.sampling.top_p == 0.9f);
+  REQUIRE(g.sampling.top_k == 40);
+  REQUIRE(g.sampling.min_p == 0.05f);
+  REQUIRE(g.sampling.repetition_penalty == 1.1f);
+  REQUIRE(g.sampling.presence_penalty == 0.5f);
+  REQUIRE(g.sampling.frequency_penalty == -0.5f);
+  REQUIRE(g.sampling.seed == 7u);
+}
+
+TEST_CASE("Completion prompts: text, one-element arrays and token ids", "[server]") {
+  SECTION("defaults: 16 tokens, temperature 1, no logprobs") {
+    ApiRequest r = Parse(ApiKind::kCompletion, R"({"prompt": ""})");
+    REQUIRE(r.request.prompt_token_ids == std::vector<int32_t>{1});  // BOS only
+    REQUIRE(r.request.max_tokens == 16);
+    REQUIRE(r.request.sampling.temperature == 1.0f);
+    REQUIRE(r.request.logprobs == -1);
+    REQUIRE(r.request.n == 1);
+    REQUIRE(r.model == "tiny");
+    REQUIRE_FALSE(r.stream);
+  }
+  SECTION("an array of one string") {
+    REQUIRE(Parse(ApiKind::kCompletion, R"({"prompt": ["ab"]})").request.prompt_token_ids ==
+            Bytes("ab"));
+  }
+  SECTION("token ids, flat or nested once, are used as given") {
+    REQUIRE(Parse(ApiKind::kCompletion, R"({"prompt": [1, 100, 101]})").request.prompt_token_ids ==
+            std::vector<int32_t>{1, 100, 101});
+    ApiRequest r = Parse(ApiKind::kCompletion, R"({"prompt": [[1, 107, 108]], "echo": true})");
+    REQUIRE(r.request.prompt_token_ids == Bytes("hi"));
+    REQUIRE(r.echo);
+    REQUIRE(r.echo_text == "hi");
+  }
+  SECTION("null fields count as absent") {
+    ApiRequest r =
+        Parse(ApiKind::kCompletion,
+              R"({"prompt": "a", "max_tokens": null, "temperature": null, "stop": null})");
+    REQUIRE(r.request.max_tokens == 16);
+    REQUIRE(r.request.stop.empty());
+  }
+}
+
+TEST_CASE("Chat requests render messages through the template", "[server]") {
+  ApiRequest r = Parse(ApiKind::kChat, R"({"model": "tiny", "messages": [
+      {"role": "system", "content": "s"},
+      {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+      "max_completion_tokens": 4, "max_tokens": 9, "logprobs": true, "top_logprobs": 2})");
+  REQUIRE(r.kind == ApiKind::kChat);
+  REQUIRE(r.request.prompt_token_ids == Bytes("system: s\nuser: a\nb\nassistant:"));
+  REQUIRE(r.request.max_tokens == 4);  // max_completion_tokens wins
+  REQUIRE(r.request.logprobs == 2);
+  SECTION("without max_tokens a chat may use the rest of the context") {
+    ApiRequest d = Parse(ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}]})");
+    REQUIRE(d.request.prompt_token_ids.size() == 19);  // BOS + "user: x\nassistant:"
+    REQUIRE(d.request.max_tokens == 64 - 19);
+    REQUIRE(d.request.logprobs == -1);
+  }
+}
+
+TEST_CASE("Bad requests name the field, OpenAI style", "[server]") {
+  struct Case {
+    ApiKind kind;
+    const char* body;
+    const char* param;
+    const char* message;
+  };
+  const ApiKind C = ApiKind::kCompletion, H = ApiKind::kChat;
+  const Case cases[] = {
+      {C, R"({"prompt": "a", "temperature": -1})", "temperature",
+       "'temperature' must be >= 0, got -1"},
+      {C, R"({"prompt": "a", "temperature": "hot"})", "temperature",
+       "'temperature' must be a number, got a string"},
+      {C, R"({"prompt": "a", "top_p": 0})", "top_p", "'top_p' must be in (0, 1], got 0"},
+      {C, R"({"prompt": "a", "top_p": 1.5})", "top_p", "'top_p' must be in (0, 1], got 1.5"},
+      {C, R"({"prompt": "a", "max_tokens": 0})", "max_tokens", "'max_tokens' must be >= 1, got 0"},
+      {C, R"({"prompt": "a", "max_tokens": 2.5})", "max_tokens",
+       "'max_tokens' must be an integer, got a number"},
+      {C, R"({"prompt": "a", "n": 0})", "n", "'n' must be in [1, 64], got 0"},
+      {C, R"({"prompt": "a", "stop": 5})", "stop",
+       "'stop' must be a string or an array of strings, got an integer"},
+      {C, R"({"prompt": "a", "stop": ["x", 1]})", "stop",
+       "'stop' entries must be strings, got an integer"},
+      {C, R"({"prompt": "a", "logprobs": 21})", "logprobs",
+       "'logprobs' must be in [0, 20], got 21"},
+      {C, R"({"prompt": "a", "presence_penalty": 3})", "presence_penalty",
+       "'presence_penalty' must be in [-2, 2], got 3"},
+      {C, R"({"prompt": "a", "top_k": -2})", "top_k",
+       "'top_k' must be -1, 0 (off) or a positive integer, got -2"},
+      {C, R"({"prompt": "a", "stream": "yes"})", "stream",
+       "'stream' must be a boolean, got a string"},
+      {C, R"({"prompt": "a", "stop_token_ids": [600]})", "stop_token_ids",
+       "'stop_token_ids' token id 600 is outside the vocabulary [0, 512)"},
+      {C, R"({"prompt": "a", "logit_bias": {"5": 1}})", "logit_bias",
+       "'logit_bias' is not supported"},
+      {C, R"({"max_tokens": 3})", "prompt", "'prompt' is required"},
+      {C, R"({"prompt": 3})", "prompt",
+       "'prompt' must be a string, an array of one string or an array of token ids, got an "
+       "integer"},
+      {C, R"({"prompt": []})", "prompt", "'prompt' must not be empty"},
+      {C, R"({"prompt": [1, -4]})", "prompt",
+       "'prompt' token id -4 is outside the vocabulary [0, 512)"},
+      {C, R"({"prompt": ["a", "b"]})", "prompt",
+       "batched prompts are not supported: send one prompt per request"},
+      {C, R"({"prompt": "a", "max_tokens": 63})", "max_tokens",
+       "This model's maximum context length is 64 tokens, but 65 were requested (2 in the prompt, "
+       "63 for the completion)"},
+      {C, R"({"prompt": "0123456789012345678901234567890123456789012345678901234567890123"})",
+       "prompt",
+       "This model's maximum context length is 64 tokens, and the prompt has 65 tokens, leaving no "
+       "room for the completion"},
+      {H, R"({"messages": "hi"})", "messages",
+       "'messages' must be an array of messages, got a string"},
+      {H, R"({"messages": []})", "messages", "'messages' must not be empty"},
+      {H, R"({"messages": [{"content": "x"}]})", "messages[0].role",
+       "'messages[0].role' must be a non-empty string"},
+      {H, R"({"messages": [{"role": "user", "content": 5}]})", "messages[0].content",
+       "'messages[0].content' must be a string or an array of content parts, got an integer"},
+      {H, R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs",
+       "'top_logprobs' requires 'logprobs': true"},
+      {H, R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1})",
+       "max_completion_tokens", "'max_completion_tokens' must be >= 1, got -1"},
+  };
+  for (const Case& c : cases) {
+    ApiError e = ParseError(c.kind, c.body);
+    INFO(c.body);
+    REQUIRE(e.http_status == 400);
+    REQUIRE(e.param == c.param);
+    REQUIRE(e.message == c.message);
+    json body = json::parse(e.Body());
+    REQUIRE(body["error"]["type"] == "invalid_request_error");
+    REQUIRE(body["error"]["param"] == c.param);
+    REQUIRE(body["error"]["message"] == c.message);
+  }
+  SECTION("context errors carry OpenAI's code") {
+    REQUIRE(ParseError(C, R"({"prompt": "a", "max_tokens": 63})").code ==
+            "context_length_exceeded");
+  }
+  SECTION("invalid JSON has no param") {
+    ApiError e = ParseError(C, "{\"prompt\": ");
+    REQUIRE(e.http_status == 400);
+    REQUIRE(e.message.rfind("invalid JSON body: ", 0) == 0);
+    REQUIRE(json::parse(e.Body())["error"]["param"].is_null());
+    REQUIRE(ParseError(C, "[1, 2]").message == "the request body must be a JSON object");
+  }
+  SECTION("another model is 404 model_not_found") {
+    ApiError e = ParseError(C, R"({"model": "gpt-4", "prompt": "a"})");
+    REQUIRE(e.http_status == 404);
+    REQUIRE(e.param == "model");
+    REQUIRE(e.code == "model_not_found");
+  }
+}
+
+TEST_CASE("Engine statuses map to HTTP codes and params", "[server]") {
+  ApiError e =
+      ApiErrorFromStatus(absl::InvalidArgumentError("top_p must be in (0, 1], got 2"), "prompt");
+  REQUIRE(e.http_status == 400);
+  REQUIRE(e.param == "top_p");
+  e = ApiErrorFromStatus(absl::InvalidArgumentError("prompt_token_ids: too long"), "messages");
+  REQUIRE(e.param == "messages");
+  e = ApiErrorFromStatus(absl::InvalidArgumentError("something odd"), "prompt");
+  REQUIRE(e.param.empty());
+  e = ApiErrorFromStatus(absl::ResourceExhaustedError("queue full (4096 waiting)"), "prompt");
+  REQUIRE(e.http_status == 429);
+  REQUIRE(e.code == "queue_full");
+  REQUIRE(ApiErrorFromStatus(absl::UnavailableError("draining"), "prompt").http_status == 503);
+  REQUIRE(ApiErrorFromStatus(absl::InternalError("boom"), "prompt").http_status == 500);
+}
+
+GenerateOutput Out(int index, std::string text, std::vector<int32_t> ids,
+                   FinishReason finish = FinishReason::kNone, bool last = false) {
+  GenerateOutput o;
+  o.index = index;
+  o.text = std::move(text);
+  o.token_ids = std::move(ids);
+  o.finish_reason = finish;
+  o.request_finished = last;
+  if (last) o.usage = Usage{3, 1, 4};
+  return o;
+}
+
+TEST_CASE("Whole responses follow the OpenAI objects", "[server]") {
+  Fixture f;
+  SECTION("completion with logprobs") {
+    ApiRequest r = Parse(ApiKind::kCompletion, R"({"prompt": "hi", "logprobs": 1})");
+    ResponseAccumulator acc(r, f.tokenizer.get());
+    GenerateOutput a = Out(0, "ab", {100, 101});
+    a.logprobs = {{100, -0.5f, {{100, -0.5f}}}, {101, -1.0f, {{101, -1.0f}}}};
+    GenerateOutput b = Out(0, "c", {102}, FinishReason::kLength, true);
+    b.logprobs = {{102, -std::numeric_limits<float>::infinity(), {}}};
+    acc.Add(a);
+    acc.Add(b);
+    json j = acc.ToJson("cmpl-1", 1700000000, "tiny");
+    REQUIRE(j["id"] == "cmpl-1");
+    REQUIRE(j["object"] == "text_completion");
+    REQUIRE(j["created"] == 1700000000);
+    REQUIRE(j["model"] == "tiny");
+    REQUIRE(j["choices"].size() == 1);
+    REQUIRE(j["choices"][0]["index"] == 0);
+    REQUIRE(j["choices"][0]["text"] == "abc");
+    REQUIRE(j["choices"][0]["finish_reason"] == "length");
+    json lp = j["choices"][0]["logprobs"];
+    REQUIRE(lp["tokens"] == json::array({"a", "b", "c"}));
+    REQUIRE(lp["token_logprobs"] == json::array({-0.5, -1.0, -9999.0}));
+    REQUIRE(lp["top_logprobs"][0] == json{{"a", -0.5}});
+    REQUIRE(lp["top_logprobs"][2].is_null());
+    REQUIRE(lp["text_offset"] == json::array({0, 1, 2}));
+    REQUIRE(j["usage"] == json{{"prompt_tokens", 3},
+                               {"completion_tokens", 4},
+                               {"total_tokens", 7},
+                               {"prompt_tokens_details", {{"cached_tokens", 1}}}});
+  }
+  SECTION("chat with two samples") {
+    ApiRequest r =
+        Parse(ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}], "n": 2})");
+    ResponseAccumulator acc(r, f.tokenizer.get());
+    acc.Add(Out(1, "B", {69}, FinishReason::kStop));
+    acc.Add(Out(0, "A", {68}, FinishReason::kStop, true));
+    json j = acc.ToJson("chatcmpl-1", 5, "tiny");
+    REQUIRE(j["object"] == "chat.completion");
+    REQUIRE(j["choices"][0]["message"] == json{{"role", "assistant"}, {"content", "A"}});
+    REQUIRE(j["choices"][1]["message"]["content"] == "B");
+    REQUIRE(j["choices"][1]["finish_reason"] == "stop");
+    REQUIRE(j["choices"][0]["logprobs"].is_null());
+    REQUIRE(acc.error().empty());
+  }
+  SECTION("an error finish is reported") {
+    ApiRequest r = Parse(ApiKind::kCompletion, R"({"prompt": "hi"})");
+    ResponseAccumulator acc(r, f.tokenizer.get());
+    GenerateOutput o = Out(0, "", {}, FinishReason::kError, true);
+    o.error = "model failed";
+    acc.Add(o);
+    REQUIRE(acc.error() == "model failed");
+  }
+}
+
+std::vector<json> Events(const std::string& sse, bool* done) {
+  std::vector<json> out;
+  *done = false;
+  size_t pos = 0;
+  while (pos < sse.size()) {
+    size_t end = sse.find("\n\n", pos);
+    REQUIRE(end != std::string::npos);
+    std::string line = sse.substr(pos, end - pos);
+    REQUIRE(line.rfind("data: ", 0) == 0);
+    std::string data = line.substr(6);
+    if (data == "[DONE]") {
+      REQUIRE(end + 2 == sse.size());
+      *done = true;
+    } else {
+      out.push_back(json::parse(data));
+    }
+    pos = end + 2;
+  }
+  return out;
+}
+
+TEST_CASE("Streams are SSE chunks ending with [DONE]", "[server]") {
+  Fixture f;
+  SECTION("completions: text deltas, finish reason on the last, usage chunk") {
+    ApiRequest r =
+        Parse(ApiKind::kCompletion,
+              R"({"prompt": "hi", "stream": true, "stream_options": {"include_usage": true}})");
+    StreamFormatter s(r, f.tokenizer.get(), "cmpl-9", 42, "tiny");
+    std::string sse = s.Start();
+    sse += s.Add(Out(0, "Once", {1}));
+    sse += s.Add(Out(0, "", {2}));  // held back (partial UTF-8): nothing to send
+    sse += s.Add(Out(0, " upon", {3}, FinishReason::kStop, true));
+    sse += s.Finish();
+    bool done;
+    std::vector<json> ev = Events(sse, &done);
+    REQUIRE(done);
+    REQUIRE(ev.size() == 3);
+    REQUIRE(ev[0]["object"] == "text_completion");
+    REQUIRE(ev[0]["id"] == "cmpl-9");
+    REQUIRE(ev[0]["choices"][0]["text"] == "Once");
+    REQUIRE(ev[0]["choices"][0]["finish_reason"].is_null());
+    REQUIRE(ev[0]["usage"].is_null());
+    REQUIRE(ev[1]["choices"][0]["text"] == " upon");
+    REQUIRE(ev[1]["choices"][0]["finish_reason"] == "stop");
+    REQUIRE(ev[2]["choices"].empty());
+    REQUIRE(ev[2]["usage"]["total_tokens"] == 7);
+  }
+  SECTION("chat: a role delta first, content deltas, then an empty delta with the reason") {
+    ApiRequest r = Parse(ApiKind::kChat,
+                         R"({"messages": [{"role": "user", "content": "x"}], "stream": true})");
+    StreamFormatter s(r, f.tokenizer.get(), "chatcmpl-9", 42, "tiny");
+    std::string sse =
+        s.Start() + s.Add(Out(0, "Hi", {1}, FinishReason::kLength, true)) + s.Finish();
+    bool done;
+    std::vector<json> ev = Events(sse, &done);
+    REQUIRE(done);
+    REQUIRE(ev.size() == 3);
+    REQUIRE(ev[0]["object"] == "chat.completion.chunk");
+    REQUIRE(ev[0]["choices"][0]["delta"] == json{{"role", "assistant"}, {"content", ""}});
+    REQUIRE(ev[1]["choices"][0]["delta"] == json{{"content", "Hi"}});
+    REQUIRE(ev[1]["choices"][0]["finish_reason"].is_null());
+    REQUIRE(ev[2]["choices"][0]["delta"] == json::object());
+    REQUIRE(ev[2]["choices"][0]["finish_reason"] == "length");
+    REQUIRE_FALSE(ev[2].contains("usage"));
+  }
+  SECTION("an engine error becomes an error event") {
+    ApiRequest r = Parse(ApiKind::kCompletion, R"({"prompt": "hi", "stream": true})");
+    StreamFormatter s(r, f.tokenizer.get(), "cmpl-9", 42, "tiny");
+    GenerateOutput o = Out(0, "", {}, FinishReason::kError, true);
+    o.error = "boom";
+    bool done;
+    std::vector<json> ev = Events(s.Add(o) + s.Finish(), &done);
+    REQUIRE(ev.size() == 1);
+    REQUIRE(ev[0]["error"]["message"] == "boom");
+    REQUIRE(ev[0]["error"]["type"] == "server_error");
+  }
+}
+
+}  // namespace
+}  // namespace kvserve
