@@ -11,6 +11,7 @@
 #include "model/hf_writer.h"
 #include "model/llama2c_loader.h"
 #include "server/cli.h"
+#include "server/cli_flags.h"
 
 namespace kvserve::cli {
 namespace {
@@ -21,50 +22,28 @@ constexpr char kConvertUsage[] =
     "config.json, model.safetensors (wq/wk rows permuted for rotate-half RoPE),\n"
     "generation_config.json and tokenizer.model (a copy of TOK). --dtype: f32 (default).\n";
 
-int Usage(const char* error) {
-  if (error != nullptr) std::fprintf(stderr, "kvserve convert: %s\n", error);
-  std::fputs(kConvertUsage, stderr);
-  return 2;
-}
-
 }  // namespace
 
 int RunConvert(int argc, char** argv) {
   std::string ckpt, tokenizer, out, dtype_name = "f32";
-  for (int i = 1; i < argc; ++i) {
-    std::string_view arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kConvertUsage, stdout);
-      return 0;
+  CliFlags flags("convert", kConvertUsage);
+  if (int rc = flags.Split(argc, argv); rc >= 0) return rc;
+  for (const CliFlag& flag : flags.flags()) {
+    if (flag.name == "--llama2c") {
+      ckpt = flag.value;
+    } else if (flag.name == "--tokenizer") {
+      tokenizer = flag.value;
+    } else if (flag.name == "--out") {
+      out = flag.value;
+    } else if (flag.name == "--dtype") {
+      dtype_name = flag.value;
+    } else {
+      return flags.UsageError("unknown flag '" + flag.name + "'");
     }
-    std::string* target = nullptr;
-    std::string_view flag = arg, value;
-    bool has_value = false;
-    if (size_t eq = arg.find('='); arg.rfind("--", 0) == 0 && eq != std::string_view::npos) {
-      flag = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-      has_value = true;
-    }
-    if (flag == "--llama2c") target = &ckpt;
-    if (flag == "--tokenizer") target = &tokenizer;
-    if (flag == "--out") target = &out;
-    if (flag == "--dtype") target = &dtype_name;
-    if (target == nullptr) {
-      std::string msg = "unknown argument '" + std::string(arg) + "'";
-      return Usage(msg.c_str());
-    }
-    if (!has_value) {
-      if (i + 1 >= argc) {
-        std::string msg = std::string(flag) + " needs a value";
-        return Usage(msg.c_str());
-      }
-      value = argv[++i];
-    }
-    *target = std::string(value);
   }
-  if (ckpt.empty()) return Usage("--llama2c is required");
-  if (tokenizer.empty()) return Usage("--tokenizer is required");
-  if (out.empty()) return Usage("--out is required");
+  if (ckpt.empty()) return flags.UsageError("--llama2c is required");
+  if (tokenizer.empty()) return flags.UsageError("--tokenizer is required");
+  if (out.empty()) return flags.UsageError("--out is required");
   SafetensorsDtype dtype;
   if (dtype_name == "f32") {
     dtype = SafetensorsDtype::kF32;
@@ -73,8 +52,7 @@ int RunConvert(int argc, char** argv) {
   } else if (dtype_name == "bf16") {
     dtype = SafetensorsDtype::kBF16;
   } else {
-    std::string msg = "--dtype must be f32, f16 or bf16, not '" + dtype_name + "'";
-    return Usage(msg.c_str());
+    return flags.UsageError("--dtype must be f32, f16 or bf16, not '" + dtype_name + "'");
   }
 
   auto weights = LoadLlama2cCheckpoint(ckpt);

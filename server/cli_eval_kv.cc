@@ -23,6 +23,7 @@
 #include "model/kv_quality.h"
 #include "model/model_loader.h"
 #include "server/cli.h"
+#include "server/cli_flags.h"
 
 namespace kvserve::cli {
 namespace {
@@ -65,12 +66,6 @@ struct Options {
   KvQualityOptions eval;
 };
 
-int UsageError(const std::string& msg) {
-  std::fprintf(stderr, "kvserve eval-kv: %s\n(run 'kvserve eval-kv --help' for usage)\n",
-               msg.c_str());
-  return 2;
-}
-
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "kvserve eval-kv: %s\n", std::string(s.message()).c_str());
   return 1;
@@ -79,24 +74,11 @@ int Fail(const absl::Status& s) {
 // Parses argv (after the subcommand name) into *o. Returns -1 to go on, or
 // the exit code (0 after --help, 2 on a bad flag).
 int ParseFlags(int argc, char** argv, Options* o) {
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (arg.rfind("--", 0) != 0) return UsageError(absl::StrCat("unexpected argument '", arg, "'"));
-    std::string name = arg, value;
-    bool has_value = false;
-    if (size_t eq = arg.find('='); eq != std::string::npos) {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-      has_value = true;
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-      has_value = true;
-    }
-    if (!has_value) return UsageError(absl::StrCat(name, " needs a value"));
+  CliFlags flags("eval-kv", kUsage);
+  if (int rc = flags.Split(argc, argv); rc >= 0) return rc;
+  for (const CliFlag& flag : flags.flags()) {
+    const std::string& name = flag.name;
+    const std::string& value = flag.value;
     int64_t n = 0;
     // Reads an integer flag in [lo, hi] into *dst.
     auto int_flag = [&](int64_t lo, int64_t hi, auto* dst) -> bool {
@@ -104,9 +86,7 @@ int ParseFlags(int argc, char** argv, Options* o) {
       *dst = static_cast<std::remove_pointer_t<decltype(dst)>>(n);
       return true;
     };
-    auto bad = [&](const std::string& want) {
-      return UsageError(absl::StrCat(name, ": '", value, "' is not ", want));
-    };
+    auto bad = [&](const std::string& want) { return flags.BadValue(flag, want); };
     if (name == "--model") {
       o->model = value;
     } else if (name == "--tokenizer") {
@@ -123,7 +103,7 @@ int ParseFlags(int argc, char** argv, Options* o) {
       o->dtypes.clear();
       for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty())) {
         absl::StatusOr<KvDtype> d = ParseKvDtype(std::string(part));
-        if (!d.ok()) return UsageError(std::string(d.status().message()));
+        if (!d.ok()) return flags.UsageError(std::string(d.status().message()));
         o->dtypes.push_back(*d);
       }
       if (o->dtypes.empty()) return bad("a list of KV dtypes");
@@ -149,11 +129,11 @@ int ParseFlags(int argc, char** argv, Options* o) {
     } else if (name == "--threads") {
       if (!int_flag(0, 1024, &o->threads)) return bad("an integer >= 0");
     } else {
-      return UsageError(absl::StrCat("unknown flag '", name, "'"));
+      return flags.UsageError(absl::StrCat("unknown flag '", name, "'"));
     }
   }
-  if (o->model.empty()) return UsageError("--model is required");
-  if (o->text.empty()) return UsageError("--text is required");
+  if (o->model.empty()) return flags.UsageError("--model is required");
+  if (o->text.empty()) return flags.UsageError("--text is required");
   return -1;
 }
 

@@ -23,6 +23,7 @@
 #include "model/sampling_params.h"
 #include "scheduler/detokenizer.h"
 #include "server/cli.h"
+#include "server/cli_flags.h"
 
 namespace kvserve::cli {
 namespace {
@@ -61,36 +62,15 @@ struct Options {
   int threads = 0;
 };
 
-int UsageError(const std::string& msg) {
-  std::fprintf(stderr, "kvserve generate: %s\n(run 'kvserve generate --help' for usage)\n",
-               msg.c_str());
-  return 2;
-}
-
 // Parses argv (after the subcommand name) into *o. Returns -1 to go on, or
 // the exit code (0 after --help, 2 on a bad flag).
 int ParseFlags(int argc, char** argv, Options* o) {
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (arg.rfind("--", 0) != 0) return UsageError(absl::StrCat("unexpected argument '", arg, "'"));
-    std::string name = arg, value;
-    bool has_value = false;
-    if (size_t eq = arg.find('='); eq != std::string::npos) {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-      has_value = true;
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-      has_value = true;
-    }
-    if (!has_value) return UsageError(absl::StrCat(name, " needs a value"));
-    auto bad = [&](const char* want) {
-      return UsageError(absl::StrCat(name, ": '", value, "' is not ", want));
-    };
+  CliFlags flags("generate", kUsage);
+  if (int rc = flags.Split(argc, argv); rc >= 0) return rc;
+  for (const CliFlag& flag : flags.flags()) {
+    const std::string& name = flag.name;
+    const std::string& value = flag.value;
+    auto bad = [&](const std::string& want) { return flags.BadValue(flag, want); };
     int64_t n = 0;
     float f = 0;
     if (name == "--model") {
@@ -127,7 +107,7 @@ int ParseFlags(int argc, char** argv, Options* o) {
       o->block_size = static_cast<int>(n);
     } else if (name == "--kv-dtype") {
       absl::StatusOr<KvDtype> d = ParseKvDtype(value);
-      if (!d.ok()) return UsageError(std::string(d.status().message()));
+      if (!d.ok()) return flags.UsageError(std::string(d.status().message()));
       o->kv_dtype = *d;
     } else if (name == "--num-blocks") {
       if (!absl::SimpleAtoi(value, &n) || n < 1 || n > (1 << 30)) return bad("an integer >= 1");
@@ -136,12 +116,12 @@ int ParseFlags(int argc, char** argv, Options* o) {
       if (!absl::SimpleAtoi(value, &n) || n < 0 || n > 1024) return bad("an integer >= 0");
       o->threads = static_cast<int>(n);
     } else {
-      return UsageError(absl::StrCat("unknown flag '", name, "'"));
+      return flags.UsageError(absl::StrCat("unknown flag '", name, "'"));
     }
   }
-  if (o->model.empty()) return UsageError("--model is required");
+  if (o->model.empty()) return flags.UsageError("--model is required");
   if (absl::Status s = o->sampling.Validate(); !s.ok()) {
-    return UsageError(std::string(s.message()));
+    return flags.UsageError(std::string(s.message()));
   }
   return -1;
 }

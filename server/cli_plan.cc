@@ -18,6 +18,7 @@
 #include "model/model_config.h"
 #include "model/model_loader.h"
 #include "server/cli.h"
+#include "server/cli_flags.h"
 
 namespace kvserve::cli {
 namespace {
@@ -51,11 +52,6 @@ struct Options {
   std::string json_path;
 };
 
-int UsageError(const std::string& msg) {
-  std::fprintf(stderr, "kvserve plan: %s\n(run 'kvserve plan --help' for usage)\n", msg.c_str());
-  return 2;
-}
-
 bool WeightBytesPerParam(const std::string& dtype, double* bytes) {
   if (dtype == "fp32" || dtype == "float32") {
     *bytes = 4;
@@ -73,33 +69,18 @@ bool WeightBytesPerParam(const std::string& dtype, double* bytes) {
 
 // Returns -1 to go on, or the exit code (0 after --help, 2 on a bad flag).
 int ParseFlags(int argc, char** argv, Options* o) {
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::fputs(kUsage, stdout);
-      return 0;
-    }
-    if (arg.rfind("--", 0) != 0) return UsageError(absl::StrCat("unexpected argument '", arg, "'"));
-    std::string name = arg, value;
-    bool has_value = false;
-    if (size_t eq = arg.find('='); eq != std::string::npos) {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-      has_value = true;
-    } else if (i + 1 < argc) {
-      value = argv[++i];
-      has_value = true;
-    }
-    if (!has_value) return UsageError(absl::StrCat(name, " needs a value"));
-    auto bad = [&](const char* want) {
-      return UsageError(absl::StrCat(name, ": '", value, "' is not ", want));
-    };
+  CliFlags flags("plan", kUsage);
+  if (int rc = flags.Split(argc, argv); rc >= 0) return rc;
+  for (const CliFlag& flag : flags.flags()) {
+    const std::string& name = flag.name;
+    const std::string& value = flag.value;
+    auto bad = [&](const std::string& want) { return flags.BadValue(flag, want); };
     int64_t n = 0;
     if (name == "--model") {
       o->model = value;
     } else if (name == "--memory") {
       absl::StatusOr<int64_t> bytes = ParseByteSize(value, "--memory");
-      if (!bytes.ok()) return UsageError(std::string(bytes.status().message()));
+      if (!bytes.ok()) return flags.UsageError(std::string(bytes.status().message()));
       o->memory_bytes = *bytes;
     } else if (name == "--context") {
       if (!absl::SimpleAtoi(value, &n) || n < 1) return bad("an integer >= 1");
@@ -122,12 +103,12 @@ int ParseFlags(int argc, char** argv, Options* o) {
     } else if (name == "--json") {
       o->json_path = value;
     } else {
-      return UsageError(absl::StrCat("unknown flag ", name));
+      return flags.UsageError(absl::StrCat("unknown flag ", name));
     }
   }
-  if (o->model.empty()) return UsageError("--model is required");
-  if (o->memory_bytes < 0) return UsageError("--memory is required");
-  if (o->context == 0) return UsageError("--context is required");
+  if (o->model.empty()) return flags.UsageError("--model is required");
+  if (o->memory_bytes < 0) return flags.UsageError("--memory is required");
+  if (o->context == 0) return flags.UsageError("--context is required");
   return -1;
 }
 
