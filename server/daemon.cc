@@ -1,8 +1,11 @@
 #include "server/daemon.h"
 
-#include <pthread.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cstdlib>
 #include <memory>
@@ -24,13 +27,43 @@ namespace {
 // events to their clients.
 constexpr absl::Duration kFlushGrace = absl::Seconds(5);
 
-sigset_t DaemonSignals() {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  sigaddset(&set, SIGUSR1);  // the loader thread is done
-  return set;
+// Signals reach the main loop through a self-pipe written by an
+// async-signal-safe handler. sigwait() with a blocked mask is not enough:
+// libraries start threads before main (OpenBLAS does), those threads do not
+// block the signals, and a process-directed SIGTERM delivered to one of them
+// would kill the daemon instead of draining it.
+int g_signal_pipe[2] = {-1, -1};
+constexpr int kLoadedEvent = 0;  // not a signal number: the loader thread is done
+
+extern "C" void OnSignal(int sig) {
+  const int saved = errno;
+  const unsigned char b = static_cast<unsigned char>(sig);
+  (void)!write(g_signal_pipe[1], &b, 1);
+  errno = saved;
+}
+
+void PostEvent(int event) {
+  const unsigned char b = static_cast<unsigned char>(event);
+  (void)!write(g_signal_pipe[1], &b, 1);
+}
+
+// Blocks until a signal or event arrives.
+int WaitEvent() {
+  unsigned char b = 0;
+  for (;;) {
+    const ssize_t n = read(g_signal_pipe[0], &b, 1);
+    if (n == 1) return b;
+    if (n < 0 && errno != EINTR) std::abort();
+  }
+}
+
+bool InstallSignalHandlers() {
+  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) return false;
+  struct sigaction sa {};
+  sa.sa_handler = OnSignal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  return sigaction(SIGINT, &sa, nullptr) == 0 && sigaction(SIGTERM, &sa, nullptr) == 0;
 }
 
 const char* SignalName(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
@@ -42,9 +75,10 @@ int RunDaemon(const ServeConfig& config) {
     std::fprintf(stderr, "kvserve: %s\n", std::string(s.message()).c_str());
     return 1;
   }
-  // Before any thread exists, so that every thread inherits the mask.
-  const sigset_t signals = DaemonSignals();
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  if (!InstallSignalHandlers()) {
+    spdlog::critical("cannot install signal handlers: {}", std::strerror(errno));
+    return 1;
+  }
   signal(SIGPIPE, SIG_IGN);
 
   ServerMetrics metrics;
@@ -73,14 +107,14 @@ int RunDaemon(const ServeConfig& config) {
   const absl::Time load_start = absl::Now();
   std::thread loader([&] {
     built = BuildEngine(config, [&metrics](const RequestMetrics& m) { metrics.ObserveRequest(m); });
-    kill(getpid(), SIGUSR1);
+    PostEvent(kLoadedEvent);
   });
 
   bool loaded = false;
   int sig = 0;
   for (;;) {
-    if (sigwait(&signals, &sig) != 0) continue;
-    if (sig != SIGUSR1) break;
+    sig = WaitEvent();
+    if (sig != kLoadedEvent) break;
     if (loaded) continue;
     loader.join();
     if (!built.ok()) {
@@ -100,9 +134,9 @@ int RunDaemon(const ServeConfig& config) {
   // Shutdown. A second signal means "now".
   state.StartDraining();
   grpc.SetServing(false);
-  std::thread([signals] {
-    int again = 0;
-    while (sigwait(&signals, &again) == 0) {
+  std::thread([] {
+    for (;;) {
+      const int again = WaitEvent();
       if (again == SIGINT || again == SIGTERM) {
         spdlog::warn("second {}: exiting without waiting", SignalName(again));
         std::_Exit(1);
