@@ -1,5 +1,7 @@
 #include "tests/test_util.h"
 
+#include <sys/wait.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -40,6 +42,27 @@ std::string GoldenGreedyText() {
   std::string text = ReadFileOrDie(Stories260kDir() + "/golden_greedy_256.txt");
   while (!text.empty() && text.back() == '\n') text.pop_back();
   return text;
+}
+
+int RunShell(const std::string& command, std::string* out) {
+  FILE* p = popen(command.c_str(), "r");
+  if (p == nullptr) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out->append(buf, n);
+  const int status = pclose(p);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::string ShellQuote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) {
+    if (c == '\'')
+      q += "'\\''";
+    else
+      q += c;
+  }
+  return q + "'";
 }
 
 std::string KvserveBinary() { return std::string(KVSERVE_BINARY_DIR) + "/kvserve"; }

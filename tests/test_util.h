@@ -18,6 +18,11 @@ std::string GoldenGreedyText();
 std::string KvserveBinary();
 // A fresh empty directory under the build tree's test scratch area.
 std::string MakeTempDir(const std::string& prefix);
+// Runs `command` through /bin/sh, appends what it prints on stdout to *out,
+// and returns its exit code (-1 if it could not run or died by a signal).
+int RunShell(const std::string& command, std::string* out);
+// `s` single-quoted for /bin/sh.
+std::string ShellQuote(const std::string& s);
 // Reads a whole file; aborts when it cannot.
 std::string ReadFileOrDie(const std::string& path);
 

@@ -188,13 +188,7 @@ inline std::vector<std::string> SseData(const std::string& body) {
 
 // Runs a command through the shell; its exit code, with stdout+stderr in *out.
 inline int RunCommand(const std::string& cmd, std::string* out) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) out->append(buf, n);
-  const int status = pclose(p);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return RunShell(cmd + " 2>&1", out);
 }
 
 }  // namespace kvserve::testing

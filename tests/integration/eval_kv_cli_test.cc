@@ -26,17 +26,11 @@ RunResult RunKvserve(const std::string& args, bool both_streams = false) {
   const std::string cmd = absl::StrCat("'", testing::KvserveBinary(), "' ", args,
                                        both_streams ? " 2>&1" : " 2>/dev/null");
   RunResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.exit_code = testing::RunShell(cmd, &r.out);
   return r;
 }
 
-std::string Quote(const std::string& s) { return absl::StrCat("'", s, "'"); }
+std::string Quote(const std::string& s) { return testing::ShellQuote(s); }
 
 std::string DevText() { return testing::SharedDir() + "/data/tinystories_valid_dev.txt"; }
 

@@ -31,13 +31,7 @@ RunResult RunKvserve(const std::string& args, Capture capture = Capture::kStdout
                                                      : " 2>&1 >/dev/null";
   const std::string cmd = absl::StrCat("'", testing::KvserveBinary(), "' ", args, redirect);
   RunResult r;
-  FILE* p = popen(cmd.c_str(), "r");
-  REQUIRE(p != nullptr);
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), p)) > 0) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.exit_code = testing::RunShell(cmd, &r.out);
   return r;
 }
 
@@ -46,7 +40,7 @@ std::string WithoutFinalNewline(std::string s) {
   return s;
 }
 
-std::string Quote(const std::string& s) { return absl::StrCat("'", s, "'"); }
+std::string Quote(const std::string& s) { return testing::ShellQuote(s); }
 
 TEST_CASE("kvserve generate prints the reference text greedily at every block size",
           "[integration]") {
