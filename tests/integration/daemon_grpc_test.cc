@@ -4,12 +4,12 @@
 // field and the daemon serves on, the health service says SERVING, and the
 // unary calls describe the model.
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/impl/codegen/client_unary_call.h>
 
 #include <catch2/catch.hpp>
 
 #include "proto/kvserve.grpc.pb.h"
 #include "tests/integration/daemon_fixture.h"
+#include "tests/grpc_health.h"
 
 namespace kvserve {
 namespace {
@@ -33,30 +33,8 @@ struct GrpcClient {
     return out;
   }
 
-  // grpc.health.v1.Health/Check, hand-encoded (the generated health stubs
-  // are not installed): 1 SERVING, 2 NOT_SERVING, -1 on error.
-  int Health(const std::string& service) {
-    std::string req;
-    if (!service.empty()) {
-      req.push_back(0x0a);
-      req.push_back(static_cast<char>(service.size()));
-      req += service;
-    }
-    grpc::Slice slice(req);
-    grpc::ByteBuffer request(&slice, 1), response;
-    grpc::ClientContext ctx;
-    grpc::Status st = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-        channel.get(),
-        grpc::internal::RpcMethod("/grpc.health.v1.Health/Check",
-                                  grpc::internal::RpcMethod::NORMAL_RPC),
-        &ctx, request, &response);
-    if (!st.ok()) return -1;
-    std::vector<grpc::Slice> slices;
-    response.Dump(&slices);
-    std::string bytes;
-    for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-    return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : -1;
-  }
+  // 1 SERVING, 2 NOT_SERVING, -1 on error.
+  int Health(const std::string& service) { return testing::GrpcHealthCheck(channel, service); }
 
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::Generation::Stub> stub;

@@ -1,12 +1,12 @@
 #include "server/grpc_service.h"
 
 #include <grpcpp/grpcpp.h>
-#include <grpcpp/impl/codegen/client_unary_call.h>
 
 #include <catch2/catch.hpp>
 
 #include "proto/kvserve.grpc.pb.h"
 #include "spdlog/spdlog.h"
+#include "tests/grpc_health.h"
 #include "tests/server/fake_engine.h"
 
 namespace kvserve {
@@ -34,30 +34,8 @@ struct GrpcFixture {
     state.SetReady(&engine, info);
     service.SetServing(true);
   }
-  // grpc.health.v1.Health/Check for `service` (hand-encoded: the generated
-  // health stubs are not installed): 1 SERVING, 2 NOT_SERVING, -1 on error.
-  int Health(const std::string& name) {
-    std::string req;
-    if (!name.empty()) {
-      req.push_back(0x0a);
-      req.push_back(static_cast<char>(name.size()));
-      req += name;
-    }
-    grpc::Slice slice(req);
-    grpc::ByteBuffer request(&slice, 1), response;
-    grpc::ClientContext ctx;
-    grpc::Status st = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
-        channel.get(),
-        grpc::internal::RpcMethod("/grpc.health.v1.Health/Check",
-                                  grpc::internal::RpcMethod::NORMAL_RPC),
-        &ctx, request, &response);
-    if (!st.ok()) return -1;
-    std::vector<grpc::Slice> slices;
-    response.Dump(&slices);
-    std::string bytes;
-    for (const auto& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
-    return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : -1;
-  }
+  // 1 SERVING, 2 NOT_SERVING, -1 on error.
+  int Health(const std::string& name) { return testing::GrpcHealthCheck(channel, name); }
 
   ServerMetrics metrics;
   ServingState state;
