@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "cache/status_macros.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/attention_plan.h"
 #include "kernels/cpu/paged_attention.h"
 
 namespace kvserve {
@@ -236,18 +237,10 @@ void LlamaModel::EnsureCapacity(int64_t rows, int64_t logit_rows) {
 void LlamaModel::PlanStep(const BatchInput& batch) {
   const ModelConfig& c = weights_.config;
   const int32_t T = batch.num_tokens();
-  const int window = c.sliding_window;
-  auto keys_of = [&](int32_t idx) -> int64_t {
-    return window > 0 ? std::min<int64_t>(idx + 1, window) : idx + 1;
-  };
-  int64_t total_keys = 0;
-  for (int32_t b = 0; b < batch.num_seqs(); ++b) {
-    const int32_t q_len = batch.query_start[b + 1] - batch.query_start[b];
-    const int32_t first = batch.context_len[b] - q_len;
-    for (int32_t i = 0; i < q_len; ++i) total_keys += keys_of(first + i);
-  }
+  const BatchView view = ViewOf(batch);
   // Q.K and P.V for every head and layer.
-  const int64_t attn_macs = total_keys * 2 * q_dim_ * c.num_layers;
+  const int64_t attn_macs =
+      CountAttentionKeys(view, c.sliding_window) * 2 * q_dim_ * c.num_layers;
   const int64_t macs = int64_t{T} * macs_per_token_ + attn_macs;
   const int threads = pool_.num_threads();
   if (threads == 1 || T < 2 || macs < kParallelMinMacs) {
@@ -256,23 +249,10 @@ void LlamaModel::PlanStep(const BatchInput& batch) {
     return;
   }
   row_chunks_ = static_cast<int>(std::min<int64_t>(threads, T));
-  const int parts = static_cast<int>(std::min<int64_t>(kAttentionChunksPerThread * threads, T));
-  attn_split_.assign(parts + 1, T);
-  attn_split_[0] = 0;
-  // Cost of a row: the keys it reads plus a fixed per-row overhead.
+  // A row costs the keys it reads plus a fixed overhead.
   constexpr int64_t kRowOverhead = 8;
-  const int64_t total = total_keys + kRowOverhead * T;
-  int64_t acc = 0;
-  int part = 1;
-  for (int32_t b = 0; b < batch.num_seqs() && part < parts; ++b) {
-    const int32_t q_len = batch.query_start[b + 1] - batch.query_start[b];
-    const int32_t first = batch.context_len[b] - q_len;
-    for (int32_t i = 0; i < q_len && part < parts; ++i) {
-      acc += keys_of(first + i) + kRowOverhead;
-      const int32_t r = batch.query_start[b] + i;
-      while (part < parts && acc * parts >= total * part) attn_split_[part++] = r + 1;
-    }
-  }
+  attn_split_ = SplitRowsByAttentionCost(view, c.sliding_window, kAttentionChunksPerThread * threads,
+                                         kRowOverhead);
 }
 
 void LlamaModel::AttentionInput(int layer, const BatchInput& batch, HostKvPages& kv, int64_t r0,
@@ -305,8 +285,7 @@ void LlamaModel::AttentionInput(int layer, const BatchInput& batch, HostKvPages&
   wp.v = v;
   wp.slot_mapping = batch.slot_mapping.data() + r0;
   wp.num_tokens = static_cast<int32_t>(n);
-  wp.kv_layer = kv.layer(layer);
-  wp.format = &kv.format();
+  wp.kv = LayerView(kv, layer);
   cpu::WriteKv(wp);
 }
 
@@ -348,8 +327,7 @@ absl::Status LlamaModel::Forward(const BatchInput& batch, HostKvPages& kv,
   cpu::PagedAttentionParams ap;
   ap.q = q_.data();
   ap.out = att_.data();
-  ap.format = &kv.format();
-  ap.batch = &batch;
+  ap.batch = ViewOf(batch);
   ap.num_heads = c.num_heads;
   ap.scale = attn_scale_;
   ap.sliding_window = c.sliding_window;
@@ -365,7 +343,7 @@ absl::Status LlamaModel::Forward(const BatchInput& batch, HostKvPages& kv,
     AttentionInput(0, batch, kv, r0, r1);
   });
   for (int l = 0; l < c.num_layers; ++l) {
-    ap.kv_layer = kv.layer(l);
+    ap.kv = LayerView(kv, l);
     pool_.Run(attn_chunks, [&](int ch) {
       if (attn_split_[ch] < attn_split_[ch + 1]) {
         cpu::PagedAttention(ap, attn_split_[ch], attn_split_[ch + 1]);
