@@ -41,10 +41,15 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFile(const std::string& 
 
 }  // namespace
 
-absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string& tokenizer_path) {
+absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string& tokenizer_path,
+                                      bool defer_dummy_weights) {
   LoadedModel m;
   if (path.rfind(kDummyPrefix, 0) == 0) {
-    KV_ASSIGN_OR_RETURN(m.weights, LoadDummyModel(path));
+    if (defer_dummy_weights) {
+      KV_ASSIGN_OR_RETURN(m.weights, LoadDummyModelShapes(path));
+    } else {
+      KV_ASSIGN_OR_RETURN(m.weights, LoadDummyModel(path));
+    }
     if (tokenizer_path.empty()) {
       m.tokenizer = Tokenizer::ByteLevel(m.weights.config.vocab_size);
     } else {

@@ -18,6 +18,7 @@
 #include "absl/strings/str_join.h"
 #include "cache/kv_format.h"
 #include "cache/status_macros.h"
+#include "model/runner_factory.h"
 
 namespace kvserve {
 namespace {
@@ -218,8 +219,22 @@ const std::vector<Field>& Fields() {
       Path("model.tokenizer",
            [](ServeConfig& c, std::string v) { c.model.tokenizer = std::move(v); }),
       Str("model.name", [](ServeConfig& c, std::string v) { c.model.name = std::move(v); }),
-      Enum("model.device", {"cpu", "cuda"},
-           [](ServeConfig& c, std::string v) { c.model.device = std::move(v); }),
+      {"model.device",
+       [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+         absl::StatusOr<DeviceSpec> d = ParseDevice(text);
+         if (!d.ok()) return Bad("model.device", "cpu, cuda or cuda:N", text);
+         c.model.device = std::string(absl::StripAsciiWhitespace(text));
+         return absl::OkStatus();
+       }},
+      {"model.dtype",
+       [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+         if (!ResolveWeightDtype(text, DeviceSpec{}).ok()) {
+           return Bad("model.dtype", "one of auto, fp32, fp16, bf16", text);
+         }
+         c.model.dtype = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+         return absl::OkStatus();
+       }},
+      Bool("model.cuda_graphs", [](ServeConfig& c, bool v) { c.model.cuda_graphs = v; }),
       {"model.chat_template",
        [](ServeConfig& c, const std::string& text, Source, const std::string&) {
          absl::StatusOr<ChatTemplate> t =
@@ -478,6 +493,47 @@ absl::StatusOr<ServeConfig> LoadServeConfig(const std::string& path,
                         absl::StrCat(path, ": ", std::string(config.status().message())));
   }
   return config;
+}
+
+std::string ServeConfigKeyHelp(const std::string& key) {
+  static const std::map<std::string, std::string>* help = new std::map<std::string, std::string>{
+      {"model.path", "llama2.c checkpoint, HF directory (config.json + *.safetensors) or dummy:<preset>"},
+      {"model.tokenizer", "SentencePiece .model file; empty: found beside the model"},
+      {"model.name", "the served model name (OpenAI `model`); empty: from the model"},
+      {"model.device", "cpu, cuda (device 0) or cuda:N"},
+      {"model.dtype",
+       "weights and activations: auto (fp32 on cpu, bf16 on cuda), fp32, fp16 or bf16; the CPU "
+       "backend computes in fp32 only"},
+      {"model.cuda_graphs", "CUDA: replay decode steps from graphs captured per batch size (true)"},
+      {"model.chat_template", "plain, chatml, llama3, or a map of role patterns"},
+      {"cache.kv_dtype", "KV page format: fp32, fp16, bf16, fp8_e4m3, int8, int4 or k8v4"},
+      {"cache.block_size", "tokens per KV block (16)"},
+      {"cache.num_blocks", "KV blocks in the pool; 0: from memory_bytes / memory_fraction / default"},
+      {"cache.memory_bytes", "KV pool budget in bytes (e.g. 40GiB); 0: not set"},
+      {"cache.memory_fraction",
+       "KV pool share of the memory left after the weights (CUDA: and the measured activation "
+       "peak), in (0, 1]; unset: 0.9 on cuda, the CPU default budget on cpu"},
+      {"cache.num_swap_blocks", "blocks of the host swap pool (pinned memory on cuda)"},
+      {"cache.int4_group_size", "channels per int4 scale group"},
+      {"cache.prefix_caching", "reuse cached prompt prefixes (true)"},
+      {"cache.eviction_policy", "none (others are not implemented yet)"},
+      {"scheduler.max_num_seqs", "most sequences in one step"},
+      {"scheduler.max_num_batched_tokens", "most tokens in one step"},
+      {"scheduler.max_model_len", "longest sequence (prompt + output); 0: the model's"},
+      {"scheduler.preemption_mode", "recompute or swap (needs cache.num_swap_blocks)"},
+      {"server.host", "address the HTTP and gRPC servers listen on"},
+      {"server.http_port", "OpenAI-compatible HTTP port; 0: any free port"},
+      {"server.grpc_port", "gRPC port; 0: any free port"},
+      {"server.shutdown_timeout", "seconds in-flight requests get to finish on SIGTERM"},
+      {"server.max_body_bytes", "largest HTTP request body"},
+      {"server.max_queue", "waiting requests beyond this get 429 / RESOURCE_EXHAUSTED"},
+      {"server.api_key", "require Authorization: Bearer <key>; empty: no auth"},
+      {"server.http_threads", "concurrent HTTP connections served"},
+      {"logging.level", "trace, debug, info, warn, error, critical or off"},
+      {"logging.format", "text or json"},
+  };
+  auto it = help->find(key);
+  return it == help->end() ? "" : it->second;
 }
 
 std::vector<std::string> ServeConfigKeys() {

@@ -28,7 +28,9 @@ struct ServeConfig {
     std::string path;            // checkpoint file, HF directory or "dummy:<preset>"; required
     std::string tokenizer;       // "" = found beside the model
     std::string name;            // the served name (OpenAI `model`); "" = from the model
-    std::string device = "cpu";  // cpu | cuda
+    std::string device = "cpu";  // cpu | cuda | cuda:N
+    std::string dtype = "auto";  // auto | fp32 | fp16 | bf16 (auto: fp32 cpu, bf16 cuda)
+    bool cuda_graphs = true;     // CUDA: replay decode steps from captured graphs
     ChatTemplate chat_template;  // a built-in name or a map of role patterns
   } model;
   struct Cache {
@@ -36,7 +38,9 @@ struct ServeConfig {
     int32_t block_size = 16;
     int32_t num_blocks = 0;        // 0: from memory_bytes / memory_fraction / a default
     int64_t memory_bytes = 0;      // KV budget in bytes (accepts KiB/MiB/GiB suffixes)
-    double memory_fraction = 0.9;  // CUDA: of free device memory after the weights
+    // Of the memory left after the weights (and, on CUDA, the activation
+    // peak); 0: not set (CUDA then uses 0.9, the CPU its default budget).
+    double memory_fraction = 0.0;
     int32_t num_swap_blocks = 0;
     int32_t int4_group_size = 64;
     bool prefix_caching = true;
@@ -77,5 +81,7 @@ absl::StatusOr<ServeConfig> LoadServeConfig(const std::string& path,
 
 // Every key a config may hold, for --help ("cache.block_size", ...).
 std::vector<std::string> ServeConfigKeys();
+// One line of --help for a key ("" for an unknown key).
+std::string ServeConfigKeyHelp(const std::string& key);
 
 }  // namespace kvserve

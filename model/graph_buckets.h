@@ -1,0 +1,27 @@
+// CUDA-graph batch-size buckets: the decode batch sizes the CUDA runner
+// captures a graph for, and which graph a decode step replays.
+//
+// Buckets are 1, 2, 4, 8 and then every multiple of 8 up to max_num_seqs,
+// with max_num_seqs itself last (vLLM's capture sizes): a step of B
+// sequences replays the smallest bucket >= B, so at most 7 padded rows (3
+// below 8) run for nothing. With graphs off, or B above the largest bucket,
+// the step runs eagerly.
+//
+// Example: max_num_seqs 20 -> {1, 2, 4, 8, 16, 20}; B = 9 replays 16.
+//
+// Thread-safety: pure functions.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace kvserve {
+
+// Ascending, distinct, all in [1, max_num_seqs]; empty when max_num_seqs < 1.
+std::vector<int32_t> GraphBatchBuckets(int32_t max_num_seqs);
+
+// The smallest bucket >= batch, or 0 when there is none (run eagerly).
+// buckets must be ascending.
+int32_t GraphBucketFor(const std::vector<int32_t>& buckets, int32_t batch);
+
+}  // namespace kvserve
