@@ -63,7 +63,6 @@ absl::Status BadBatch(const std::string& what) {
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weights,
                                                                int num_threads) {
   KV_RETURN_IF_ERROR(CheckWeights(weights));
-  cpu::SetBlasSingleThreaded();
   if (num_threads <= 0) num_threads = std::max(1u, std::thread::hardware_concurrency());
   return std::unique_ptr<LlamaModel>(new LlamaModel(std::move(weights), num_threads));
 }
