@@ -65,10 +65,18 @@ std::string ShellQuote(const std::string& s) {
   return q + "'";
 }
 
-std::string KvserveBinary() { return std::string(KVSERVE_BINARY_DIR) + "/kvserve"; }
+// KVSERVE_BIN and KVSERVE_TEST_TMP let a copy of the binaries run away from
+// the build tree (the GPU bundle does).
+std::string KvserveBinary() {
+  if (const char* env = std::getenv("KVSERVE_BIN"); env != nullptr && *env != '\0') return env;
+  return std::string(KVSERVE_BINARY_DIR) + "/kvserve";
+}
 
 std::string MakeTempDir(const std::string& prefix) {
   fs::path base = fs::path(KVSERVE_BINARY_DIR) / "test-tmp";
+  if (const char* env = std::getenv("KVSERVE_TEST_TMP"); env != nullptr && *env != '\0') {
+    base = env;
+  }
   fs::create_directories(base);
   std::string tmpl = (base / (prefix + "-XXXXXX")).string();
   if (mkdtemp(tmpl.data()) == nullptr) std::abort();

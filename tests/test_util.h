@@ -1,5 +1,6 @@
 // Test helpers: where the shared reference model and data live, and where the
-// built binaries are. KVSERVE_SHARED overrides ../shared beside the repository.
+// built binaries are. KVSERVE_SHARED overrides ../shared beside the repository,
+// KVSERVE_BIN the kvserve binary and KVSERVE_TEST_TMP the scratch folder.
 #pragma once
 
 #include <string>
