@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 namespace kvserve::testing {
 namespace fs = std::filesystem;
@@ -63,6 +64,22 @@ std::string ShellQuote(const std::string& s) {
       q += c;
   }
   return q + "'";
+}
+
+std::string PythonWithModule(const std::string& module) {
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("KVSERVE_PYTHON"); env != nullptr && *env != '\0') {
+    candidates.push_back(env);
+  }
+  candidates.push_back("python3");
+  candidates.push_back("/usr/bin/python3");
+  for (const std::string& py : candidates) {
+    std::string out;
+    if (RunShell(ShellQuote(py) + " -c " + ShellQuote("import " + module) + " 2>&1", &out) == 0) {
+      return py;
+    }
+  }
+  return "";
 }
 
 // KVSERVE_BIN and KVSERVE_TEST_TMP let a copy of the binaries run away from

@@ -15,6 +15,10 @@ std::string Stories260kCheckpoint();
 std::string Stories260kTokenizer();
 // golden_greedy_256.txt without its final newline.
 std::string GoldenGreedyText();
+// The first python interpreter that can import `module` ($KVSERVE_PYTHON,
+// python3, /usr/bin/python3: a pyenv or venv python3 on PATH may lack
+// Debian's python3-* packages); empty when none can.
+std::string PythonWithModule(const std::string& module);
 // The build's kvserve binary.
 std::string KvserveBinary();
 // A fresh empty directory under the build tree's test scratch area.
