@@ -29,7 +29,7 @@ constexpr absl::Duration kFlushGrace = absl::Seconds(5);
 
 // Signals reach the main loop through a self-pipe written by an
 // async-signal-safe handler. sigwait() with a blocked mask is not enough:
-// libraries start threads before main (OpenBLAS does), those threads do not
+// libraries may start threads before main (OpenBLAS did), those threads do not
 // block the signals, and a process-directed SIGTERM delivered to one of them
 // would kill the daemon instead of draining it.
 int g_signal_pipe[2] = {-1, -1};
