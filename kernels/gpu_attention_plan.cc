@@ -173,15 +173,12 @@ absl::StatusOr<GpuAttentionPlan> PlanGpuAttention(const BatchView& batch,
   return plan;
 }
 
-int64_t GpuAttentionWorkspaceAccOffset(const GpuAttentionShape& shape, int64_t num_partials) {
-  const int64_t ml = num_partials * shape.num_heads * 2 * 4;
-  return (ml + 255) / 256 * 256;
+int64_t GpuAttentionSlotFloats(const GpuAttentionShape& shape) {
+  return static_cast<int64_t>(shape.num_heads) * (2 + shape.head_dim);
 }
 
 int64_t GpuAttentionWorkspaceBytes(const GpuAttentionShape& shape, int64_t num_partials) {
-  if (num_partials <= 0) return 0;
-  return GpuAttentionWorkspaceAccOffset(shape, num_partials) +
-         num_partials * shape.num_heads * shape.head_dim * 4;
+  return std::max<int64_t>(0, num_partials) * GpuAttentionSlotFloats(shape) * 4;
 }
 
 GpuAttentionPlanBounds GpuAttentionBounds(const GpuAttentionShape& shape,

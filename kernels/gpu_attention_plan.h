@@ -149,13 +149,12 @@ absl::StatusOr<GpuAttentionPlan> PlanGpuAttention(const BatchView& batch,
                                                   const GpuAttentionShape& shape,
                                                   const GpuAttentionPlanOptions& options);
 
-// Workspace bytes for num_partials slots: per slot and query head a (max,
-// sum) pair and head_dim accumulators, all fp32:
-//   [num_partials][num_heads][2] floats, then (at a 256-byte boundary)
-//   [num_partials][num_heads][head_dim] floats.
+// The split-KV workspace: num_partials slots of GpuAttentionSlotFloats
+// floats each. Slot p holds, for every query head h, the running max and sum
+// of its partition at [2h, 2h + 1] and the unnormalised accumulators at
+// [2 * num_heads + h * head_dim, + head_dim). fp32 throughout.
+int64_t GpuAttentionSlotFloats(const GpuAttentionShape& shape);
 int64_t GpuAttentionWorkspaceBytes(const GpuAttentionShape& shape, int64_t num_partials);
-// Offset of the accumulator region in the workspace.
-int64_t GpuAttentionWorkspaceAccOffset(const GpuAttentionShape& shape, int64_t num_partials);
 
 // Upper bounds over every batch of at most max_tokens rows whose sequences
 // have at most max_context cached tokens, for preallocating the workspace

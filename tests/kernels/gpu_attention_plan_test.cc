@@ -230,10 +230,9 @@ TEST_CASE("GPU attention plan: exact work lists for a mixed batch", "[kernels][g
     REQUIRE(plan.launch().heads_per_cta == 4);
     REQUIRE(plan.words().size() == 8 + 8 * 8 + 4 * 6);
     CheckInvariants(batch, Shape(), plan);
-    // (max, sum) for 13 slots x 8 heads = 832 bytes, padded to 1024, then
-    // 13 x 8 x 64 floats.
-    REQUIRE(GpuAttentionWorkspaceAccOffset(Shape(), 13) == 1024);
-    REQUIRE(GpuAttentionWorkspaceBytes(Shape(), 13) == 1024 + 13 * 8 * 64 * 4);
+    // 13 slots of 8 heads x (max, sum, 64 accumulators).
+    REQUIRE(GpuAttentionSlotFloats(Shape()) == 8 * 66);
+    REQUIRE(GpuAttentionWorkspaceBytes(Shape(), 13) == 13 * 8 * 66 * 4);
     REQUIRE(GpuAttentionWorkspaceBytes(Shape(), 0) == 0);
   }
 
