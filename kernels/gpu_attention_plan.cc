@@ -40,8 +40,8 @@ absl::Status CheckBatch(const BatchView& b) {
   if (b.num_seqs < 0) return Bad("batch.num_seqs", ">= 0", b.num_seqs);
   if (b.num_tokens < 0) return Bad("batch.num_tokens", ">= 0", b.num_tokens);
   if (b.num_seqs == 0) {
-    return b.num_tokens == 0 ? absl::OkStatus() : Bad("batch.num_tokens", "0 without sequences",
-                                                      b.num_tokens);
+    return b.num_tokens == 0 ? absl::OkStatus()
+                             : Bad("batch.num_tokens", "0 without sequences", b.num_tokens);
   }
   if (b.query_start[0] != 0) return Bad("batch.query_start[0]", "0", b.query_start[0]);
   for (int32_t s = 0; s < b.num_seqs; ++s) {
@@ -142,8 +142,8 @@ absl::StatusOr<GpuAttentionPlan> PlanGpuAttention(const BatchView& batch,
       plan.items_.push_back(item);
     }
     for (int32_t i = 0; i < t.num_rows; ++i) {
-      plan.merges_.push_back({t.row_begin + i, partials + i, static_cast<int32_t>(parts),
-                              t.num_rows});
+      plan.merges_.push_back(
+          {t.row_begin + i, partials + i, static_cast<int32_t>(parts), t.num_rows});
     }
     partials += static_cast<int32_t>(parts) * t.num_rows;
   }
@@ -162,7 +162,8 @@ absl::StatusOr<GpuAttentionPlan> PlanGpuAttention(const BatchView& batch,
   h.rows_per_tile = rows_per_tile;
   h.partition_keys = static_cast<int32_t>(plan.merges_.empty() ? 0 : c);
   h.items_offset = sizeof(GpuAttentionPlanHeader) / 4;
-  h.merges_offset = h.items_offset + h.num_items * static_cast<int32_t>(sizeof(GpuAttentionWorkItem) / 4);
+  h.merges_offset =
+      h.items_offset + h.num_items * static_cast<int32_t>(sizeof(GpuAttentionWorkItem) / 4);
   auto append = [&plan](const void* p, size_t bytes) {
     const int32_t* w = static_cast<const int32_t*>(p);
     plan.words_.insert(plan.words_.end(), w, w + bytes / 4);

@@ -54,14 +54,14 @@ inline constexpr int32_t kGpuAttentionMaxQueryVectors = 16;
 inline constexpr int32_t kGpuAttentionMaxHeadDim = 256;
 
 struct GpuAttentionPlanHeader {
-  int32_t num_items = 0;      // work items (grid x)
-  int32_t num_merges = 0;     // rows whose partials the merge kernel combines
-  int32_t num_partials = 0;   // partial slots used in the workspace
-  int32_t heads_per_cta = 0;  // query heads per CTA (grid y = num_heads / heads_per_cta)
-  int32_t rows_per_tile = 0;  // most rows in one item
-  int32_t partition_keys = 0; // split size C in keys; 0: nothing was split
-  int32_t items_offset = 0;   // in words, from the start of the array
-  int32_t merges_offset = 0;  // in words
+  int32_t num_items = 0;       // work items (grid x)
+  int32_t num_merges = 0;      // rows whose partials the merge kernel combines
+  int32_t num_partials = 0;    // partial slots used in the workspace
+  int32_t heads_per_cta = 0;   // query heads per CTA (grid y = num_heads / heads_per_cta)
+  int32_t rows_per_tile = 0;   // most rows in one item
+  int32_t partition_keys = 0;  // split size C in keys; 0: nothing was split
+  int32_t items_offset = 0;    // in words, from the start of the array
+  int32_t merges_offset = 0;   // in words
 };
 
 // One CTA's work (per head chunk): rows [row_begin, row_begin + num_rows) of
@@ -101,11 +101,11 @@ struct GpuAttentionShape {
 };
 
 struct GpuAttentionPlanOptions {
-  int32_t num_sms = 132;              // cudaDevAttrMultiProcessorCount
-  int32_t ctas_per_sm = 4;            // CTAs one SM keeps busy (auto split target)
-  int32_t partition_granule = 256;    // auto split sizes are multiples of this
-  int32_t fixed_partition_keys = 0;   // > 0: always split at multiples of this
-  bool split = true;                  // false: never split (one item per tile)
+  int32_t num_sms = 132;             // cudaDevAttrMultiProcessorCount
+  int32_t ctas_per_sm = 4;           // CTAs one SM keeps busy (auto split target)
+  int32_t partition_granule = 256;   // auto split sizes are multiples of this
+  int32_t fixed_partition_keys = 0;  // > 0: always split at multiples of this
+  bool split = true;                 // false: never split (one item per tile)
 };
 
 // Launch sizes the host needs (a copy of the header's counts).

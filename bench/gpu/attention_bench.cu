@@ -44,13 +44,13 @@ using kvserve::BatchInput;
 using kvserve::KvDtype;
 using kvserve::KvFormat;
 
-#define CHECK_CUDA(expr)                                                                    \
-  do {                                                                                      \
-    const cudaError_t err_ = (expr);                                                        \
-    if (err_ != cudaSuccess) {                                                              \
+#define CHECK_CUDA(expr)                                                                  \
+  do {                                                                                    \
+    const cudaError_t err_ = (expr);                                                      \
+    if (err_ != cudaSuccess) {                                                            \
       std::fprintf(stderr, "attention_bench: %s: %s\n", #expr, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                         \
-    }                                                                                       \
+      std::exit(1);                                                                       \
+    }                                                                                     \
   } while (0)
 
 struct Flags {
@@ -110,8 +110,8 @@ __global__ void StreamRead(const uint4* __restrict__ data, int64_t n, uint32_t* 
   for (; i + 3 * stride < n; i += 4 * stride) {
     const uint4 a = data[i], b = data[i + stride], c = data[i + 2 * stride],
                 d = data[i + 3 * stride];
-    x ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^
-         d.z ^ d.w;
+    x ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^
+         d.w;
   }
   for (; i < n; i += stride) {
     const uint4 a = data[i];
@@ -156,10 +156,14 @@ struct Result {
 double TargetSpeedup(KvDtype d) {
   switch (d) {
     case KvDtype::kInt8:
-    case KvDtype::kFp8E4m3: return 1.8;
-    case KvDtype::kK8V4: return 2.1;
-    case KvDtype::kInt4: return 2.8;
-    default: return 0.0;
+    case KvDtype::kFp8E4m3:
+      return 1.8;
+    case KvDtype::kK8V4:
+      return 2.1;
+    case KvDtype::kInt4:
+      return 2.8;
+    default:
+      return 0.0;
   }
 }
 
@@ -180,8 +184,8 @@ int main(int argc, char** argv) {
   const int64_t pool_blocks = int64_t(batch) * blocks_per_seq;
   std::printf("device: %s, %d SMs, L2 %.1f MB\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize / 1e6);
-  std::printf("shape: batch %d, context %d, %d heads / %d kv heads, head_dim %d, block %d\n",
-              batch, context, num_heads, num_kv_heads, head_dim, block_size);
+  std::printf("shape: batch %d, context %d, %d heads / %d kv heads, head_dim %d, block %d\n", batch,
+              context, num_heads, num_kv_heads, head_dim, block_size);
 
   // Read-bandwidth ceiling: a 2 GiB (or 8x L2, if larger) streaming read.
   const int64_t stream_bytes =
@@ -219,8 +223,8 @@ int main(int argc, char** argv) {
 
   std::vector<Result> results;
   double bf16_ms = 0.0;
-  std::printf("%-9s %9s %10s %9s %9s %10s %8s %6s\n", "format", "ms", "KV MB", "GB/s",
-              "x ceiling", "vs bf16", "target", "parts");
+  std::printf("%-9s %9s %10s %9s %9s %10s %8s %6s\n", "format", "ms", "KV MB", "GB/s", "x ceiling",
+              "vs bf16", "target", "parts");
   for (KvDtype dtype : kvserve::kAllKvDtypes) {
     const KvFormat format = *KvFormat::Create(dtype, num_kv_heads, head_dim, block_size);
     const int64_t pool_bytes = pool_blocks * format.block_bytes();
@@ -284,7 +288,8 @@ int main(int argc, char** argv) {
     }
     CHECK_CUDA(cudaMalloc(&plan_dev, plan->bytes()));
     CHECK_CUDA(cudaMemcpy(plan_dev, plan->words().data(), plan->bytes(), cudaMemcpyHostToDevice));
-    const int64_t ws_bytes = kvserve::GpuAttentionWorkspaceBytes(shape, plan->header().num_partials);
+    const int64_t ws_bytes =
+        kvserve::GpuAttentionWorkspaceBytes(shape, plan->header().num_partials);
     void* workspace = nullptr;
     if (ws_bytes > 0) CHECK_CUDA(cudaMalloc(&workspace, ws_bytes));
 

@@ -81,8 +81,8 @@ __device__ __forceinline__ float2 DecodePair<KvElem::kFp8E4m3>(const uint8_t* ro
 }
 
 template <>
-__device__ __forceinline__ float2 DecodePair<KvElem::kInt8>(const uint8_t* row,
-                                                            const uint8_t* meta, int i, int) {
+__device__ __forceinline__ float2 DecodePair<KvElem::kInt8>(const uint8_t* row, const uint8_t* meta,
+                                                            int i, int) {
   const float scale = *reinterpret_cast<const float*>(meta);
   const uint32_t b = reinterpret_cast<const uint16_t*>(row)[i];
   return make_float2(__fmul_rn(Int8ToFloat(b), scale), __fmul_rn(Int8ToFloat(b >> 8), scale));
@@ -95,9 +95,8 @@ __device__ __forceinline__ float2 Int4ScaleZero(const uint8_t* meta, int c, int 
 }
 
 template <>
-__device__ __forceinline__ float2 DecodePair<KvElem::kInt4>(const uint8_t* row,
-                                                            const uint8_t* meta, int i,
-                                                            int group_size) {
+__device__ __forceinline__ float2 DecodePair<KvElem::kInt4>(const uint8_t* row, const uint8_t* meta,
+                                                            int i, int group_size) {
   // Channels 2i and 2i + 1 are in one group (group sizes are even).
   const float2 sz = Int4ScaleZero(meta, 2 * i, group_size);
   const uint32_t b = row[i];

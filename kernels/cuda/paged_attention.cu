@@ -35,15 +35,21 @@ bool Aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p)
 absl::Status CheckPart(const char* name, const KvPartLayout& part, int head_dim) {
   int64_t row = 0, meta = 0;
   switch (part.elem) {
-    case KvElem::kFp32: row = 4 * head_dim; break;
+    case KvElem::kFp32:
+      row = 4 * head_dim;
+      break;
     case KvElem::kFp16:
-    case KvElem::kBf16: row = 2 * head_dim; break;
+    case KvElem::kBf16:
+      row = 2 * head_dim;
+      break;
     case KvElem::kFp8E4m3:
-    case KvElem::kInt8: row = head_dim; meta = 4; break;
+    case KvElem::kInt8:
+      row = head_dim;
+      meta = 4;
+      break;
     case KvElem::kInt4:
       if (part.group_size <= 0 || part.group_size % 2 != 0 || head_dim % part.group_size != 0) {
-        return Bad(name, "an int4 part with an even group_size dividing head_dim",
-                   part.group_size);
+        return Bad(name, "an int4 part with an even group_size dividing head_dim", part.group_size);
       }
       row = head_dim / 2;
       meta = 4 * (head_dim / part.group_size);
@@ -51,7 +57,8 @@ absl::Status CheckPart(const char* name, const KvPartLayout& part, int head_dim)
     default:
       return Bad(name, "a known element type", static_cast<int64_t>(part.elem));
   }
-  if (part.row_bytes != row) return Bad(name, "row_bytes matching its element type", part.row_bytes);
+  if (part.row_bytes != row)
+    return Bad(name, "row_bytes matching its element type", part.row_bytes);
   if (part.meta_bytes != meta) {
     return Bad(name, "meta_bytes matching its element type", part.meta_bytes);
   }
@@ -65,15 +72,22 @@ using KernelFn = void (*)(KernelArgs);
 
 // One instantiation per KvFormat (K element, V element); null otherwise.
 KernelFn KernelFor(KvElem k, KvElem v) {
-  if (k == KvElem::kInt8 && v == KvElem::kInt4) return AttentionKernel<KvElem::kInt8, KvElem::kInt4>;
+  if (k == KvElem::kInt8 && v == KvElem::kInt4)
+    return AttentionKernel<KvElem::kInt8, KvElem::kInt4>;
   if (k != v) return nullptr;
   switch (k) {
-    case KvElem::kFp32: return AttentionKernel<KvElem::kFp32, KvElem::kFp32>;
-    case KvElem::kFp16: return AttentionKernel<KvElem::kFp16, KvElem::kFp16>;
-    case KvElem::kBf16: return AttentionKernel<KvElem::kBf16, KvElem::kBf16>;
-    case KvElem::kFp8E4m3: return AttentionKernel<KvElem::kFp8E4m3, KvElem::kFp8E4m3>;
-    case KvElem::kInt8: return AttentionKernel<KvElem::kInt8, KvElem::kInt8>;
-    case KvElem::kInt4: return AttentionKernel<KvElem::kInt4, KvElem::kInt4>;
+    case KvElem::kFp32:
+      return AttentionKernel<KvElem::kFp32, KvElem::kFp32>;
+    case KvElem::kFp16:
+      return AttentionKernel<KvElem::kFp16, KvElem::kFp16>;
+    case KvElem::kBf16:
+      return AttentionKernel<KvElem::kBf16, KvElem::kBf16>;
+    case KvElem::kFp8E4m3:
+      return AttentionKernel<KvElem::kFp8E4m3, KvElem::kFp8E4m3>;
+    case KvElem::kInt8:
+      return AttentionKernel<KvElem::kInt8, KvElem::kInt8>;
+    case KvElem::kInt4:
+      return AttentionKernel<KvElem::kInt4, KvElem::kInt4>;
   }
   return nullptr;
 }
@@ -111,7 +125,8 @@ absl::Status PagedAttention(const PagedAttentionParams& params, cudaStream_t str
   if (p.num_heads <= 0 || p.num_heads % layout.num_kv_heads != 0) {
     return Bad("num_heads", "a positive multiple of num_kv_heads", p.num_heads);
   }
-  if (!std::isfinite(p.scale)) return absl::InvalidArgumentError("PagedAttention: scale must be finite");
+  if (!std::isfinite(p.scale))
+    return absl::InvalidArgumentError("PagedAttention: scale must be finite");
   if (p.sliding_window < 0) return Bad("sliding_window", ">= 0", p.sliding_window);
   if (p.dtype != ActDtype::kFp32 && p.dtype != ActDtype::kFp16 && p.dtype != ActDtype::kBf16) {
     return Bad("dtype", "fp32, fp16 or bf16", static_cast<int64_t>(p.dtype));
@@ -139,7 +154,8 @@ absl::Status PagedAttention(const PagedAttentionParams& params, cudaStream_t str
   if (p.out == nullptr) return Null("out");
   if (p.kv.pages == nullptr) return Null("kv.pages");
   if (p.plan == nullptr) return Null("plan");
-  if (!Aligned(p.plan, 4)) return absl::InvalidArgumentError("PagedAttention: plan must be 4-byte aligned");
+  if (!Aligned(p.plan, 4))
+    return absl::InvalidArgumentError("PagedAttention: plan must be 4-byte aligned");
   if (p.batch.query_start == nullptr) return Null("batch.query_start");
   if (p.batch.context_len == nullptr) return Null("batch.context_len");
   if (p.batch.block_table == nullptr) return Null("batch.block_table");
@@ -189,7 +205,8 @@ absl::Status PagedAttention(const PagedAttentionParams& params, cudaStream_t str
   KV_CUDA_RETURN_IF_ERROR(smem_status);
 
   const size_t smem = static_cast<size_t>(attention_detail::SmemFloats(hd)) * sizeof(float);
-  const dim3 grid(static_cast<unsigned>(launch.num_items), static_cast<unsigned>(p.num_heads / hpc));
+  const dim3 grid(static_cast<unsigned>(launch.num_items),
+                  static_cast<unsigned>(p.num_heads / hpc));
   kernel<<<grid, kThreads, smem, stream>>>(args);
   KV_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "PagedAttention attention launch"));
   if (launch.num_merges > 0) {

@@ -47,7 +47,7 @@ namespace kvserve::cuda::attention_detail {
 inline constexpr int kThreads = 128;
 inline constexpr int kWarps = kThreads / 32;
 inline constexpr int kMaxQ = kGpuAttentionMaxQueryVectors;  // 16
-inline constexpr int kTileKeys = 32;                         // one per lane in the softmax
+inline constexpr int kTileKeys = 32;                        // one per lane in the softmax
 inline constexpr int kMaxPairs = kGpuAttentionMaxHeadDim / 2;
 // Accumulator slots (m, channel pair) per thread.
 inline constexpr int kSlots = kMaxQ * kMaxPairs / kThreads;
@@ -175,14 +175,12 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const __grid_constan
       const int32_t key = t0 + j;
       const uint8_t* block = a.kv.Block(table[key / bs]);
       const int slot = key % bs;
-      const float2 kf =
-          kv_decode::DecodePair<KE>(block + layout.RowOffset(layout.k, kv_head, slot),
-                                    block + layout.MetaOffset(layout.k, kv_head, slot), i,
-                                    layout.k.group_size);
-      const float2 vf =
-          kv_decode::DecodePair<VE>(block + layout.RowOffset(layout.v, kv_head, slot),
-                                    block + layout.MetaOffset(layout.v, kv_head, slot), i,
-                                    layout.v.group_size);
+      const float2 kf = kv_decode::DecodePair<KE>(
+          block + layout.RowOffset(layout.k, kv_head, slot),
+          block + layout.MetaOffset(layout.k, kv_head, slot), i, layout.k.group_size);
+      const float2 vf = kv_decode::DecodePair<VE>(
+          block + layout.RowOffset(layout.v, kv_head, slot),
+          block + layout.MetaOffset(layout.v, kv_head, slot), i, layout.v.group_size);
       reinterpret_cast<float2*>(k_s + j * ld)[i] = kf;
       reinterpret_cast<float2*>(v_s + j * ld)[i] = vf;
     }
@@ -305,8 +303,7 @@ __global__ void __launch_bounds__(kThreads) MergeKernel(const __grid_constant__ 
       sum += w * slot[2 * head + 1];
       acc += w * slot[2 * a.num_heads + head * hd + c];
     }
-    StoreAct(a.out, a.dtype, int64_t(merge.row) * a.out_stride + int64_t(head) * hd + c,
-             acc / sum);
+    StoreAct(a.out, a.dtype, int64_t(merge.row) * a.out_stride + int64_t(head) * hd + c, acc / sum);
   }
 }
 

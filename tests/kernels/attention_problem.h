@@ -33,9 +33,12 @@ inline constexpr double kFp32Tol = 4e-5;
 
 inline double Tolerance(ActDtype act) {
   switch (act) {
-    case ActDtype::kBf16: return kFp32Tol + std::ldexp(1.0, -8);
-    case ActDtype::kFp16: return kFp32Tol + std::ldexp(1.0, -11);
-    default: return kFp32Tol;
+    case ActDtype::kBf16:
+      return kFp32Tol + std::ldexp(1.0, -8);
+    case ActDtype::kFp16:
+      return kFp32Tol + std::ldexp(1.0, -11);
+    default:
+      return kFp32Tol;
   }
 }
 
@@ -61,8 +64,8 @@ struct AttnCase {
 
   std::string Name() const {
     std::string s = absl::StrCat(std::string(KvDtypeName(dtype)), " bs", block_size, " hd",
-                                 head_dim, " kv", num_kv_heads, " g", group, " w", window,
-                                 " int4g", int4_group, " qs", q_scale, " seqs");
+                                 head_dim, " kv", num_kv_heads, " g", group, " w", window, " int4g",
+                                 int4_group, " qs", q_scale, " seqs");
     for (size_t i = 0; i < ctx.size(); ++i) absl::StrAppend(&s, " ", ctx[i], "/", q_len[i]);
     return s;
   }
@@ -149,8 +152,7 @@ inline Problem Build(const AttnCase& c) {
       for (int i = 0; i < c.ctx[s]; ++i) {
         const uint8_t* block =
             p.pages.layer(0) + int64_t(b.BlockRow(s)[i / c.block_size]) * fmt.block_bytes();
-        cpu::DequantizeRow(fmt.v(), c.head_dim,
-                           block + fmt.RowOffset(fmt.v(), h, i % c.block_size),
+        cpu::DequantizeRow(fmt.v(), c.head_dim, block + fmt.RowOffset(fmt.v(), h, i % c.block_size),
                            block + fmt.MetaOffset(fmt.v(), h, i % c.block_size), row.data());
         for (float x : row) m = std::max(m, double(std::fabs(x)));
       }
@@ -184,7 +186,8 @@ inline std::vector<float> RunCpu(const Problem& p, int window) {
   return out;
 }
 
-inline std::vector<uint8_t> ToAct(const std::vector<float>& x, ActDtype act, int64_t row, int64_t pad) {
+inline std::vector<uint8_t> ToAct(const std::vector<float>& x, ActDtype act, int64_t row,
+                                  int64_t pad) {
   const int64_t es = ActDtypeSize(act), rows = static_cast<int64_t>(x.size()) / row;
   std::vector<uint8_t> bytes(static_cast<size_t>(rows * (row + pad) * es), 0xff);
   for (int64_t r = 0; r < rows; ++r) {
@@ -214,7 +217,8 @@ inline float FromAct(const uint8_t* src, ActDtype act) {
 }
 
 // max over elements of |gpu - cpu| / vmax(sequence, kv head); NaN -> inf.
-inline double WorstError(const Problem& p, const std::vector<float>& gpu, const std::vector<float>& cpu) {
+inline double WorstError(const Problem& p, const std::vector<float>& gpu,
+                         const std::vector<float>& cpu) {
   const int hd = p.format.head_dim(), nh = p.num_heads, group = nh / p.format.num_kv_heads();
   const BatchView v = ViewOf(p.batch);
   double worst = 0.0;

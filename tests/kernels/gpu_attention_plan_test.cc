@@ -21,8 +21,8 @@ bool operator==(const Item& a, const Item& b) {
          a.key_begin == b.key_begin && a.key_end == b.key_end && a.partial == b.partial;
 }
 bool operator==(const Merge& a, const Merge& b) {
-  return a.row == b.row && a.first_partial == b.first_partial &&
-         a.num_partials == b.num_partials && a.stride == b.stride;
+  return a.row == b.row && a.first_partial == b.first_partial && a.num_partials == b.num_partials &&
+         a.stride == b.stride;
 }
 std::ostream& operator<<(std::ostream& os, const Item& i) {
   return os << "{seq " << i.seq << " rows " << i.row_begin << "+" << i.num_rows << " keys ["
@@ -131,8 +131,7 @@ void CheckInvariants(const BatchInput& batch, const GpuAttentionShape& shape,
     REQUIRE(first.seq == s);
     REQUIRE(first.num_rows <= h.rows_per_tile);
     // The tile's keys: from the first row's window start to the last row.
-    REQUIRE(first.key_begin ==
-            KeyBegin(v.CacheIndex(s, first.row_begin), shape.sliding_window));
+    REQUIRE(first.key_begin == KeyBegin(v.CacheIndex(s, first.row_begin), shape.sliding_window));
     REQUIRE(mine.back().key_end == v.CacheIndex(s, first.row_begin + first.num_rows - 1) + 1);
     for (size_t p = 1; p < mine.size(); ++p) {
       REQUIRE(mine[p].key_begin == mine[p - 1].key_end);
@@ -171,10 +170,10 @@ TEST_CASE("GPU attention plan: heads per CTA and rows per tile", "[kernels][gpu_
   REQUIRE(GpuAttentionHeadsPerCta(32, 8) == 4);
   REQUIRE(GpuAttentionHeadsPerCta(16, 2) == 8);
   REQUIRE(GpuAttentionHeadsPerCta(6, 1) == 6);
-  REQUIRE(GpuAttentionHeadsPerCta(32, 1) == 16);   // MQA: two CTAs per kv head
-  REQUIRE(GpuAttentionHeadsPerCta(34, 2) == 1);    // group 17: no divisor <= 16 but 1
+  REQUIRE(GpuAttentionHeadsPerCta(32, 1) == 16);  // MQA: two CTAs per kv head
+  REQUIRE(GpuAttentionHeadsPerCta(34, 2) == 1);   // group 17: no divisor <= 16 but 1
   REQUIRE(GpuAttentionHeadsPerCta(36, 1) == 12);
-  REQUIRE(GpuAttentionHeadsPerCta(8, 3) == 0);     // not a multiple
+  REQUIRE(GpuAttentionHeadsPerCta(8, 3) == 0);  // not a multiple
   BatchInput batch = MixedBatch();
   struct {
     int32_t heads, kv, hpc, rows;
@@ -213,16 +212,14 @@ TEST_CASE("GPU attention plan: exact work lists for a mixed batch", "[kernels][g
     const GpuAttentionPlan plan = PlanOk(batch, Shape(), Fixed(4));
     // Tile rows 0-3 [0,7): slots 0..3 then 4..7; row 4 [0,8): 8, 9;
     // row 5 [0,10): 10, 11, 12; rows 6-7 [0,2) stay whole.
-    REQUIRE(plan.items() ==
-            std::vector<Item>{It(0, 0, 4, 0, 4, 0), It(0, 0, 4, 4, 7, 4), It(0, 4, 1, 0, 4, 8),
-                              It(0, 4, 1, 4, 8, 9), It(1, 5, 1, 0, 4, 10), It(1, 5, 1, 4, 8, 11),
-                              It(3, 6, 2, 0, 2, -1), It(1, 5, 1, 8, 10, 12)});
-    REQUIRE(plan.merges() == std::vector<Merge>{{0, 0, 2, 4},
-                                                {1, 1, 2, 4},
-                                                {2, 2, 2, 4},
-                                                {3, 3, 2, 4},
-                                                {4, 8, 2, 1},
-                                                {5, 10, 3, 1}});
+    REQUIRE(plan.items() == std::vector<Item>{It(0, 0, 4, 0, 4, 0), It(0, 0, 4, 4, 7, 4),
+                                              It(0, 4, 1, 0, 4, 8), It(0, 4, 1, 4, 8, 9),
+                                              It(1, 5, 1, 0, 4, 10), It(1, 5, 1, 4, 8, 11),
+                                              It(3, 6, 2, 0, 2, -1), It(1, 5, 1, 8, 10, 12)});
+    REQUIRE(
+        plan.merges() ==
+        std::vector<Merge>{
+            {0, 0, 2, 4}, {1, 1, 2, 4}, {2, 2, 2, 4}, {3, 3, 2, 4}, {4, 8, 2, 1}, {5, 10, 3, 1}});
     REQUIRE(plan.header().num_partials == 13);
     REQUIRE(plan.header().partition_keys == 4);
     REQUIRE(plan.launch().num_items == 8);
@@ -238,15 +235,12 @@ TEST_CASE("GPU attention plan: exact work lists for a mixed batch", "[kernels][g
 
   SECTION("fixed split with a window: only tiles that straddle a cut are split") {
     const GpuAttentionPlan plan = PlanOk(batch, Shape(3), Fixed(4));
-    REQUIRE(plan.items() ==
-            std::vector<Item>{It(0, 0, 4, 1, 4, 0), It(0, 0, 4, 4, 7, 4), It(3, 6, 2, 0, 2, -1),
-                              It(0, 4, 1, 5, 8, -1), It(1, 5, 1, 8, 10, 9),
-                              It(1, 5, 1, 7, 8, 8)});
-    REQUIRE(plan.merges() == std::vector<Merge>{{0, 0, 2, 4},
-                                                {1, 1, 2, 4},
-                                                {2, 2, 2, 4},
-                                                {3, 3, 2, 4},
-                                                {5, 8, 2, 1}});
+    REQUIRE(plan.items() == std::vector<Item>{It(0, 0, 4, 1, 4, 0), It(0, 0, 4, 4, 7, 4),
+                                              It(3, 6, 2, 0, 2, -1), It(0, 4, 1, 5, 8, -1),
+                                              It(1, 5, 1, 8, 10, 9), It(1, 5, 1, 7, 8, 8)});
+    REQUIRE(
+        plan.merges() ==
+        std::vector<Merge>{{0, 0, 2, 4}, {1, 1, 2, 4}, {2, 2, 2, 4}, {3, 3, 2, 4}, {5, 8, 2, 1}});
     CheckInvariants(batch, Shape(3), plan);
   }
 
@@ -391,8 +385,7 @@ TEST_CASE("GPU attention plan: random batches keep the invariants and the bounds
     INFO("iteration " << iter);
     const GpuAttentionPlan plan = PlanOk(b, shape, o);
     CheckInvariants(b, shape, plan);
-    const GpuAttentionPlanBounds bounds =
-        GpuAttentionBounds(shape, o, b.num_tokens(), max_context);
+    const GpuAttentionPlanBounds bounds = GpuAttentionBounds(shape, o, b.num_tokens(), max_context);
     if (b.num_tokens() > 0) {
       REQUIRE(plan.header().num_items <= bounds.max_items);
       REQUIRE(plan.header().num_merges <= bounds.max_merges);

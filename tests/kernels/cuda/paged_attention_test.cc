@@ -106,8 +106,8 @@ std::vector<float> RunGpu(const Problem& p, int window, const RunSetup& setup) {
 
   DeviceBuffer pages(p.pages.total_bytes());
   pages.Upload(p.pages.layer(0), p.pages.total_bytes());
-  DeviceBuffer query_start(p.batch.query_start.size() * 4), context_len(p.batch.context_len.size() * 4),
-      block_table(p.batch.block_table.size() * 4);
+  DeviceBuffer query_start(p.batch.query_start.size() * 4),
+      context_len(p.batch.context_len.size() * 4), block_table(p.batch.block_table.size() * 4);
   query_start.Upload(p.batch.query_start);
   context_len.Upload(p.batch.context_len);
   block_table.Upload(p.batch.block_table);

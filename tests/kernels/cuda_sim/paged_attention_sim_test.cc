@@ -8,9 +8,10 @@
 //
 // The launch arguments are built here as paged_attention.cu builds them
 // (that file's validation is covered by the [gpu] tests).
+// clang-format off
 #include "tests/kernels/cuda_sim/cuda_sim.h"  // first: the shims the kernel source needs
-
 #include "kernels/cuda/paged_attention_kernel.cuh"
+// clang-format on
 
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -35,15 +36,22 @@ using KernelFn = void (*)(KernelArgs);
 
 KernelFn KernelFor(KvElem k, KvElem v) {
   using attention_detail::AttentionKernel;
-  if (k == KvElem::kInt8 && v == KvElem::kInt4) return AttentionKernel<KvElem::kInt8, KvElem::kInt4>;
+  if (k == KvElem::kInt8 && v == KvElem::kInt4)
+    return AttentionKernel<KvElem::kInt8, KvElem::kInt4>;
   REQUIRE(k == v);
   switch (k) {
-    case KvElem::kFp32: return AttentionKernel<KvElem::kFp32, KvElem::kFp32>;
-    case KvElem::kFp16: return AttentionKernel<KvElem::kFp16, KvElem::kFp16>;
-    case KvElem::kBf16: return AttentionKernel<KvElem::kBf16, KvElem::kBf16>;
-    case KvElem::kFp8E4m3: return AttentionKernel<KvElem::kFp8E4m3, KvElem::kFp8E4m3>;
-    case KvElem::kInt8: return AttentionKernel<KvElem::kInt8, KvElem::kInt8>;
-    case KvElem::kInt4: return AttentionKernel<KvElem::kInt4, KvElem::kInt4>;
+    case KvElem::kFp32:
+      return AttentionKernel<KvElem::kFp32, KvElem::kFp32>;
+    case KvElem::kFp16:
+      return AttentionKernel<KvElem::kFp16, KvElem::kFp16>;
+    case KvElem::kBf16:
+      return AttentionKernel<KvElem::kBf16, KvElem::kBf16>;
+    case KvElem::kFp8E4m3:
+      return AttentionKernel<KvElem::kFp8E4m3, KvElem::kFp8E4m3>;
+    case KvElem::kInt8:
+      return AttentionKernel<KvElem::kInt8, KvElem::kInt8>;
+    case KvElem::kInt4:
+      return AttentionKernel<KvElem::kInt4, KvElem::kInt4>;
   }
   FAIL("unknown element");
   return nullptr;
