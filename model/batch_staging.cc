@@ -41,12 +41,6 @@ StagingLayout PlanStaging(const StagingShape& s) {
   l.block_table = Take(&c, int64_t{s.num_seqs} * s.block_table_stride * 4);
   l.logits_rows = Take(&c, int64_t{s.num_logits_rows} * 4);
   l.attention = Take(&c, int64_t{s.attention_words} * 4);
-  l.batch_bytes = AlignUp(c);
-  c = l.batch_bytes;
-  l.sample_offset = l.batch_bytes;
-  l.sample_rows = Take(&c, int64_t{s.num_sample_rows} * s.sample_row_bytes);
-  l.history = Take(&c, s.history_tokens * 4);
-  l.history_start = Take(&c, (int64_t{s.num_sample_rows} + 1) * 4);
   l.total_bytes = AlignUp(c);
   return l;
 }
@@ -89,9 +83,9 @@ absl::Status FillBatchStaging(const BatchInput& batch, std::span<const int32_t> 
   const StagingShape& s = layout.shape;
   const int32_t T = batch.num_tokens(), B = batch.num_seqs();
   const int32_t R = static_cast<int32_t>(batch.logits_rows.size());
-  if (static_cast<int64_t>(dst.size()) < layout.batch_bytes) {
+  if (static_cast<int64_t>(dst.size()) < layout.total_bytes) {
     return DoesNotFit("the buffer's byte size", static_cast<int64_t>(dst.size()),
-                      layout.batch_bytes);
+                      layout.total_bytes);
   }
   if (T > s.num_tokens) return DoesNotFit("num_tokens", T, s.num_tokens);
   if (B > s.num_seqs) return DoesNotFit("num_seqs", B, s.num_seqs);
@@ -113,7 +107,7 @@ absl::Status FillBatchStaging(const BatchInput& batch, std::span<const int32_t> 
   if (s.num_logits_rows - R > s.num_tokens - T) {
     return DoesNotFit("the padding logits row count", s.num_logits_rows - R, s.num_tokens - T);
   }
-  std::memset(dst.data(), 0, layout.batch_bytes);
+  std::memset(dst.data(), 0, layout.total_bytes);
 
   int32_t* tokens = At<int32_t>(dst, layout.token_ids);
   int32_t* positions = At<int32_t>(dst, layout.positions);

@@ -11,14 +11,11 @@
 //   block_table   int32 [B][stride]
 //   logits_rows   int32 [R]
 //   attention     int32 [W]        (GpuAttentionPlan::words(), kernels/gpu_attention_plan.h)
-//   -- end of the batch part: Forward uploads [0, batch_bytes) --
-//   sample_rows   bytes [S][sample_row_bytes]   (the device sampler's per-row record)
-//   history       int32 [H]        (penalty token histories, concatenated)
-//   history_start int32 [S + 1]
-//   -- Sample uploads [sample_offset, total_bytes) --
 // Every section starts on a kStagingAlign boundary (the attention plan wants
 // 16 bytes; slot_mapping 8), so a section's device address is the buffer's
-// plus its offset.
+// plus its offset. Sampling has its own upload (kernels/sampling_batch.h
+// packs rows and penalty histories, whose size no shape bounds); it is never
+// part of a graph.
 //
 // CUDA graphs: a graph bakes in device addresses and sizes, so a decode step
 // replayed at bucket P is staged with the padded shape PaddedDecodeShape(P,
@@ -51,9 +48,6 @@ struct StagingShape {
   int32_t block_table_stride = 0;  // entries per block table row
   int32_t num_logits_rows = 0;   // R
   int32_t attention_words = 0;   // W
-  int32_t num_sample_rows = 0;   // S
-  int32_t sample_row_bytes = 0;
-  int64_t history_tokens = 0;    // H
 
   friend bool operator==(const StagingShape&, const StagingShape&) = default;
 };
@@ -67,10 +61,7 @@ struct StagingLayout {
   StagingShape shape;
   StagingRange token_ids, positions, slot_mapping, query_start, context_len, block_table,
       logits_rows, attention;
-  int64_t batch_bytes = 0;  // Forward's upload: [0, batch_bytes)
-  StagingRange sample_rows, history, history_start;
-  int64_t sample_offset = 0;  // Sample's upload: [sample_offset, total_bytes)
-  int64_t total_bytes = 0;
+  int64_t total_bytes = 0;  // the one upload: [0, total_bytes)
 };
 
 StagingLayout PlanStaging(const StagingShape& shape);
@@ -86,8 +77,7 @@ StagingShape PaddedDecodeShape(int32_t bucket, int32_t max_blocks_per_seq,
 // logits (a pure decode step, the only kind replayed from a graph).
 bool IsPureDecode(const BatchInput& batch);
 
-// Writes the batch part of `layout` (sections token_ids .. attention) into
-// dst[0, layout.batch_bytes). The batch must fit the layout's shape (T, B, R
+// Writes every section of `layout` into dst[0, layout.total_bytes). The batch must fit the layout's shape (T, B, R
 // and its block table width at most the shape's, attention words at most W);
 // rows past the batch are padding as described above, bytes between sections
 // are zero. InvalidArgument names what does not fit.

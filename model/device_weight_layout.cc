@@ -31,6 +31,10 @@ DeviceWeightLayout PlanDeviceWeights(const ModelConfig& c, int64_t elem_bytes) {
     lw.ffn_norm = take(1, dim);
     lw.w_gate_up = take(2 * hid, dim);
     lw.w_down = take(dim, hid);
+    lw.bqkv = take(c.qkv_bias ? 1 : 0, q_dim + 2 * kv_dim);
+    lw.bo = take(c.o_bias ? 1 : 0, dim);
+    lw.q_norm = take(c.qk_norm ? 1 : 0, c.head_dim);
+    lw.k_norm = take(c.qk_norm ? 1 : 0, c.head_dim);
   }
   l.final_norm = take(1, dim);
   l.lm_head = c.tie_word_embeddings ? l.embeddings : take(c.vocab_size, dim);
@@ -47,6 +51,10 @@ absl::StatusOr<std::vector<WeightPiece>> PlanWeightPieces(const LlamaWeights& w,
                                                    " layers, the config says ", c.num_layers));
   }
   const bool generated = w.dummy_seed.has_value();
+  if (generated && (c.qkv_bias || c.o_bias || c.qk_norm)) {
+    return absl::InvalidArgumentError(
+        "weights: generated dummy weights have no biases or q/k norms");
+  }
   DummyOffsets dummy;
   if (generated) dummy = DummyTensorOffsets(c);
   std::vector<WeightPiece> pieces;
@@ -77,6 +85,24 @@ absl::StatusOr<std::vector<WeightPiece>> PlanWeightPieces(const LlamaWeights& w,
     }
     pieces.push_back(std::move(p));
   };
+  // A host-only vector of `numel` values at byte `offset` (variants).
+  auto add_at = [&](const std::string& name, const Tensor& t, int64_t offset, int64_t numel) {
+    if (!status.ok()) return;
+    if (t.numel() != numel || t.data == nullptr) {
+      status = absl::InvalidArgumentError(
+          t.data == nullptr
+              ? absl::StrCat("weights: ", name, " is missing")
+              : absl::StrCat("weights: ", name, " has ", t.numel(), " elements, the config needs ",
+                             numel));
+      return;
+    }
+    WeightPiece p;
+    p.name = name;
+    p.numel = numel;
+    p.dst_offset = offset;
+    p.host = t.data;
+    pieces.push_back(std::move(p));
+  };
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
   const int64_t hid = c.hidden_dim;
@@ -97,6 +123,18 @@ absl::StatusOr<std::vector<WeightPiece>> PlanWeightPieces(const LlamaWeights& w,
     add(p + "w_gate", lw.w_gate, dl.w_gate_up, 0, hid, d.w_gate, false);
     add(p + "w_up", lw.w_up, dl.w_gate_up, hid, hid, d.w_up, false);
     add(p + "w_down", lw.w_down, dl.w_down, 0, c.dim, d.w_down, false);
+    if (c.qkv_bias) {
+      // The bias rows are one row of [q | k | v]: place each as a "row" of
+      // the matching width by offsetting in elements.
+      add_at(p + "bq", lw.bq, dl.bqkv.offset, q_dim);
+      add_at(p + "bk", lw.bk, dl.bqkv.offset + q_dim * l.elem_bytes, kv_dim);
+      add_at(p + "bv", lw.bv, dl.bqkv.offset + (q_dim + kv_dim) * l.elem_bytes, kv_dim);
+    }
+    if (c.o_bias) add_at(p + "bo", lw.bo, dl.bo.offset, c.dim);
+    if (c.qk_norm) {
+      add_at(p + "q_norm", lw.q_norm, dl.q_norm.offset, c.head_dim);
+      add_at(p + "k_norm", lw.k_norm, dl.k_norm.offset, c.head_dim);
+    }
   }
   add("final_norm", w.final_norm, l.final_norm, 0, 1, dummy.final_norm, true);
   if (!c.tie_word_embeddings) {

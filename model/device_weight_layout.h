@@ -7,7 +7,9 @@
 // projections are one matrix wqkv = [wq; wk; wv] ([q_dim + 2 kv_dim][dim]) and
 // gate/up one matrix w_gate_up = [w_gate; w_up] ([2 hidden][dim]), so each
 // is a single GEMM whose output row is [q | k | v] or [gate | up]. The LM head
-// aliases the embeddings when the model ties them.
+// aliases the embeddings when the model ties them. Variants add, per layer,
+// bqkv = [bq; bk; bv] (qkv_bias), bo (o_bias) and q_norm / k_norm
+// (qk_norm); absent ones have zero rows.
 //
 // Pieces: one WeightPiece per host tensor, naming its range of the arena and
 // its source: fp32 host values, or (a dummy model loaded as shapes only) the
@@ -41,6 +43,10 @@ struct DeviceLayerWeights {
   DeviceMatrix ffn_norm;   // [1][dim]
   DeviceMatrix w_gate_up;  // [2 hidden][dim]
   DeviceMatrix w_down;     // [dim][hidden]
+  DeviceMatrix bqkv;       // [1][q_dim + 2 kv_dim] when qkv_bias
+  DeviceMatrix bo;         // [1][dim] when o_bias
+  DeviceMatrix q_norm;     // [1][head_dim] when qk_norm
+  DeviceMatrix k_norm;     // [1][head_dim] when qk_norm
 };
 
 struct DeviceWeightLayout {
@@ -66,7 +72,7 @@ struct WeightPiece {
 // Every piece of `weights` in upload order (each arena byte is written by
 // exactly one piece; a tied head adds none). InvalidArgument names a tensor
 // whose element count disagrees with the config, or one with no data when
-// the weights are not a dummy model's shapes.
+// the weights are not a dummy model's shapes (which have no variants).
 absl::StatusOr<std::vector<WeightPiece>> PlanWeightPieces(const LlamaWeights& weights,
                                                           const DeviceWeightLayout& layout);
 

@@ -24,4 +24,12 @@ std::vector<int32_t> GraphBatchBuckets(int32_t max_num_seqs);
 // buckets must be ascending.
 int32_t GraphBucketFor(const std::vector<int32_t>& buckets, int32_t batch);
 
+// The split-KV partition size (keys) a bucket's graph is captured with: a
+// graph's attention grid is sized for a fixed partition size
+// (GpuAttentionPlanOptions::fixed_partition_keys), so it is chosen per
+// bucket to keep the GPU busy: small batches split long contexts finely
+// (256 keys up to 8 sequences), large ones coarsely (512 up to 32, then
+// 1024), bounding the merge work and the workspace.
+int32_t GraphPartitionKeys(int32_t bucket);
+
 }  // namespace kvserve

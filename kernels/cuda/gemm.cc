@@ -90,7 +90,7 @@ Gemm::~Gemm() {
 
 absl::StatusOr<const Gemm::Plan*> Gemm::PlanFor(const Key& key) {
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
-  const auto [rows, in, out, ldx, ldy, y_dtype_int, align_x, align_w, align_y] = key;
+  const auto [rows, in, out, ldx, ldy, y_dtype_int, has_bias, align_x, align_w, align_y] = key;
   const ActDtype y_dtype = static_cast<ActDtype>(y_dtype_int);
   auto plan = std::make_unique<Plan>();
   const bool fp32 = dtype_ == ActDtype::kFp32;
@@ -101,6 +101,14 @@ absl::StatusOr<const Gemm::Plan*> Gemm::PlanFor(const Key& key) {
                                                        &trans_a, sizeof(trans_a)));
   KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB,
                                                        &trans_b, sizeof(trans_b)));
+  if (has_bias) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                         &epilogue, sizeof(epilogue)));
+    const cudaDataType_t bias_type = CudaType(y_dtype);
+    KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+  }
   const cudaDataType_t ab = CudaType(dtype_);
   // A = W: column-major [in x out], ld in (transposed to out x in).
   KV_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->a, ab, in, out, in));
@@ -185,10 +193,16 @@ absl::Status Gemm::Linear(const GemmParams& params, cudaStream_t stream) {
                 p.ldx,
                 p.ldy,
                 static_cast<int>(p.y_dtype),
+                p.bias != nullptr,
                 AlignmentOf(p.x),
                 AlignmentOf(p.w),
                 AlignmentOf(p.y)};
   KV_ASSIGN_OR_RETURN(const Plan* plan, PlanFor(key));
+  if (p.bias != nullptr) {
+    // The pointer is an attribute of the (cached) descriptor; set per call.
+    KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
+  }
   const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
   return LtStatus(
       cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan->op, &alpha, p.w, plan->a, p.x,

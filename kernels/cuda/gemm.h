@@ -8,14 +8,16 @@
 // the reference dtype is as close to the CPU's arithmetic as a GPU gets). y
 // is the model dtype or fp32 (the LM head writes fp32 logits for sampling).
 // accumulate adds into y in the epilogue (beta = 1, C = D): the residual
-// add of the O and down projections costs no extra pass.
+// add of the O and down projections costs no extra pass. bias (Qwen2's q/k/v
+// biases, Llama's attention_bias) is added in the epilogue too:
+// y = x W^T (+ y) + bias, rounded once.
 //
 // cuBLASLt in row-major terms: y^T = W x^T in column-major, i.e. D (out x
 // rows, ld ldy) = op(A) B with A = W seen as column-major [in x out] (lda =
 // in, transposed) and B = x seen as column-major [in x rows] (ldb = ldx).
 //
 // Algorithms: cublasLtMatmulAlgoGetHeuristic once per (rows, in, out, ldx,
-// ldy, y dtype, pointer alignments); the chosen algorithm and its
+// ldy, y dtype, bias or not, pointer alignments); the chosen algorithm and its
 // descriptors are cached, so a steady decode loop makes no heuristic query,
 // and every call is CUDA-graph capturable (the workspace is the Gemm's own,
 // allocated once).
@@ -52,6 +54,7 @@ struct GemmParams {
   int64_t ldx = 0;  // elements; 0: in
   int64_t ldy = 0;  // elements; 0: out
   bool accumulate = false;
+  const void* bias = nullptr;          // [out], y_dtype, device; null: none
   ActDtype y_dtype = ActDtype::kFp32;  // the Gemm's dtype, or fp32
 };
 
@@ -78,8 +81,8 @@ class Gemm {
 
  private:
   struct Plan;
-  // rows, in, out, ldx, ldy, y dtype, alignment of x, w, y.
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int, int>;
+  // rows, in, out, ldx, ldy, y dtype, bias, alignment of x, w, y.
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, int, int, int>;
 
   Gemm(ActDtype dtype, void* handle, void* workspace, int64_t workspace_bytes);
   absl::StatusOr<const Plan*> PlanFor(const Key& key);

@@ -40,9 +40,6 @@ TEST_CASE("Staging layout: every section aligned, the batch part first", "[model
   s.block_table_stride = 3;
   s.num_logits_rows = 2;
   s.attention_words = 12;
-  s.num_sample_rows = 3;
-  s.sample_row_bytes = 40;
-  s.history_tokens = 7;
   const StagingLayout l = PlanStaging(s);
   REQUIRE(l.token_ids.offset == 0);
   REQUIRE(l.token_ids.bytes == 20);
@@ -57,14 +54,7 @@ TEST_CASE("Staging layout: every section aligned, the batch part first", "[model
   REQUIRE(l.logits_rows.offset == 176);
   REQUIRE(l.attention.offset == 192);
   REQUIRE(l.attention.bytes == 48);
-  REQUIRE(l.batch_bytes == 240);
-  REQUIRE(l.sample_offset == 240);
-  REQUIRE(l.sample_rows.offset == 240);
-  REQUIRE(l.sample_rows.bytes == 120);
-  REQUIRE(l.history.offset == 368);
-  REQUIRE(l.history_start.offset == 400);
-  REQUIRE(l.history_start.bytes == 16);
-  REQUIRE(l.total_bytes == 416);
+  REQUIRE(l.total_bytes == 240);
   // Same shape, same layout (what a replayed graph relies on).
   REQUIRE(PlanStaging(s).attention.offset == l.attention.offset);
 }
@@ -73,7 +63,7 @@ TEST_CASE("An eager step is staged as it is", "[model]") {
   const BatchInput b = TwoDecodes();
   const std::vector<int32_t> words = {1, 2, 3, 4};
   const StagingLayout l = PlanStaging(ShapeOfBatch(b, 4));
-  std::vector<uint8_t> buf(l.total_bytes, 0xAB);
+  std::vector<uint8_t> buf(l.total_bytes + 16, 0xAB);
   REQUIRE(FillBatchStaging(b, words, l, buf).ok());
   REQUIRE(Read<int32_t>(buf, l.token_ids, 2) == b.token_ids);
   REQUIRE(Read<int32_t>(buf, l.positions, 2) == b.positions);
@@ -83,9 +73,9 @@ TEST_CASE("An eager step is staged as it is", "[model]") {
   REQUIRE(Read<int32_t>(buf, l.block_table, 4) == b.block_table);
   REQUIRE(Read<int32_t>(buf, l.logits_rows, 2) == b.logits_rows);
   REQUIRE(Read<int32_t>(buf, l.attention, 4) == words);
-  // Gaps between sections are zero; the sampling part is not touched.
+  // Gaps between sections are zero; bytes past the layout are not touched.
   REQUIRE(buf[l.token_ids.offset + 8] == 0);
-  REQUIRE(buf[l.batch_bytes] == 0xAB);
+  REQUIRE(buf[l.total_bytes] == 0xAB);
 }
 
 TEST_CASE("A decode step is padded to its graph bucket", "[model]") {
@@ -144,7 +134,7 @@ TEST_CASE("What does not fit the layout is refused, naming it", "[model]") {
           "batch staging: 2 padding rows for 1 padding sequences; each padding sequence has "
           "exactly one row");
   const StagingLayout l = PlanStaging(PaddedDecodeShape(2, 2, 0));
-  std::vector<uint8_t> small(l.batch_bytes - 1);
+  std::vector<uint8_t> small(l.total_bytes - 1);
   REQUIRE(!FillBatchStaging(b, {}, l, small).ok());
 }
 

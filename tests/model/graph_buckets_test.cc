@@ -31,5 +31,14 @@ TEST_CASE("A decode step replays the smallest bucket that holds it", "[model]") 
   REQUIRE(GraphBucketFor({}, 1) == 0);  // graphs off
 }
 
+TEST_CASE("A bucket's graph splits long contexts more finely the smaller the batch", "[model]") {
+  REQUIRE(GraphPartitionKeys(1) == 256);
+  REQUIRE(GraphPartitionKeys(8) == 256);
+  REQUIRE(GraphPartitionKeys(16) == 512);
+  REQUIRE(GraphPartitionKeys(32) == 512);
+  REQUIRE(GraphPartitionKeys(40) == 1024);
+  REQUIRE(GraphPartitionKeys(256) == 1024);
+}
+
 }  // namespace
 }  // namespace kvserve
