@@ -479,15 +479,18 @@ absl::Status CudaModelRunner::Impl::AllocateActivations() {
 
   // Attention workspace and the staging capacity: the largest of the eager
   // plan's bounds and every graph bucket's.
+  // Contexts are bounded by the block table's width (validated), which may
+  // exceed max_model_len by less than a block.
+  const int64_t max_context = int64_t{max_blocks_per_seq} * format.block_size();
   const GpuAttentionPlanBounds eager =
-      GpuAttentionBounds(attn_shape, eager_options, max_tokens, max_model_len);
+      GpuAttentionBounds(attn_shape, eager_options, max_tokens, max_context);
   attn_workspace_bytes = eager.workspace_bytes;
   int64_t max_words = eager.max_words;
   if (options.cuda_graphs) buckets = GraphBatchBuckets(max_seqs);
   for (int32_t bucket : buckets) {
     GpuAttentionPlanOptions o = eager_options;
     o.fixed_partition_keys = GraphPartitionKeys(bucket);
-    const GpuAttentionPlanBounds b = GpuAttentionBounds(attn_shape, o, bucket, max_model_len);
+    const GpuAttentionPlanBounds b = GpuAttentionBounds(attn_shape, o, bucket, max_context);
     attn_workspace_bytes = std::max(attn_workspace_bytes, b.workspace_bytes);
     max_words = std::max(max_words, b.max_words);
   }
@@ -628,7 +631,8 @@ absl::Status CudaModelRunner::Impl::CaptureGraphs() {
     g.bucket = bucket;
     g.options = eager_options;
     g.options.fixed_partition_keys = GraphPartitionKeys(bucket);
-    const GpuAttentionPlanBounds b = GpuAttentionBounds(attn_shape, g.options, bucket, max_model_len);
+    const GpuAttentionPlanBounds b = GpuAttentionBounds(
+        attn_shape, g.options, bucket, int64_t{max_blocks_per_seq} * format.block_size());
     g.launch.num_items = static_cast<int32_t>(b.max_items);
     g.launch.num_merges = static_cast<int32_t>(b.max_merges);
     g.launch.num_partials = static_cast<int32_t>(b.max_partials);

@@ -124,6 +124,7 @@ int RunDaemon(const ServeConfig& config) {
       return 1;
     }
     loaded = true;
+    metrics.SetMemory(built->info.memory);
     state.SetReady(built->engine.get(), built->info);
     grpc.SetServing(state.ready());
     spdlog::info("ready in {:.2f}s: serving '{}' on http://{}:{} (OpenAI API) and grpc {}:{}",
