@@ -672,7 +672,7 @@ TEST_CASE("[gpu] a malformed batch is refused before anything runs", "[gpu]") {
   REQUIRE(r->Forward(good, logits).ok());
 }
 
-TEST_CASE("[gpu][sanitize] a few small steps with graphs, sampling and copies", "[gpu]") {
+TEST_CASE("[gpu] a few small steps with graphs, sampling and copies", "[gpu][sanitize]") {
   Setup s;
   s.num_blocks = 8;
   s.num_swap_blocks = 2;
