@@ -488,11 +488,9 @@ absl::Status CudaModelRunner::Impl::AllocateActivations() {
   int64_t max_words = eager.max_words;
   if (options.cuda_graphs) buckets = GraphBatchBuckets(max_seqs);
   for (int32_t bucket : buckets) {
-    GpuAttentionPlanOptions o = eager_options;
-    o.fixed_partition_keys = GraphPartitionKeys(bucket);
-    const GpuAttentionPlanBounds b = GpuAttentionBounds(attn_shape, o, bucket, max_context);
-    attn_workspace_bytes = std::max(attn_workspace_bytes, b.workspace_bytes);
-    max_words = std::max(max_words, b.max_words);
+    const GraphAttention g = GraphAttentionFor(attn_shape, eager_options, bucket, max_context);
+    attn_workspace_bytes = std::max(attn_workspace_bytes, g.workspace_bytes);
+    max_words = std::max(max_words, g.max_words);
   }
   KV_ASSIGN_OR_RETURN(attn_workspace, DeviceAlloc(attn_workspace_bytes, "the attention workspace"));
   StagingShape biggest;
@@ -627,18 +625,14 @@ absl::Status CudaModelRunner::Impl::AllocatePools() {
 
 absl::Status CudaModelRunner::Impl::CaptureGraphs() {
   for (int32_t bucket : buckets) {
+    const GraphAttention ga = GraphAttentionFor(attn_shape, eager_options, bucket,
+                                                int64_t{max_blocks_per_seq} * format.block_size());
     GraphStep g;
     g.bucket = bucket;
-    g.options = eager_options;
-    g.options.fixed_partition_keys = GraphPartitionKeys(bucket);
-    const GpuAttentionPlanBounds b = GpuAttentionBounds(
-        attn_shape, g.options, bucket, int64_t{max_blocks_per_seq} * format.block_size());
-    g.launch.num_items = static_cast<int32_t>(b.max_items);
-    g.launch.num_merges = static_cast<int32_t>(b.max_merges);
-    g.launch.num_partials = static_cast<int32_t>(b.max_partials);
-    g.launch.heads_per_cta = GpuAttentionHeadsPerCta(config.num_heads, config.num_kv_heads);
+    g.options = ga.options;
+    g.launch = ga.launch;
     g.layout = PlanStaging(
-        PaddedDecodeShape(bucket, max_blocks_per_seq, static_cast<int32_t>(b.max_words)));
+        PaddedDecodeShape(bucket, max_blocks_per_seq, static_cast<int32_t>(ga.max_words)));
     auto fail = [&](const absl::Status& s) {
       return absl::Status(s.code(), absl::StrCat("model.cuda_graphs: capturing the decode step of ",
                                                  bucket, " sequences failed: ",

@@ -26,4 +26,21 @@ int32_t GraphPartitionKeys(int32_t bucket) {
   return 1024;
 }
 
+GraphAttention GraphAttentionFor(const GpuAttentionShape& shape,
+                                 const GpuAttentionPlanOptions& base, int32_t bucket,
+                                 int64_t max_context) {
+  GraphAttention g;
+  g.options = base;
+  g.options.fixed_partition_keys = GraphPartitionKeys(bucket);
+  const GpuAttentionPlanBounds b = GpuAttentionBounds(shape, g.options, bucket, max_context);
+  g.launch.num_items = static_cast<int32_t>(b.max_items);
+  g.launch.num_partials = static_cast<int32_t>(b.max_partials);
+  // No partials (every context fits one partition): nothing to merge.
+  g.launch.num_merges = b.max_partials > 0 ? static_cast<int32_t>(b.max_merges) : 0;
+  g.launch.heads_per_cta = GpuAttentionHeadsPerCta(shape.num_heads, shape.num_kv_heads);
+  g.max_words = b.max_words;
+  g.workspace_bytes = b.workspace_bytes;
+  return g;
+}
+
 }  // namespace kvserve

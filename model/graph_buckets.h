@@ -15,6 +15,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/gpu_attention_plan.h"
+
 namespace kvserve {
 
 // Ascending, distinct, all in [1, max_num_seqs]; empty when max_num_seqs < 1.
@@ -31,5 +33,20 @@ int32_t GraphBucketFor(const std::vector<int32_t>& buckets, int32_t batch);
 // (256 keys up to 8 sequences), large ones coarsely (512 up to 32, then
 // 1024), bounding the merge work and the workspace.
 int32_t GraphPartitionKeys(int32_t bucket);
+
+// What a bucket's graph is captured with: the attention plan options (base
+// with the bucket's fixed partition size), the launch capacities baked into
+// the graph (every decode batch of at most `bucket` sequences of at most
+// max_context tokens plans within them; CTAs past a step's real counts
+// exit), and the upload and workspace sizes those capacities need.
+struct GraphAttention {
+  GpuAttentionPlanOptions options;
+  GpuAttentionLaunch launch;
+  int64_t max_words = 0;
+  int64_t workspace_bytes = 0;
+};
+GraphAttention GraphAttentionFor(const GpuAttentionShape& shape,
+                                 const GpuAttentionPlanOptions& base, int32_t bucket,
+                                 int64_t max_context);
 
 }  // namespace kvserve
