@@ -286,6 +286,7 @@ const std::vector<Field>& Fields() {
       Str("server.api_key", [](ServeConfig& c, std::string v) { c.server.api_key = std::move(v); }),
       Int("server.http_threads", 1, 4096, "an integer in [1, 4096]",
           [](ServeConfig& c, int64_t v) { c.server.http_threads = static_cast<int32_t>(v); }),
+      Bool("server.reuse_port", [](ServeConfig& c, bool v) { c.server.reuse_port = v; }),
       // logging
       Enum("logging.level", {"trace", "debug", "info", "warn", "error", "critical", "off"},
            [](ServeConfig& c, std::string v) { c.logging.level = std::move(v); }),

@@ -89,13 +89,14 @@ int RunDaemon(const ServeConfig& config) {
   http_options.port = config.server.http_port;
   http_options.max_body_bytes = config.server.max_body_bytes;
   http_options.threads = config.server.http_threads;
+  http_options.reuse_port = config.server.reuse_port;
   HttpService http(&state, http_options);
   if (absl::Status s = http.Start(); !s.ok()) {
     spdlog::critical("{}", std::string(s.message()));
     return 1;
   }
   GrpcService grpc(&state);
-  if (absl::Status s = grpc.Start(config.server.host, config.server.grpc_port); !s.ok()) {
+  if (absl::Status s = grpc.Start(config.server.host, config.server.grpc_port, config.server.reuse_port); !s.ok()) {
     spdlog::critical("{}", std::string(s.message()));
     http.Stop();
     return 1;
