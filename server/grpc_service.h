@@ -26,6 +26,9 @@ class Server;
 
 namespace kvserve {
 
+class ReflectionV1Service;
+
+
 class GrpcService {
  public:
   explicit GrpcService(ServingState* state);
@@ -47,6 +50,7 @@ class GrpcService {
   class Impl;
   ServingState* const state_;
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<ReflectionV1Service> reflection_v1_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 };
