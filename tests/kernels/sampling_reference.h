@@ -9,10 +9,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <string>
 #include <numeric>
 #include <random>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/sample_row.cuh"
@@ -129,7 +129,8 @@ struct LogitsShape {
   bool signed_zeros = false;
 };
 
-inline std::vector<float> RandomLogits(int32_t vocab, const LogitsShape& shape, std::mt19937_64* rng) {
+inline std::vector<float> RandomLogits(int32_t vocab, const LogitsShape& shape,
+                                       std::mt19937_64* rng) {
   std::normal_distribution<float> normal(0.0f, shape.scale);
   std::uniform_int_distribution<int32_t> pick(0, vocab - 1);
   std::vector<float> x(vocab);
@@ -148,7 +149,8 @@ inline std::vector<float> RandomLogits(int32_t vocab, const LogitsShape& shape, 
 }
 
 // Bitwise equality with every NaN equal to every other.
-inline bool SameFloats(const std::vector<float>& a, const std::vector<float>& b, int64_t* first_bad) {
+inline bool SameFloats(const std::vector<float>& a, const std::vector<float>& b,
+                       int64_t* first_bad) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
     if (std::isnan(a[i]) && std::isnan(b[i])) continue;
