@@ -63,6 +63,10 @@ std::vector<std::vector<float>> TestRows(int head_dim, std::mt19937* rng) {
   std::vector<float> subnormal(head_dim);
   for (int i = 0; i < head_dim; ++i) subnormal[i] = FloatOfBits(0x00000100u * (i + 1));
   rows.push_back(subnormal);
+  std::vector<float> infinite(head_dim);  // what fp16 activations past 65504 become
+  for (int i = 0; i < head_dim; ++i)
+    infinite[i] = i == 1 ? INFINITY : (i == 0 ? -INFINITY : 0.5f * i);
+  rows.push_back(infinite);
   std::vector<float> grid(head_dim);  // k + 0.5 steps of amax / 127: ties in int8
   for (int i = 0; i < head_dim; ++i)
     grid[i] = (i == 0) ? 127.0f : static_cast<float>(i % 20) + 0.5f;
