@@ -50,6 +50,16 @@ absl::Status CheckWeights(const LlamaWeights& w) {
     KV_RETURN_IF_ERROR(CheckTensor(lw.w_gate, hid * dim, p + "w_gate"));
     KV_RETURN_IF_ERROR(CheckTensor(lw.w_down, dim * hid, p + "w_down"));
     KV_RETURN_IF_ERROR(CheckTensor(lw.w_up, hid * dim, p + "w_up"));
+    if (c.qkv_bias) {
+      KV_RETURN_IF_ERROR(CheckTensor(lw.bq, qd, p + "bq"));
+      KV_RETURN_IF_ERROR(CheckTensor(lw.bk, kvd, p + "bk"));
+      KV_RETURN_IF_ERROR(CheckTensor(lw.bv, kvd, p + "bv"));
+    }
+    if (c.o_bias) KV_RETURN_IF_ERROR(CheckTensor(lw.bo, dim, p + "bo"));
+    if (c.qk_norm) {
+      KV_RETURN_IF_ERROR(CheckTensor(lw.q_norm, c.head_dim, p + "q_norm"));
+      KV_RETURN_IF_ERROR(CheckTensor(lw.k_norm, c.head_dim, p + "k_norm"));
+    }
   }
   return absl::OkStatus();
 }
@@ -63,15 +73,13 @@ absl::Status BadBatch(const std::string& what) {
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weights,
                                                                int num_threads) {
   KV_RETURN_IF_ERROR(CheckWeights(weights));
-  cpu::SetBlasSingleThreaded();
   if (num_threads <= 0) num_threads = std::max(1u, std::thread::hardware_concurrency());
   return std::unique_ptr<LlamaModel>(new LlamaModel(std::move(weights), num_threads));
 }
 
 LlamaModel::LlamaModel(LlamaWeights weights, int num_threads)
     : weights_(std::move(weights)),
-      rope_(weights_.config.max_position_embeddings, weights_.config.head_dim,
-            weights_.config.rope_theta),
+      rope_(weights_.config.max_position_embeddings, weights_.config.RopeInvFreq()),
       pool_(num_threads) {
   const ModelConfig& c = weights_.config;
   q_dim_ = c.num_heads * c.head_dim;
@@ -272,6 +280,15 @@ void LlamaModel::AttentionInput(int layer, const BatchInput& batch, HostKvPages&
   cpu::Linear(xb, n, dim, m.wq, q_dim_, q, q_dim_, false);
   cpu::Linear(xb, n, dim, m.wk, kv_dim_, k, kv_dim_, false);
   cpu::Linear(xb, n, dim, m.wv, kv_dim_, v, kv_dim_, false);
+  if (c.qkv_bias) {
+    cpu::AddBias(q, w.bq.data, n, q_dim_);
+    cpu::AddBias(k, w.bk.data, n, kv_dim_);
+    cpu::AddBias(v, w.bv.data, n, kv_dim_);
+  }
+  if (c.qk_norm) {  // every head of every row is one RMSNorm row
+    cpu::RmsNorm(q, w.q_norm.data, q, n * c.num_heads, c.head_dim, c.rms_norm_eps);
+    cpu::RmsNorm(k, w.k_norm.data, k, n * c.num_kv_heads, c.head_dim, c.rms_norm_eps);
+  }
   const bool interleaved = c.rope_style == RopeStyle::kInterleaved;
   for (int64_t i = 0; i < n; ++i) {
     const int32_t pos = batch.positions[r0 + i];
@@ -301,6 +318,7 @@ void LlamaModel::AttentionOutputAndMlp(int layer, int64_t r0, int64_t r1) {
   float* gate = gate_.data() + r0 * hid;
   float* up = up_.data() + r0 * hid;
   cpu::Linear(att_.data() + r0 * q_dim_, n, q_dim_, m.wo, dim, x, dim, /*accumulate=*/true);
+  if (c.o_bias) cpu::AddBias(x, w.bo.data, n, dim);
   cpu::RmsNorm(x, w.ffn_norm.data, xb, n, dim, c.rms_norm_eps);
   cpu::Linear(xb, n, dim, m.w_gate, hid, gate, hid, false);
   cpu::Linear(xb, n, dim, m.w_up, hid, up, hid, false);

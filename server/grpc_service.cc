@@ -393,7 +393,7 @@ GrpcService::GrpcService(ServingState* state)
 
 GrpcService::~GrpcService() { Shutdown(absl::Now()); }
 
-absl::Status GrpcService::Start(const std::string& host, int port) {
+absl::Status GrpcService::Start(const std::string& host, int port, bool reuse_port) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -401,6 +401,7 @@ absl::Status GrpcService::Start(const std::string& host, int port) {
   // IPv6 literals need brackets in a gRPC target.
   std::string address = host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
                                                             : absl::StrCat(host, ":", port);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, reuse_port ? 1 : 0);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &selected);
   builder.RegisterService(impl_.get());
   builder.SetMaxReceiveMessageSize(64 << 20);

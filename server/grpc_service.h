@@ -34,7 +34,9 @@ class GrpcService {
   GrpcService& operator=(const GrpcService&) = delete;
 
   // Listens on host:port (0: any free port), insecure credentials.
-  absl::Status Start(const std::string& host, int port);
+  // reuse_port: SO_REUSEPORT (gRPC's default is on; kvserve turns it off so a
+  // port in use fails start-up).
+  absl::Status Start(const std::string& host, int port, bool reuse_port = false);
   int port() const { return port_; }
   // Health status of every service.
   void SetServing(bool serving);
