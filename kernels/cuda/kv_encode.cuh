@@ -156,8 +156,9 @@ struct SerialTeam {
   }
 };
 
-#if defined(__CUDACC__)
-// One warp (all 32 lanes active) encodes the row.
+#if defined(__CUDACC__) || defined(KVSERVE_CUDA_SIM)
+// One warp (all 32 lanes active) encodes the row. (KVSERVE_CUDA_SIM: the
+// host-compiled simulation of tests/kernels/cuda_sim runs it too.)
 struct WarpTeam {
   __device__ int rank() const { return static_cast<int>(threadIdx.x % 32); }
   __device__ int size() const { return 32; }

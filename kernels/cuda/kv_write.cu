@@ -1,7 +1,6 @@
 // Launcher of the KV write: validates the Params (the page layout included,
-// since the kernel trusts it for every store), sizes shared memory from
-// head_dim and dispatches the activation dtype to one of three
-// instantiations.
+// since the kernel trusts it for every store) and dispatches the activation
+// dtype to one of three instantiations.
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -109,10 +108,9 @@ absl::Status WriteKv(const KvWriteParams& params, cudaStream_t stream) {
   const int64_t items = static_cast<int64_t>(p.num_tokens) * l.num_kv_heads * 2;
   const int64_t blocks = (items + kWarps - 1) / kWarps;
   if (blocks > 0x7fffffff) return Bad("num_tokens * num_kv_heads is too large for one launch");
-  const size_t smem = static_cast<size_t>(kWarps) * 2 * l.head_dim * sizeof(float);
   const bool known = DispatchActDtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    KvWriteKernel<T><<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
+    KvWriteKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
   });
   if (!known) return Bad(absl::StrCat("dtype ", static_cast<int>(p.dtype), " is not an ActDtype"));
   return CudaStatus(cudaGetLastError(), "WriteKv launch");

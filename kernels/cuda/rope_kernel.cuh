@@ -46,7 +46,7 @@ __global__ void __launch_bounds__(kThreads) RopeKernel(const RopeParams p) {
     const int a = p.style == RopeStyle::kInterleaved ? 2 * j : j;
     const int b = p.style == RopeStyle::kInterleaved ? 2 * j + 1 : j + half;
     if (!valid) {
-      head[a] = head[b] = FromFloat<T>(__int_as_float(0x7fc00000));
+      head[a] = head[b] = FromFloat<T>(exact::FloatOf(0x7fc00000u));
       continue;
     }
     RotatePair(head, a, b, cos_row[j], sin_row[j]);

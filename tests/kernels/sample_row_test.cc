@@ -20,16 +20,16 @@
 namespace kvserve::cuda::sample_row {
 namespace {
 
-using testing::CpuSample;
-using testing::HostSample;
-using testing::LogitsShape;
-using testing::RandomHistory;
-using testing::RandomLogits;
-using testing::RunCpuSampler;
-using testing::RunHostSampler;
-using testing::SameFloats;
-using testing::Survivors;
-using testing::SurvivorSets;
+using ::kvserve::testing::CpuSample;
+using ::kvserve::testing::HostSample;
+using ::kvserve::testing::LogitsShape;
+using ::kvserve::testing::RandomHistory;
+using ::kvserve::testing::RandomLogits;
+using ::kvserve::testing::RunCpuSampler;
+using ::kvserve::testing::RunHostSampler;
+using ::kvserve::testing::SameFloats;
+using ::kvserve::testing::Survivors;
+using ::kvserve::testing::SurvivorSets;
 
 HostSample HostFp32(const std::vector<float>& logits, const SampleRowParams& p,
                     const std::vector<int32_t>& prompt = {},

@@ -17,10 +17,10 @@
 namespace kvserve::cuda {
 namespace {
 
-using testing::DeviceBuffer;
-using testing::PinnedBuffer;
-using testing::RequireBadField;
-using testing::RequireOk;
+using ::kvserve::testing::DeviceBuffer;
+using ::kvserve::testing::PinnedBuffer;
+using ::kvserve::testing::RequireBadField;
+using ::kvserve::testing::RequireOk;
 
 std::vector<uint8_t> RandomBytes(size_t n, std::mt19937_64* rng) {
   std::vector<uint8_t> v(n);

@@ -15,9 +15,9 @@
 namespace kvserve::cuda {
 namespace {
 
-using testing::DeviceBuffer;
-using testing::RequireBadField;
-using testing::RequireOk;
+using ::kvserve::testing::DeviceBuffer;
+using ::kvserve::testing::RequireBadField;
+using ::kvserve::testing::RequireOk;
 
 TEST_CASE("Embedding copies the CPU's rows", "[gpu]") {
   std::mt19937_64 rng(5);

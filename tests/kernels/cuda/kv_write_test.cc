@@ -24,9 +24,9 @@
 namespace kvserve::cuda {
 namespace {
 
-using testing::DeviceBuffer;
-using testing::RequireBadField;
-using testing::RequireOk;
+using ::kvserve::testing::DeviceBuffer;
+using ::kvserve::testing::RequireBadField;
+using ::kvserve::testing::RequireOk;
 
 // Rows of K/V values: mostly gaussian at a row-dependent magnitude, with
 // some all-zero, constant and past-fp16-range rows (never -0: the CPU's AVX2

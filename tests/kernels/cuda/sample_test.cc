@@ -25,12 +25,12 @@
 namespace kvserve::cuda {
 namespace {
 
-using testing::CpuSample;
-using testing::DeviceBuffer;
-using testing::HostSample;
-using testing::LogitsShape;
-using testing::RequireBadField;
-using testing::RequireOk;
+using ::kvserve::testing::CpuSample;
+using ::kvserve::testing::DeviceBuffer;
+using ::kvserve::testing::HostSample;
+using ::kvserve::testing::LogitsShape;
+using ::kvserve::testing::RequireBadField;
+using ::kvserve::testing::RequireOk;
 
 // One logits row with its history and parameters; `stored` holds the row
 // as the GPU reads it (fp32 floats or 16-bit codes), `widened` the floats
@@ -58,8 +58,8 @@ Row MakeRow(int32_t vocab, ActDtype dtype, const LogitsShape& shape, const Sampl
             int history, std::mt19937_64* rng) {
   Row r;
   r.params = params;
-  const std::vector<float> x = testing::RandomLogits(vocab, shape, rng);
-  testing::RandomHistory(vocab, history, history / 2, rng, &r.prompt, &r.output);
+  const std::vector<float> x = ::kvserve::testing::RandomLogits(vocab, shape, rng);
+  ::kvserve::testing::RandomHistory(vocab, history, history / 2, rng, &r.prompt, &r.output);
   r.widened.resize(vocab);
   r.stored.resize(static_cast<size_t>(vocab) * ActDtypeSize(dtype));
   for (int32_t i = 0; i < vocab; ++i) SetLogit(&r, dtype, i, x[i]);
@@ -154,24 +154,24 @@ void CheckRow(const Row& row, const GpuRun& run, int32_t r, ActDtype dtype, int3
   REQUIRE(got.token < vocab);
 
   // The same algorithm on the host: identical token, processed logits, top ids.
-  const HostSample host =
-      testing::RunHostSampler(row.stored.data(), dtype, vocab, p, row.prompt, row.output);
+  const HostSample host = ::kvserve::testing::RunHostSampler(row.stored.data(), dtype, vocab, p,
+                                                             row.prompt, row.output);
   REQUIRE(got.token == host.result.token);
   int64_t bad = -1;
-  REQUIRE(testing::SameFloats(processed, host.processed, &bad));
+  REQUIRE(::kvserve::testing::SameFloats(processed, host.processed, &bad));
   for (int j = 0; j < kMaxTopLogprobs; ++j) {
     REQUIRE(got.top_ids[j] == host.result.top_ids[j]);
     REQUIRE(Close(got.top_logprobs[j], host.result.top_logprobs[j]));
   }
 
   // The CPU sampler.
-  const CpuSample cpu = testing::RunCpuSampler(row.widened, p, row.prompt, row.output);
+  const CpuSample cpu = ::kvserve::testing::RunCpuSampler(row.widened, p, row.prompt, row.output);
   INFO("first processed logit differing from the CPU's: " << bad);
-  REQUIRE(testing::SameFloats(processed, cpu.processed, &bad));
+  REQUIRE(::kvserve::testing::SameFloats(processed, cpu.processed, &bad));
   if (p.temperature == 0.0f) {
     REQUIRE(got.token == cpu.token);
   } else {
-    REQUIRE(testing::SurvivorSets(cpu.processed, p).may[got.token]);
+    REQUIRE(::kvserve::testing::SurvivorSets(cpu.processed, p).may[got.token]);
   }
   if (p.num_top_logprobs >= 0) {
     REQUIRE(static_cast<int>(cpu.logprobs.top.size()) == std::min(p.num_top_logprobs, vocab));
@@ -298,8 +298,9 @@ TEST_CASE("SampleTokens draws follow the softmax distribution", "[gpu]") {
   }
   // And each equals the host run of its row.
   for (size_t r = 0; r < rows.size(); r += 97) {
-    REQUIRE(run.results[r].token == testing::RunHostSampler(rows[r].stored.data(), ActDtype::kFp32,
-                                                            vocab, rows[r].params, {}, {})
+    REQUIRE(run.results[r].token == ::kvserve::testing::RunHostSampler(rows[r].stored.data(),
+                                                                       ActDtype::kFp32, vocab,
+                                                                       rows[r].params, {}, {})
                                         .result.token);
   }
 }

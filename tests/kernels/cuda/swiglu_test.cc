@@ -20,9 +20,9 @@
 namespace kvserve::cuda {
 namespace {
 
-using testing::DeviceBuffer;
-using testing::RequireBadField;
-using testing::RequireOk;
+using ::kvserve::testing::DeviceBuffer;
+using ::kvserve::testing::RequireBadField;
+using ::kvserve::testing::RequireOk;
 
 template <typename T>
 T FromF(float v);
