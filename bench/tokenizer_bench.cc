@@ -102,10 +102,14 @@ int main(int argc, char** argv) {
                 text.size());
   }
   if (!json_path.empty()) {
-    nlohmann::json j = {{"tokenizer", tokenizer_path},  {"vocab_size", tok.vocab_size()},
-                        {"load_s", load_s},             {"text_bytes", text.size()},
-                        {"tokens", ids.size()},         {"encode_cold_mb_s", mb / cold_s},
-                        {"encode_warm_mb_s", mb / warm_s}, {"decode_tokens_s", ids.size() / decode_s}};
+    nlohmann::json j = {{"tokenizer", tokenizer_path},
+                        {"vocab_size", tok.vocab_size()},
+                        {"load_s", load_s},
+                        {"text_bytes", text.size()},
+                        {"tokens", ids.size()},
+                        {"encode_cold_mb_s", mb / cold_s},
+                        {"encode_warm_mb_s", mb / warm_s},
+                        {"decode_tokens_s", ids.size() / decode_s}};
     std::ofstream(json_path) << j.dump(2) << "\n";
   }
   return 0;

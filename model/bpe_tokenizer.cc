@@ -25,8 +25,8 @@ int32_t NextCodePoint(std::string_view s, size_t* i) {
 // lstrip/rstrip use) tests.
 bool IsWhiteSpace(int32_t c) {
   return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F ||
-         c == 0x205F || c == 0x3000;
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
 }
 
 std::string_view TrimTrailingWhiteSpace(std::string_view s) {
@@ -64,10 +64,9 @@ bool IsAscii(std::string_view s) {
 // such input; here its valid parts still encode, byte by byte).
 std::string Nfc(std::string_view s) {
   utf8proc_uint8_t* out = nullptr;
-  const utf8proc_ssize_t n =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data()),
-                   static_cast<utf8proc_ssize_t>(s.size()), &out,
-                   static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  const utf8proc_ssize_t n = utf8proc_map(
+      reinterpret_cast<const utf8proc_uint8_t*>(s.data()), static_cast<utf8proc_ssize_t>(s.size()),
+      &out, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
   if (n < 0) return std::string(s);
   std::string result(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
   std::free(out);
@@ -103,7 +102,8 @@ BpeTokenizer::BpeTokenizer(BpeTokenizerSpec spec)
   for (size_t r = 0; r < spec.merges.size(); ++r) {
     const auto& m = spec.merges[r];
     // A repeated pair takes its last rank, as in HF tokenizers' map build.
-    merges_.insert_or_assign(PairKey(m.left, m.right), MergeRule{static_cast<uint32_t>(r), m.merged});
+    merges_.insert_or_assign(PairKey(m.left, m.right),
+                             MergeRule{static_cast<uint32_t>(r), m.merged});
   }
 
   for (size_t i = 0; i < added_.size(); ++i) {

@@ -115,12 +115,12 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<std::string> bytes_;
   std::vector<std::string> pieces_;
   absl::flat_hash_map<std::string, int32_t> id_of_bytes_;  // base vocabulary
-  std::array<int32_t, 256> byte_id_;                        // -1: no token
+  std::array<int32_t, 256> byte_id_;                       // -1: no token
   absl::flat_hash_map<uint64_t, MergeRule> merges_;
 
   std::vector<BpeTokenizerSpec::AddedToken> added_;
   absl::flat_hash_map<std::string, int> added_index_;  // content -> index in added_
-  std::vector<size_t> added_lengths_;                   // distinct, longest first
+  std::vector<size_t> added_lengths_;                  // distinct, longest first
   std::array<bool, 256> added_first_byte_{};
 
   bool nfc_;

@@ -3,8 +3,8 @@
 #include <array>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <optional>
+#include <sstream>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -63,6 +63,10 @@ class FieldErrors {
   }
   absl::Status Unsupported(const std::string& field, const std::string& why) const {
     return absl::UnimplementedError(absl::StrCat(path_, ": field '", field, "' ", why));
+  }
+  // How an error of another module names the field.
+  std::string Name(const std::string& field) const {
+    return absl::StrCat(path_, ": field '", field, "'");
   }
 
  private:
@@ -161,7 +165,8 @@ absl::Status ParseModel(const json& model, VocabAndMerges& big, const FieldError
   }
   if (auto it = model.find("dropout");
       it != model.end() && !it->is_null() && !(it->is_number() && it->get<double>() == 0)) {
-    return err.Unsupported("model.dropout", absl::StrCat("is ", it->dump(), "; BPE dropout is "
+    return err.Unsupported("model.dropout", absl::StrCat("is ", it->dump(),
+                                                         "; BPE dropout is "
                                                          "for training, not serving"));
   }
   auto ignore = model.find("ignore_merges");
@@ -174,8 +179,8 @@ absl::Status ParseModel(const json& model, VocabAndMerges& big, const FieldError
   id_of_piece->reserve(big.vocab.size());
   for (auto& [piece, id] : big.vocab) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > INT32_MAX) {
-      return err.Bad("model.vocab", absl::StrCat("maps '", piece, "' to ", id.dump(),
-                                                 ", not a token id"));
+      return err.Bad("model.vocab",
+                     absl::StrCat("maps '", piece, "' to ", id.dump(), ", not a token id"));
     }
     BpeTokenizerSpec::Token t;
     t.id = static_cast<int32_t>(id.get<int64_t>());
@@ -266,9 +271,9 @@ absl::Status ParsePreTokenizer(const json& p, const std::string& field, const Fi
     *byte_level = true;
     step.add_prefix_space = p.value("add_prefix_space", true);
     if (p.value("use_regex", true)) {
-      KV_ASSIGN_OR_RETURN(step.split,
-                          RegexSplitter::Compile(kGpt2SplitPattern, /*literal=*/false,
-                                                 RegexSplitter::Behavior::kIsolated, field));
+      KV_ASSIGN_OR_RETURN(
+          step.split, RegexSplitter::Compile(kGpt2SplitPattern, /*literal=*/false,
+                                             RegexSplitter::Behavior::kIsolated, err.Name(field)));
     }
   } else if (type == "Split") {
     const std::string behavior = p.value("behavior", std::string());
@@ -292,7 +297,7 @@ absl::Status ParsePreTokenizer(const json& p, const std::string& field, const Fi
                      absl::StrCat("is ", pattern.dump(), ", not {\"Regex\"|\"String\": text}"));
     }
     KV_ASSIGN_OR_RETURN(step.split, RegexSplitter::Compile(source.get<std::string>(), literal, b,
-                                                           absl::StrCat(field, ".pattern")));
+                                                           err.Name(field + ".pattern")));
   } else {
     return err.Unsupported(absl::StrCat(field, ".type"),
                            absl::StrCat("is '", type, "'; supported: ByteLevel, Split, Sequence"));
@@ -457,8 +462,9 @@ absl::StatusOr<LoadedTokenizer> LoadTokenizerJson(const std::string& path) {
           a["id"].get<int64_t>() < 0 || a["id"].get<int64_t>() > INT32_MAX ||
           !a.contains("content") || !a["content"].is_string() ||
           a["content"].get_ref<const std::string&>().empty()) {
-        return err.Bad(field, absl::StrCat("is ", a.dump(), ", not {\"id\": N, \"content\": "
-                                                            "\"text\", ...}"));
+        return err.Bad(field, absl::StrCat("is ", a.dump(),
+                                           ", not {\"id\": N, \"content\": "
+                                           "\"text\", ...}"));
       }
       BpeTokenizerSpec::AddedToken t;
       t.id = a["id"].get<int32_t>();
@@ -486,13 +492,19 @@ absl::StatusOr<LoadedTokenizer> LoadTokenizerJson(const std::string& path) {
     if (auto it = id_of_piece.find(s); it != id_of_piece.end()) return it->second;
     return std::nullopt;
   };
-  auto resolve = [&](const std::string& token, const char* field,
+  // BOS: the token string, else the token the post-processor's template
+  // puts first, else the ids of generation_config.json or config.json; EOS
+  // likewise without a template.
+  const std::optional<int32_t> template_bos =
+      TemplateBos(j.contains("post_processor") ? j["post_processor"] : null);
+  auto resolve = [&](const std::string& token, const char* field, std::optional<int32_t> fallback,
                      const char* id_field) -> absl::StatusOr<int32_t> {
     if (!token.empty()) {
       if (auto id = id_of_token(token)) return *id;
-      return config_err.Bad(field, absl::StrCat("is '", token, "', which is not a token of ",
-                                                kTokenizerJson));
+      return config_err.Bad(
+          field, absl::StrCat("is '", token, "', which is not a token of ", kTokenizerJson));
     }
+    if (fallback) return *fallback;
     for (const json* j2 : {&gen_config, &model_config}) {
       if (j2->is_object()) {
         if (auto id = FirstTokenId(*j2, id_field)) return *id;
@@ -500,21 +512,18 @@ absl::StatusOr<LoadedTokenizer> LoadTokenizerJson(const std::string& path) {
     }
     return -1;
   };
-  KV_ASSIGN_OR_RETURN(spec.bos_id, resolve(out.special_tokens.bos_token, "bos_token",
+  KV_ASSIGN_OR_RETURN(spec.bos_id, resolve(out.special_tokens.bos_token, "bos_token", template_bos,
                                            "bos_token_id"));
-  KV_ASSIGN_OR_RETURN(spec.eos_id, resolve(out.special_tokens.eos_token, "eos_token",
+  KV_ASSIGN_OR_RETURN(spec.eos_id, resolve(out.special_tokens.eos_token, "eos_token", std::nullopt,
                                            "eos_token_id"));
 
   // Whether BOS is prepended: tokenizer_config.json's add_bos_token when it
-  // says, otherwise what the post-processor template does.
-  const std::optional<int32_t> template_bos =
-      TemplateBos(j.contains("post_processor") ? j["post_processor"] : null);
+  // says, otherwise whether the post-processor's template does.
   if (config.is_object() && config.contains("add_bos_token") &&
       config["add_bos_token"].is_boolean()) {
     spec.add_bos = config["add_bos_token"].get<bool>();
-  } else if (template_bos) {
-    spec.add_bos = true;
-    if (spec.bos_id < 0) spec.bos_id = *template_bos;
+  } else {
+    spec.add_bos = template_bos.has_value();
   }
 
   // additional_special_tokens are special for decoding even when

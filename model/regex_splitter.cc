@@ -90,8 +90,8 @@ std::string OnigurumaWhitespace(std::string_view p) {
 absl::StatusOr<RegexSplitter> RegexSplitter::Compile(const std::string& pattern, bool literal,
                                                      Behavior behavior, const std::string& field) {
   const std::string source = literal ? pattern : OnigurumaWhitespace(pattern);
-  uint32_t options = PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF;
-  if (literal) options |= PCRE2_LITERAL;
+  // PCRE2_LITERAL does not combine with PCRE2_UCP (nor need it).
+  uint32_t options = PCRE2_UTF | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
   int error = 0;
   PCRE2_SIZE offset = 0;
   auto code = std::make_shared<Code>();

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "absl/strings/str_cat.h"
 #include "model/hf_tokenizer.h"
 #include "tests/test_util.h"
 
@@ -31,7 +32,8 @@ constexpr char kMultilingual[] =
     "日本語のテキスト、カタカナとひらがな。中文：你好，世界！我们的模型。한국어: 안녕하세요 세계.\n"
     "العربية: مرحبا بالعالم. हिन्दी: नमस्ते दुनिया। ไทย: สวัสดีชาวโลก\n"
     "Digits: ١٢٣٤ ४५६ ４５６ 12345678901 3.14159 1,000,000 ½ ² Ⅻ\n"
-    "Emoji: 😀😃 👍🏽 👨‍👩‍👧‍👦 🇯🇵🇫🇷 ❤️ ✓ ☃ 🧑🏿‍🚀 \xF0\x9F\xAB\xA0\n"
+    "Emoji: 😀😃 👍🏽 👨‍👩‍👧‍👦 🇯🇵🇫🇷 ❤️ ✓ ☃ 🧑🏿‍🚀 "
+    "\xF0\x9F\xAB\xA0\n"
     "“Quotes” ‘single’ — dashes – and … ellipsis; «guillemets» ¿Qué? ¡Olé!\n"
     "Contractions: I'm, you're, they've, He'll, she'd, IT'S, DON'T, We'RE, Y'ALL'D.";
 
@@ -78,12 +80,14 @@ std::string Diff(const Tokenizer& t, const std::vector<int32_t>& got,
                  const std::vector<int32_t>& want) {
   size_t i = 0;
   while (i < got.size() && i < want.size() && got[i] == want[i]) ++i;
-  std::string s = "first difference at token " + std::to_string(i) + " of " +
-                  std::to_string(got.size()) + " (got) / " + std::to_string(want.size()) +
-                  " (reference)\n  got:";
-  for (size_t k = i; k < got.size() && k < i + 6; ++k) s += " " + t.IdToPiece(got[k]);
+  std::string s = absl::StrCat("first difference at token ", i, " of ", got.size(), " (got) / ",
+                               want.size(), " (reference)\n  got:");
+  for (size_t k = i; k < got.size() && k < i + 6; ++k)
+    absl::StrAppend(&s, " ", t.IdToPiece(got[k]));
   s += "\n  reference:";
-  for (size_t k = i; k < want.size() && k < i + 6; ++k) s += " " + t.IdToPiece(want[k]);
+  for (size_t k = i; k < want.size() && k < i + 6; ++k) {
+    absl::StrAppend(&s, " ", t.IdToPiece(want[k]));
+  }
   return s;
 }
 
@@ -108,9 +112,9 @@ TEST_CASE("Byte-level BPE equals the Llama 3, Llama 3.1 and Qwen 3 reference tok
     fs::copy_file(src / f, work / f);
   }
   out.clear();
-  int rc = testing::RunShell(
-      "cd " + testing::ShellQuote(work.string()) + " && npm ci --no-audit --no-fund --loglevel=error 2>&1",
-      &out);
+  int rc = testing::RunShell("cd " + testing::ShellQuote(work.string()) +
+                                 " && npm ci --no-audit --no-fund --loglevel=error 2>&1",
+                             &out);
   INFO("npm ci:\n" << out);
   REQUIRE(rc == 0);
 
@@ -123,16 +127,17 @@ TEST_CASE("Byte-level BPE equals the Llama 3, Llama 3.1 and Qwen 3 reference tok
       " ",
       "\n",
       "   leading and trailing   ",
-      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa",
+      "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"
+      "a",
   };
   {
     std::ofstream in(work / "input.json", std::ios::binary);
     in << json{{"texts", texts}}.dump();
   }
   out.clear();
-  rc = testing::RunShell("cd " + testing::ShellQuote(work.string()) +
-                             " && node tokenizer_reference.mjs input.json",
-                         &out);
+  rc = testing::RunShell(
+      "cd " + testing::ShellQuote(work.string()) + " && node tokenizer_reference.mjs input.json",
+      &out);
   REQUIRE(rc == 0);
   const json reference = json::parse(out);
   REQUIRE(reference.size() == 3);
@@ -158,7 +163,8 @@ TEST_CASE("Byte-level BPE equals the Llama 3, Llama 3.1 and Qwen 3 reference tok
       const std::vector<int32_t> ids = t.Encode(texts[i], /*add_bos=*/false);
       INFO(Diff(t, ids, want));
       REQUIRE(ids == want);
-      REQUIRE(t.Encode(texts[i], /*add_bos=*/true) == r["ids_with_bos"].get<std::vector<int32_t>>());
+      REQUIRE(t.Encode(texts[i], /*add_bos=*/true) ==
+              r["ids_with_bos"].get<std::vector<int32_t>>());
       const std::string decoded = r["decoded"];
       REQUIRE(t.Decode(ids) == decoded);
       // Streaming: the bytes of each token in turn add up to the whole text.
