@@ -432,7 +432,7 @@ absl::StatusOr<LoadedTokenizer> LoadTokenizerJson(const std::string& path) {
   const FieldErrors err(path);
   if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(path, ": not a JSON object"));
 
-  // Refuse kinds we do not implement before the (slow) vocabulary.
+  // Refuse kinds we do not implement before building the vocabulary.
   const json null;
   const json& normalizer = j.contains("normalizer") ? j["normalizer"] : null;
   const json& pre = j.contains("pre_tokenizer") ? j["pre_tokenizer"] : null;
