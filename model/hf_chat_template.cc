@@ -30,8 +30,8 @@ absl::StatusOr<std::optional<std::string>> TokenString(const ojson& config, cons
   if (it->is_object() && it->contains("content") && (*it)["content"].is_string()) {
     return (*it)["content"].get<std::string>();
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      where, ": ", key, ": expected a string or an object with a \"content\" string"));
+  return absl::InvalidArgumentError(
+      absl::StrCat(where, ": ", key, ": expected a string or an object with a \"content\" string"));
 }
 
 absl::StatusOr<JinjaTemplate> ParseTemplate(const std::string& source, const std::string& where) {

@@ -57,14 +57,14 @@ struct Param {
 
 struct Stmt {
   enum class Kind {
-    kText,      // text
-    kOutput,    // {{ expr }}
-    kIf,        // expr, body, else_body (an elif is an If inside else_body)
-    kFor,       // targets in expr [if cond], body, else_body
-    kSet,       // targets (or expr = namespace, name = attribute) = value
-    kSetBlock,  // {% set targets[0] | filters %} body {% endset %}
-    kMacro,     // name (params) body
-    kCallBlock, // {% call(params) expr %} body {% endcall %}: body is `caller`
+    kText,         // text
+    kOutput,       // {{ expr }}
+    kIf,           // expr, body, else_body (an elif is an If inside else_body)
+    kFor,          // targets in expr [if cond], body, else_body
+    kSet,          // targets (or expr = namespace, name = attribute) = value
+    kSetBlock,     // {% set targets[0] | filters %} body {% endset %}
+    kMacro,        // name (params) body
+    kCallBlock,    // {% call(params) expr %} body {% endcall %}: body is `caller`
     kFilterBlock,  // {% filter filters %} body {% endfilter %}
     kGeneration,   // {% generation %} body {% endgeneration %}: rendered as is
     kBreak,

@@ -1,6 +1,7 @@
 #include "model/jinja_interpreter.h"
 
 #include "absl/strings/str_cat.h"
+#include "model/jinja_builtins.h"
 
 namespace kvserve::jinja {
 namespace {
@@ -20,7 +21,9 @@ std::string Interpreter::Render(const Program& program, Object globals) {
   auto scope = std::make_shared<Scope>();
   scope->vars = std::move(globals);
   std::string out;
-  if (Exec(program.body, scope, &out) != Flow::kNormal) throw Error("'break' or 'continue' outside a loop");
+  if (Exec(program.body, scope, &out) != Flow::kNormal) {
+    throw Error("'break' or 'continue' outside a loop");
+  }
   return out;
 }
 
@@ -64,7 +67,8 @@ Interpreter::Flow Interpreter::ExecOne(const Stmt& s, const std::shared_ptr<Scop
       } else {
         Array items = Iterate(v);
         if (items.size() != s.targets.size()) {
-          throw Error(absl::StrCat("cannot unpack ", items.size(), " values into ", s.targets.size()));
+          throw Error(
+              absl::StrCat("cannot unpack ", items.size(), " values into ", s.targets.size()));
         }
         for (size_t i = 0; i < items.size(); ++i) scope->vars.Set(s.targets[i], items[i]);
       }
@@ -73,7 +77,9 @@ Interpreter::Flow Interpreter::ExecOne(const Stmt& s, const std::shared_ptr<Scop
     case Stmt::Kind::kSetBlock:
     case Stmt::Kind::kFilterBlock: {
       std::string text;
-      if (Exec(s.body, scope, &text) != Flow::kNormal) throw Error("'break' or 'continue' outside a loop");
+      if (Exec(s.body, scope, &text) != Flow::kNormal) {
+        throw Error("'break' or 'continue' outside a loop");
+      }
       Value v(std::move(text));
       for (const ExprPtr& f : s.filters) v = ApplyFilter(*f, std::move(v), scope);
       if (s.kind == Stmt::Kind::kSetBlock) {
@@ -104,12 +110,12 @@ Interpreter::Flow Interpreter::ExecOne(const Stmt& s, const std::shared_ptr<Scop
   return Flow::kNormal;
 }
 
+// Each iteration runs in a fresh child scope of the loop's surroundings, as
+// in Jinja2: a `set` in the body is gone by the next iteration.
 void Interpreter::ExecFor(const Stmt& s, const std::shared_ptr<Scope>& scope, std::string* out) {
-  auto loop_scope = std::make_shared<Scope>();
-  loop_scope->parent = scope;
-  auto bind = [&](const Value& item) {
+  auto bind = [&](Scope* iteration, const Value& item) {
     if (s.targets.size() == 1) {
-      loop_scope->vars.Set(s.targets[0], item);
+      iteration->vars.Set(s.targets[0], item);
       return;
     }
     Array parts = Iterate(item);
@@ -117,20 +123,24 @@ void Interpreter::ExecFor(const Stmt& s, const std::shared_ptr<Scope>& scope, st
       throw Error(absl::StrCat("cannot unpack ", parts.size(), " values into ", s.targets.size(),
                                " loop variables"));
     }
-    for (size_t i = 0; i < parts.size(); ++i) loop_scope->vars.Set(s.targets[i], parts[i]);
+    for (size_t i = 0; i < parts.size(); ++i) iteration->vars.Set(s.targets[i], parts[i]);
   };
 
   Array items = Iterate(Eval(*s.expr, scope));
   if (s.cond) {
     Array kept;
     for (const Value& item : items) {
-      bind(item);
-      if (Eval(*s.cond, loop_scope).Truthy()) kept.push_back(item);
+      auto test_scope = std::make_shared<Scope>();
+      test_scope->parent = scope;
+      bind(test_scope.get(), item);
+      if (Eval(*s.cond, test_scope).Truthy()) kept.push_back(item);
     }
     items = std::move(kept);
   }
   if (items.empty()) {
-    if (Exec(s.else_body, scope, out) != Flow::kNormal) throw Error("'break' or 'continue' outside a loop");
+    if (Exec(s.else_body, scope, out) != Flow::kNormal) {
+      throw Error("'break' or 'continue' outside a loop");
+    }
     return;
   }
   const int64_t n = static_cast<int64_t>(items.size());
@@ -148,12 +158,16 @@ void Interpreter::ExecFor(const Stmt& s, const std::shared_ptr<Scope>& scope, st
                     {"depth", Value(1)},
                     {"depth0", Value(0)}};
     loop.entries.emplace_back("cycle", Value(Function([i](Interpreter&, CallArgs& args) {
-                                if (args.positional.empty()) throw Error("no items for cycling given");
+                                if (args.positional.empty()) {
+                                  throw Error("no items for cycling given");
+                                }
                                 return args.positional[i % args.positional.size()];
                               })));
-    loop_scope->vars.Set("loop", Value(std::move(loop)));
-    bind(items[i]);
-    if (Exec(s.body, loop_scope, out) == Flow::kBreak) break;
+    auto iteration = std::make_shared<Scope>();
+    iteration->parent = scope;
+    iteration->vars.Set("loop", Value(std::move(loop)));
+    bind(iteration.get(), items[i]);
+    if (Exec(s.body, iteration, out) == Flow::kBreak) break;
   }
 }
 
@@ -187,7 +201,7 @@ Value Interpreter::MakeMacro(const Stmt& s, const std::shared_ptr<Scope>& scope)
         kwargs.Set(k, v);
       }
     }
-    local->vars.Set("varargs", Value(std::move(varargs)));
+    local->vars.Set("varargs", Value::Tuple(std::move(varargs)));
     local->vars.Set("kwargs", Value(std::move(kwargs)));
     for (size_t i = 0; i < params.size(); ++i) {
       Value v = args.Get(static_cast<int>(i), params[i].name);
@@ -249,13 +263,15 @@ Value Interpreter::EvalInner(const Expr& e, const std::shared_ptr<Scope>& scope)
     case K::kTuple: {
       Array a;
       for (const ExprPtr& x : e.args) a.push_back(Eval(*x, scope));
-      return Value(std::move(a));
+      return e.kind == K::kTuple ? Value::Tuple(std::move(a)) : Value(std::move(a));
     }
     case K::kDict: {
       Object o;
       for (size_t i = 0; i + 1 < e.args.size(); i += 2) {
         Value k = Eval(*e.args[i], scope);
-        if (!k.is_string()) throw Error(absl::StrCat("mapping keys must be strings, got ", k.TypeName()));
+        if (!k.is_string()) {
+          throw Error(absl::StrCat("mapping keys must be strings, got ", k.TypeName()));
+        }
         o.Set(k.as_string(), Eval(*e.args[i + 1], scope));
       }
       return Value(std::move(o));

@@ -1,11 +1,11 @@
 // jinja::Interpreter: renders a parsed Program (model/jinja_ast.h) against a
 // scope of variables. Internal to model/jinja_template.cc; the builtins
-// (filters, tests, methods of strings and mappings, globals such as
-// namespace() and raise_exception()) live in jinja_builtins.cc.
+// (operators, filters, tests, methods, globals such as namespace() and
+// raise_exception()) are declared in jinja_builtins.h.
 //
-// Scoping is Jinja2's: the template has one global scope, each for loop and
-// each macro call a child scope, so `set` inside a loop stays in the loop
-// (namespace() is how templates carry state out of one).
+// Scoping is Jinja2's: the template has one global scope, each loop
+// iteration and each macro call a child scope, so a `set` inside a loop
+// lasts one iteration (namespace() is how templates carry state out).
 //
 // Thread-safety: one Interpreter per render.
 #pragma once
@@ -52,24 +52,5 @@ class Interpreter {
 
   int depth_ = 0;  // nested macro calls, bounded against runaway recursion
 };
-
-// --- builtins (jinja_builtins.cc) ---
-
-// Binary operators other than and/or; `~` included.
-Value BinaryOp(const std::string& op, const Value& a, const Value& b);
-// One comparison of a chain: == != < > <= >= in, not in.
-bool CompareOp(const std::string& op, const Value& a, const Value& b);
-// obj.name: a member, an item of a mapping, or a bound method.
-Value GetAttr(const Value& obj, const std::string& name);
-// obj[key].
-Value GetItem(const Value& obj, const Value& key);
-// obj[start:stop:step] on lists and strings.
-Value GetSlice(const Value& obj, const Value& start, const Value& stop, const Value& step);
-// The items a for loop visits: list items, mapping keys, string characters.
-Array Iterate(const Value& v);
-// Adds range, namespace, dict, raise_exception and strftime_now.
-void AddGlobals(Object* globals);
-Value FilterBuiltin(Interpreter& in, const std::string& name, const Value& operand, CallArgs& args);
-bool TestBuiltin(Interpreter& in, const std::string& name, const Value& operand, CallArgs& args);
 
 }  // namespace kvserve::jinja

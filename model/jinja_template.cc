@@ -3,6 +3,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/str_cat.h"
 #include "model/jinja_ast.h"
+#include "model/jinja_builtins.h"
 #include "model/jinja_interpreter.h"
 
 namespace kvserve {
@@ -32,7 +33,9 @@ absl::StatusOr<JinjaTemplate> JinjaTemplate::Parse(std::string_view source) {
 }
 
 absl::StatusOr<std::string> JinjaTemplate::Render(const nlohmann::ordered_json& context) const {
-  if (!context.is_object()) return absl::InvalidArgumentError("the render context must be an object");
+  if (!context.is_object()) {
+    return absl::InvalidArgumentError("the render context must be an object");
+  }
   try {
     jinja::Object globals;
     jinja::AddGlobals(&globals);

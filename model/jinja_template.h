@@ -29,6 +29,16 @@
 // Not supported: extends/include/import/block, recursive loops, {% raw %},
 // autoescaping, the `%` string format operator.
 //
+// Where @huggingface/jinja (the JavaScript port used as the test reference,
+// tests/model/jinja_reference_test.cc) departs from Python Jinja2, kvserve
+// follows Python: str.strip(chars) strips only `chars`; output before a
+// break/continue is kept; a `set` in a loop body lasts one iteration;
+// none/true print as None/True and lists/dicts/tuples as Python's repr;
+// 'a' + 1 is an error; floats stay floats (1.0). None of these shows in the
+// real templates tested. More lenient than Python: attributes of undefined
+// are undefined rather than an error. Case mapping is per code point (no
+// 'ß'.upper() == 'SS').
+//
 // Errors: a template that does not parse, or fails while rendering, gives
 // InvalidArgument "chat template line N: ..."; raise_exception(msg) gives
 // InvalidArgument with msg verbatim (IsRaisedError tells the two apart).

@@ -104,12 +104,14 @@ Value CallArgs::Get(int pos, std::string_view name) {
 
 void CallArgs::CheckConsumed(std::string_view callee, size_t max_positional) const {
   if (positional.size() > max_positional) {
-    throw Error(absl::StrCat(std::string(callee), "() takes at most ", max_positional, " positional argument",
-                             max_positional == 1 ? "" : "s", ", got ", positional.size()));
+    throw Error(absl::StrCat(std::string(callee), "() takes at most ", max_positional,
+                             " positional argument", max_positional == 1 ? "" : "s", ", got ",
+                             positional.size()));
   }
   for (const auto& [k, v] : keyword) {
     if (std::find(used_.begin(), used_.end(), k) == used_.end()) {
-      throw Error(absl::StrCat(std::string(callee), "() got an unexpected keyword argument '", k, "'"));
+      throw Error(
+          absl::StrCat(std::string(callee), "() got an unexpected keyword argument '", k, "'"));
     }
   }
 }
@@ -241,8 +243,8 @@ std::string EncodeUtf8(std::u32string_view s) {
 
 bool IsSpace(char32_t c) {
   return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 || c == 0xa0 ||
-         c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 ||
-         c == 0x202f || c == 0x205f || c == 0x3000;
+         c == 0x1680 || (c >= 0x2000 && c <= 0x200a) || c == 0x2028 || c == 0x2029 || c == 0x202f ||
+         c == 0x205f || c == 0x3000;
 }
 
 std::string Strip(std::string_view s, const Value& chars, bool left, bool right) {
@@ -333,7 +335,8 @@ void JsonString(const std::string& s, bool ensure_ascii, std::string* out) {
           *out += buf;
         } else if (ensure_ascii && c >= 0x10000) {
           char32_t v = c - 0x10000;
-          std::snprintf(buf, sizeof(buf), "\\u%04x\\u%04x", static_cast<unsigned>(0xd800 + (v >> 10)),
+          std::snprintf(buf, sizeof(buf), "\\u%04x\\u%04x",
+                        static_cast<unsigned>(0xd800 + (v >> 10)),
                         static_cast<unsigned>(0xdc00 + (v & 0x3ff)));
           *out += buf;
         } else {
@@ -440,12 +443,13 @@ std::string ToString(const Value& v) {
     case K::kString:
       return v.as_string();
     case K::kArray: {
-      std::string out = "[";
+      std::string out = v.is_tuple() ? "(" : "[";
       const Array& a = v.as_array();
       for (size_t i = 0; i < a.size(); ++i) {
         if (i > 0) out += ", ";
         out += NestedRepr(a[i]);
       }
+      if (v.is_tuple()) return out + (a.size() == 1 ? ",)" : ")");
       return out + "]";
     }
     case K::kObject:

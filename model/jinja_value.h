@@ -60,7 +60,18 @@ struct Namespace;
 
 class Value {
  public:
-  enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kArray, kObject, kNamespace, kFunction };
+  enum class Kind {
+    kUndefined,
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kArray,
+    kObject,
+    kNamespace,
+    kFunction
+  };
 
   Value() = default;
   Value(std::nullptr_t) : v_(nullptr) {}
@@ -72,6 +83,12 @@ class Value {
   Value(const char* s) : v_(std::string(s)) {}
   Value(std::string_view s) : v_(std::string(s)) {}
   Value(Array a) : v_(std::make_shared<const Array>(std::move(a))) {}
+  // A list that prints as a Python tuple, "(1, 2)"; otherwise a list.
+  static Value Tuple(Array a) {
+    Value v(std::move(a));
+    v.tuple_ = true;
+    return v;
+  }
   Value(Object o);
   Value(std::shared_ptr<Namespace> ns) : v_(std::move(ns)) {}
   Value(Function f) : v_(std::make_shared<const Function>(std::move(f))) {}
@@ -88,6 +105,7 @@ class Value {
   bool is_object() const { return kind() == Kind::kObject; }
   bool is_namespace() const { return kind() == Kind::kNamespace; }
   bool is_function() const { return kind() == Kind::kFunction; }
+  bool is_tuple() const { return tuple_; }
 
   bool as_bool() const { return std::get<bool>(v_); }
   int64_t as_int() const { return std::get<int64_t>(v_); }
@@ -111,6 +129,7 @@ class Value {
                std::shared_ptr<const Array>, std::shared_ptr<const Object>,
                std::shared_ptr<Namespace>, std::shared_ptr<const Function>>
       v_;
+  bool tuple_ = false;
 };
 
 // Insertion-ordered string-keyed map; chat template objects are small, so a

@@ -49,12 +49,15 @@ TEST_CASE("Chat templates of real checkpoints render as @huggingface/jinja rende
   INFO("npm ci:\n" << out);
   REQUIRE(rc == 0);
   out.clear();
-  rc = testing::RunShell(cd + "node render_reference.mjs conversations.json reference.json 2>&1", &out);
+  rc = testing::RunShell(cd + "node render_reference.mjs conversations.json reference.json 2>&1",
+                         &out);
   INFO("node:\n" << out);
   REQUIRE(rc == 0);
 
-  const ojson reference = ojson::parse(testing::ReadFileOrDie((work.dir / "reference.json").string()));
-  const ojson conversations = ojson::parse(testing::ReadFileOrDie((src / "conversations.json").string()));
+  const ojson reference =
+      ojson::parse(testing::ReadFileOrDie((work.dir / "reference.json").string()));
+  const ojson conversations =
+      ojson::parse(testing::ReadFileOrDie((src / "conversations.json").string()));
   std::map<std::string, const ojson*> cases;
   for (const ojson& c : conversations["cases"]) cases[c["name"].get<std::string>()] = &c;
 
@@ -62,7 +65,8 @@ TEST_CASE("Chat templates of real checkpoints render as @huggingface/jinja rende
   for (const char* name : {"llama3", "llama3_1", "qwen3", "gemma3"}) {
     REQUIRE(reference.contains(name));
     const ojson& entry = reference[name];
-    absl::StatusOr<std::optional<HfChatTemplate>> t = HfChatTemplate::Load(entry["dir"].get<std::string>());
+    absl::StatusOr<std::optional<HfChatTemplate>> t =
+        HfChatTemplate::Load(entry["dir"].get<std::string>());
     INFO(name << ": " << t.status().message());
     REQUIRE(t.ok());
     REQUIRE(t->has_value());
@@ -97,10 +101,13 @@ TEST_CASE("Chat templates of real checkpoints render as @huggingface/jinja rende
   // The tool path was exercised, not skipped: Qwen3's rendering holds the
   // call and the result.
   const std::string qwen = reference["qwen3"]["results"]["tool-call-and-result"]["text"];
-  REQUIRE(qwen.find("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Paris\", "
-                    "\"unit\": \"celsius\"}}\n</tool_call>") != std::string::npos);
-  REQUIRE(qwen.find("<tool_response>\n{\"temperature\": 22, \"condition\": \"sunny\"}\n</tool_response>") !=
-          std::string::npos);
+  REQUIRE(
+      qwen.find("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"location\": \"Paris\", "
+                "\"unit\": \"celsius\"}}\n</tool_call>") != std::string::npos);
+  REQUIRE(
+      qwen.find(
+          "<tool_response>\n{\"temperature\": 22, \"condition\": \"sunny\"}\n</tool_response>") !=
+      std::string::npos);
 }
 
 }  // namespace
