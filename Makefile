@@ -5,7 +5,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 CONFIG ?= configs/default.yaml
 
-.PHONY: all deps build run test bench clean format
+.PHONY: all deps build build-daemon run test bench clean format
 
 all: build
 
@@ -18,7 +18,11 @@ $(BUILD_DIR)/CMakeCache.txt:
 build: deps $(BUILD_DIR)/CMakeCache.txt
 	cmake --build $(BUILD_DIR) -j$(JOBS)
 
-run: build
+# Only what `make run` starts: no tests, benchmarks or CUDA kernels.
+build-daemon: deps $(BUILD_DIR)/CMakeCache.txt
+	cmake --build $(BUILD_DIR) -j$(JOBS) --target kvserve
+
+run: build-daemon
 	@model_dir=$$(bash scripts/fetch-model.sh stories260k) && \
 	  export KVSERVE_MODEL_DIR=$$model_dir && exec $(BUILD_DIR)/kvserve serve --config $(CONFIG)
 

@@ -79,8 +79,7 @@ Setup MakeSetup(KvDtype dtype, const Shape& s, int ctx, int q_len = 1) {
   w.v = v.data();
   w.slot_mapping = slots.data();
   w.num_tokens = ctx;
-  w.kv_layer = st.pages.layer(0);
-  w.format = &st.format;
+  w.kv = LayerView(st.pages, 0);
   WriteKv(w);
   st.q.resize(size_t(q_len) * s.num_heads * s.head_dim);
   for (float& x : st.q) x = normal(rng);
@@ -97,9 +96,8 @@ void BM_Attention(benchmark::State& state, KvDtype dtype, Shape shape, int ctx, 
   PagedAttentionParams a;
   a.q = st.q.data();
   a.out = st.out.data();
-  a.kv_layer = st.pages.layer(0);
-  a.format = &st.format;
-  a.batch = &st.batch;
+  a.kv = LayerView(st.pages, 0);
+  a.batch = ViewOf(st.batch);
   a.num_heads = shape.num_heads;
   a.scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
   a.isa = isa;
@@ -118,8 +116,7 @@ void BM_DecodeWrite(benchmark::State& state, KvDtype dtype, Shape shape, CpuIsa 
   w.v = st.v_new.data();
   w.slot_mapping = &slot;
   w.num_tokens = 1;
-  w.kv_layer = st.pages.layer(0);
-  w.format = &st.format;
+  w.kv = LayerView(st.pages, 0);
   w.isa = isa;
   for (auto _ : state) {
     WriteKv(w);

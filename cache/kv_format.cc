@@ -87,27 +87,29 @@ absl::StatusOr<KvFormat> KvFormat::Create(KvDtype dtype, int num_kv_heads, int h
     case KvDtype::kK8V4: ke = KvElem::kInt8; ve = KvElem::kInt4; break;
   }
   KvFormat f;
+  KvPageLayout& l = f.layout_;
   f.dtype_ = dtype;
-  f.num_kv_heads_ = num_kv_heads;
-  f.head_dim_ = head_dim;
-  f.block_size_ = block_size;
-  f.k_ = PartFor(ke, head_dim, group);
-  f.v_ = PartFor(ve, head_dim, group);
+  l.num_kv_heads = num_kv_heads;
+  l.head_dim = head_dim;
+  l.block_size = block_size;
+  l.k = PartFor(ke, head_dim, group);
+  l.v = PartFor(ve, head_dim, group);
   const int64_t rows = static_cast<int64_t>(num_kv_heads) * block_size;
   int64_t off = 0;
-  for (KvPartLayout* p : {&f.k_, &f.v_}) {
+  for (KvPartLayout* p : {&l.k, &l.v}) {
     p->data_offset = off;
     off = AlignUp(off + rows * p->row_bytes, 16);
     p->meta_offset = off;
     off = AlignUp(off + rows * p->meta_bytes, 16);
   }
-  f.block_bytes_ = AlignUp(off, 64);
+  l.block_bytes = AlignUp(off, 64);
   return f;
 }
 
 int64_t KvFormat::bytes_per_token_per_layer() const {
-  return static_cast<int64_t>(num_kv_heads_) *
-         (k_.row_bytes + k_.meta_bytes + v_.row_bytes + v_.meta_bytes);
+  const KvPageLayout& l = layout_;
+  return static_cast<int64_t>(l.num_kv_heads) *
+         (l.k.row_bytes + l.k.meta_bytes + l.v.row_bytes + l.v.meta_bytes);
 }
 
 }  // namespace kvserve

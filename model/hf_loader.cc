@@ -196,6 +196,55 @@ std::string HfLayerTensorName(int layer, const char* suffix) {
   return absl::StrCat("model.layers.", layer, ".", suffix);
 }
 
+namespace {
+
+// config.json "rope_scaling": {"rope_type" (or "type"): linear | dynamic |
+// llama3 | default, "factor", ...}. Anything else is refused by name: plain
+// RoPE in its place would silently give wrong outputs.
+absl::StatusOr<RopeScaling> ParseRopeScaling(const ConfigReader& r, const json& rs) {
+  RopeScaling s;
+  if (!rs.is_object()) return r.Bad("rope_scaling", absl::StrCat("is not an object: ", rs.dump()));
+  std::string type;
+  for (const char* key : {"rope_type", "type"}) {
+    if (auto it = rs.find(key); it != rs.end() && it->is_string()) {
+      type = it->get<std::string>();
+      break;
+    }
+  }
+  auto number = [&](const char* key, float fallback) -> absl::StatusOr<float> {
+    auto it = rs.find(key);
+    if (it == rs.end() || it->is_null()) return fallback;
+    if (!it->is_number()) {
+      return r.Bad(absl::StrCat("rope_scaling.", key), absl::StrCat("is not a number: ", it->dump()));
+    }
+    return it->get<float>();
+  };
+  if (type == "default") return s;
+  if (type == "linear") {
+    s.type = RopeScalingType::kLinear;
+  } else if (type == "dynamic") {
+    s.type = RopeScalingType::kDynamic;
+  } else if (type == "llama3") {
+    s.type = RopeScalingType::kLlama3;
+  } else {
+    return r.Bad("rope_scaling", absl::StrCat("has type '", type,
+                                              "'; supported: linear, dynamic, llama3"));
+  }
+  KV_ASSIGN_OR_RETURN(s.factor, number("factor", 1.0f));
+  if (!(s.factor >= 1.0f)) return r.Bad("rope_scaling.factor", "must be >= 1");
+  KV_ASSIGN_OR_RETURN(s.low_freq_factor, number("low_freq_factor", 1.0f));
+  KV_ASSIGN_OR_RETURN(s.high_freq_factor, number("high_freq_factor", 4.0f));
+  float orig = 0;
+  KV_ASSIGN_OR_RETURN(orig, number("original_max_position_embeddings", 0.0f));
+  s.original_max_position_embeddings = static_cast<int>(orig);
+  if (s.type == RopeScalingType::kLlama3 && s.original_max_position_embeddings <= 0) {
+    return r.Bad("rope_scaling.original_max_position_embeddings", "is missing (llama3 needs it)");
+  }
+  return s;
+}
+
+}  // namespace
+
 absl::StatusOr<ModelConfig> ParseHfConfig(const std::string& config_path) {
   KV_ASSIGN_OR_RETURN(json j, ReadJsonFile(config_path));
   if (!j.is_object()) {
@@ -204,6 +253,12 @@ absl::StatusOr<ModelConfig> ParseHfConfig(const std::string& config_path) {
   ConfigReader r(config_path, j);
   ModelConfig c;
 
+  static constexpr std::pair<const char*, const char*> kArchitectures[] = {
+      {"llama", "LlamaForCausalLM"},
+      {"mistral", "MistralForCausalLM"},
+      {"qwen2", "Qwen2ForCausalLM"},
+      {"qwen3", "Qwen3ForCausalLM"},
+  };
   if (const json* archs = r.Get("architectures")) {
     if (!archs->is_array() || archs->empty() || !(*archs)[0].is_string()) {
       return r.Bad("architectures", "is not a list of names");
@@ -211,26 +266,41 @@ absl::StatusOr<ModelConfig> ParseHfConfig(const std::string& config_path) {
     c.architecture = (*archs)[0].get<std::string>();
   } else if (const json* type = r.Get("model_type"); type != nullptr && type->is_string()) {
     const std::string t = type->get<std::string>();
-    if (t == "llama") c.architecture = "LlamaForCausalLM";
-    if (t == "mistral") c.architecture = "MistralForCausalLM";
-    if (c.architecture.empty())
-      return r.Bad("model_type", absl::StrCat("'", t, "' is not supported"));
+    for (const auto& [model_type, arch] : kArchitectures) {
+      if (t == model_type) c.architecture = arch;
+    }
+    if (c.architecture.empty()) {
+      return r.Bad("model_type", absl::StrCat("'", t, "' is not supported (llama, mistral, "
+                                                      "qwen2, qwen3 are)"));
+    }
   } else {
-    return r.Bad("architectures", "is missing (and no model_type says llama or mistral)");
+    return r.Bad("architectures", "is missing (and no model_type names a supported one)");
   }
-  if (c.architecture != "LlamaForCausalLM" && c.architecture != "MistralForCausalLM") {
+  bool known = false;
+  for (const auto& [model_type, arch] : kArchitectures) known |= c.architecture == arch;
+  if (!known) {
     return r.Bad("architectures", absl::StrCat("names '", c.architecture,
                                                "'; supported: LlamaForCausalLM, "
-                                               "MistralForCausalLM"));
+                                               "MistralForCausalLM, Qwen2ForCausalLM, "
+                                               "Qwen3ForCausalLM"));
   }
+  const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
+  const bool qwen3 = c.architecture == "Qwen3ForCausalLM";
   if (const json* act = r.Get("hidden_act"); act != nullptr && *act != "silu") {
     return r.Bad("hidden_act", absl::StrCat("is ", act->dump(), "; only \"silu\" is supported"));
   }
-  // Scaled RoPE (Llama 3.1's "llama3", YaRN, ...) changes every position's
-  // rotation; loading it as plain RoPE would silently give wrong outputs.
-  if (r.Get("rope_scaling") != nullptr) {
-    return r.Bad("rope_scaling", absl::StrCat("is ", r.Get("rope_scaling")->dump(),
-                                              "; scaled RoPE is not supported"));
+  if (const json* rs = r.Get("rope_scaling")) {
+    KV_ASSIGN_OR_RETURN(c.rope_scaling, ParseRopeScaling(r, *rs));
+  }
+  // Qwen2 always has q/k/v biases (and none on o_proj); Llama, Mistral and
+  // Qwen3 put one on all four projections when attention_bias says so.
+  bool attention_bias = false;
+  KV_ASSIGN_OR_RETURN(attention_bias, r.Bool("attention_bias", false));
+  c.qkv_bias = qwen2 || attention_bias;
+  c.o_bias = !qwen2 && attention_bias;
+  c.qk_norm = qwen3;
+  if (r.Get("mlp_bias") != nullptr && r.Get("mlp_bias")->is_boolean() && *r.Get("mlp_bias")) {
+    return r.Bad("mlp_bias", "is true; MLP biases are not supported");
   }
 
   KV_ASSIGN_OR_RETURN(c.dim, r.Int("hidden_size", std::nullopt));
@@ -254,6 +324,17 @@ absl::StatusOr<ModelConfig> ParseHfConfig(const std::string& config_path) {
   KV_ASSIGN_OR_RETURN(c.rms_norm_eps, r.Float("rms_norm_eps", 1e-6f));  // transformers' default
   KV_ASSIGN_OR_RETURN(c.tie_word_embeddings, r.Bool("tie_word_embeddings", false));
   KV_ASSIGN_OR_RETURN(c.sliding_window, r.Int("sliding_window", 0));
+  if (qwen2 || qwen3) {
+    // Qwen configs carry a sliding_window that only use_sliding_window turns
+    // on, and then only for layers past max_window_layers.
+    bool use_sw = false;
+    KV_ASSIGN_OR_RETURN(use_sw, r.Bool("use_sliding_window", false));
+    if (use_sw) {
+      return r.Bad("use_sliding_window",
+                   "is true; per-layer sliding windows (max_window_layers) are not supported");
+    }
+    c.sliding_window = 0;
+  }
   KV_ASSIGN_OR_RETURN(c.bos_id, r.TokenId("bos_token_id", 1));
   KV_ASSIGN_OR_RETURN(c.eos_id, r.TokenId("eos_token_id", 2));
   KV_ASSIGN_OR_RETURN(c.bos_is_stop, r.Bool("kvserve_bos_is_stop", false));
@@ -292,10 +373,27 @@ absl::StatusOr<LlamaWeights> LoadHfDirectory(const std::string& dir) {
   KV_ASSIGN_OR_RETURN(w.tok_embeddings, src.Get(kHfEmbeddings, {vocab, dim}));
   w.layers.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
+    LayerWeights& lw = w.layers[l];
     for (size_t i = 0; i < std::size(kHfLayerTensors); ++i) {
-      KV_ASSIGN_OR_RETURN(
-          w.layers[l].*kHfLayerTensors[i].member,
-          src.Get(HfLayerTensorName(l, kHfLayerTensors[i].suffix), layer_shapes[i]));
+      KV_ASSIGN_OR_RETURN(lw.*kHfLayerTensors[i].member,
+                          src.Get(HfLayerTensorName(l, kHfLayerTensors[i].suffix), layer_shapes[i]));
+    }
+    if (c.qkv_bias) {
+      const int64_t sizes[] = {q_dim, kv_dim, kv_dim};
+      for (size_t i = 0; i < std::size(kHfQkvBiasTensors); ++i) {
+        KV_ASSIGN_OR_RETURN(lw.*kHfQkvBiasTensors[i].member,
+                            src.Get(HfLayerTensorName(l, kHfQkvBiasTensors[i].suffix), {sizes[i]}));
+      }
+    }
+    if (c.o_bias) {
+      KV_ASSIGN_OR_RETURN(lw.*kHfOBiasTensor.member,
+                          src.Get(HfLayerTensorName(l, kHfOBiasTensor.suffix), {dim}));
+    }
+    if (c.qk_norm) {
+      for (const HfLayerTensor& t : kHfQkNormTensors) {
+        KV_ASSIGN_OR_RETURN(lw.*t.member,
+                            src.Get(HfLayerTensorName(l, t.suffix), {int64_t{c.head_dim}}));
+      }
     }
   }
   KV_ASSIGN_OR_RETURN(w.final_norm, src.Get(kHfFinalNorm, {dim}));

@@ -1,5 +1,10 @@
-// Loads a Hugging Face Llama/Mistral model directory:
-//   config.json                      LlamaForCausalLM or MistralForCausalLM
+// Loads a Hugging Face Llama-family model directory:
+//   config.json                      LlamaForCausalLM, MistralForCausalLM,
+//                                    Qwen2ForCausalLM (q/k/v biases) or
+//                                    Qwen3ForCausalLM (per-head q/k RMSNorm);
+//                                    rope_scaling linear / dynamic / llama3,
+//                                    explicit head_dim, attention_bias,
+//                                    tie_word_embeddings, sliding_window
 //   model.safetensors                one file, or
 //   model.safetensors.index.json     {"weight_map": {tensor: shard file}} + shards
 //   tokenizer.model                  (resolved by LoadModel, not here)
@@ -39,6 +44,17 @@ inline constexpr HfLayerTensor kHfLayerTensors[] = {
     {"mlp.gate_proj.weight", &LayerWeights::w_gate},
     {"mlp.up_proj.weight", &LayerWeights::w_up},
     {"mlp.down_proj.weight", &LayerWeights::w_down},
+};
+// Per-layer tensors only some variants carry (ModelConfig says which).
+inline constexpr HfLayerTensor kHfQkvBiasTensors[] = {
+    {"self_attn.q_proj.bias", &LayerWeights::bq},
+    {"self_attn.k_proj.bias", &LayerWeights::bk},
+    {"self_attn.v_proj.bias", &LayerWeights::bv},
+};
+inline constexpr HfLayerTensor kHfOBiasTensor = {"self_attn.o_proj.bias", &LayerWeights::bo};
+inline constexpr HfLayerTensor kHfQkNormTensors[] = {
+    {"self_attn.q_norm.weight", &LayerWeights::q_norm},
+    {"self_attn.k_norm.weight", &LayerWeights::k_norm},
 };
 inline constexpr char kHfEmbeddings[] = "model.embed_tokens.weight";
 inline constexpr char kHfFinalNorm[] = "model.norm.weight";

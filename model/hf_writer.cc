@@ -82,7 +82,11 @@ absl::Status WriteText(const std::string& path, const std::string& text) {
 ordered_json HfConfigJson(const ModelConfig& c, SafetensorsDtype dtype) {
   ordered_json j;
   j["architectures"] = {c.architecture.empty() ? "LlamaForCausalLM" : c.architecture};
-  j["model_type"] = c.architecture == "MistralForCausalLM" ? "mistral" : "llama";
+  const bool qwen2 = c.architecture == "Qwen2ForCausalLM";
+  j["model_type"] = c.architecture == "MistralForCausalLM" ? "mistral"
+                    : qwen2                                ? "qwen2"
+                    : c.architecture == "Qwen3ForCausalLM" ? "qwen3"
+                                                           : "llama";
   j["hidden_size"] = c.dim;
   j["intermediate_size"] = c.hidden_dim;
   j["num_hidden_layers"] = c.num_layers;
@@ -94,6 +98,24 @@ ordered_json HfConfigJson(const ModelConfig& c, SafetensorsDtype dtype) {
   j["vocab_size"] = c.vocab_size;
   j["rms_norm_eps"] = ShortestDecimal(c.rms_norm_eps);
   j["rope_theta"] = ShortestDecimal(c.rope_theta);
+  const RopeScaling& rs = c.rope_scaling;
+  if (rs.type != RopeScalingType::kNone) {
+    ordered_json s;
+    s["rope_type"] = rs.type == RopeScalingType::kLinear    ? "linear"
+                     : rs.type == RopeScalingType::kDynamic ? "dynamic"
+                                                            : "llama3";
+    s["factor"] = ShortestDecimal(rs.factor);
+    if (rs.type == RopeScalingType::kLlama3) {
+      s["low_freq_factor"] = ShortestDecimal(rs.low_freq_factor);
+      s["high_freq_factor"] = ShortestDecimal(rs.high_freq_factor);
+    }
+    if (rs.original_max_position_embeddings > 0) {
+      s["original_max_position_embeddings"] = rs.original_max_position_embeddings;
+    }
+    j["rope_scaling"] = s;
+  }
+  // Qwen2 implies q/k/v biases; elsewhere attention_bias puts one on q/k/v/o.
+  if (!qwen2) j["attention_bias"] = c.o_bias;
   j["tie_word_embeddings"] = c.tie_word_embeddings;
   if (c.sliding_window > 0) j["sliding_window"] = c.sliding_window;
   j["bos_token_id"] = c.bos_id;
@@ -176,6 +198,15 @@ absl::Status WriteHfDirectory(const LlamaWeights& w, const std::string& tokenize
   fs::create_directories(out_dir, ec);
   if (ec) return absl::PermissionDeniedError(absl::StrCat(out_dir, ": ", ec.message()));
   const fs::path dir(out_dir);
+  if (c.rope_style == RopeStyle::kInterleaved && (c.qkv_bias || c.qk_norm)) {
+    return absl::UnimplementedError(
+        "writing q/k biases or q/k norms of an interleaved-RoPE model (their channels would need "
+        "the rotate-half permutation too)");
+  }
+  if (c.architecture != "Qwen2ForCausalLM" && c.qkv_bias != c.o_bias) {
+    return absl::InvalidArgumentError(
+        "config.json can only say attention_bias for all of q/k/v/o (Qwen2: q/k/v only)");
+  }
 
   // Permuted copies must outlive the write; a deque keeps them in place.
   std::deque<std::vector<float>> permuted;
@@ -193,6 +224,19 @@ absl::Status WriteHfDirectory(const LlamaWeights& w, const std::string& tokenize
       if (lt.member == &LayerWeights::wq) t = rope_rows(t, c.num_heads);
       if (lt.member == &LayerWeights::wk) t = rope_rows(t, c.num_kv_heads);
       tensors.push_back({HfLayerTensorName(l, lt.suffix), t});
+    }
+    if (c.qkv_bias) {
+      for (const HfLayerTensor& lt : kHfQkvBiasTensors) {
+        tensors.push_back({HfLayerTensorName(l, lt.suffix), layer.*lt.member});
+      }
+    }
+    if (c.o_bias) {
+      tensors.push_back({HfLayerTensorName(l, kHfOBiasTensor.suffix), layer.*kHfOBiasTensor.member});
+    }
+    if (c.qk_norm) {
+      for (const HfLayerTensor& lt : kHfQkNormTensors) {
+        tensors.push_back({HfLayerTensorName(l, lt.suffix), layer.*lt.member});
+      }
     }
   }
   tensors.push_back({kHfFinalNorm, w.final_norm});

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "cache/status_macros.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/attention_plan.h"
 #include "kernels/cpu/paged_attention.h"
 
 namespace kvserve {
@@ -49,6 +50,16 @@ absl::Status CheckWeights(const LlamaWeights& w) {
     KV_RETURN_IF_ERROR(CheckTensor(lw.w_gate, hid * dim, p + "w_gate"));
     KV_RETURN_IF_ERROR(CheckTensor(lw.w_down, dim * hid, p + "w_down"));
     KV_RETURN_IF_ERROR(CheckTensor(lw.w_up, hid * dim, p + "w_up"));
+    if (c.qkv_bias) {
+      KV_RETURN_IF_ERROR(CheckTensor(lw.bq, qd, p + "bq"));
+      KV_RETURN_IF_ERROR(CheckTensor(lw.bk, kvd, p + "bk"));
+      KV_RETURN_IF_ERROR(CheckTensor(lw.bv, kvd, p + "bv"));
+    }
+    if (c.o_bias) KV_RETURN_IF_ERROR(CheckTensor(lw.bo, dim, p + "bo"));
+    if (c.qk_norm) {
+      KV_RETURN_IF_ERROR(CheckTensor(lw.q_norm, c.head_dim, p + "q_norm"));
+      KV_RETURN_IF_ERROR(CheckTensor(lw.k_norm, c.head_dim, p + "k_norm"));
+    }
   }
   return absl::OkStatus();
 }
@@ -62,15 +73,13 @@ absl::Status BadBatch(const std::string& what) {
 absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weights,
                                                                int num_threads) {
   KV_RETURN_IF_ERROR(CheckWeights(weights));
-  cpu::SetBlasSingleThreaded();
   if (num_threads <= 0) num_threads = std::max(1u, std::thread::hardware_concurrency());
   return std::unique_ptr<LlamaModel>(new LlamaModel(std::move(weights), num_threads));
 }
 
 LlamaModel::LlamaModel(LlamaWeights weights, int num_threads)
     : weights_(std::move(weights)),
-      rope_(weights_.config.max_position_embeddings, weights_.config.head_dim,
-            weights_.config.rope_theta),
+      rope_(weights_.config.max_position_embeddings, weights_.config.RopeInvFreq()),
       pool_(num_threads) {
   const ModelConfig& c = weights_.config;
   q_dim_ = c.num_heads * c.head_dim;
@@ -236,18 +245,10 @@ void LlamaModel::EnsureCapacity(int64_t rows, int64_t logit_rows) {
 void LlamaModel::PlanStep(const BatchInput& batch) {
   const ModelConfig& c = weights_.config;
   const int32_t T = batch.num_tokens();
-  const int window = c.sliding_window;
-  auto keys_of = [&](int32_t idx) -> int64_t {
-    return window > 0 ? std::min<int64_t>(idx + 1, window) : idx + 1;
-  };
-  int64_t total_keys = 0;
-  for (int32_t b = 0; b < batch.num_seqs(); ++b) {
-    const int32_t q_len = batch.query_start[b + 1] - batch.query_start[b];
-    const int32_t first = batch.context_len[b] - q_len;
-    for (int32_t i = 0; i < q_len; ++i) total_keys += keys_of(first + i);
-  }
+  const BatchView view = ViewOf(batch);
   // Q.K and P.V for every head and layer.
-  const int64_t attn_macs = total_keys * 2 * q_dim_ * c.num_layers;
+  const int64_t attn_macs =
+      CountAttentionKeys(view, c.sliding_window) * 2 * q_dim_ * c.num_layers;
   const int64_t macs = int64_t{T} * macs_per_token_ + attn_macs;
   const int threads = pool_.num_threads();
   if (threads == 1 || T < 2 || macs < kParallelMinMacs) {
@@ -256,23 +257,10 @@ void LlamaModel::PlanStep(const BatchInput& batch) {
     return;
   }
   row_chunks_ = static_cast<int>(std::min<int64_t>(threads, T));
-  const int parts = static_cast<int>(std::min<int64_t>(kAttentionChunksPerThread * threads, T));
-  attn_split_.assign(parts + 1, T);
-  attn_split_[0] = 0;
-  // Cost of a row: the keys it reads plus a fixed per-row overhead.
+  // A row costs the keys it reads plus a fixed overhead.
   constexpr int64_t kRowOverhead = 8;
-  const int64_t total = total_keys + kRowOverhead * T;
-  int64_t acc = 0;
-  int part = 1;
-  for (int32_t b = 0; b < batch.num_seqs() && part < parts; ++b) {
-    const int32_t q_len = batch.query_start[b + 1] - batch.query_start[b];
-    const int32_t first = batch.context_len[b] - q_len;
-    for (int32_t i = 0; i < q_len && part < parts; ++i) {
-      acc += keys_of(first + i) + kRowOverhead;
-      const int32_t r = batch.query_start[b] + i;
-      while (part < parts && acc * parts >= total * part) attn_split_[part++] = r + 1;
-    }
-  }
+  attn_split_ = SplitRowsByAttentionCost(view, c.sliding_window, kAttentionChunksPerThread * threads,
+                                         kRowOverhead);
 }
 
 void LlamaModel::AttentionInput(int layer, const BatchInput& batch, HostKvPages& kv, int64_t r0,
@@ -292,6 +280,15 @@ void LlamaModel::AttentionInput(int layer, const BatchInput& batch, HostKvPages&
   cpu::Linear(xb, n, dim, m.wq, q_dim_, q, q_dim_, false);
   cpu::Linear(xb, n, dim, m.wk, kv_dim_, k, kv_dim_, false);
   cpu::Linear(xb, n, dim, m.wv, kv_dim_, v, kv_dim_, false);
+  if (c.qkv_bias) {
+    cpu::AddBias(q, w.bq.data, n, q_dim_);
+    cpu::AddBias(k, w.bk.data, n, kv_dim_);
+    cpu::AddBias(v, w.bv.data, n, kv_dim_);
+  }
+  if (c.qk_norm) {  // every head of every row is one RMSNorm row
+    cpu::RmsNorm(q, w.q_norm.data, q, n * c.num_heads, c.head_dim, c.rms_norm_eps);
+    cpu::RmsNorm(k, w.k_norm.data, k, n * c.num_kv_heads, c.head_dim, c.rms_norm_eps);
+  }
   const bool interleaved = c.rope_style == RopeStyle::kInterleaved;
   for (int64_t i = 0; i < n; ++i) {
     const int32_t pos = batch.positions[r0 + i];
@@ -305,8 +302,7 @@ void LlamaModel::AttentionInput(int layer, const BatchInput& batch, HostKvPages&
   wp.v = v;
   wp.slot_mapping = batch.slot_mapping.data() + r0;
   wp.num_tokens = static_cast<int32_t>(n);
-  wp.kv_layer = kv.layer(layer);
-  wp.format = &kv.format();
+  wp.kv = LayerView(kv, layer);
   cpu::WriteKv(wp);
 }
 
@@ -322,6 +318,7 @@ void LlamaModel::AttentionOutputAndMlp(int layer, int64_t r0, int64_t r1) {
   float* gate = gate_.data() + r0 * hid;
   float* up = up_.data() + r0 * hid;
   cpu::Linear(att_.data() + r0 * q_dim_, n, q_dim_, m.wo, dim, x, dim, /*accumulate=*/true);
+  if (c.o_bias) cpu::AddBias(x, w.bo.data, n, dim);
   cpu::RmsNorm(x, w.ffn_norm.data, xb, n, dim, c.rms_norm_eps);
   cpu::Linear(xb, n, dim, m.w_gate, hid, gate, hid, false);
   cpu::Linear(xb, n, dim, m.w_up, hid, up, hid, false);
@@ -348,8 +345,7 @@ absl::Status LlamaModel::Forward(const BatchInput& batch, HostKvPages& kv,
   cpu::PagedAttentionParams ap;
   ap.q = q_.data();
   ap.out = att_.data();
-  ap.format = &kv.format();
-  ap.batch = &batch;
+  ap.batch = ViewOf(batch);
   ap.num_heads = c.num_heads;
   ap.scale = attn_scale_;
   ap.sliding_window = c.sliding_window;
@@ -365,7 +361,7 @@ absl::Status LlamaModel::Forward(const BatchInput& batch, HostKvPages& kv,
     AttentionInput(0, batch, kv, r0, r1);
   });
   for (int l = 0; l < c.num_layers; ++l) {
-    ap.kv_layer = kv.layer(l);
+    ap.kv = LayerView(kv, l);
     pool_.Run(attn_chunks, [&](int ch) {
       if (attn_split_[ch] < attn_split_[ch + 1]) {
         cpu::PagedAttention(ap, attn_split_[ch], attn_split_[ch + 1]);

@@ -2,9 +2,10 @@
 // BatchInput (prefill chunks and decode tokens of many sequences together),
 // reading and writing K/V only through the paged cache it is given.
 //
-// Per layer: RMSNorm -> Q/K/V projections -> RoPE at batch.positions ->
+// Per layer: RMSNorm -> Q/K/V projections (+ biases: Qwen2) -> per-head q/k
+// RMSNorm (Qwen3) -> RoPE at batch.positions (scaled per the config) ->
 // WriteKv at batch.slot_mapping -> PagedAttention (GQA, optional sliding
-// window) -> output projection + residual -> RMSNorm -> SwiGLU MLP +
+// window) -> output projection (+ bias) + residual -> RMSNorm -> SwiGLU MLP +
 // residual. Then the final RMSNorm and the output head, only for the rows in
 // batch.logits_rows.
 //

@@ -37,6 +37,13 @@ struct LayerWeights {
   Tensor w_gate;     // [hidden_dim, dim]   (llama2.c w1)
   Tensor w_down;     // [dim, hidden_dim]   (llama2.c w2)
   Tensor w_up;       // [hidden_dim, dim]   (llama2.c w3)
+  // Present only where the config asks (data == nullptr otherwise):
+  Tensor bq;      // [num_heads * head_dim]      qkv_bias
+  Tensor bk;      // [num_kv_heads * head_dim]   qkv_bias
+  Tensor bv;      // [num_kv_heads * head_dim]   qkv_bias
+  Tensor bo;      // [dim]                        o_bias
+  Tensor q_norm;  // [head_dim]                   qk_norm
+  Tensor k_norm;  // [head_dim]                   qk_norm
 };
 
 struct LlamaWeights {

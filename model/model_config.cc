@@ -1,5 +1,7 @@
 #include "model/model_config.h"
 
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 
 namespace kvserve {
@@ -25,15 +27,57 @@ absl::Status ModelConfig::Validate() const {
     return absl::InvalidArgumentError("model config: rms_norm_eps must be > 0");
   }
   if (sliding_window < 0) return bad("sliding_window", sliding_window, "must be >= 0");
+  if (rope_scaling.type != RopeScalingType::kNone) {
+    if (!(rope_scaling.factor >= 1.0f)) {
+      return absl::InvalidArgumentError("model config: rope_scaling.factor must be >= 1");
+    }
+    if (rope_scaling.type == RopeScalingType::kLlama3 &&
+        (rope_scaling.original_max_position_embeddings <= 0 ||
+         !(rope_scaling.high_freq_factor > rope_scaling.low_freq_factor))) {
+      return absl::InvalidArgumentError(
+          "model config: rope_scaling llama3 needs original_max_position_embeddings > 0 and "
+          "high_freq_factor > low_freq_factor");
+    }
+  }
   return absl::OkStatus();
 }
 
 int64_t ModelConfig::NumParams() const {
   const int64_t q = static_cast<int64_t>(num_heads) * head_dim;
   const int64_t kv = static_cast<int64_t>(num_kv_heads) * head_dim;
-  const int64_t per_layer = 2LL * dim + dim * q + 2 * dim * kv + q * dim + 3LL * dim * hidden_dim;
+  const int64_t per_layer = 2LL * dim + dim * q + 2 * dim * kv + q * dim + 3LL * dim * hidden_dim +
+                            (qkv_bias ? q + 2 * kv : 0) + (o_bias ? dim : 0) +
+                            (qk_norm ? 2LL * head_dim : 0);
   const int64_t embed = static_cast<int64_t>(vocab_size) * dim;
   return per_layer * num_layers + dim + embed * (tie_word_embeddings ? 1 : 2);
+}
+
+std::vector<float> ModelConfig::RopeInvFreq() const {
+  const int half = head_dim / 2;
+  std::vector<float> inv(half);
+  for (int j = 0; j < half; ++j) {
+    inv[j] = 1.0f / powf(rope_theta, static_cast<float>(2 * j) / static_cast<float>(head_dim));
+  }
+  const RopeScaling& s = rope_scaling;
+  if (s.type == RopeScalingType::kLinear) {
+    for (float& f : inv) f /= s.factor;
+  } else if (s.type == RopeScalingType::kLlama3) {
+    const float old_len = static_cast<float>(s.original_max_position_embeddings);
+    const float low_wavelen = old_len / s.low_freq_factor;
+    const float high_wavelen = old_len / s.high_freq_factor;
+    constexpr float kPi = 3.14159265358979323846f;
+    for (float& f : inv) {
+      const float wavelen = 2.0f * kPi / f;
+      if (wavelen > low_wavelen) {
+        f /= s.factor;
+      } else if (wavelen >= high_wavelen) {
+        const float smooth =
+            (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        f = (1.0f - smooth) * f / s.factor + smooth * f;
+      }
+    }
+  }
+  return inv;
 }
 
 }  // namespace kvserve

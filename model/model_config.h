@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 
@@ -14,6 +15,27 @@ namespace kvserve {
 // How RoPE pairs channels: llama2.c rotates adjacent pairs (2i, 2i+1); HF
 // checkpoints rotate halves (i, i + head_dim/2) after their q/k row permutation.
 enum class RopeStyle : uint8_t { kInterleaved, kNeox };
+
+// RoPE frequency scaling (config.json "rope_scaling"), as transformers'
+// rope utilities compute it:
+//   linear:  every inverse frequency / factor;
+//   llama3:  Llama 3.1's by-wavelength blend (low frequencies / factor, high
+//            ones kept, a smooth ramp between, from original_max_position_
+//            embeddings, low_freq_factor and high_freq_factor);
+//   dynamic: NTK-aware base scaling once a sequence outgrows
+//            original_max_position_embeddings. transformers recomputes the
+//            base per forward from the current length, which cached keys
+//            cannot follow (they keep the rotation they were written with),
+//            so kvserve applies plain RoPE and keeps max_position_embeddings
+//            as the limit: exact for every length the model was trained on.
+enum class RopeScalingType : uint8_t { kNone, kLinear, kDynamic, kLlama3 };
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::kNone;
+  float factor = 1.0f;
+  float low_freq_factor = 1.0f;   // llama3
+  float high_freq_factor = 4.0f;  // llama3
+  int original_max_position_embeddings = 0;
+};
 
 struct ModelConfig {
   std::string name;          // e.g. "stories260k", "llama-3-8b"
@@ -27,10 +49,16 @@ struct ModelConfig {
   int vocab_size = 0;
   int max_position_embeddings = 0;
   float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;
   float rms_norm_eps = 1e-5f;
   RopeStyle rope_style = RopeStyle::kNeox;
   bool tie_word_embeddings = false;
   int sliding_window = 0;    // 0: full attention
+  // Variants: biases on the q/k/v projections (Qwen2; Llama's attention_bias
+  // also sets o_bias), RMSNorm over each head of q and k before RoPE (Qwen3).
+  bool qkv_bias = false;
+  bool o_bias = false;
+  bool qk_norm = false;
   int32_t bos_id = 1;
   int32_t eos_id = 2;
   // llama2.c TinyStories checkpoints put BOS between stories: generating BOS
@@ -41,6 +69,10 @@ struct ModelConfig {
   absl::Status Validate() const;
   // Number of parameters (embeddings and head included).
   int64_t NumParams() const;
+  // RoPE inverse frequencies, one per channel pair [head_dim / 2], with
+  // rope_scaling applied; fp32 arithmetic as in llama2.c's run.c (so
+  // unscaled tables are bit-identical to it).
+  std::vector<float> RopeInvFreq() const;
 };
 
 }  // namespace kvserve

@@ -1,27 +1,24 @@
-// `kvserve generate`: offline generation for one prompt on the CPU backend.
-// The prompt (BOS + its tokens) is prefilled as one chunk, then one token is
-// decoded per step; blocks are taken from a BlockPool as the sequence grows,
-// exactly as the engine does, so this is also the smallest end-to-end check
-// of the paged cache. Text streams to stdout in whole UTF-8 characters (the
-// prompt is not echoed); speed goes to stderr.
+// `kvserve generate`: offline generation for one prompt, through the same
+// Engine the daemon serves with (as vLLM's offline LLM class goes through
+// its engine): the prompt is prefilled as one chunk, then one token is
+// decoded per step, with the scheduler's stop rules (EOS, BOS for llama2.c
+// stories, max_tokens, the end of the context). Text streams to stdout in
+// whole UTF-8 characters (the prompt is not echoed); speed goes to stderr.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "cache/block_pool.h"
-#include "cache/block_table.h"
 #include "cache/kv_format.h"
 #include "model/cpu_model_runner.h"
 #include "model/model_loader.h"
-#include "model/sampler.h"
 #include "model/sampling_params.h"
-#include "scheduler/detokenizer.h"
+#include "scheduler/engine.h"
 #include "server/cli.h"
 #include "server/cli_flags.h"
 
@@ -131,35 +128,6 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
-// Appends the rows of tokens[begin, end) of the only sequence to a fresh
-// batch, taking blocks from the pool as the sequence grows.
-absl::Status BuildStep(const std::vector<int32_t>& tokens, int32_t begin, int32_t end,
-                       BlockPool& pool, BlockTable& table, BatchInput& batch) {
-  while (table.num_blocks() < table.BlocksFor(end)) {
-    std::optional<BlockId> id = pool.Allocate();
-    if (!id) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("out of KV blocks at ", end, " tokens (", pool.num_blocks(), " blocks of ",
-                       table.block_size(), " tokens); raise --num-blocks"));
-    }
-    table.AppendBlock(*id);
-    batch.block_table[table.num_blocks() - 1] = *id;
-  }
-  batch.token_ids.clear();
-  batch.positions.clear();
-  batch.slot_mapping.clear();
-  for (int32_t i = begin; i < end; ++i) {
-    batch.token_ids.push_back(tokens[i]);
-    batch.positions.push_back(i);
-    batch.slot_mapping.push_back(table.SlotOf(i));
-  }
-  batch.query_start.assign({0, end - begin});
-  batch.context_len.assign({end});
-  batch.logits_rows.assign({end - begin - 1});
-  table.set_num_tokens(end);
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 int RunGenerate(int argc, char** argv) {
@@ -168,72 +136,59 @@ int RunGenerate(int argc, char** argv) {
 
   absl::StatusOr<LoadedModel> loaded = LoadModel(opt.model, opt.tokenizer);
   if (!loaded.ok()) return Fail(loaded.status());
-  const Tokenizer& tok = *loaded->tokenizer;
+  std::shared_ptr<const Tokenizer> tok(std::move(loaded->tokenizer));
   const ModelConfig config = loaded->weights.config;
+  // Prompt + generated tokens stay within the context (vLLM's max_model_len).
+  const int32_t max_len = config.max_position_embeddings;
+  const int32_t prompt_len = static_cast<int32_t>(tok->Encode(opt.prompt, true).size());
+  if (prompt_len >= max_len) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("the prompt has ", prompt_len, " tokens; the model's context is ", max_len)));
+  }
 
   CpuRunnerOptions ro;
   ro.kv_dtype = opt.kv_dtype;
   ro.block_size = opt.block_size;
   ro.num_blocks = opt.num_blocks;  // 0: the whole context of one sequence
   ro.num_threads = opt.threads;
-  absl::StatusOr<std::unique_ptr<CpuModelRunner>> runner_or =
+  absl::StatusOr<std::unique_ptr<CpuModelRunner>> runner =
       CpuModelRunner::Create(std::move(loaded->weights), ro);
-  if (!runner_or.ok()) return Fail(runner_or.status());
-  CpuModelRunner& runner = **runner_or;
+  if (!runner.ok()) return Fail(runner.status());
 
-  std::vector<int32_t> tokens = tok.Encode(opt.prompt, /*add_bos=*/true);
-  const int32_t prompt_len = static_cast<int32_t>(tokens.size());
-  // Prompt + generated tokens stay within the context (vLLM's max_model_len).
-  const int32_t max_len = config.max_position_embeddings;
-  tokens.reserve(max_len);
-  if (prompt_len >= max_len) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("the prompt has ", prompt_len, " tokens; the model's context is ", max_len)));
-  }
+  // One sequence, its prompt in one chunk, nothing shared with anyone.
+  EngineConfig ec;
+  ec.max_num_seqs = 1;
+  ec.max_model_len = max_len;
+  ec.max_num_batched_tokens = max_len;
+  ec.prefix_caching = false;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(ec, *std::move(runner), tok);
+  if (!engine.ok()) return Fail(engine.status());
 
-  BlockPool pool(runner.num_blocks());
-  BlockTable table(opt.block_size);
-  BatchInput batch;
-  batch.Clear();
-  batch.max_blocks_per_seq = (max_len + opt.block_size - 1) / opt.block_size;
-  batch.block_table.assign(batch.max_blocks_per_seq, kNoBlock);
-  std::vector<float> logits(config.vocab_size);
-  Sampler sampler;
-  SamplerState state = SamplerState::ForRequest(opt.sampling);
-  Detokenizer detok(&tok, tokens.back());
-  std::string text;
-
+  GenerateRequest req;
+  req.prompt = opt.prompt;
+  req.sampling = opt.sampling;
+  req.max_tokens = std::min(opt.max_tokens, max_len - prompt_len);
   using Clock = std::chrono::steady_clock;
   const auto t0 = Clock::now();
-  Clock::time_point t_first;
+  absl::StatusOr<std::shared_ptr<RequestStream>> stream = (*engine)->Submit(std::move(req));
+  if (!stream.ok()) return Fail(stream.status());
+
+  Clock::time_point t_first = t0;
   int32_t generated = 0;
-  int32_t cached = 0;
-  for (;;) {
-    const int32_t len = static_cast<int32_t>(tokens.size());
-    if (absl::Status s = BuildStep(tokens, cached, len, pool, table, batch); !s.ok()) {
-      return Fail(s);
-    }
-    if (absl::Status s = runner.Forward(batch, logits); !s.ok()) return Fail(s);
-    cached = len;
-    const std::span<const int32_t> all(tokens);
-    const int32_t next = sampler.Sample(logits, opt.sampling, all.first(prompt_len),
-                                        all.subspan(prompt_len), &state);
-    if (generated == 0) t_first = Clock::now();
-    if (next == config.eos_id || (config.bos_is_stop && next == config.bos_id)) break;
-    tokens.push_back(next);
-    ++generated;
-    text.clear();
-    detok.Add(next, &text);
-    if (!text.empty()) {
-      std::fwrite(text.data(), 1, text.size(), stdout);
+  GenerateOutput out;
+  while ((*stream)->Next(&out) == RequestStream::Pop::kOutput) {
+    if (generated == 0 && !out.token_ids.empty()) t_first = Clock::now();
+    generated += static_cast<int32_t>(out.token_ids.size());
+    if (!out.text.empty()) {
+      std::fwrite(out.text.data(), 1, out.text.size(), stdout);
       std::fflush(stdout);
     }
-    if (generated >= opt.max_tokens || len + 1 >= max_len) break;
+    if (out.finish_reason == FinishReason::kError) {
+      return Fail(absl::InternalError(out.error));
+    }
+    if (out.request_finished) break;
   }
-  text.clear();
-  detok.Finish(&text);
-  text.push_back('\n');
-  std::fwrite(text.data(), 1, text.size(), stdout);
+  std::fputc('\n', stdout);
   std::fflush(stdout);
 
   const auto t_end = Clock::now();

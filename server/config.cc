@@ -14,8 +14,10 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cache/capacity_plan.h"
 #include "cache/kv_format.h"
 #include "cache/status_macros.h"
 
@@ -78,23 +80,17 @@ absl::StatusOr<std::string> ExpandEnv(const std::string& key, const std::string&
 
 absl::StatusOr<int64_t> ParseInt(const std::string& key, const std::string& text, int64_t min,
                                  int64_t max, const std::string& expected) {
-  std::string t(absl::StripAsciiWhitespace(text));
-  if (t.empty()) return Bad(key, expected, text);
-  errno = 0;
-  char* end = nullptr;
-  long long v = std::strtoll(t.c_str(), &end, 10);
-  if (errno != 0 || end != t.c_str() + t.size() || v < min || v > max) {
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &v) || v < min || v > max) {
     return Bad(key, expected, text);
   }
-  return static_cast<int64_t>(v);
+  return v;
 }
 
 absl::StatusOr<double> ParseDouble(const std::string& key, const std::string& text,
                                    const std::string& expected) {
-  std::string t(absl::StripAsciiWhitespace(text));
-  char* end = nullptr;
-  double v = t.empty() ? 0 : std::strtod(t.c_str(), &end);
-  if (t.empty() || end != t.c_str() + t.size() || !std::isfinite(v)) {
+  double v = 0;
+  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(text), &v) || !std::isfinite(v)) {
     return Bad(key, expected, text);
   }
   return v;
@@ -107,22 +103,9 @@ absl::StatusOr<bool> ParseBool(const std::string& key, const std::string& text) 
   return Bad(key, "true or false", text);
 }
 
-// "1073741824", "512MiB", "4GiB", "64k": binary multiples either way.
+// A plain count is bytes; units as cache/capacity_plan.h's ParseByteSize.
 absl::StatusOr<int64_t> ParseBytes(const std::string& key, const std::string& text) {
-  const std::string expected = "a byte count (e.g. 1048576, 512MiB, 4GiB)";
-  std::string t(absl::StripAsciiWhitespace(text));
-  size_t digits = 0;
-  while (digits < t.size() && std::isdigit(static_cast<unsigned char>(t[digits]))) ++digits;
-  if (digits == 0 || digits > 18) return Bad(key, expected, text);
-  int64_t value = std::stoll(t.substr(0, digits));
-  std::string unit = absl::AsciiStrToLower(absl::StripAsciiWhitespace(t.substr(digits)));
-  static const std::map<std::string, int> kShift = {
-      {"", 0},     {"b", 0},  {"k", 10},  {"kb", 10},  {"kib", 10}, {"m", 20},  {"mb", 20},
-      {"mib", 20}, {"g", 30}, {"gb", 30}, {"gib", 30}, {"t", 40},   {"tb", 40}, {"tib", 40}};
-  auto it = kShift.find(unit);
-  if (it == kShift.end()) return Bad(key, expected, text);
-  if (value > (std::numeric_limits<int64_t>::max() >> it->second)) return Bad(key, expected, text);
-  return value << it->second;
+  return ParseByteSize(text, key);
 }
 
 // Seconds as a number, optionally with an "s", "ms" or "m" suffix.
@@ -308,6 +291,7 @@ const std::vector<Field>& Fields() {
       Str("server.api_key", [](ServeConfig& c, std::string v) { c.server.api_key = std::move(v); }),
       Int("server.http_threads", 1, 4096, "an integer in [1, 4096]",
           [](ServeConfig& c, int64_t v) { c.server.http_threads = static_cast<int32_t>(v); }),
+      Bool("server.reuse_port", [](ServeConfig& c, bool v) { c.server.reuse_port = v; }),
       // logging
       Enum("logging.level", {"trace", "debug", "info", "warn", "error", "critical", "off"},
            [](ServeConfig& c, std::string v) { c.logging.level = std::move(v); }),

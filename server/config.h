@@ -63,6 +63,7 @@ struct ServeConfig {
     int32_t max_queue = 4096;          // waiting requests beyond this get 429
     std::string api_key;               // "" = no auth; else "Authorization: Bearer <key>"
     int32_t http_threads = 64;         // concurrent HTTP connections served
+    bool reuse_port = false;           // SO_REUSEPORT: share the ports with other processes
   } server;
   struct Logging {
     std::string level = "info";   // trace | debug | info | warn | error | critical | off

@@ -29,7 +29,7 @@ constexpr absl::Duration kFlushGrace = absl::Seconds(5);
 
 // Signals reach the main loop through a self-pipe written by an
 // async-signal-safe handler. sigwait() with a blocked mask is not enough:
-// libraries start threads before main (OpenBLAS does), those threads do not
+// libraries may start threads before main (OpenBLAS did), those threads do not
 // block the signals, and a process-directed SIGTERM delivered to one of them
 // would kill the daemon instead of draining it.
 int g_signal_pipe[2] = {-1, -1};
@@ -89,13 +89,14 @@ int RunDaemon(const ServeConfig& config) {
   http_options.port = config.server.http_port;
   http_options.max_body_bytes = config.server.max_body_bytes;
   http_options.threads = config.server.http_threads;
+  http_options.reuse_port = config.server.reuse_port;
   HttpService http(&state, http_options);
   if (absl::Status s = http.Start(); !s.ok()) {
     spdlog::critical("{}", std::string(s.message()));
     return 1;
   }
   GrpcService grpc(&state);
-  if (absl::Status s = grpc.Start(config.server.host, config.server.grpc_port); !s.ok()) {
+  if (absl::Status s = grpc.Start(config.server.host, config.server.grpc_port, config.server.reuse_port); !s.ok()) {
     spdlog::critical("{}", std::string(s.message()));
     http.Stop();
     return 1;

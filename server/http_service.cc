@@ -82,12 +82,21 @@ void HttpService::Register() {
   s.set_payload_max_length(static_cast<size_t>(options_.max_body_bytes));
   // httplib listens with a backlog of 5, too few for a burst of clients
   // connecting at once; keep the listening socket to widen it after bind.
+  // Not httplib's defaults, which set SO_REUSEPORT: a second daemon on the
+  // same port would then start without a word and split the traffic.
   s.set_socket_options([this](socket_t sock) {
-    httplib::default_socket_options(sock);
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    if (options_.reuse_port) ::setsockopt(sock, SOL_SOCKET, SO_REUSEPORT, &yes, sizeof(yes));
     listen_fd_ = sock;
   });
   s.set_read_timeout(30, 0);
   s.set_write_timeout(10, 0);
+  // Without TCP_NODELAY a response written in two pieces (headers, then
+  // body) on a kept-alive connection waits for the client's delayed ACK:
+  // about 40 ms per request (Nagle). Linux copies the option from the
+  // listening socket to every accepted one.
+  s.set_tcp_nodelay(true);
 
   s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
     if (req.path.rfind("/v1/", 0) == 0 &&

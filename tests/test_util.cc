@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 namespace kvserve::testing {
 namespace fs = std::filesystem;
@@ -65,10 +66,34 @@ std::string ShellQuote(const std::string& s) {
   return q + "'";
 }
 
-std::string KvserveBinary() { return std::string(KVSERVE_BINARY_DIR) + "/kvserve"; }
+std::string PythonWithModule(const std::string& module) {
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("KVSERVE_PYTHON"); env != nullptr && *env != '\0') {
+    candidates.push_back(env);
+  }
+  candidates.push_back("python3");
+  candidates.push_back("/usr/bin/python3");
+  for (const std::string& py : candidates) {
+    std::string out;
+    if (RunShell(ShellQuote(py) + " -c " + ShellQuote("import " + module) + " 2>&1", &out) == 0) {
+      return py;
+    }
+  }
+  return "";
+}
+
+// KVSERVE_BIN and KVSERVE_TEST_TMP let a copy of the binaries run away from
+// the build tree (the GPU bundle does).
+std::string KvserveBinary() {
+  if (const char* env = std::getenv("KVSERVE_BIN"); env != nullptr && *env != '\0') return env;
+  return std::string(KVSERVE_BINARY_DIR) + "/kvserve";
+}
 
 std::string MakeTempDir(const std::string& prefix) {
   fs::path base = fs::path(KVSERVE_BINARY_DIR) / "test-tmp";
+  if (const char* env = std::getenv("KVSERVE_TEST_TMP"); env != nullptr && *env != '\0') {
+    base = env;
+  }
   fs::create_directories(base);
   std::string tmpl = (base / (prefix + "-XXXXXX")).string();
   if (mkdtemp(tmpl.data()) == nullptr) std::abort();

@@ -1,5 +1,6 @@
 // Test helpers: where the shared reference model and data live, and where the
-// built binaries are. KVSERVE_SHARED overrides ../shared beside the repository.
+// built binaries are. KVSERVE_SHARED overrides ../shared beside the repository,
+// KVSERVE_BIN the kvserve binary and KVSERVE_TEST_TMP the scratch folder.
 #pragma once
 
 #include <string>
@@ -14,6 +15,10 @@ std::string Stories260kCheckpoint();
 std::string Stories260kTokenizer();
 // golden_greedy_256.txt without its final newline.
 std::string GoldenGreedyText();
+// The first python interpreter that can import `module` ($KVSERVE_PYTHON,
+// python3, /usr/bin/python3: a pyenv or venv python3 on PATH may lack
+// Debian's python3-* packages); empty when none can.
+std::string PythonWithModule(const std::string& module);
 // The build's kvserve binary.
 std::string KvserveBinary();
 // A fresh empty directory under the build tree's test scratch area.

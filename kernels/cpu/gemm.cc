@@ -1,9 +1,7 @@
 #include "kernels/cpu/gemm.h"
 
-#include <cblas.h>
 
 #include <algorithm>
-#include <mutex>
 
 #include "kernels/cpu/cpu_features.h"
 
@@ -168,11 +166,6 @@ bool UseAvx2() {
 
 }  // namespace
 
-void SetBlasSingleThreaded() {
-  static std::once_flag once;
-  std::call_once(once, [] { openblas_set_num_threads(1); });
-}
-
 void Linear(const float* x, int64_t rows, int64_t in, const float* w, int64_t out, float* y,
             int64_t ldy, bool accumulate) {
   if (rows <= 0 || out <= 0) return;
@@ -191,11 +184,6 @@ void MatVec(const float* w, const float* x, float* y, int64_t out, int64_t in, b
     case MatVecKernel::kBest:
       Linear(x, 1, in, w, out, y, out, accumulate);
       return;
-    case MatVecKernel::kBlas:
-      SetBlasSingleThreaded();
-      cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<blasint>(out), static_cast<blasint>(in),
-                  1.0f, w, static_cast<blasint>(in), x, 1, accumulate ? 1.0f : 0.0f, y, 1);
-      return;
     case MatVecKernel::kAvx2:
 #if defined(__x86_64__)
       if (CpuHasAvx2()) {
@@ -208,17 +196,6 @@ void MatVec(const float* w, const float* x, float* y, int64_t out, int64_t in, b
       LinearScalar(x, 1, in, w, out, y, out, accumulate);
       return;
   }
-}
-
-void LinearBlas(const float* x, int64_t rows, int64_t in, const float* w, int64_t out, float* y,
-                int64_t ldy, bool accumulate) {
-  if (rows <= 0 || out <= 0) return;
-  SetBlasSingleThreaded();
-  // Y[rows, out] = X[rows, in] * W[out, in]^T
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<blasint>(rows),
-              static_cast<blasint>(out), static_cast<blasint>(in), 1.0f, x,
-              static_cast<blasint>(in), w, static_cast<blasint>(in), accumulate ? 1.0f : 0.0f, y,
-              static_cast<blasint>(ldy));
 }
 
 }  // namespace kvserve::cpu

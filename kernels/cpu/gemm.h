@@ -8,13 +8,12 @@
 // logits, bit for bit, alone or batched with others, in prefill or decode;
 // the batching tests rely on that.
 //
-// Why not OpenBLAS for the forward pass: its kernels (and so its rounding)
-// change with the shape, which would let a greedy token flip on a near tie
-// depending on the batch; and on this project's CPUs it picks its generic
-// "Prescott" SSE kernels (the CPUID model is unknown to it), measured 4-6x
-// slower than the kernel here for one row and 2x slower for 8 and 64 rows on
-// stories260K's matrices. It stays available (MatVecKernel::kBlas,
-// LinearBlas) for comparison and tests, single-threaded.
+// Why not OpenBLAS: its kernels (and so its rounding) change with the shape,
+// which would let a greedy token flip on a near tie depending on the batch;
+// and on this project's CPUs it picked its generic "Prescott" SSE kernels (the
+// CPUID model is unknown to it), measured 4-6x slower than the kernel here for
+// one row and 2x slower for 8 and 64 rows on stories260K's matrices. It was
+// dropped: 36 MB and threads started before main for no gain.
 //
 // The AVX2/FMA kernel is chosen at run time (cpu/cpu_features.h;
 // KVSERVE_CPU_ISA=scalar forces the portable loop, which is batch-invariant
@@ -27,9 +26,6 @@
 
 namespace kvserve::cpu {
 
-// Forces OpenBLAS to one thread (our threads do the parallel work). Idempotent.
-void SetBlasSingleThreaded();
-
 // y[r * ldy + o] (+)= sum_k x[r * in + k] * w[o * in + k]
 //   x: [rows][in] contiguous, w: [out][in] contiguous, y: [rows][ldy], ldy >= out.
 // accumulate: add into y instead of overwriting it (fuses a residual add).
@@ -38,11 +34,8 @@ void Linear(const float* x, int64_t rows, int64_t in, const float* w, int64_t ou
 
 // One row (a matrix-vector product), with the kernel chosen explicitly, for
 // tests and for measuring which is fastest. kBest is what Linear uses.
-enum class MatVecKernel { kBest, kBlas, kAvx2, kScalar };
+enum class MatVecKernel { kBest, kAvx2, kScalar };
 void MatVec(const float* w, const float* x, float* y, int64_t out, int64_t in, bool accumulate,
             MatVecKernel kernel = MatVecKernel::kBest);
-// Linear through cblas_sgemm (single-threaded), for comparison only.
-void LinearBlas(const float* x, int64_t rows, int64_t in, const float* w, int64_t out, float* y,
-                int64_t ldy, bool accumulate);
 
 }  // namespace kvserve::cpu

@@ -28,7 +28,7 @@
 
 #include <cstdint>
 
-#include "cache/kv_format.h"
+#include "cache/kv_layout.h"
 #include "kernels/cpu/cpu_features.h"
 
 namespace kvserve::cpu {

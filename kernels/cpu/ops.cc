@@ -46,6 +46,26 @@ RopeTable::RopeTable(int max_positions, int head_dim, float theta)
   }
 }
 
+RopeTable::RopeTable(int max_positions, const std::vector<float>& inv_freq)
+    : max_positions_(max_positions), half_(static_cast<int>(inv_freq.size())) {
+  cos_.resize(static_cast<size_t>(max_positions) * half_);
+  sin_.resize(cos_.size());
+  for (int j = 0; j < half_; ++j) {
+    for (int pos = 0; pos < max_positions; ++pos) {
+      const float val = static_cast<float>(pos) * inv_freq[j];
+      cos_[static_cast<size_t>(pos) * half_ + j] = cosf(val);
+      sin_[static_cast<size_t>(pos) * half_ + j] = sinf(val);
+    }
+  }
+}
+
+void AddBias(float* y, const float* bias, int64_t rows, int64_t dim) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float* row = y + r * dim;
+    for (int64_t i = 0; i < dim; ++i) row[i] += bias[i];
+  }
+}
+
 void ApplyRope(float* vec, int num_heads, int head_dim, const float* cos, const float* sin,
                bool interleaved) {
   const int half = head_dim / 2;

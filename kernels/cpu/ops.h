@@ -27,6 +27,8 @@ class RopeTable {
  public:
   RopeTable() = default;
   RopeTable(int max_positions, int head_dim, float theta);
+  // From explicit inverse frequencies [head_dim / 2] (scaled RoPE variants).
+  RopeTable(int max_positions, const std::vector<float>& inv_freq);
 
   int max_positions() const { return max_positions_; }
   int half_dim() const { return half_; }
@@ -39,6 +41,9 @@ class RopeTable {
   std::vector<float> cos_;  // [max_positions][head_dim / 2]
   std::vector<float> sin_;
 };
+
+// y[r][:] += bias[:] for rows of `dim` values.
+void AddBias(float* y, const float* bias, int64_t rows, int64_t dim);
 
 // Rotates every head of one row in place: vec is [num_heads][head_dim].
 // interleaved (llama2.c) pairs channels (2j, 2j+1); otherwise (neox, HF

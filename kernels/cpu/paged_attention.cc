@@ -16,14 +16,8 @@
 namespace kvserve::cpu {
 namespace {
 
-// The sequence that owns row r: the last b with query_start[b] <= r.
-int32_t SeqOfRow(const BatchInput& batch, int32_t r) {
-  auto it = std::upper_bound(batch.query_start.begin(), batch.query_start.end(), r);
-  return static_cast<int32_t>(it - batch.query_start.begin()) - 1;
-}
-
 void CheckHeads(const PagedAttentionParams& p) {
-  const int hkv = p.format->num_kv_heads();
+  const int hkv = p.kv.layout.num_kv_heads;
   if (p.num_heads <= 0 || p.num_heads % hkv != 0) {
     std::fprintf(stderr, "PagedAttention: num_heads %d is not a multiple of num_kv_heads %d\n",
                  p.num_heads, hkv);
@@ -32,28 +26,27 @@ void CheckHeads(const PagedAttentionParams& p) {
 }
 
 void PagedAttentionScalar(const PagedAttentionParams& p, int32_t row_begin, int32_t row_end) {
-  const KvFormat& f = *p.format;
-  const BatchInput& batch = *p.batch;
-  const int hd = f.head_dim(), bs = f.block_size(), nh = p.num_heads;
-  const int hkv = f.num_kv_heads(), group = nh / hkv;
+  const KvPageLayout& f = p.kv.layout;
+  const BatchView& batch = p.batch;
+  const int hd = f.head_dim, bs = f.block_size, nh = p.num_heads;
+  const int hkv = f.num_kv_heads, group = nh / hkv;
   thread_local std::vector<float> scores, row, acc, sums;
   row.resize(hd);
   sums.resize(group);
   acc.resize(static_cast<size_t>(group) * hd);
   for (int32_t r = row_begin; r < row_end; ++r) {
-    const int32_t b = SeqOfRow(batch, r);
-    const int32_t q_len = batch.query_start[b + 1] - batch.query_start[b];
-    const int32_t idx = batch.context_len[b] - q_len + (r - batch.query_start[b]);
-    const int32_t lo = p.sliding_window > 0 ? std::max(0, idx - p.sliding_window + 1) : 0;
+    const int32_t b = batch.SeqOfRow(r);
+    const int32_t idx = batch.CacheIndex(b, r);
+    const int32_t lo = KeyBegin(idx, p.sliding_window);
     const int32_t n = idx - lo + 1;
     const int32_t* table = batch.BlockRow(b);
     scores.resize(static_cast<size_t>(group) * n);
     for (int kvh = 0; kvh < hkv; ++kvh) {
       const float* q = p.q + (int64_t(r) * nh + kvh * group) * hd;  // [group][hd]
       for (int32_t i = lo; i <= idx; ++i) {
-        const uint8_t* block = p.kv_layer + int64_t(table[i / bs]) * f.block_bytes();
-        DequantizeRow(f.k(), hd, block + f.RowOffset(f.k(), kvh, i % bs),
-                      block + f.MetaOffset(f.k(), kvh, i % bs), row.data());
+        const uint8_t* block = p.kv.Block(table[i / bs]);
+        DequantizeRow(f.k, hd, block + f.RowOffset(f.k, kvh, i % bs),
+                      block + f.MetaOffset(f.k, kvh, i % bs), row.data());
         for (int g = 0; g < group; ++g) {
           float s = 0.0f;
           for (int d = 0; d < hd; ++d) s += q[g * hd + d] * row[d];
@@ -72,9 +65,9 @@ void PagedAttentionScalar(const PagedAttentionParams& p, int32_t row_begin, int3
       }
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int32_t i = lo; i <= idx; ++i) {
-        const uint8_t* block = p.kv_layer + int64_t(table[i / bs]) * f.block_bytes();
-        DequantizeRow(f.v(), hd, block + f.RowOffset(f.v(), kvh, i % bs),
-                      block + f.MetaOffset(f.v(), kvh, i % bs), row.data());
+        const uint8_t* block = p.kv.Block(table[i / bs]);
+        DequantizeRow(f.v, hd, block + f.RowOffset(f.v, kvh, i % bs),
+                      block + f.MetaOffset(f.v, kvh, i % bs), row.data());
         for (int g = 0; g < group; ++g) {
           const float w = scores[static_cast<size_t>(g) * n + (i - lo)];
           float* a = acc.data() + static_cast<size_t>(g) * hd;
@@ -93,20 +86,20 @@ void PagedAttentionScalar(const PagedAttentionParams& p, int32_t row_begin, int3
 }  // namespace
 
 void WriteKv(const KvWriteParams& p) {
-  const KvFormat& f = *p.format;
-  const int hkv = f.num_kv_heads(), hd = f.head_dim(), bs = f.block_size();
+  const KvPageLayout& f = p.kv.layout;
+  const int hkv = f.num_kv_heads, hd = f.head_dim, bs = f.block_size;
   const CpuIsa isa = ResolveCpuIsa(p.isa);
   for (int32_t t = 0; t < p.num_tokens; ++t) {
     const int64_t slot = p.slot_mapping[t];
     if (slot < 0) continue;
-    uint8_t* block = p.kv_layer + (slot / bs) * f.block_bytes();
+    uint8_t* block = p.kv.BlockOfSlot(slot);
     const int off = static_cast<int>(slot % bs);
     for (int h = 0; h < hkv; ++h) {
       const int64_t src = (int64_t(t) * hkv + h) * hd;
-      QuantizeRow(f.k(), hd, p.k + src, block + f.RowOffset(f.k(), h, off),
-                  block + f.MetaOffset(f.k(), h, off), isa);
-      QuantizeRow(f.v(), hd, p.v + src, block + f.RowOffset(f.v(), h, off),
-                  block + f.MetaOffset(f.v(), h, off), isa);
+      QuantizeRow(f.k, hd, p.k + src, block + f.RowOffset(f.k, h, off),
+                  block + f.MetaOffset(f.k, h, off), isa);
+      QuantizeRow(f.v, hd, p.v + src, block + f.RowOffset(f.v, h, off),
+                  block + f.MetaOffset(f.v, h, off), isa);
     }
   }
 }
@@ -114,7 +107,7 @@ void WriteKv(const KvWriteParams& p) {
 void PagedAttention(const PagedAttentionParams& p, int32_t row_begin, int32_t row_end) {
   if (row_begin >= row_end) return;
   CheckHeads(p);
-  if (ResolveCpuIsa(p.isa) == CpuIsa::kAvx2 && internal::Avx2AttentionSupports(*p.format)) {
+  if (ResolveCpuIsa(p.isa) == CpuIsa::kAvx2 && internal::Avx2AttentionSupports(p.kv.layout)) {
     internal::PagedAttentionAvx2(p, row_begin, row_end);
   } else {
     PagedAttentionScalar(p, row_begin, row_end);

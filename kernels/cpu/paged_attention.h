@@ -19,9 +19,8 @@
 
 #include <cstdint>
 
-#include "cache/kv_format.h"
-#include "kernels/batch_input.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/paged_view.h"
 
 namespace kvserve::cpu {
 
@@ -30,8 +29,7 @@ struct KvWriteParams {
   const float* v = nullptr;               // [T][num_kv_heads][head_dim]
   const int64_t* slot_mapping = nullptr;  // [T]; negative: skip the row
   int32_t num_tokens = 0;
-  uint8_t* kv_layer = nullptr;  // [num_blocks][block_bytes] of one layer
-  const KvFormat* format = nullptr;
+  PagedKvView kv;               // one layer, written
   CpuIsa isa = CpuIsa::kAuto;  // kAuto: the process default
 };
 
@@ -41,9 +39,8 @@ void WriteKv(const KvWriteParams& p);
 struct PagedAttentionParams {
   const float* q = nullptr;           // [T][num_heads][head_dim], RoPE applied
   float* out = nullptr;               // [T][num_heads][head_dim]
-  const uint8_t* kv_layer = nullptr;  // [num_blocks][block_bytes] of one layer
-  const KvFormat* format = nullptr;
-  const BatchInput* batch = nullptr;  // query_start, context_len, block_table
+  PagedKvView kv;                     // one layer, read only
+  BatchView batch;                    // query_start, context_len, block_table
   int32_t num_heads = 0;              // query heads; GQA group = num_heads / num_kv_heads
   float scale = 0.0f;                 // usually 1 / sqrt(head_dim)
   int32_t sliding_window = 0;         // 0: full causal attention
@@ -52,10 +49,10 @@ struct PagedAttentionParams {
 
 // Causal attention of every query row over its sequence's cached K/V (which
 // must already hold this step's rows). Computes rows [row_begin, row_end).
-// Row r of sequence b sits at cache index i = context_len[b] - q_len +
-// (r - query_start[b]) and attends to indices [lo, i], lo = max(0, i -
-// sliding_window + 1) with a window, else 0. num_heads must be a multiple of
-// the format's num_kv_heads (aborts otherwise).
+// Row r of sequence b sits at cache index i = batch.CacheIndex(b, r) and
+// attends to indices [KeyBegin(i, sliding_window), i] (kernels/paged_view.h).
+// num_heads must be a multiple of the layout's num_kv_heads (aborts
+// otherwise).
 void PagedAttention(const PagedAttentionParams& p, int32_t row_begin, int32_t row_end);
 
 }  // namespace kvserve::cpu

@@ -40,9 +40,9 @@
 
 namespace kvserve::cpu::internal {
 
-bool Avx2AttentionSupports(const KvFormat& f) {
-  if (f.head_dim() % 8 != 0 || f.head_dim() > kAvx2MaxHeadDim) return false;
-  for (const KvPartLayout* part : {&f.k(), &f.v()}) {
+bool Avx2AttentionSupports(const KvPageLayout& f) {
+  if (f.head_dim % 8 != 0 || f.head_dim > kAvx2MaxHeadDim) return false;
+  for (const KvPartLayout* part : {&f.k, &f.v}) {
     if (part->elem == KvElem::kInt4 && part->group_size % 8 != 0) return false;
   }
   return true;
@@ -101,7 +101,7 @@ struct PartView {
   }
 };
 
-PartView ViewOf(const KvFormat& f, const KvPartLayout& part, int kvh) {
+PartView PartOf(const KvPageLayout& f, const KvPartLayout& part, int kvh) {
   return PartView{f.RowOffset(part, kvh, 0), f.MetaOffset(part, kvh, 0), part.row_bytes,
                   part.meta_bytes, part.group_size};
 }
@@ -535,30 +535,28 @@ AttendFn PickForElems(int g, bool hd8) {
   }
 }
 
-AttendFn Pick(KvDtype dtype, int g, bool hd8) {
-  switch (dtype) {
-    case KvDtype::kFp32:
+// The (K, V) element pairs KvFormat makes: both parts alike, or K int8 with
+// V int4 (k8v4).
+AttendFn Pick(KvElem ke, KvElem ve, int g, bool hd8) {
+  if (ke == KvElem::kInt8 && ve == KvElem::kInt4) {
+    return PickForElems<KvElem::kInt8, KvElem::kInt4>(g, hd8);
+  }
+  if (ke != ve) __builtin_trap();
+  switch (ke) {
+    case KvElem::kFp32:
       return PickForElems<KvElem::kFp32, KvElem::kFp32>(g, hd8);
-    case KvDtype::kFp16:
+    case KvElem::kFp16:
       return PickForElems<KvElem::kFp16, KvElem::kFp16>(g, hd8);
-    case KvDtype::kBf16:
+    case KvElem::kBf16:
       return PickForElems<KvElem::kBf16, KvElem::kBf16>(g, hd8);
-    case KvDtype::kFp8E4m3:
+    case KvElem::kFp8E4m3:
       return PickForElems<KvElem::kFp8E4m3, KvElem::kFp8E4m3>(g, hd8);
-    case KvDtype::kInt8:
+    case KvElem::kInt8:
       return PickForElems<KvElem::kInt8, KvElem::kInt8>(g, hd8);
-    case KvDtype::kInt4:
+    case KvElem::kInt4:
       return PickForElems<KvElem::kInt4, KvElem::kInt4>(g, hd8);
-    case KvDtype::kK8V4:
-      return PickForElems<KvElem::kInt8, KvElem::kInt4>(g, hd8);
   }
   __builtin_trap();
-}
-
-// The sequence that owns row r: the last b with query_start[b] <= r.
-int32_t SeqOfRow(const BatchInput& batch, int32_t r) {
-  auto it = std::upper_bound(batch.query_start.begin(), batch.query_start.end(), r);
-  return static_cast<int32_t>(it - batch.query_start.begin()) - 1;
 }
 
 // Walks blocks forward from lo's block, so there is one division per row.
@@ -581,32 +579,31 @@ void BuildChunks(const uint8_t* layer, int64_t block_bytes, int bs, const int32_
 }  // namespace
 
 KV_AVX2 void PagedAttentionAvx2(const PagedAttentionParams& p, int32_t row_begin, int32_t row_end) {
-  const KvFormat& f = *p.format;
-  const BatchInput& batch = *p.batch;
-  const int hd = f.head_dim(), nh = p.num_heads, hkv = f.num_kv_heads();
+  const KvPageLayout& f = p.kv.layout;
+  const BatchView& batch = p.batch;
+  const int hd = f.head_dim, nh = p.num_heads, hkv = f.num_kv_heads;
   const int group = nh / hkv;
   const bool hd8 = hd == 8;
-  const AttendFn fn4 = Pick(f.dtype(), 4, hd8), fn2 = Pick(f.dtype(), 2, hd8),
-                 fn1 = Pick(f.dtype(), 1, hd8);
+  const AttendFn fn4 = Pick(f.k.elem, f.v.elem, 4, hd8), fn2 = Pick(f.k.elem, f.v.elem, 2, hd8),
+                 fn1 = Pick(f.k.elem, f.v.elem, 1, hd8);
   // Softmax in base 2; fp8 K rows decode to value / 256 (see Raw8).
-  const float k_unit = f.k().elem == KvElem::kFp8E4m3 ? 256.0f : 1.0f;
+  const float k_unit = f.k.elem == KvElem::kFp8E4m3 ? 256.0f : 1.0f;
   const __m256 q_scale = _mm256_set1_ps(p.scale * kLog2e * k_unit);
   thread_local std::vector<Chunk> chunks;
   alignas(32) float q[4 * kAvx2MaxHeadDim];
   for (int32_t r = row_begin; r < row_end; ++r) {
-    const int32_t b = SeqOfRow(batch, r);
-    const int32_t q_len = batch.query_start[b + 1] - batch.query_start[b];
-    const int32_t idx = batch.context_len[b] - q_len + (r - batch.query_start[b]);
-    const int32_t lo = p.sliding_window > 0 ? std::max(0, idx - p.sliding_window + 1) : 0;
-    BuildChunks(p.kv_layer, f.block_bytes(), f.block_size(), batch.BlockRow(b), lo, idx, &chunks);
+    const int32_t b = batch.SeqOfRow(r);
+    const int32_t idx = batch.CacheIndex(b, r);
+    const int32_t lo = KeyBegin(idx, p.sliding_window);
+    BuildChunks(p.kv.pages, f.block_bytes, f.block_size, batch.BlockRow(b), lo, idx, &chunks);
     HeadJob job;
     job.hd = hd;
     job.chunks = chunks.data();
     job.num_chunks = static_cast<int>(chunks.size());
     job.q = q;
     for (int kvh = 0; kvh < hkv; ++kvh) {
-      job.k = ViewOf(f, f.k(), kvh);
-      job.v = ViewOf(f, f.v(), kvh);
+      job.k = PartOf(f, f.k, kvh);
+      job.v = PartOf(f, f.v, kvh);
       for (int h0 = kvh * group, end = (kvh + 1) * group; h0 < end;) {
         const int g = end - h0 >= 4 ? 4 : end - h0 >= 2 ? 2 : 1;
         const float* src = p.q + (int64_t(r) * nh + h0) * hd;

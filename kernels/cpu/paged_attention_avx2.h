@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "cache/kv_format.h"
+#include "cache/kv_layout.h"
 #include "kernels/cpu/paged_attention.h"
 
 namespace kvserve::cpu::internal {
@@ -17,7 +17,7 @@ inline constexpr int kAvx2MaxHeadDim = 512;
 
 // Whether the AVX2 kernels handle this shape: head_dim a multiple of 8 and
 // at most kAvx2MaxHeadDim; int4 groups a multiple of 8.
-bool Avx2AttentionSupports(const KvFormat& f);
+bool Avx2AttentionSupports(const KvPageLayout& f);
 
 // Same contract as PagedAttention; the caller has checked the CPU and the
 // shape.

@@ -20,8 +20,6 @@ absl::Status Bad(const char* field, const char* rule, int64_t value) {
       absl::StrCat("RmsNorm: ", field, " must be ", rule, ", got ", value));
 }
 
-int64_t ElementSize(ActDtype dtype) { return dtype == ActDtype::kFp32 ? 4 : 2; }
-
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <typename T>
@@ -61,7 +59,7 @@ absl::Status RmsNorm(const RmsNormParams& params, cudaStream_t stream) {
     return absl::InvalidArgumentError("RmsNorm: out must not alias x when residual is set");
   }
 
-  const int64_t width = 16 / ElementSize(p.dtype);
+  const int64_t width = 16 / ActDtypeSize(p.dtype);
   bool vectorized = p.dim % width == 0 && p.x_stride % width == 0 && p.out_stride % width == 0 &&
                     Aligned16(p.x) && Aligned16(p.out) && Aligned16(p.weight);
   if (fused) {

@@ -23,11 +23,9 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "kernels/cuda/act_dtype.h"
 
 namespace kvserve::cuda {
-
-// Storage type of activations and norm weights.
-enum class ActDtype : uint8_t { kFp32, kFp16, kBf16 };
 
 struct RmsNormParams {
   void* x = nullptr;               // [num_tokens][x_stride]; fused: becomes x + residual

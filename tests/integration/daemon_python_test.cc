@@ -9,24 +9,8 @@
 namespace kvserve {
 namespace {
 
-// The first interpreter that can import grpc ($KVSERVE_PYTHON first; a
-// pyenv or venv python3 on PATH may lack Debian's python3-grpcio).
-std::string PythonWithGrpc() {
-  std::vector<std::string> candidates;
-  if (const char* env = std::getenv("KVSERVE_PYTHON"); env != nullptr && *env != '\0') {
-    candidates.push_back(env);
-  }
-  candidates.push_back("python3");
-  candidates.push_back("/usr/bin/python3");
-  for (const std::string& py : candidates) {
-    std::string out;
-    if (testing::RunCommand("'" + py + "' -c 'import grpc'", &out) == 0) return py;
-  }
-  return "";
-}
-
 TEST_CASE("Daemon: a Python grpcio client streams the reference completion", "[integration]") {
-  const std::string python = PythonWithGrpc();
+  const std::string python = testing::PythonWithModule("grpc");
   if (python.empty()) {
     WARN("no python3 with grpcio (Debian package python3-grpcio): skipping");
     return;

@@ -101,8 +101,7 @@ Problem Build(const AttnCase& c) {
   w.v = v.data();
   w.slot_mapping = slots.data();
   w.num_tokens = static_cast<int32_t>(slots.size());
-  w.kv_layer = p.pages.layer(0);
-  w.format = &p.format;
+  w.kv = LayerView(p.pages, 0);
   WriteKv(w);
 
   p.q.resize(static_cast<size_t>(b.num_tokens()) * p.num_heads * c.head_dim);
@@ -115,9 +114,8 @@ std::vector<float> Run(const Problem& p, const HostKvPages& pages, int window, C
   PagedAttentionParams a;
   a.q = p.q.data();
   a.out = out.data();
-  a.kv_layer = pages.layer(0);
-  a.format = &pages.format();
-  a.batch = &p.batch;
+  a.kv = LayerView(pages, 0);
+  a.batch = ViewOf(p.batch);
   a.num_heads = p.num_heads;
   a.scale = 1.0f / std::sqrt(static_cast<float>(pages.format().head_dim()));
   a.sliding_window = window;
@@ -356,8 +354,7 @@ TEST_CASE("WriteKv skips rows with a negative slot", "[kernels][attention]") {
   w.v = v.data();
   w.slot_mapping = slots;
   w.num_tokens = 2;
-  w.kv_layer = pages.layer(0);
-  w.format = &f;
+  w.kv = LayerView(pages, 0);
   WriteKv(w);
   std::vector<float> row(8);
   const uint8_t* block1 = pages.block(0, 1);

@@ -316,7 +316,21 @@ TEST_CASE("config.json of Llama and Mistral models parses with HF's defaults", "
         {R"({"architectures": ["LlamaForCausalLM"],
             "rope_scaling": {"rope_type": "llama3", "factor": 8.0}, )" +
              base + "}",
-         "field 'rope_scaling'"},
+         "field 'rope_scaling.original_max_position_embeddings' is missing"},
+        {R"({"architectures": ["LlamaForCausalLM"],
+            "rope_scaling": {"rope_type": "yarn", "factor": 4.0}, )" +
+             base + "}",
+         "field 'rope_scaling' has type 'yarn'; supported: linear, dynamic, llama3"},
+        {R"({"architectures": ["LlamaForCausalLM"],
+            "rope_scaling": {"type": "linear", "factor": 0.5}, )" +
+             base + "}",
+         "field 'rope_scaling.factor' must be >= 1"},
+        {R"({"architectures": ["Qwen2ForCausalLM"], "use_sliding_window": true, )" + base + "}",
+         "field 'use_sliding_window' is true"},
+        {R"({"architectures": ["LlamaForCausalLM"], "mlp_bias": true, )" + base + "}",
+         "field 'mlp_bias' is true"},
+        {R"({"model_type": "gpt_neox", )" + base + "}",
+         "field 'model_type' 'gpt_neox' is not supported"},
         {R"({"architectures": ["LlamaForCausalLM"], "tie_word_embeddings": 1, )" + base + "}",
          "field 'tie_word_embeddings' is not true/false"},
     };

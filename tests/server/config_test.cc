@@ -96,7 +96,7 @@ logging:
     REQUIRE(c->server.http_port == 9000);
     REQUIRE(c->server.grpc_port == 9001);
     REQUIRE(c->server.shutdown_timeout == 2.5);
-    REQUIRE(c->server.max_body_bytes == 65536);
+    REQUIRE(c->server.max_body_bytes == 64000);  // k is SI, as in Kubernetes
     REQUIRE(c->server.max_queue == 10);
     REQUIRE(c->server.api_key == "secret");
     REQUIRE(c->server.http_threads == 4);
@@ -133,8 +133,8 @@ TEST_CASE("Bad values stop with the key path and the reason", "[server]") {
   REQUIRE(Error(parse("cache:\n  memory_fraction: 1.5\n")) ==
           "cache.memory_fraction: expected a number in (0, 1], got '1.5'");
   REQUIRE(Error(parse("cache:\n  memory_bytes: 12 parsecs\n")) ==
-          "cache.memory_bytes: expected a byte count (e.g. 1048576, 512MiB, 4GiB), got '12 "
-          "parsecs'");
+          "cache.memory_bytes: '12 parsecs' has an unknown unit (e.g. 80GiB = 80 x 1024^3, 80GB = "
+          "80 x 1000^3, or a plain byte count)");
   REQUIRE(Error(parse("server:\n  http_port: 70000\n")) ==
           "server.http_port: expected a port number in [0, 65535], got '70000'");
   REQUIRE(Error(parse("server:\n  shutdown_timeout: -1\n")) ==

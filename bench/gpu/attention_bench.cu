@@ -1,0 +1,378 @@
+// attention_bench: decode attention at the Llama-3-8B attention shape (32
+// query heads, 8 kv heads, head_dim 128), batch 64, context 4096, block size
+// 16, for every KV format, against a read-bandwidth ceiling measured in the
+// same run by a plain streaming-read kernel.
+//
+// The pool of each format holds every sequence's blocks in a shuffled order
+// (block tables are a random permutation), filled with real encodings
+// (cpu::WriteKv of random K/V, replicated); enough distinct pool copies are
+// rotated through that consecutive runs never find their pages in L2 (one
+// copy is already far larger than an H200's 60 MB L2 at this shape). Times
+// are the median of --iters runs, each timed with cudaEvents; achieved GB/s
+// counts the K/V bytes the attention must read (data and scales, every
+// token of every sequence, unpadded).
+//
+//   attention_bench [--json PATH] [--batch 64] [--context 4096] [--iters 20]
+//                   [--ctas-per-sm 4] [--fixed-partition KEYS]
+//
+// Exits 77 with a message when there is no CUDA device.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cache/kv_format.h"
+#include "cache/kv_pages.h"
+#include "kernels/batch_input.h"
+#include "kernels/cpu/kv_quant.h"
+#include "kernels/cpu/paged_attention.h"
+#include "kernels/cuda/paged_attention.h"
+#include "kernels/gpu_attention_plan.h"
+#include "kernels/paged_view.h"
+
+namespace {
+
+using kvserve::BatchInput;
+using kvserve::KvDtype;
+using kvserve::KvFormat;
+
+#define CHECK_CUDA(expr)                                                                  \
+  do {                                                                                    \
+    const cudaError_t err_ = (expr);                                                      \
+    if (err_ != cudaSuccess) {                                                            \
+      std::fprintf(stderr, "attention_bench: %s: %s\n", #expr, cudaGetErrorString(err_)); \
+      std::exit(1);                                                                       \
+    }                                                                                     \
+  } while (0)
+
+struct Flags {
+  std::string json;
+  int batch = 64;
+  int context = 4096;
+  int iters = 20;
+  int ctas_per_sm = 4;
+  int fixed_partition = 0;
+};
+
+Flags ParseFlags(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "attention_bench: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--json") {
+      f.json = value();
+    } else if (a == "--batch") {
+      f.batch = std::stoi(value());
+    } else if (a == "--context") {
+      f.context = std::stoi(value());
+    } else if (a == "--iters") {
+      f.iters = std::stoi(value());
+    } else if (a == "--ctas-per-sm") {
+      f.ctas_per_sm = std::stoi(value());
+    } else if (a == "--fixed-partition") {
+      f.fixed_partition = std::stoi(value());
+    } else {
+      std::fprintf(stderr,
+                   "usage: attention_bench [--json PATH] [--batch N] [--context N] [--iters N] "
+                   "[--ctas-per-sm N] [--fixed-partition KEYS]\n");
+      std::exit(2);
+    }
+  }
+  return f;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// Reads n 16-byte words, 4 loads in flight per thread per step; a store that
+// never happens in practice keeps the loads alive.
+__global__ void StreamRead(const uint4* __restrict__ data, int64_t n, uint32_t* sink) {
+  uint32_t x = 0;
+  const int64_t stride = int64_t(gridDim.x) * blockDim.x;
+  int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  for (; i + 3 * stride < n; i += 4 * stride) {
+    const uint4 a = data[i], b = data[i + stride], c = data[i + 2 * stride],
+                d = data[i + 3 * stride];
+    x ^= a.x ^ a.y ^ a.z ^ a.w ^ b.x ^ b.y ^ b.z ^ b.w ^ c.x ^ c.y ^ c.z ^ c.w ^ d.x ^ d.y ^ d.z ^
+         d.w;
+  }
+  for (; i < n; i += stride) {
+    const uint4 a = data[i];
+    x ^= a.x ^ a.y ^ a.z ^ a.w;
+  }
+  if (x == 0x9e3779b9u) sink[0] = x;
+}
+
+// Times fn() with events: the median of iters runs after two warm-ups, in ms.
+template <typename Fn>
+double TimeMs(int iters, Fn fn) {
+  cudaEvent_t start, stop;
+  CHECK_CUDA(cudaEventCreate(&start));
+  CHECK_CUDA(cudaEventCreate(&stop));
+  for (int i = 0; i < 2; ++i) fn(i);
+  std::vector<double> ms;
+  for (int i = 0; i < iters; ++i) {
+    CHECK_CUDA(cudaEventRecord(start));
+    fn(i);
+    CHECK_CUDA(cudaEventRecord(stop));
+    CHECK_CUDA(cudaEventSynchronize(stop));
+    float t = 0.0f;
+    CHECK_CUDA(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t);
+  }
+  CHECK_CUDA(cudaEventDestroy(start));
+  CHECK_CUDA(cudaEventDestroy(stop));
+  return Median(ms);
+}
+
+struct Result {
+  std::string format;
+  double ms = 0.0;
+  double kv_bytes = 0.0;
+  double gbps = 0.0;
+  int copies = 0;
+  int partition_keys = 0;
+  int items = 0;
+};
+
+// Speedup over bf16 pages the issue asks for, per format (0: none).
+double TargetSpeedup(KvDtype d) {
+  switch (d) {
+    case KvDtype::kInt8:
+    case KvDtype::kFp8E4m3:
+      return 1.8;
+    case KvDtype::kK8V4:
+      return 2.1;
+    case KvDtype::kInt4:
+      return 2.8;
+    default:
+      return 0.0;
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Flags flags = ParseFlags(argc, argv);
+  int devices = 0;
+  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+    std::printf("attention_bench: skipped, no CUDA device\n");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
+  const int num_heads = 32, num_kv_heads = 8, head_dim = 128, block_size = 16;
+  const int batch = flags.batch, context = flags.context;
+  const int blocks_per_seq = (context + block_size - 1) / block_size;
+  const int64_t pool_blocks = int64_t(batch) * blocks_per_seq;
+  std::printf("device: %s, %d SMs, L2 %.1f MB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize / 1e6);
+  std::printf("shape: batch %d, context %d, %d heads / %d kv heads, head_dim %d, block %d\n", batch,
+              context, num_heads, num_kv_heads, head_dim, block_size);
+
+  // Read-bandwidth ceiling: a 2 GiB (or 8x L2, if larger) streaming read.
+  const int64_t stream_bytes =
+      std::max<int64_t>(int64_t(2) << 30, int64_t(8) * prop.l2CacheSize) / 16 * 16;
+  uint4* stream = nullptr;
+  uint32_t* sink = nullptr;
+  CHECK_CUDA(cudaMalloc(&stream, stream_bytes));
+  CHECK_CUDA(cudaMalloc(&sink, 4));
+  CHECK_CUDA(cudaMemset(stream, 1, stream_bytes));
+  const double stream_ms = TimeMs(flags.iters, [&](int) {
+    StreamRead<<<prop.multiProcessorCount * 8, 512>>>(stream, stream_bytes / 16, sink);
+  });
+  CHECK_CUDA(cudaGetLastError());
+  CHECK_CUDA(cudaFree(stream));
+  const double ceiling_gbps = stream_bytes / stream_ms / 1e6;
+  std::printf("streaming read: %.3f ms for %.2f GB: %.0f GB/s\n\n", stream_ms, stream_bytes / 1e9,
+              ceiling_gbps);
+
+  // The batch (host), q and out (bf16), shared by every format.
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> q_host(size_t(batch) * num_heads * head_dim);
+  for (uint16_t& x : q_host) x = kvserve::cpu::FloatToBf16(normal(rng));
+  void *q = nullptr, *out = nullptr;
+  CHECK_CUDA(cudaMalloc(&q, q_host.size() * 2));
+  CHECK_CUDA(cudaMalloc(&out, q_host.size() * 2));
+  CHECK_CUDA(cudaMemcpy(q, q_host.data(), q_host.size() * 2, cudaMemcpyHostToDevice));
+  int32_t *query_start = nullptr, *context_len = nullptr, *plan_dev = nullptr;
+  std::vector<int32_t> qs(batch + 1), cl(batch, context);
+  std::iota(qs.begin(), qs.end(), 0);
+  CHECK_CUDA(cudaMalloc(&query_start, qs.size() * 4));
+  CHECK_CUDA(cudaMalloc(&context_len, cl.size() * 4));
+  CHECK_CUDA(cudaMemcpy(query_start, qs.data(), qs.size() * 4, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(context_len, cl.data(), cl.size() * 4, cudaMemcpyHostToDevice));
+
+  std::vector<Result> results;
+  double bf16_ms = 0.0;
+  std::printf("%-9s %9s %10s %9s %9s %10s %8s %6s\n", "format", "ms", "KV MB", "GB/s", "x ceiling",
+              "vs bf16", "target", "parts");
+  for (KvDtype dtype : kvserve::kAllKvDtypes) {
+    const KvFormat format = *KvFormat::Create(dtype, num_kv_heads, head_dim, block_size);
+    const int64_t pool_bytes = pool_blocks * format.block_bytes();
+    const int copies = static_cast<int>(
+        std::max<int64_t>(1, (int64_t(4) * prop.l2CacheSize + pool_bytes - 1) / pool_bytes));
+
+    // A pattern of real encodings, replicated over each copy.
+    const int pattern_blocks = static_cast<int>(std::min<int64_t>(256, pool_blocks));
+    kvserve::HostKvPages pattern(format, 1, pattern_blocks);
+    {
+      const int tokens = pattern_blocks * block_size;
+      std::vector<float> k(size_t(tokens) * num_kv_heads * head_dim), v(k.size());
+      for (float& x : k) x = normal(rng);
+      for (float& x : v) x = normal(rng);
+      std::vector<int64_t> slots(tokens);
+      std::iota(slots.begin(), slots.end(), 0);
+      kvserve::cpu::KvWriteParams w;
+      w.k = k.data();
+      w.v = v.data();
+      w.slot_mapping = slots.data();
+      w.num_tokens = tokens;
+      w.kv = kvserve::LayerView(pattern, 0);
+      kvserve::cpu::WriteKv(w);
+    }
+    std::vector<uint8_t*> pools(copies);
+    std::vector<int32_t*> tables(copies);
+    for (int c = 0; c < copies; ++c) {
+      CHECK_CUDA(cudaMalloc(&pools[c], pool_bytes));
+      for (int64_t b = 0; b < pool_blocks; b += pattern_blocks) {
+        const int64_t n = std::min<int64_t>(pattern_blocks, pool_blocks - b);
+        CHECK_CUDA(cudaMemcpy(pools[c] + b * format.block_bytes(), pattern.layer(0),
+                              n * format.block_bytes(), cudaMemcpyHostToDevice));
+      }
+      std::vector<int32_t> table(pool_blocks);
+      std::iota(table.begin(), table.end(), 0);
+      std::shuffle(table.begin(), table.end(), rng);
+      CHECK_CUDA(cudaMalloc(&tables[c], table.size() * 4));
+      CHECK_CUDA(cudaMemcpy(tables[c], table.data(), table.size() * 4, cudaMemcpyHostToDevice));
+    }
+
+    // Plan (host) and upload; the workspace for its partials.
+    BatchInput host;
+    host.Clear();
+    host.query_start = qs;
+    host.context_len = cl;
+    host.max_blocks_per_seq = blocks_per_seq;
+    host.block_table.assign(pool_blocks, 0);
+    host.token_ids.assign(batch, 0);
+    host.positions.assign(batch, context - 1);
+    host.slot_mapping.assign(batch, 0);
+    const kvserve::GpuAttentionShape shape{num_heads, num_kv_heads, head_dim, 0};
+    kvserve::GpuAttentionPlanOptions options;
+    options.num_sms = prop.multiProcessorCount;
+    options.ctas_per_sm = flags.ctas_per_sm;
+    options.fixed_partition_keys = flags.fixed_partition;
+    const absl::StatusOr<kvserve::GpuAttentionPlan> plan =
+        kvserve::PlanGpuAttention(kvserve::ViewOf(host), shape, options);
+    if (!plan.ok()) {
+      std::fprintf(stderr, "attention_bench: %s\n", plan.status().ToString().c_str());
+      return 1;
+    }
+    CHECK_CUDA(cudaMalloc(&plan_dev, plan->bytes()));
+    CHECK_CUDA(cudaMemcpy(plan_dev, plan->words().data(), plan->bytes(), cudaMemcpyHostToDevice));
+    const int64_t ws_bytes =
+        kvserve::GpuAttentionWorkspaceBytes(shape, plan->header().num_partials);
+    void* workspace = nullptr;
+    if (ws_bytes > 0) CHECK_CUDA(cudaMalloc(&workspace, ws_bytes));
+
+    kvserve::cuda::PagedAttentionParams a;
+    a.q = q;
+    a.out = out;
+    a.dtype = kvserve::cuda::ActDtype::kBf16;
+    a.kv.num_blocks = static_cast<int32_t>(pool_blocks);
+    a.kv.layout = format.layout();
+    a.batch.query_start = query_start;
+    a.batch.context_len = context_len;
+    a.batch.num_seqs = batch;
+    a.batch.num_tokens = batch;
+    a.batch.max_blocks_per_seq = blocks_per_seq;
+    a.num_heads = num_heads;
+    a.scale = 1.0f / std::sqrt(float(head_dim));
+    a.plan = plan_dev;
+    a.launch = plan->launch();
+    a.workspace = workspace;
+    a.workspace_bytes = ws_bytes;
+    const double ms = TimeMs(flags.iters, [&](int i) {
+      a.kv.pages = pools[i % copies];
+      a.batch.block_table = tables[i % copies];
+      const absl::Status s = kvserve::cuda::PagedAttention(a, nullptr);
+      if (!s.ok()) {
+        std::fprintf(stderr, "attention_bench: %s\n", s.ToString().c_str());
+        std::exit(1);
+      }
+    });
+    CHECK_CUDA(cudaDeviceSynchronize());
+
+    Result r;
+    r.format = std::string(kvserve::KvDtypeName(dtype));
+    r.ms = ms;
+    r.kv_bytes = double(batch) * context * format.bytes_per_token_per_layer();
+    r.gbps = r.kv_bytes / ms / 1e6;
+    r.copies = copies;
+    r.partition_keys = plan->header().partition_keys;
+    r.items = plan->header().num_items;
+    if (dtype == KvDtype::kBf16) bf16_ms = ms;
+    results.push_back(r);
+    const double target = TargetSpeedup(dtype);
+    char vs[32] = "-", tgt[32] = "-";
+    if (bf16_ms > 0) std::snprintf(vs, sizeof(vs), "%.2fx", bf16_ms / ms);
+    if (target > 0) std::snprintf(tgt, sizeof(tgt), ">=%.1fx", target);
+    if (dtype == KvDtype::kBf16) std::snprintf(tgt, sizeof(tgt), ">=0.8 bw");
+    std::printf("%-9s %9.3f %10.1f %9.0f %9.2f %10s %8s %6d\n", r.format.c_str(), ms,
+                r.kv_bytes / 1e6, r.gbps, r.gbps / ceiling_gbps, vs, tgt, r.partition_keys);
+
+    for (int c = 0; c < copies; ++c) {
+      CHECK_CUDA(cudaFree(pools[c]));
+      CHECK_CUDA(cudaFree(tables[c]));
+    }
+    CHECK_CUDA(cudaFree(plan_dev));
+    if (workspace != nullptr) CHECK_CUDA(cudaFree(workspace));
+  }
+
+  if (!flags.json.empty()) {
+    FILE* f = std::fopen(flags.json.c_str(), "w");
+    if (f == nullptr) {
+      std::fprintf(stderr, "attention_bench: cannot write %s\n", flags.json.c_str());
+      return 1;
+    }
+    std::fprintf(f,
+                 "{\n  \"bench\": \"attention_bench\",\n  \"device\": \"%s\",\n  \"sms\": %d,\n"
+                 "  \"l2_bytes\": %d,\n  \"shape\": {\"batch\": %d, \"context\": %d, "
+                 "\"num_heads\": %d, \"num_kv_heads\": %d, \"head_dim\": %d, \"block_size\": %d, "
+                 "\"q_dtype\": \"bf16\"},\n  \"read_ceiling_gbps\": %.1f,\n  \"results\": [\n",
+                 prop.name, prop.multiProcessorCount, prop.l2CacheSize, batch, context, num_heads,
+                 num_kv_heads, head_dim, block_size, ceiling_gbps);
+    for (size_t i = 0; i < results.size(); ++i) {
+      const Result& r = results[i];
+      std::fprintf(f,
+                   "    {\"format\": \"%s\", \"ms\": %.4f, \"kv_bytes\": %.0f, \"gbps\": %.1f, "
+                   "\"fraction_of_ceiling\": %.3f, \"speedup_vs_bf16\": %.3f, \"copies\": %d, "
+                   "\"items\": %d, \"partition_keys\": %d}%s\n",
+                   r.format.c_str(), r.ms, r.kv_bytes, r.gbps, r.gbps / ceiling_gbps,
+                   bf16_ms > 0 ? bf16_ms / r.ms : 0.0, r.copies, r.items, r.partition_keys,
+                   i + 1 < results.size() ? "," : "");
+    }
+    std::fprintf(f, "  ]\n}\n");
+    std::fclose(f);
+    std::printf("\nwrote %s\n", flags.json.c_str());
+  }
+  return 0;
+}

@@ -1,0 +1,76 @@
+// Paged attention on the GPU over every KvFormat: causal attention of each
+// query row of a flattened batch (decode rows, prefill chunks, prompts after
+// a prefix-cache hit, all mixed) over its sequence's cached K/V, read through
+// the block table and dequantized in registers. Same semantics as
+// kvserve::cpu::PagedAttention: row r of sequence b sits at cache index
+// i = batch.CacheIndex(b, r) and attends to [KeyBegin(i, sliding_window), i]
+// (kernels/paged_view.h); GQA maps query head h to kv head h / group.
+//
+// The work is cut on the host by kernels/gpu_attention_plan.h (tiles of rows
+// that share every K/V page they read, split-KV partitions for long
+// contexts); the caller uploads the plan's words() and passes the device
+// copy here. Two launches: the attention kernel (grid: items x head chunks)
+// writes each unsplit row to `out` and each partition's (max, sum, acc) to
+// the workspace; a merge kernel combines the partitions of split rows.
+//
+// q and out are fp32, fp16 or bf16 (ActDtype, converted at load and store);
+// scores, softmax and accumulation are fp32. Each output element is rounded
+// once to the storage type.
+//
+// Thread-safety: stateless; the work is enqueued on the given stream and the
+// call does not synchronise.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/act_dtype.h"
+#include "kernels/gpu_attention_plan.h"
+#include "kernels/paged_view.h"
+
+namespace kvserve::cuda {
+
+struct PagedAttentionParams {
+  // [num_tokens][q_stride]: head h of row t at t * q_stride + h * head_dim;
+  // RoPE applied. q_stride 0 means num_heads * head_dim.
+  const void* q = nullptr;
+  // [num_tokens][out_stride], same indexing; must not overlap q.
+  void* out = nullptr;
+  int64_t q_stride = 0;    // elements
+  int64_t out_stride = 0;  // elements
+  ActDtype dtype = ActDtype::kFp32;
+
+  // One layer of the device pool: pages [num_blocks][layout.block_bytes].
+  PagedKvView kv;
+  // Device pointers: query_start [num_seqs + 1], context_len [num_seqs],
+  // block_table [num_seqs][max_blocks_per_seq]; the counts are host values.
+  // token_ids, positions, slot_mapping and logits_rows are not read.
+  BatchView batch;
+
+  int32_t num_heads = 0;       // query heads; a multiple of kv.layout.num_kv_heads
+  float scale = 0.0f;          // usually 1 / sqrt(head_dim)
+  int32_t sliding_window = 0;  // 0: full causal attention
+
+  // Device copy of GpuAttentionPlan::words() (4-byte aligned), made for this
+  // batch and for {num_heads, num_kv_heads, head_dim, sliding_window}.
+  const int32_t* plan = nullptr;
+  // Host copy of its counts. For CUDA graph replay these may be capacities
+  // (at least the uploaded counts): CTAs past the uploaded counts exit.
+  GpuAttentionLaunch launch;
+  // Device scratch of at least GpuAttentionWorkspaceBytes(shape,
+  // launch.num_partials) bytes, 8-byte aligned; null when num_partials is 0.
+  void* workspace = nullptr;
+  int64_t workspace_bytes = 0;
+};
+
+// The shape the plan for these params must be made with.
+GpuAttentionShape ShapeOf(const PagedAttentionParams& params);
+
+// InvalidArgument naming the field for a bad shape, stride, pointer, plan
+// size or an unsupported K/V element pair; otherwise the launch's status.
+// launch.num_items == 0 launches nothing.
+absl::Status PagedAttention(const PagedAttentionParams& params, cudaStream_t stream);
+
+}  // namespace kvserve::cuda

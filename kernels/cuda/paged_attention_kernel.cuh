@@ -1,0 +1,310 @@
+// Device code of paged attention (see paged_attention.h for the contract and
+// gpu_attention_plan.h for the work items).
+//
+// Attention kernel. Grid: (num_items, num_heads / hpc); block: 128 threads.
+// CTA (x, y) takes work item x: nr <= kRowsMax rows of one sequence and the
+// hpc query heads [y * hpc, (y + 1) * hpc) of kv head y * hpc / group, so
+// nq = nr * hpc <= 16 query vectors (m = row * hpc + head) read every K/V
+// page of the item once. Per tile of kTileKeys keys of [key_begin, key_end):
+//   1. all threads decode the tile's K and V rows (kv_decode.cuh) into
+//      shared memory as fp32, one channel pair per thread and step; keys
+//      outside the item are never read;
+//   2. scores s[m][j] = (q_m . k_j) * scale, one per thread and step, -inf
+//      where key j is outside row m's causal window [KeyBegin(i), i];
+//   3. online softmax, one warp per query vector (kTileKeys == warp size):
+//      new max, p = exp(s - max), rescale factor for the running sum and
+//      accumulators; a query vector with no key yet keeps max = -inf;
+//   4. acc[m][c] = acc * alpha + sum_j p[m][j] * v_j[c], each thread owning
+//      fixed (m, channel pair) slots in registers for the whole item.
+// Then an unsplit item (partial < 0) writes out = acc / sum; a partition
+// writes (max, sum) and acc to its workspace slot.
+//
+// Shared memory (floats): q [16][ld], k [32][ld], v [32][ld], p [16][32],
+// max/sum/alpha [16] each, ld = head_dim rounded so that ld / 2 is odd (rows
+// of float2 fall in distinct bank pairs: conflict-free score loads).
+// head_dim 128: 43.8 KB; 256: 84.8 KB (opted in by the launcher).
+//
+// Merge kernel. Grid: (num_merges); block: 128 threads, striding over
+// (head, channel) of the row: max over partitions, weights exp(m_p - max)
+// (0 for a partition that saw no key), out = sum w_p acc_p / sum w_p l_p.
+//
+// Numerics: exp is the accurate expf; K/V values are bitwise those of the
+// CPU decoder; products and sums are fp32 in an order that differs from the
+// CPU's.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/kv_decode.cuh"
+#include "kernels/cuda/paged_attention.h"
+
+namespace kvserve::cuda::attention_detail {
+
+inline constexpr int kThreads = 128;
+inline constexpr int kWarps = kThreads / 32;
+inline constexpr int kMaxQ = kGpuAttentionMaxQueryVectors;  // 16
+inline constexpr int kTileKeys = 32;                        // one per lane in the softmax
+inline constexpr int kMaxPairs = kGpuAttentionMaxHeadDim / 2;
+// Accumulator slots (m, channel pair) per thread.
+inline constexpr int kSlots = kMaxQ * kMaxPairs / kThreads;
+static_assert(kMaxQ * kMaxPairs % kThreads == 0);
+
+// Row stride of the shared tiles in floats: even (float2 rows) with ld / 2 odd.
+__host__ __device__ constexpr int SmemLd(int head_dim) { return ((head_dim / 2) | 1) * 2; }
+
+__host__ __device__ constexpr int SmemFloats(int head_dim) {
+  return (kMaxQ + 2 * kTileKeys) * SmemLd(head_dim) + kMaxQ * kTileKeys + 3 * kMaxQ;
+}
+
+// What the kernels read, resolved on the host.
+struct KernelArgs {
+  const void* q;
+  void* out;
+  int64_t q_stride;
+  int64_t out_stride;
+  ActDtype dtype;
+  PagedKvView kv;
+  BatchView batch;
+  int32_t num_heads;
+  int32_t group;          // query heads per kv head
+  int32_t heads_per_cta;  // hpc
+  float scale;
+  int32_t sliding_window;
+  const int32_t* plan;
+  float* workspace;
+  int64_t slot_floats;  // GpuAttentionSlotFloats
+};
+
+__device__ __forceinline__ float LoadAct(const void* base, ActDtype dtype, int64_t i) {
+  switch (dtype) {
+    case ActDtype::kFp16:
+      return __half2float(static_cast<const __half*>(base)[i]);
+    case ActDtype::kBf16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+    default:
+      return static_cast<const float*>(base)[i];
+  }
+}
+
+__device__ __forceinline__ void StoreAct(void* base, ActDtype dtype, int64_t i, float v) {
+  switch (dtype) {
+    case ActDtype::kFp16:
+      static_cast<__half*>(base)[i] = __float2half_rn(v);
+      break;
+    case ActDtype::kBf16:
+      static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v);
+      break;
+    default:
+      static_cast<float*>(base)[i] = v;
+      break;
+  }
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  }
+  return v;
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  return v;
+}
+
+__device__ __forceinline__ const GpuAttentionPlanHeader& PlanHeader(const int32_t* plan) {
+  return *reinterpret_cast<const GpuAttentionPlanHeader*>(plan);
+}
+
+template <KvElem KE, KvElem VE>
+__global__ void __launch_bounds__(kThreads) AttentionKernel(const __grid_constant__ KernelArgs a) {
+  const GpuAttentionPlanHeader& header = PlanHeader(a.plan);
+  if (static_cast<int32_t>(blockIdx.x) >= header.num_items) return;  // past a capacity
+  const GpuAttentionWorkItem item =
+      reinterpret_cast<const GpuAttentionWorkItem*>(a.plan + header.items_offset)[blockIdx.x];
+
+  const KvPageLayout& layout = a.kv.layout;
+  const int hd = layout.head_dim;
+  const int pairs = hd / 2;
+  const int ld = SmemLd(hd);
+  const int bs = layout.block_size;
+  const int hpc = a.heads_per_cta;
+  const int head0 = static_cast<int>(blockIdx.y) * hpc;
+  const int kv_head = head0 / a.group;
+  const int nq = item.num_rows * hpc;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % 32, warp = tid / 32;
+  const int32_t first_index = a.batch.CacheIndex(item.seq, item.row_begin);
+  const int32_t* table = a.batch.BlockRow(item.seq);
+
+  extern __shared__ float4 smem4[];
+  float* q_s = reinterpret_cast<float*>(smem4);
+  float* k_s = q_s + kMaxQ * ld;
+  float* v_s = k_s + kTileKeys * ld;
+  float* p_s = v_s + kTileKeys * ld;
+  float* max_s = p_s + kMaxQ * kTileKeys;
+  float* sum_s = max_s + kMaxQ;
+  float* alpha_s = sum_s + kMaxQ;
+
+  for (int e = tid; e < nq * hd; e += kThreads) {
+    const int m = e / hd, c = e % hd;
+    const int64_t row = item.row_begin + m / hpc;
+    const int head = head0 + m % hpc;
+    q_s[m * ld + c] = LoadAct(a.q, a.dtype, row * a.q_stride + int64_t(head) * hd + c);
+  }
+  if (tid < kMaxQ) {
+    max_s[tid] = -INFINITY;
+    sum_s[tid] = 0.0f;
+  }
+
+  float2 acc[kSlots];
+#pragma unroll
+  for (int i = 0; i < kSlots; ++i) acc[i] = make_float2(0.0f, 0.0f);
+
+  for (int32_t t0 = item.key_begin; t0 < item.key_end; t0 += kTileKeys) {
+    const int n = min(kTileKeys, item.key_end - t0);
+    __syncthreads();  // the previous tile is consumed (first pass: q and state are set)
+
+    // 1. Decode K and V of keys t0 .. t0 + n - 1.
+    for (int e = tid; e < n * pairs; e += kThreads) {
+      const int j = e / pairs, i = e % pairs;
+      const int32_t key = t0 + j;
+      const uint8_t* block = a.kv.Block(table[key / bs]);
+      const int slot = key % bs;
+      const float2 kf = kv_decode::DecodePair<KE>(
+          block + layout.RowOffset(layout.k, kv_head, slot),
+          block + layout.MetaOffset(layout.k, kv_head, slot), i, layout.k.group_size);
+      const float2 vf = kv_decode::DecodePair<VE>(
+          block + layout.RowOffset(layout.v, kv_head, slot),
+          block + layout.MetaOffset(layout.v, kv_head, slot), i, layout.v.group_size);
+      reinterpret_cast<float2*>(k_s + j * ld)[i] = kf;
+      reinterpret_cast<float2*>(v_s + j * ld)[i] = vf;
+    }
+    __syncthreads();
+
+    // 2. Scores, masked to each row's [KeyBegin(i), i].
+    for (int e = tid; e < nq * kTileKeys; e += kThreads) {
+      const int m = e / kTileKeys, j = e % kTileKeys;
+      const int32_t index = first_index + m / hpc;
+      const int32_t key = t0 + j;
+      float s = -INFINITY;
+      if (j < n && key <= index && key >= KeyBegin(index, a.sliding_window)) {
+        const float2* q2 = reinterpret_cast<const float2*>(q_s + m * ld);
+        const float2* k2 = reinterpret_cast<const float2*>(k_s + j * ld);
+        float dot = 0.0f;
+        for (int i = 0; i < pairs; ++i) {
+          const float2 x = q2[i], y = k2[i];
+          dot += x.x * y.x;
+          dot += x.y * y.y;
+        }
+        s = dot * a.scale;
+      }
+      p_s[m * kTileKeys + j] = s;
+    }
+    __syncthreads();
+
+    // 3. Online softmax, one warp per query vector, one key per lane.
+    for (int m = warp; m < nq; m += kWarps) {
+      const float s = p_s[m * kTileKeys + lane];
+      const float old_max = max_s[m];
+      const float new_max = fmaxf(old_max, WarpMax(s));
+      float p = 0.0f, alpha = 1.0f;
+      if (new_max != -INFINITY) {
+        p = expf(s - new_max);            // s = -inf (masked) gives 0
+        alpha = expf(old_max - new_max);  // old_max = -inf (first keys) gives 0
+      }
+      const float tile_sum = WarpSum(p);
+      p_s[m * kTileKeys + lane] = p;
+      if (lane == 0) {
+        max_s[m] = new_max;
+        sum_s[m] = sum_s[m] * alpha + tile_sum;
+        alpha_s[m] = alpha;
+      }
+    }
+    __syncthreads();
+
+    // 4. acc = acc * alpha + P V over the tile.
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const int e = tid + s * kThreads;
+      if (e >= nq * pairs) break;
+      const int m = e / pairs, i = e % pairs;
+      const float alpha = alpha_s[m];
+      float2 r = make_float2(acc[s].x * alpha, acc[s].y * alpha);
+      const float* p_row = p_s + m * kTileKeys;
+      for (int j = 0; j < n; ++j) {
+        const float p = p_row[j];
+        const float2 v = reinterpret_cast<const float2*>(v_s + j * ld)[i];
+        r.x += p * v.x;
+        r.y += p * v.y;
+      }
+      acc[s] = r;
+    }
+  }
+  // max_s / sum_s were last written before the barrier that preceded step 4.
+
+  if (item.partial < 0) {
+#pragma unroll
+    for (int s = 0; s < kSlots; ++s) {
+      const int e = tid + s * kThreads;
+      if (e >= nq * pairs) break;
+      const int m = e / pairs, i = e % pairs;
+      const int64_t row = item.row_begin + m / hpc;
+      const int head = head0 + m % hpc;
+      const float inv = 1.0f / sum_s[m];
+      const int64_t o = row * a.out_stride + int64_t(head) * hd + 2 * i;
+      StoreAct(a.out, a.dtype, o, acc[s].x * inv);
+      StoreAct(a.out, a.dtype, o + 1, acc[s].y * inv);
+    }
+    return;
+  }
+#pragma unroll
+  for (int s = 0; s < kSlots; ++s) {
+    const int e = tid + s * kThreads;
+    if (e >= nq * pairs) break;
+    const int m = e / pairs, i = e % pairs;
+    float* slot = a.workspace + (item.partial + m / hpc) * a.slot_floats;
+    const int head = head0 + m % hpc;
+    reinterpret_cast<float2*>(slot + 2 * a.num_heads + int64_t(head) * hd)[i] = acc[s];
+  }
+  if (tid < nq) {
+    float* slot = a.workspace + (item.partial + tid / hpc) * a.slot_floats;
+    const int head = head0 + tid % hpc;
+    slot[2 * head] = max_s[tid];
+    slot[2 * head + 1] = sum_s[tid];
+  }
+}
+
+__global__ void __launch_bounds__(kThreads) MergeKernel(const __grid_constant__ KernelArgs a) {
+  const GpuAttentionPlanHeader& header = PlanHeader(a.plan);
+  if (static_cast<int32_t>(blockIdx.x) >= header.num_merges) return;
+  const GpuAttentionMergeItem merge =
+      reinterpret_cast<const GpuAttentionMergeItem*>(a.plan + header.merges_offset)[blockIdx.x];
+  const int hd = a.kv.layout.head_dim;
+  for (int e = static_cast<int>(threadIdx.x); e < a.num_heads * hd; e += kThreads) {
+    const int head = e / hd, c = e % hd;
+    float max_all = -INFINITY;
+    for (int p = 0; p < merge.num_partials; ++p) {
+      const float* slot =
+          a.workspace + int64_t(merge.first_partial + p * merge.stride) * a.slot_floats;
+      max_all = fmaxf(max_all, slot[2 * head]);
+    }
+    float sum = 0.0f, acc = 0.0f;
+    for (int p = 0; p < merge.num_partials; ++p) {
+      const float* slot =
+          a.workspace + int64_t(merge.first_partial + p * merge.stride) * a.slot_floats;
+      const float m = slot[2 * head];
+      if (m == -INFINITY) continue;  // this partition held none of the row's keys
+      const float w = expf(m - max_all);
+      sum += w * slot[2 * head + 1];
+      acc += w * slot[2 * a.num_heads + head * hd + c];
+    }
+    StoreAct(a.out, a.dtype, int64_t(merge.row) * a.out_stride + int64_t(head) * hd + c, acc / sum);
+  }
+}
+
+}  // namespace kvserve::cuda::attention_detail

@@ -1,0 +1,194 @@
+// cuda_sim: runs CUDA kernel source on the CPU, for tests on machines
+// without a GPU. The kernel's .cuh is compiled by the host compiler after
+// this header; each CTA runs as blockDim.x cooperative fibers (ucontext) on
+// one OS thread, switching only at __syncthreads and inside warp shuffles,
+// so barrier semantics are exact: a barrier that not every thread reaches,
+// or a shuffle that not every lane of a warp joins, aborts with a message
+// instead of hanging. Shared memory is poisoned with NaN bytes before each
+// CTA, so a read of shared memory that no thread wrote shows up.
+//
+// What it covers: the kernel's indexing, masking, barriers, shuffles and
+// numerics in the same fp32 operations (expf, fmaxf, the same decoders; the
+// host compiler is kept from fusing multiply-adds where the CUDA intrinsics
+// round twice). What it does not: anything about the real device (memory
+// model, occupancy, launch limits, PTX intrinsics' device implementations,
+// e.g. the cvt instruction behind the fp8 conversion), nor performance.
+//
+// Supported: 1-D blocks (threadIdx.x), 2-D grids, dynamic shared memory
+// declared `extern __shared__` (defined by the test, see CUDA_SIM_SHARED),
+// __syncthreads, __shfl_xor_sync on float with a full mask.
+//
+// Thread-safety: one simulated launch at a time per process.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <ucontext.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#ifndef __launch_bounds__
+#define __launch_bounds__(...)
+#endif
+#ifndef __grid_constant__
+#define __grid_constant__
+#endif
+
+namespace cuda_sim {
+
+enum Wait : int { kRunnable = 0, kBlockBarrier = 1, kWarpBarrier = 2 };
+
+struct Fiber {
+  ucontext_t ctx;
+  std::unique_ptr<char[]> stack;
+  int wait = kRunnable;
+  bool done = false;
+};
+
+struct BlockState {
+  std::vector<Fiber> fibers;
+  ucontext_t scheduler;
+  int current = 0;
+  std::function<void()> body;
+  std::vector<float> exchange;
+};
+
+inline BlockState* g_block = nullptr;
+inline uint3 g_thread_idx{0, 0, 0};
+inline uint3 g_block_idx{0, 0, 0};
+inline dim3 g_block_dim{1, 1, 1};
+inline dim3 g_grid_dim{1, 1, 1};
+
+[[noreturn]] inline void Fail(const char* what) {
+  std::fprintf(stderr, "cuda_sim: %s\n", what);
+  std::abort();
+}
+
+inline void Yield(int wait) {
+  Fiber& f = g_block->fibers[g_block->current];
+  f.wait = wait;
+  swapcontext(&f.ctx, &g_block->scheduler);
+}
+
+inline void Trampoline() {
+  BlockState* b = g_block;
+  const int t = b->current;
+  b->body();
+  b->fibers[t].done = true;  // returning resumes uc_link (the scheduler)
+}
+
+inline float ShflXor(float v, int lane_mask) {
+  const int t = g_block->current;
+  g_block->exchange[t] = v;
+  Yield(kWarpBarrier);
+  const int src = (t & ~31) | ((t & 31) ^ lane_mask);
+  if (src >= static_cast<int>(g_block->fibers.size())) Fail("shuffle from a lane past the block");
+  const float r = g_block->exchange[src];
+  Yield(kWarpBarrier);  // every lane has read before any lane writes again
+  return r;
+}
+
+// Runs one CTA of `threads` threads, each executing body().
+inline void RunBlock(uint3 block_idx, int threads, std::function<void()> body) {
+  if (threads % 32 != 0) Fail("blocks must be whole warps");
+  BlockState b;
+  b.fibers = std::vector<Fiber>(threads);
+  b.body = std::move(body);
+  b.exchange.assign(threads, 0.0f);
+  g_block = &b;
+  g_block_idx = block_idx;
+  constexpr size_t kStack = 256 * 1024;
+  for (Fiber& f : b.fibers) {
+    f.stack.reset(new char[kStack]);
+    getcontext(&f.ctx);
+    f.ctx.uc_stack.ss_sp = f.stack.get();
+    f.ctx.uc_stack.ss_size = kStack;
+    f.ctx.uc_link = &b.scheduler;
+    makecontext(&f.ctx, Trampoline, 0);
+  }
+  for (;;) {
+    for (int t = 0; t < threads; ++t) {
+      Fiber& f = b.fibers[t];
+      if (f.done || f.wait != kRunnable) continue;
+      b.current = t;
+      g_thread_idx = {static_cast<unsigned>(t), 0, 0};
+      swapcontext(&b.scheduler, &f.ctx);
+    }
+    // Every fiber is now done or waiting. Release what can be released.
+    bool all_done = true, released = false, any_block_wait = false, any_warp_wait = false;
+    for (const Fiber& f : b.fibers) {
+      all_done = all_done && f.done;
+      any_block_wait = any_block_wait || (!f.done && f.wait == kBlockBarrier);
+      any_warp_wait = any_warp_wait || (!f.done && f.wait == kWarpBarrier);
+    }
+    if (all_done) break;
+    for (int w = 0; w < threads / 32; ++w) {
+      int warp_wait = 0, other = 0;
+      for (int l = 0; l < 32; ++l) {
+        const Fiber& f = b.fibers[w * 32 + l];
+        if (f.wait == kWarpBarrier && !f.done) {
+          ++warp_wait;
+        } else {
+          ++other;
+        }
+      }
+      if (warp_wait == 0) continue;
+      if (other != 0) Fail("a warp shuffle that not every lane of the warp reached");
+      for (int l = 0; l < 32; ++l) b.fibers[w * 32 + l].wait = kRunnable;
+      released = true;
+    }
+    if (!released && any_block_wait && !any_warp_wait) {
+      for (const Fiber& f : b.fibers) {
+        if (f.done) Fail("__syncthreads after some threads of the block returned");
+      }
+      for (Fiber& f : b.fibers) f.wait = kRunnable;
+      released = true;
+    }
+    if (!released) Fail("deadlock: threads wait at different barriers");
+  }
+  g_block = nullptr;
+}
+
+// Launches kernel(args) over grid x block threads; `shared` (dynamic shared
+// memory of the test) is poisoned before every CTA.
+template <typename Args>
+void Launch(void (*kernel)(Args), dim3 grid, int threads, void* shared, size_t shared_bytes,
+            const Args& args) {
+  g_grid_dim = grid;
+  g_block_dim = dim3(threads, 1, 1);
+  for (unsigned y = 0; y < grid.y; ++y) {
+    for (unsigned x = 0; x < grid.x; ++x) {
+      if (shared != nullptr) std::memset(shared, 0xff, shared_bytes);
+      RunBlock({x, y, 0}, threads, [&] { kernel(args); });
+    }
+  }
+}
+
+}  // namespace cuda_sim
+
+#define threadIdx (::cuda_sim::g_thread_idx)
+#define blockIdx (::cuda_sim::g_block_idx)
+#define blockDim (::cuda_sim::g_block_dim)
+#define gridDim (::cuda_sim::g_grid_dim)
+
+inline void __syncthreads() { cuda_sim::Yield(cuda_sim::kBlockBarrier); }
+inline float __shfl_xor_sync(unsigned mask, float v, int lane_mask) {
+  if (mask != 0xffffffffu) cuda_sim::Fail("only full-warp shuffles are simulated");
+  return cuda_sim::ShflXor(v, lane_mask);
+}
+inline float __uint_as_float(unsigned u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+// Separate roundings, as the _rn intrinsics promise (the test TU is built
+// with -ffp-contract=off).
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline int min(int a, int b) { return a < b ? a : b; }
