@@ -205,11 +205,16 @@ const std::vector<Field>& Fields() {
            [](ServeConfig& c, std::string v) { c.model.device = std::move(v); }),
       {"model.chat_template",
        [](ServeConfig& c, const std::string& text, Source, const std::string&) {
-         absl::StatusOr<ChatTemplate> t =
-             ChatTemplate::Builtin(std::string(absl::StripAsciiWhitespace(text)));
+         const std::string name(absl::StripAsciiWhitespace(text));
+         if (name == "auto") {
+           c.model.chat_template = ChatTemplate::Auto();
+           return absl::OkStatus();
+         }
+         absl::StatusOr<ChatTemplate> t = ChatTemplate::Builtin(name);
          if (!t.ok()) {
            return Bad("model.chat_template",
-                      "a built-in template (plain, chatml, llama3) or a map of role patterns",
+                      "auto, a built-in template (plain, chatml, llama3) or a map of role "
+                      "patterns",
                       text);
          }
          c.model.chat_template = *std::move(t);
@@ -384,6 +389,37 @@ absl::Status ApplyYaml(ServeConfig& config, const YAML::Node& root, const std::s
   return absl::OkStatus();
 }
 
+// model.chat_template: auto -> the template the model directory ships (or
+// the tokenizer's directory, when the model is a single file), else plain.
+absl::Status ResolveAutoChatTemplate(ServeConfig& c) {
+  if (c.model.chat_template.name() != "auto") return absl::OkStatus();
+  std::vector<std::string> dirs;
+  std::error_code ec;
+  if (!c.model.path.starts_with("dummy:") && fs::is_directory(c.model.path, ec)) {
+    dirs.push_back(c.model.path);
+  }
+  if (!c.model.tokenizer.empty()) {
+    dirs.push_back(fs::is_directory(c.model.tokenizer, ec)
+                       ? c.model.tokenizer
+                       : fs::path(c.model.tokenizer).parent_path().string());
+  }
+  c.model.chat_template = ChatTemplate();
+  for (const std::string& dir : dirs) {
+    absl::StatusOr<ChatTemplate> t = ChatTemplate::ForModelDir(dir);
+    if (!t.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.chat_template: ", t.status().message(),
+                       " (set model.chat_template to plain, chatml, llama3 or a map of role "
+                       "patterns to serve without it)"));
+    }
+    if (t->name() == "checkpoint") {
+      c.model.chat_template = *std::move(t);
+      break;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckWhole(const ServeConfig& c) {
   if (c.model.path.empty()) {
     return absl::InvalidArgumentError(
@@ -446,6 +482,7 @@ absl::StatusOr<ServeConfig> ParseServeConfig(const std::string& yaml_text,
     KV_RETURN_IF_ERROR(SetScalar(config, key, o.substr(eq + 1), Source::kOverride, base_dir));
   }
   KV_RETURN_IF_ERROR(CheckWhole(config));
+  KV_RETURN_IF_ERROR(ResolveAutoChatTemplate(config));
   return config;
 }
 

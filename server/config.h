@@ -10,6 +10,10 @@
 // paths in the file (model.path, model.tokenizer) resolve against the file's
 // directory; those given with --set against the current directory.
 //
+// model.chat_template: auto (the default) is resolved at parse time: the
+// chat template the model directory ships (tokenizer_config.json or
+// chat_template.jinja, see model/hf_chat_template.h), else "plain".
+//
 // Thread-safety: plain value type.
 #pragma once
 
@@ -29,7 +33,9 @@ struct ServeConfig {
     std::string tokenizer;       // "" = found beside the model
     std::string name;            // the served name (OpenAI `model`); "" = from the model
     std::string device = "cpu";  // cpu | cuda
-    ChatTemplate chat_template;  // a built-in name or a map of role patterns
+    // auto (the checkpoint's own template, else plain), a built-in name or a
+    // map of role patterns.
+    ChatTemplate chat_template = ChatTemplate::Auto();
   } model;
   struct Cache {
     std::string kv_dtype = "fp32";
