@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cache/status_macros.h"
@@ -64,41 +65,44 @@ absl::StatusOr<std::vector<KvFormatCapacity>> PlanCapacity(const CapacityPlanReq
   return plan;
 }
 
-absl::StatusOr<int64_t> ParseByteSize(std::string_view text, std::string_view what) {
-  const std::string s = absl::AsciiStrToLower(
-      absl::StripAsciiWhitespace(absl::string_view(text.data(), text.size())));
-  auto bad = [&]() {
-    return absl::InvalidArgumentError(
-        absl::StrCat(std::string(what), ": '", std::string(text),
-                     "' is not a byte size (e.g. 80GiB, 80GB, 512MiB or a plain byte count)"));
+absl::StatusOr<int64_t> ParseByteSize(std::string_view text, std::string_view what,
+                                      ByteSizeUnit unit) {
+  const std::string t(absl::StripAsciiWhitespace(absl::string_view(text.data(), text.size())));
+  auto bad = [&](std::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        std::string(what), ": '", std::string(text), "' ", std::string(why),
+        unit == ByteSizeUnit::kRequired ? " (e.g. 80GiB = 80 x 1024^3, 80GB = 80 x 1000^3, 4096B)"
+                                        : " (e.g. 80GiB = 80 x 1024^3, 80GB = 80 x 1000^3, "
+                                          "or a plain byte count)"));
   };
   size_t i = 0;
-  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
-  if (i == 0) return bad();
-  char* end = nullptr;
-  const std::string number = s.substr(0, i);
-  const long double value = std::strtold(number.c_str(), &end);
-  if (end != number.c_str() + number.size()) return bad();
-  std::string unit = s.substr(i);
-  while (!unit.empty() && unit.front() == ' ') unit.erase(unit.begin());
-  long double mult = 0;
-  if (unit.empty() || unit == "b") {
+  while (i < t.size() && (absl::ascii_isdigit(static_cast<unsigned char>(t[i])) || t[i] == '.')) {
+    ++i;
+  }
+  double value = 0;
+  if (i == 0 || !absl::SimpleAtod(t.substr(0, i), &value)) return bad("is not a byte size");
+  const std::string suffix =
+      absl::AsciiStrToLower(absl::StripLeadingAsciiWhitespace(t.substr(i)));
+  // IEC units are powers of 1024, SI units (and, as in Kubernetes
+  // quantities, the bare letters) powers of 1000. Case does not matter.
+  static constexpr std::pair<const char*, double> kUnits[] = {
+      {"b", 1.0},      {"k", 1e3},       {"kb", 1e3},      {"m", 1e6},      {"mb", 1e6},
+      {"g", 1e9},      {"gb", 1e9},      {"t", 1e12},      {"tb", 1e12},    {"ki", 0x1p10},
+      {"kib", 0x1p10}, {"mi", 0x1p20},   {"mib", 0x1p20},  {"gi", 0x1p30},  {"gib", 0x1p30},
+      {"ti", 0x1p40},  {"tib", 0x1p40}};
+  double mult = 0;
+  if (suffix.empty()) {
+    if (unit == ByteSizeUnit::kRequired) return bad("has no unit");
     mult = 1;
   } else {
-    const char prefix = unit[0];
-    const std::string rest = unit.substr(1);
-    int power = prefix == 'k' ? 1 : prefix == 'm' ? 2 : prefix == 'g' ? 3 : prefix == 't' ? 4 : 0;
-    if (power == 0) return bad();
-    if (rest.empty() || rest == "i" || rest == "ib") {
-      mult = std::pow(1024.0L, power);
-    } else if (rest == "b") {
-      mult = std::pow(1000.0L, power);
-    } else {
-      return bad();
+    for (const auto& [name, m] : kUnits) {
+      if (suffix == name) mult = m;
     }
+    if (mult == 0) return bad("has an unknown unit");
   }
-  const long double bytes = std::roundl(value * mult);
-  if (!(bytes >= 0) || bytes > 9.2e18L) return bad();
+  const double bytes = std::round(value * mult);
+  if (!(bytes >= 0) || bytes > 9.2e18) return bad("is out of range");
+  if (mult == 1 && value != std::floor(value)) return bad("is not a whole number of bytes");
   return static_cast<int64_t>(bytes);
 }
 

@@ -13,10 +13,9 @@ absl::Status CheckBatch(const std::vector<BlockCopy>& batch, const char* name, i
   for (size_t i = 0; i < batch.size(); ++i) {
     const BlockCopy& c = batch[i];
     if (c.src < 0 || c.src >= src_blocks || c.dst < 0 || c.dst >= dst_blocks) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(name, "[", i, "] = {", c.src, ", ", c.dst, "} names a block outside ",
-                       "its pool (source blocks ", src_blocks, ", destination blocks ",
-                       dst_blocks, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          name, "[", i, "] = {", c.src, ", ", c.dst, "} names a block outside ",
+          "its pool (source blocks ", src_blocks, ", destination blocks ", dst_blocks, ")"));
     }
   }
   std::vector<BlockId> dsts(batch.size()), srcs(batch.size());
@@ -48,8 +47,7 @@ absl::StatusOr<PackedStepCopies> PackStepCopies(const StepCopies& step, int32_t 
                                                 int32_t num_host_blocks) {
   KV_RETURN_IF_ERROR(
       CheckBatch(step.swap_out, "swap_out", num_device_blocks, num_host_blocks, false));
-  KV_RETURN_IF_ERROR(
-      CheckBatch(step.copies, "copies", num_device_blocks, num_device_blocks, true));
+  KV_RETURN_IF_ERROR(CheckBatch(step.copies, "copies", num_device_blocks, num_device_blocks, true));
   KV_RETURN_IF_ERROR(
       CheckBatch(step.swap_in, "swap_in", num_host_blocks, num_device_blocks, false));
   PackedStepCopies p;

@@ -30,9 +30,9 @@ struct SampleRowParams {
   float repetition_penalty = 1.0f;  // > 0; 1: off
   float frequency_penalty = 0.0f;   // 0: off (with presence 0)
   float presence_penalty = 0.0f;
-  int32_t num_top_logprobs = -1;    // -1: no logprobs; 0: the chosen token's; up to 20
-  uint64_t seed = 0;                // Philox key of the sequence
-  uint64_t step = 0;                // which draw of the sequence (its output length)
+  int32_t num_top_logprobs = -1;  // -1: no logprobs; 0: the chosen token's; up to 20
+  uint64_t seed = 0;              // Philox key of the sequence
+  uint64_t step = 0;              // which draw of the sequence (its output length)
   // The row's token history, for penalties: history[history_begin ..] holds
   // prompt_len prompt ids, then output_len output ids. Filled by
   // SamplingBatch (empty when no penalty is on).

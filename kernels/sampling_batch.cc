@@ -16,9 +16,8 @@ absl::Status Bad(const char* field, double value, const char* rule) {
 absl::Status CheckIds(absl::Span<const int32_t> ids, int32_t vocab, const char* what) {
   for (size_t i = 0; i < ids.size(); ++i) {
     if (ids[i] < 0 || ids[i] >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat(what, "[", i, "] = ", ids[i],
-                                                     " is outside the vocabulary [0, ", vocab,
-                                                     ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, "[", i, "] = ", ids[i], " is outside the vocabulary [0, ", vocab, ")"));
     }
   }
   return absl::OkStatus();

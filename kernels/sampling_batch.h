@@ -70,8 +70,7 @@ class SamplingBatch {
 
 // True when a row's penalties read its history.
 inline bool UsesHistory(const SampleRowParams& p) {
-  return p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f ||
-         p.presence_penalty != 0.0f;
+  return p.repetition_penalty != 1.0f || p.frequency_penalty != 0.0f || p.presence_penalty != 0.0f;
 }
 
 }  // namespace kvserve

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "cache/capacity_plan.h"
 #include "kernels/random_weights.h"
 
 namespace kvserve {
@@ -175,32 +176,9 @@ absl::StatusOr<ModelConfig> DummyPresetConfig(std::string_view name) {
 absl::StatusOr<uint64_t> DummyMaxBytesFromEnv() {
   const char* env = std::getenv(kMaxBytesEnv);
   if (env == nullptr || *env == '\0') return kDefaultDummyMaxBytes;
-  std::string_view text = env;
-  uint64_t unit = 1;
-  switch (text.back()) {
-    case 'K':
-    case 'k':
-      unit = 1ull << 10;
-      break;
-    case 'M':
-    case 'm':
-      unit = 1ull << 20;
-      break;
-    case 'G':
-    case 'g':
-      unit = 1ull << 30;
-      break;
-    default:
-      break;
-  }
-  if (unit != 1) text.remove_suffix(1);
-  uint64_t value;
-  if (!absl::SimpleAtoi(absl::string_view(text.data(), text.size()), &value) ||
-      value > UINT64_MAX / unit) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kMaxBytesEnv, "='", env, "' is not a byte count (e.g. 68719476736 or 64G)"));
-  }
-  return value * unit;
+  absl::StatusOr<int64_t> bytes = ParseByteSize(env, kMaxBytesEnv);
+  if (!bytes.ok()) return bytes.status();
+  return static_cast<uint64_t>(*bytes);
 }
 
 absl::StatusOr<LlamaWeights> LoadDummyModel(std::string_view name) {

@@ -19,8 +19,8 @@
 // LoadDummyModelShapes gives the config and shapes without the 4 bytes per
 // parameter of host memory (32 GB for llama-3-8b), for the CUDA runner. Loading refuses (ResourceExhausted)
 // when the fp32 weights would exceed a byte limit, so nobody allocates 280 GB
-// on a laptop by accident: KVSERVE_DUMMY_MAX_BYTES (bytes, or with a K/M/G
-// suffix, powers of 1024), default 8 GiB.
+// on a laptop by accident: KVSERVE_DUMMY_MAX_BYTES (bytes, or a size with a
+// unit such as 64GiB; see cache/capacity_plan.h), default 8 GiB.
 //
 // Thread-safety: free functions without shared state.
 #pragma once

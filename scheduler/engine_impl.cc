@@ -175,6 +175,8 @@ absl::StatusOr<std::shared_ptr<RequestStream>> EngineImpl::Submit(GenerateReques
   }
   if (!request.ignore_eos) {
     req->stop_ids.push_back(model_config_.eos_id);
+    req->stop_ids.insert(req->stop_ids.end(), model_config_.stop_ids.begin(),
+                         model_config_.stop_ids.end());
     if (model_config_.bos_is_stop) req->stop_ids.push_back(model_config_.bos_id);
   }
   req->stop_ids.insert(req->stop_ids.end(), request.stop_token_ids.begin(),

@@ -31,14 +31,19 @@ constexpr char kUsage[] =
     "options:\n"
     "  --model M           preset (tiny, llama-2-7b, llama-2-70b, llama-3-8b, mistral-7b;\n"
     "                      'dummy:' prefix optional), HF directory or llama2.c checkpoint\n"
-    "  --memory SIZE       memory for weights + KV cache: 80GiB (1024^3), 80GB (1000^3)\n"
-    "                      or bytes (required)\n"
+    "  --memory SIZE       memory for weights + KV cache, with its unit (required):\n"
+    "                      80GiB or 80Gi (80 x 1024^3), 80GB or 80G (80 x 1000^3), 4096B\n"
     "  --context N         tokens per sequence (required)\n"
     "  --block-size B      KV block size in tokens (default 16)\n"
     "  --batch N           also show what N sequences of --context tokens need (default 0)\n"
     "  --weight-dtype D    weight storage: fp32, fp16, bf16, fp8, int8, int4 (default fp16)\n"
     "  --int4-group-size G channels per int4 scale group (default 64)\n"
-    "  --json FILE         also write the plan as JSON\n";
+    "  --json FILE         also write the plan as JSON\n"
+    "exit status: 0 when at least one KV format holds a sequence of --context tokens,\n"
+    "3 when none does, 1 on other errors, 2 on bad flags.\n";
+
+// The exit status when the plan holds no sequence at all.
+constexpr int kNothingFits = 3;
 
 struct Options {
   std::string model;
@@ -79,7 +84,7 @@ int ParseFlags(int argc, char** argv, Options* o) {
     if (name == "--model") {
       o->model = value;
     } else if (name == "--memory") {
-      absl::StatusOr<int64_t> bytes = ParseByteSize(value, "--memory");
+      absl::StatusOr<int64_t> bytes = ParseByteSize(value, "--memory", ByteSizeUnit::kRequired);
       if (!bytes.ok()) return flags.UsageError(std::string(bytes.status().message()));
       o->memory_bytes = *bytes;
     } else if (name == "--context") {
@@ -233,6 +238,13 @@ int RunPlan(int argc, char** argv) {
       std::fprintf(stderr, "kvserve plan: cannot write %s\n", o.json_path.c_str());
       return 1;
     }
+  }
+  bool any_fits = false;
+  for (const KvFormatCapacity& f : *plan) any_fits |= f.max_seqs > 0;
+  if (!any_fits) {
+    std::fprintf(stderr, "kvserve plan: not one sequence of %lld tokens fits in any KV format\n",
+                 static_cast<long long>(o.context));
+    return kNothingFits;
   }
   return 0;
 }

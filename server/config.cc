@@ -14,8 +14,10 @@
 #include <sstream>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "cache/capacity_plan.h"
 #include "cache/kv_format.h"
 #include "cache/status_macros.h"
 #include "model/runner_factory.h"
@@ -79,23 +81,17 @@ absl::StatusOr<std::string> ExpandEnv(const std::string& key, const std::string&
 
 absl::StatusOr<int64_t> ParseInt(const std::string& key, const std::string& text, int64_t min,
                                  int64_t max, const std::string& expected) {
-  std::string t(absl::StripAsciiWhitespace(text));
-  if (t.empty()) return Bad(key, expected, text);
-  errno = 0;
-  char* end = nullptr;
-  long long v = std::strtoll(t.c_str(), &end, 10);
-  if (errno != 0 || end != t.c_str() + t.size() || v < min || v > max) {
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(text), &v) || v < min || v > max) {
     return Bad(key, expected, text);
   }
-  return static_cast<int64_t>(v);
+  return v;
 }
 
 absl::StatusOr<double> ParseDouble(const std::string& key, const std::string& text,
                                    const std::string& expected) {
-  std::string t(absl::StripAsciiWhitespace(text));
-  char* end = nullptr;
-  double v = t.empty() ? 0 : std::strtod(t.c_str(), &end);
-  if (t.empty() || end != t.c_str() + t.size() || !std::isfinite(v)) {
+  double v = 0;
+  if (!absl::SimpleAtod(absl::StripAsciiWhitespace(text), &v) || !std::isfinite(v)) {
     return Bad(key, expected, text);
   }
   return v;
@@ -108,22 +104,9 @@ absl::StatusOr<bool> ParseBool(const std::string& key, const std::string& text) 
   return Bad(key, "true or false", text);
 }
 
-// "1073741824", "512MiB", "4GiB", "64k": binary multiples either way.
+// A plain count is bytes; units as cache/capacity_plan.h's ParseByteSize.
 absl::StatusOr<int64_t> ParseBytes(const std::string& key, const std::string& text) {
-  const std::string expected = "a byte count (e.g. 1048576, 512MiB, 4GiB)";
-  std::string t(absl::StripAsciiWhitespace(text));
-  size_t digits = 0;
-  while (digits < t.size() && std::isdigit(static_cast<unsigned char>(t[digits]))) ++digits;
-  if (digits == 0 || digits > 18) return Bad(key, expected, text);
-  int64_t value = std::stoll(t.substr(0, digits));
-  std::string unit = absl::AsciiStrToLower(absl::StripAsciiWhitespace(t.substr(digits)));
-  static const std::map<std::string, int> kShift = {
-      {"", 0},     {"b", 0},  {"k", 10},  {"kb", 10},  {"kib", 10}, {"m", 20},  {"mb", 20},
-      {"mib", 20}, {"g", 30}, {"gb", 30}, {"gib", 30}, {"t", 40},   {"tb", 40}, {"tib", 40}};
-  auto it = kShift.find(unit);
-  if (it == kShift.end()) return Bad(key, expected, text);
-  if (value > (std::numeric_limits<int64_t>::max() >> it->second)) return Bad(key, expected, text);
-  return value << it->second;
+  return ParseByteSize(text, key);
 }
 
 // Seconds as a number, optionally with an "s", "ms" or "m" suffix.
@@ -237,11 +220,16 @@ const std::vector<Field>& Fields() {
       Bool("model.cuda_graphs", [](ServeConfig& c, bool v) { c.model.cuda_graphs = v; }),
       {"model.chat_template",
        [](ServeConfig& c, const std::string& text, Source, const std::string&) {
-         absl::StatusOr<ChatTemplate> t =
-             ChatTemplate::Builtin(std::string(absl::StripAsciiWhitespace(text)));
+         const std::string name(absl::StripAsciiWhitespace(text));
+         if (name == "auto") {
+           c.model.chat_template = ChatTemplate::Auto();
+           return absl::OkStatus();
+         }
+         absl::StatusOr<ChatTemplate> t = ChatTemplate::Builtin(name);
          if (!t.ok()) {
            return Bad("model.chat_template",
-                      "a built-in template (plain, chatml, llama3) or a map of role patterns",
+                      "auto, a built-in template (plain, chatml, llama3) or a map of role "
+                      "patterns",
                       text);
          }
          c.model.chat_template = *std::move(t);
@@ -318,6 +306,7 @@ const std::vector<Field>& Fields() {
       Str("server.api_key", [](ServeConfig& c, std::string v) { c.server.api_key = std::move(v); }),
       Int("server.http_threads", 1, 4096, "an integer in [1, 4096]",
           [](ServeConfig& c, int64_t v) { c.server.http_threads = static_cast<int32_t>(v); }),
+      Bool("server.reuse_port", [](ServeConfig& c, bool v) { c.server.reuse_port = v; }),
       // logging
       Enum("logging.level", {"trace", "debug", "info", "warn", "error", "critical", "off"},
            [](ServeConfig& c, std::string v) { c.logging.level = std::move(v); }),
@@ -415,6 +404,37 @@ absl::Status ApplyYaml(ServeConfig& config, const YAML::Node& root, const std::s
   return absl::OkStatus();
 }
 
+// model.chat_template: auto -> the template the model directory ships (or
+// the tokenizer's directory, when the model is a single file), else plain.
+absl::Status ResolveAutoChatTemplate(ServeConfig& c) {
+  if (c.model.chat_template.name() != "auto") return absl::OkStatus();
+  std::vector<std::string> dirs;
+  std::error_code ec;
+  if (!c.model.path.starts_with("dummy:") && fs::is_directory(c.model.path, ec)) {
+    dirs.push_back(c.model.path);
+  }
+  if (!c.model.tokenizer.empty()) {
+    dirs.push_back(fs::is_directory(c.model.tokenizer, ec)
+                       ? c.model.tokenizer
+                       : fs::path(c.model.tokenizer).parent_path().string());
+  }
+  c.model.chat_template = ChatTemplate();
+  for (const std::string& dir : dirs) {
+    absl::StatusOr<ChatTemplate> t = ChatTemplate::ForModelDir(dir);
+    if (!t.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.chat_template: ", t.status().message(),
+                       " (set model.chat_template to plain, chatml, llama3 or a map of role "
+                       "patterns to serve without it)"));
+    }
+    if (t->name() == "checkpoint") {
+      c.model.chat_template = *std::move(t);
+      break;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckWhole(const ServeConfig& c) {
   if (c.model.path.empty()) {
     return absl::InvalidArgumentError(
@@ -477,6 +497,7 @@ absl::StatusOr<ServeConfig> ParseServeConfig(const std::string& yaml_text,
     KV_RETURN_IF_ERROR(SetScalar(config, key, o.substr(eq + 1), Source::kOverride, base_dir));
   }
   KV_RETURN_IF_ERROR(CheckWhole(config));
+  KV_RETURN_IF_ERROR(ResolveAutoChatTemplate(config));
   return config;
 }
 
@@ -498,14 +519,18 @@ absl::StatusOr<ServeConfig> LoadServeConfig(const std::string& path,
 std::string ServeConfigKeyHelp(const std::string& key) {
   static const std::map<std::string, std::string>* help = new std::map<std::string, std::string>{
       {"model.path", "llama2.c checkpoint, HF directory (config.json + *.safetensors) or dummy:<preset>"},
-      {"model.tokenizer", "SentencePiece .model file; empty: found beside the model"},
+      {"model.tokenizer",
+       "tokenizer.json or SentencePiece .model; empty: the HF directory's own, or the .model "
+       "beside a llama2.c checkpoint"},
       {"model.name", "the served model name (OpenAI `model`); empty: from the model"},
       {"model.device", "cpu, cuda (device 0) or cuda:N"},
       {"model.dtype",
        "weights and activations: auto (fp32 on cpu, bf16 on cuda), fp32, fp16 or bf16; the CPU "
        "backend computes in fp32 only"},
       {"model.cuda_graphs", "CUDA: replay decode steps from graphs captured per batch size (true)"},
-      {"model.chat_template", "plain, chatml, llama3, or a map of role patterns"},
+      {"model.chat_template",
+       "auto (the checkpoint's own template, else plain), plain, chatml, llama3, or a map of "
+       "role patterns"},
       {"cache.kv_dtype", "KV page format: fp32, fp16, bf16, fp8_e4m3, int8, int4 or k8v4"},
       {"cache.block_size", "tokens per KV block (16)"},
       {"cache.num_blocks", "KV blocks in the pool; 0: from memory_bytes / memory_fraction / default"},
@@ -529,6 +554,7 @@ std::string ServeConfigKeyHelp(const std::string& key) {
       {"server.max_queue", "waiting requests beyond this get 429 / RESOURCE_EXHAUSTED"},
       {"server.api_key", "require Authorization: Bearer <key>; empty: no auth"},
       {"server.http_threads", "concurrent HTTP connections served"},
+      {"server.reuse_port", "SO_REUSEPORT: share the ports with other kvserve processes (false)"},
       {"logging.level", "trace, debug, info, warn, error, critical or off"},
       {"logging.format", "text or json"},
   };

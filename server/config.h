@@ -10,6 +10,10 @@
 // paths in the file (model.path, model.tokenizer) resolve against the file's
 // directory; those given with --set against the current directory.
 //
+// model.chat_template: auto (the default) is resolved at parse time: the
+// chat template the model directory ships (tokenizer_config.json or
+// chat_template.jinja, see model/hf_chat_template.h), else "plain".
+//
 // Thread-safety: plain value type.
 #pragma once
 
@@ -31,7 +35,9 @@ struct ServeConfig {
     std::string device = "cpu";  // cpu | cuda | cuda:N
     std::string dtype = "auto";  // auto | fp32 | fp16 | bf16 (auto: fp32 cpu, bf16 cuda)
     bool cuda_graphs = true;     // CUDA: replay decode steps from captured graphs
-    ChatTemplate chat_template;  // a built-in name or a map of role patterns
+    // auto (the checkpoint's own template, else plain), a built-in name or a
+    // map of role patterns.
+    ChatTemplate chat_template = ChatTemplate::Auto();
   } model;
   struct Cache {
     std::string kv_dtype = "fp32";
@@ -61,6 +67,7 @@ struct ServeConfig {
     int32_t max_queue = 4096;          // waiting requests beyond this get 429
     std::string api_key;               // "" = no auth; else "Authorization: Bearer <key>"
     int32_t http_threads = 64;         // concurrent HTTP connections served
+    bool reuse_port = false;           // SO_REUSEPORT: share the ports with other processes
   } server;
   struct Logging {
     std::string level = "info";   // trace | debug | info | warn | error | critical | off

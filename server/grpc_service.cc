@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/kvserve.grpc.pb.h"
 #include "server/logging.h"
+#include "server/reflection_v1.h"
 
 namespace kvserve {
 namespace {
@@ -393,7 +394,7 @@ GrpcService::GrpcService(ServingState* state)
 
 GrpcService::~GrpcService() { Shutdown(absl::Now()); }
 
-absl::Status GrpcService::Start(const std::string& host, int port) {
+absl::Status GrpcService::Start(const std::string& host, int port, bool reuse_port) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -401,8 +402,14 @@ absl::Status GrpcService::Start(const std::string& host, int port) {
   // IPv6 literals need brackets in a gRPC target.
   std::string address = host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
                                                             : absl::StrCat(host, ":", port);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, reuse_port ? 1 : 0);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &selected);
   builder.RegisterService(impl_.get());
+  // Reflection v1 beside gRPC's own v1alpha (registered by the plugin above).
+  reflection_v1_ = std::make_unique<ReflectionV1Service>(std::vector<std::string>{
+      v1::Generation::service_full_name(), "grpc.health.v1.Health",
+      "grpc.reflection.v1.ServerReflection", "grpc.reflection.v1alpha.ServerReflection"});
+  builder.RegisterService(reflection_v1_.get());
   builder.SetMaxReceiveMessageSize(64 << 20);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || selected == 0) {

@@ -234,8 +234,30 @@ std::optional<ApiError> MessageContent(const json& msg, size_t index, std::strin
   return std::nullopt;
 }
 
-std::optional<ApiError> ParsePrompt(ApiKind kind, const json& body, const ApiContext& ctx,
-                                    ApiRequest* r) {
+// What a checkpoint's chat template sees beyond role and content: each
+// message as sent (tool_calls, tool_call_id, ...), `tools` and the vLLM
+// extensions add_generation_prompt and chat_template_kwargs. The body is
+// parsed again keeping member order, which tool schemas rendered with
+// tojson must keep.
+std::optional<ApiError> ChatTemplateInputs(const json& body, const std::string& raw_body,
+                                           std::vector<ChatMessage>* chat,
+                                           ChatRenderOptions* options) {
+  const json* tools = Member(body, "tools");
+  if (tools != nullptr && !tools->is_array())
+    return WrongType("tools", "an array of tools", *tools);
+  const json* kwargs = Member(body, "chat_template_kwargs");
+  if (kwargs != nullptr && !kwargs->is_object()) {
+    return WrongType("chat_template_kwargs", "an object", *kwargs);
+  }
+  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(raw_body);
+  for (size_t k = 0; k < chat->size(); ++k) (*chat)[k].fields = ordered["messages"][k];
+  if (tools != nullptr) options->tools = ordered["tools"];
+  if (kwargs != nullptr) options->variables = ordered["chat_template_kwargs"];
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParsePrompt(ApiKind kind, const json& body, const std::string& raw_body,
+                                    const ApiContext& ctx, ApiRequest* r) {
   const int vocab = ctx.tokenizer->vocab_size();
   std::vector<int32_t>& ids = r->request.prompt_token_ids;
   if (kind == ApiKind::kChat) {
@@ -253,12 +275,28 @@ std::optional<ApiError> ParsePrompt(ApiKind kind, const json& body, const ApiCon
         return InvalidRequest(param + ".role",
                               absl::StrCat("'", param, ".role' must be a non-empty string"));
       }
+      if (const json* calls = Member(m, "tool_calls"); calls != nullptr && !calls->is_array()) {
+        return WrongType(param + ".tool_calls", "an array of tool calls", *calls);
+      }
       ChatMessage cm{role->get<std::string>(), ""};
       API_TRY(MessageContent(m, k, &cm.content));
       chat.push_back(std::move(cm));
     }
-    std::string prompt = ctx.chat_template->Render(chat);
-    ids = ctx.tokenizer->Encode(prompt, /*add_bos=*/true);
+    ChatRenderOptions options;
+    std::optional<bool> b;
+    API_TRY(GetBool(body, "add_generation_prompt", &b));
+    options.add_generation_prompt = b.value_or(true);
+    if (ctx.chat_template->from_checkpoint()) {
+      API_TRY(ChatTemplateInputs(body, raw_body, &chat, &options));
+    }
+    absl::StatusOr<std::string> prompt = ctx.chat_template->Render(chat, options);
+    if (!prompt.ok()) {
+      return InvalidRequest("messages",
+                            absl::StrCat("'messages' cannot be rendered with the model's chat "
+                                         "template: ",
+                                         prompt.status().message()));
+    }
+    ids = ctx.tokenizer->Encode(*prompt, ctx.chat_template->add_bos());
     return std::nullopt;
   }
 
@@ -483,7 +521,7 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
     if (!bias->empty()) return InvalidRequest("logit_bias", "'logit_bias' is not supported");
   }
 
-  API_TRY(ParsePrompt(kind, j, ctx, &r));
+  API_TRY(ParsePrompt(kind, j, body, ctx, &r));
   const int64_t prompt_len = static_cast<int64_t>(g.prompt_token_ids.size());
   if (prompt_len >= ctx.max_model_len) {
     ApiError e = InvalidRequest(

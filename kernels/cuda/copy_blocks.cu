@@ -49,9 +49,9 @@ absl::StatusOr<uint8_t*> MappedDevicePointer(void* host) {
   const cudaError_t error = cudaHostGetDevicePointer(&device, host, 0);
   if (error != cudaSuccess) {
     cudaGetLastError();  // reset it, or the next launch check would report it
-    return absl::InvalidArgumentError(absl::StrCat(
-        "MappedDevicePointer: host is not pinned, mapped host memory (", cudaGetErrorName(error),
-        ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("MappedDevicePointer: host is not pinned, mapped host memory (",
+                     cudaGetErrorName(error), ")"));
   }
   return static_cast<uint8_t*>(device);
 }

@@ -55,7 +55,7 @@ struct CopyBlocksParams {
   int32_t src_num_blocks = 0;
   int32_t dst_num_blocks = 0;
   int32_t num_layers = 0;
-  int64_t block_bytes = 0;            // a multiple of 16 (KvFormat pads blocks to 64)
+  int64_t block_bytes = 0;          // a multiple of 16 (KvFormat pads blocks to 64)
   const int32_t* copies = nullptr;  // [num_copies][2] {src, dst}, device memory
   int32_t num_copies = 0;
 };

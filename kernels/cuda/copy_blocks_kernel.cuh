@@ -21,8 +21,8 @@ __global__ void __launch_bounds__(kThreads) CopyBlocksKernel(const CopyBlocksPar
   const int2 c = reinterpret_cast<const int2*>(p.copies)[blockIdx.x];  // {src, dst}
   if (c.x < 0 || c.x >= p.src_num_blocks || c.y < 0 || c.y >= p.dst_num_blocks) return;
   const int64_t layer = blockIdx.y;
-  const uint4* src = reinterpret_cast<const uint4*>(
-      p.src + (layer * p.src_num_blocks + c.x) * p.block_bytes);
+  const uint4* src =
+      reinterpret_cast<const uint4*>(p.src + (layer * p.src_num_blocks + c.x) * p.block_bytes);
   uint4* dst = reinterpret_cast<uint4*>(p.dst + (layer * p.dst_num_blocks + c.y) * p.block_bytes);
   const int64_t n = p.block_bytes / 16;
   for (int64_t base = threadIdx.x; base < n; base += kThreads * kUnroll) {

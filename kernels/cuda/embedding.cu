@@ -39,8 +39,7 @@ absl::Status Embedding(const EmbeddingParams& params, cudaStream_t stream) {
   const bool vectorized = (p.dim * elem) % 16 == 0 && (p.out_stride * elem) % 16 == 0 &&
                           Aligned16(p.table) && Aligned16(p.out);
   embedding_detail::EmbeddingKernel<<<static_cast<unsigned>(p.num_tokens),
-                                      embedding_detail::kThreads, 0, stream>>>(p, elem,
-                                                                               vectorized);
+                                      embedding_detail::kThreads, 0, stream>>>(p, elem, vectorized);
   return CudaStatus(cudaGetLastError(), "Embedding launch");
 }
 

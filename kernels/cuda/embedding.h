@@ -19,13 +19,13 @@
 namespace kvserve::cuda {
 
 struct EmbeddingParams {
-  const void* table = nullptr;     // [vocab][dim] (ActDtype), device
-  const int32_t* ids = nullptr;    // [num_tokens], device
-  void* out = nullptr;             // [num_tokens][out_stride] (ActDtype), device
+  const void* table = nullptr;   // [vocab][dim] (ActDtype), device
+  const int32_t* ids = nullptr;  // [num_tokens], device
+  void* out = nullptr;           // [num_tokens][out_stride] (ActDtype), device
   int64_t vocab = 0;
   int64_t dim = 0;
   int64_t num_tokens = 0;
-  int64_t out_stride = 0;          // elements; 0: dim
+  int64_t out_stride = 0;  // elements; 0: dim
   ActDtype dtype = ActDtype::kFp32;
 };
 

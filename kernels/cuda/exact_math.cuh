@@ -85,9 +85,7 @@ KV_HOST_DEVICE inline float Fma(float a, float b, float c) {
 }
 
 KV_HOST_DEVICE inline bool IsNan(float x) { return (BitsOf(x) & 0x7fffffffu) > 0x7f800000u; }
-KV_HOST_DEVICE inline bool IsFinite(float x) {
-  return (BitsOf(x) & 0x7f800000u) != 0x7f800000u;
-}
+KV_HOST_DEVICE inline bool IsFinite(float x) { return (BitsOf(x) & 0x7f800000u) != 0x7f800000u; }
 KV_HOST_DEVICE inline float Abs(float x) { return FloatOf(BitsOf(x) & 0x7fffffffu); }
 
 // Round to nearest, ties to even, exactly as kernels/cpu/kv_quant.cc's

@@ -14,9 +14,12 @@
 //     as SumLanes does, so the chosen scale is the CPU's;
 //   - int4's per-group min/max: one thread scans a group in channel order
 //     with the CPU's comparisons (so NaN and -0/+0 resolve as they do there).
-// Hence the tested bound is zero differing bytes for NaN-free input. (With
-// NaN in a row the bytes equal the CPU's scalar path; its AVX2 path
-// propagates NaN through max differently.)
+// Hence the tested bound is zero differing bytes. The CPU's own two paths
+// (scalar, AVX2) agree with each other, and so with this code, except in
+// two corners where this code follows the scalar path: a row holding NaN
+// (AVX2's max propagates it differently) and an int4 group whose minimum
+// is a zero present as both -0 and +0 (AVX2 may store the zero as +0 where
+// the scalar path stores -0; both decode to the same values).
 //
 // The encoders are written against a Team: the threads that encode one row
 // together. WarpTeam (device) is one warp; SerialTeam is one thread and runs
@@ -112,7 +115,7 @@ KV_HOST_DEVICE inline float Fp8E4m3ToFloat(uint8_t b) {
   const uint32_t em = b & 0x7f, sign = static_cast<uint32_t>(b & 0x80) << 24;
   if (em == 0x7f) return FloatOf(sign | 0x7fc00000u);
   const float v = em < 8 ? Mul(static_cast<float>(em), 1.0f / 512.0f)  // m * 2^-9, exact
-                         : FloatOf((em << 20) + (120u << 23));          // rebias 7 -> 127
+                         : FloatOf((em << 20) + (120u << 23));         // rebias 7 -> 127
   return FloatOf(BitsOf(v) | sign);
 }
 
@@ -153,8 +156,9 @@ struct SerialTeam {
   }
 };
 
-#if defined(__CUDACC__)
-// One warp (all 32 lanes active) encodes the row.
+#if defined(__CUDACC__) || defined(KVSERVE_CUDA_SIM)
+// One warp (all 32 lanes active) encodes the row. (KVSERVE_CUDA_SIM: the
+// host-compiled simulation of tests/kernels/cuda_sim runs it too.)
 struct WarpTeam {
   __device__ int rank() const { return static_cast<int>(threadIdx.x % 32); }
   __device__ int size() const { return 32; }
@@ -269,7 +273,8 @@ KV_HOST_DEVICE void EncodeRow(const Team& team, const KvPartLayout& part, int he
         const uint16_t scale_h =
             FloatToFp16(Saturate(Div(Sub(mx, mn), static_cast<float>(kInt4MaxLevel)), kFp16Max));
         const uint16_t zero_h = FloatToFp16(Saturate(mn, kFp16Max));
-        Store32(meta + 4 * g, static_cast<uint32_t>(scale_h) | (static_cast<uint32_t>(zero_h) << 16));
+        Store32(meta + 4 * g,
+                static_cast<uint32_t>(scale_h) | (static_cast<uint32_t>(zero_h) << 16));
         scratch[2 * g] = Fp16ToFloat(scale_h);
         scratch[2 * g + 1] = Fp16ToFloat(zero_h);
       });

@@ -1,7 +1,6 @@
 // Launcher of the KV write: validates the Params (the page layout included,
-// since the kernel trusts it for every store), sizes shared memory from
-// head_dim and dispatches the activation dtype to one of three
-// instantiations.
+// since the kernel trusts it for every store) and dispatches the activation
+// dtype to one of three instantiations.
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
@@ -13,8 +12,8 @@
 namespace kvserve::cuda {
 namespace {
 
-using kv_write_detail::KvWriteKernel;
 using kv_write_detail::kThreads;
+using kv_write_detail::KvWriteKernel;
 using kv_write_detail::kWarps;
 
 absl::Status Bad(const std::string& what) {
@@ -26,11 +25,18 @@ absl::Status Bad(const std::string& what) {
 absl::Status CheckPart(const KvPageLayout& l, const KvPartLayout& part, const char* name) {
   int64_t row = 0, meta = 0;
   switch (part.elem) {
-    case KvElem::kFp32: row = 4LL * l.head_dim; break;
+    case KvElem::kFp32:
+      row = 4LL * l.head_dim;
+      break;
     case KvElem::kFp16:
-    case KvElem::kBf16: row = 2LL * l.head_dim; break;
+    case KvElem::kBf16:
+      row = 2LL * l.head_dim;
+      break;
     case KvElem::kFp8E4m3:
-    case KvElem::kInt8: row = l.head_dim; meta = 4; break;
+    case KvElem::kInt8:
+      row = l.head_dim;
+      meta = 4;
+      break;
     case KvElem::kInt4:
       if (part.group_size <= 0 || part.group_size % 2 != 0 || l.head_dim % part.group_size != 0) {
         return Bad(absl::StrCat("kv.layout.", name, ".group_size ", part.group_size,
@@ -52,8 +58,8 @@ absl::Status CheckPart(const KvPageLayout& l, const KvPartLayout& part, const ch
   if (part.data_offset < 0 || part.data_offset % 4 != 0 ||
       part.data_offset + rows * part.row_bytes > l.block_bytes || part.meta_offset < 0 ||
       part.meta_offset % 4 != 0 || part.meta_offset + rows * part.meta_bytes > l.block_bytes) {
-    return Bad(absl::StrCat("kv.layout.", name, " offsets fall outside block_bytes ",
-                            l.block_bytes, " or are not 4-byte aligned"));
+    return Bad(absl::StrCat("kv.layout.", name, " offsets fall outside block_bytes ", l.block_bytes,
+                            " or are not 4-byte aligned"));
   }
   return absl::OkStatus();
 }
@@ -64,8 +70,8 @@ absl::Status WriteKv(const KvWriteParams& params, cudaStream_t stream) {
   KvWriteParams p = params;
   const KvPageLayout& l = p.kv.layout;
   if (l.head_dim <= 0 || l.head_dim % 2 != 0 || l.head_dim > kv_encode::kMaxHeadDim) {
-    return Bad(absl::StrCat("kv.layout.head_dim must be even and in [2, ",
-                            kv_encode::kMaxHeadDim, "], got ", l.head_dim));
+    return Bad(absl::StrCat("kv.layout.head_dim must be even and in [2, ", kv_encode::kMaxHeadDim,
+                            "], got ", l.head_dim));
   }
   if (l.num_kv_heads <= 0) {
     return Bad(absl::StrCat("kv.layout.num_kv_heads must be > 0, got ", l.num_kv_heads));
@@ -83,12 +89,12 @@ absl::Status WriteKv(const KvWriteParams& params, cudaStream_t stream) {
   if (p.k_stride == 0) p.k_stride = row_elems;
   if (p.v_stride == 0) p.v_stride = row_elems;
   if (p.k_stride < row_elems) {
-    return Bad(absl::StrCat("k_stride must be >= num_kv_heads * head_dim = ", row_elems,
-                            ", got ", p.k_stride));
+    return Bad(absl::StrCat("k_stride must be >= num_kv_heads * head_dim = ", row_elems, ", got ",
+                            p.k_stride));
   }
   if (p.v_stride < row_elems) {
-    return Bad(absl::StrCat("v_stride must be >= num_kv_heads * head_dim = ", row_elems,
-                            ", got ", p.v_stride));
+    return Bad(absl::StrCat("v_stride must be >= num_kv_heads * head_dim = ", row_elems, ", got ",
+                            p.v_stride));
   }
   if (p.num_tokens < 0) return Bad(absl::StrCat("num_tokens must be >= 0, got ", p.num_tokens));
   if (p.num_tokens == 0) return absl::OkStatus();
@@ -96,15 +102,15 @@ absl::Status WriteKv(const KvWriteParams& params, cudaStream_t stream) {
   if (p.v == nullptr) return Bad("v is null");
   if (p.slot_mapping == nullptr) return Bad("slot_mapping is null");
   if (p.kv.pages == nullptr) return Bad("kv.pages is null");
-  if (p.kv.num_blocks <= 0) return Bad(absl::StrCat("kv.num_blocks must be > 0, got ", p.kv.num_blocks));
+  if (p.kv.num_blocks <= 0)
+    return Bad(absl::StrCat("kv.num_blocks must be > 0, got ", p.kv.num_blocks));
 
   const int64_t items = static_cast<int64_t>(p.num_tokens) * l.num_kv_heads * 2;
   const int64_t blocks = (items + kWarps - 1) / kWarps;
   if (blocks > 0x7fffffff) return Bad("num_tokens * num_kv_heads is too large for one launch");
-  const size_t smem = static_cast<size_t>(kWarps) * 2 * l.head_dim * sizeof(float);
   const bool known = DispatchActDtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    KvWriteKernel<T><<<static_cast<unsigned>(blocks), kThreads, smem, stream>>>(p);
+    KvWriteKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
   });
   if (!known) return Bad(absl::StrCat("dtype ", static_cast<int>(p.dtype), " is not an ActDtype"));
   return CudaStatus(cudaGetLastError(), "WriteKv launch");

@@ -5,9 +5,11 @@
 // Bytes: for the same fp32 input every page byte written equals what
 // cpu::WriteKv writes (kernels/cpu/kv_quant.h's encodings, reproduced bit for
 // bit by kernels/cuda/kv_encode.cuh: zero differing bytes is the tested
-// bound for NaN-free input). fp16/bf16 activations are widened to fp32
-// exactly first, so they equal cpu::WriteKv on the widened values. Bytes of
-// the page that no row owns (alignment padding) are never touched.
+// bound; kv_encode.cuh names the two corners, NaN rows and a -0/+0 int4
+// minimum, where only the CPU's scalar path is matched). fp16/bf16
+// activations are widened to fp32 exactly first, so they equal cpu::WriteKv
+// on the widened values. Bytes of the page that no row owns (alignment
+// padding) are never touched.
 //
 // Slots: a negative slot skips the token (padding rows); a slot at or past
 // kv.num_blocks * block_size is skipped too (the kernel never writes out of
@@ -31,10 +33,10 @@ namespace kvserve::cuda {
 struct KvWriteParams {
   // Token t's values for kv head h are k[t * k_stride + h * head_dim + i],
   // i < head_dim (so k may point into a fused QKV row).
-  const void* k = nullptr;  // [num_tokens][k_stride] (ActDtype), device
-  const void* v = nullptr;  // [num_tokens][v_stride] (ActDtype), device
-  int64_t k_stride = 0;     // elements; 0: num_kv_heads * head_dim
-  int64_t v_stride = 0;     // elements; 0: num_kv_heads * head_dim
+  const void* k = nullptr;                // [num_tokens][k_stride] (ActDtype), device
+  const void* v = nullptr;                // [num_tokens][v_stride] (ActDtype), device
+  int64_t k_stride = 0;                   // elements; 0: num_kv_heads * head_dim
+  int64_t v_stride = 0;                   // elements; 0: num_kv_heads * head_dim
   const int64_t* slot_mapping = nullptr;  // [num_tokens], device; negative: skip
   int32_t num_tokens = 0;
   PagedKvView kv;  // one layer; kv.pages is device memory [num_blocks][block_bytes]

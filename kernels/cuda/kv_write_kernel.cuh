@@ -7,7 +7,7 @@
 // barrier, so a warp whose row is skipped simply returns.
 //
 // Grid: (ceil(num_tokens * num_kv_heads * 2 / kWarps)). Block: (kWarps * 32).
-// Dynamic shared memory: kWarps * 2 * head_dim floats (row + scratch).
+// Shared memory: kWarps * 2 * kMaxHeadDim floats (16 KiB: row + scratch).
 #pragma once
 
 #include <cstdint>
@@ -23,7 +23,7 @@ inline constexpr int kThreads = kWarps * 32;
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) KvWriteKernel(const KvWriteParams p) {
-  extern __shared__ float smem[];
+  __shared__ float smem[kWarps * 2 * kv_encode::kMaxHeadDim];
   const KvPageLayout& layout = p.kv.layout;
   const int hd = layout.head_dim, hkv = layout.num_kv_heads, bs = layout.block_size;
   const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -36,7 +36,7 @@ __global__ void __launch_bounds__(kThreads) KvWriteKernel(const KvWriteParams p)
   if (slot < 0 || slot >= static_cast<int64_t>(p.kv.num_blocks) * bs) return;
 
   const kv_encode::WarpTeam team;
-  float* x = smem + warp * 2 * hd;
+  float* x = smem + warp * 2 * kv_encode::kMaxHeadDim;
   float* scratch = x + hd;
   const T* src = part_index == 0
                      ? static_cast<const T*>(p.k) + t * p.k_stride + static_cast<int64_t>(h) * hd

@@ -48,9 +48,9 @@ KV_HOST_DEVICE inline Uint4 Philox4x32_10(Uint4 c, uint32_t k0, uint32_t k1) {
 // first two 32-bit outputs of Philox4x32_10 at counter {0, 0, step}, x in
 // the high half.
 KV_HOST_DEVICE inline uint64_t DrawBits(uint64_t seed, uint64_t step) {
-  const Uint4 r = Philox4x32_10(Uint4{0u, 0u, static_cast<uint32_t>(step),
-                                      static_cast<uint32_t>(step >> 32)},
-                                static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+  const Uint4 r =
+      Philox4x32_10(Uint4{0u, 0u, static_cast<uint32_t>(step), static_cast<uint32_t>(step >> 32)},
+                    static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
   return (static_cast<uint64_t>(r.x) << 32) | r.y;
 }
 

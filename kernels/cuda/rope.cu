@@ -20,7 +20,8 @@ absl::Status Bad(const char* field, const char* rule, int64_t value) {
 
 absl::Status ApplyRope(const RopeParams& params, cudaStream_t stream) {
   RopeParams p = params;
-  if (p.head_dim <= 0 || p.head_dim % 2 != 0) return Bad("head_dim", "positive and even", p.head_dim);
+  if (p.head_dim <= 0 || p.head_dim % 2 != 0)
+    return Bad("head_dim", "positive and even", p.head_dim);
   if (p.num_q_heads < 0) return Bad("num_q_heads", ">= 0", p.num_q_heads);
   if (p.num_kv_heads < 0) return Bad("num_kv_heads", ">= 0", p.num_kv_heads);
   if (p.q_stride == 0) p.q_stride = static_cast<int64_t>(p.num_q_heads) * p.head_dim;

@@ -37,18 +37,18 @@ enum class RopeStyle : uint8_t { kInterleaved, kNeox };
 struct RopeParams {
   // Token t's query head h is q[t * q_stride + h * head_dim + i], i <
   // head_dim (q may point into a fused QKV row); likewise k.
-  void* q = nullptr;             // [num_tokens][q_stride] (ActDtype), device; null: no q
-  void* k = nullptr;             // [num_tokens][k_stride] (ActDtype), device; null: no k
-  int64_t q_stride = 0;          // elements; 0: num_q_heads * head_dim
-  int64_t k_stride = 0;          // elements; 0: num_kv_heads * head_dim
+  void* q = nullptr;                   // [num_tokens][q_stride] (ActDtype), device; null: no q
+  void* k = nullptr;                   // [num_tokens][k_stride] (ActDtype), device; null: no k
+  int64_t q_stride = 0;                // elements; 0: num_q_heads * head_dim
+  int64_t k_stride = 0;                // elements; 0: num_kv_heads * head_dim
   const int32_t* positions = nullptr;  // [num_tokens], device
-  const float* cos = nullptr;    // [max_positions][head_dim / 2], device
-  const float* sin = nullptr;    // [max_positions][head_dim / 2], device
+  const float* cos = nullptr;          // [max_positions][head_dim / 2], device
+  const float* sin = nullptr;          // [max_positions][head_dim / 2], device
   int32_t max_positions = 0;
   int32_t num_tokens = 0;
   int32_t num_q_heads = 0;
   int32_t num_kv_heads = 0;
-  int32_t head_dim = 0;          // even
+  int32_t head_dim = 0;  // even
   RopeStyle style = RopeStyle::kNeox;
   ActDtype dtype = ActDtype::kFp32;
 };

@@ -39,13 +39,14 @@ __global__ void __launch_bounds__(kThreads) RopeKernel(const RopeParams p) {
   const int pairs = (q_heads + k_heads) * half;
   for (int i = threadIdx.x; i < pairs; i += kThreads) {
     const int h = i / half, j = i % half;
-    T* head = h < q_heads ? static_cast<T*>(p.q) + t * p.q_stride + static_cast<int64_t>(h) * p.head_dim
-                          : static_cast<T*>(p.k) + t * p.k_stride +
-                                static_cast<int64_t>(h - q_heads) * p.head_dim;
+    T* head = h < q_heads
+                  ? static_cast<T*>(p.q) + t * p.q_stride + static_cast<int64_t>(h) * p.head_dim
+                  : static_cast<T*>(p.k) + t * p.k_stride +
+                        static_cast<int64_t>(h - q_heads) * p.head_dim;
     const int a = p.style == RopeStyle::kInterleaved ? 2 * j : j;
     const int b = p.style == RopeStyle::kInterleaved ? 2 * j + 1 : j + half;
     if (!valid) {
-      head[a] = head[b] = FromFloat<T>(__int_as_float(0x7fc00000));
+      head[a] = head[b] = FromFloat<T>(exact::FloatOf(0x7fc00000u));
       continue;
     }
     RotatePair(head, a, b, cos_row[j], sin_row[j]);

@@ -44,8 +44,8 @@ absl::Status SampleTokens(const SampleParams& params, cudaStream_t stream) {
   if (p.processed == nullptr) return absl::InvalidArgumentError("SampleTokens: processed is null");
   if (p.counts == nullptr) return absl::InvalidArgumentError("SampleTokens: counts is null");
   if (p.results == nullptr) return absl::InvalidArgumentError("SampleTokens: results is null");
-  sample_detail::SampleKernel<<<static_cast<unsigned>(p.num_rows), sample_detail::kThreads, 0,
-                                stream>>>(p);
+  sample_detail::
+      SampleKernel<<<static_cast<unsigned>(p.num_rows), sample_detail::kThreads, 0, stream>>>(p);
   return CudaStatus(cudaGetLastError(), "SampleTokens launch");
 }
 

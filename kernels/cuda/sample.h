@@ -47,10 +47,10 @@
 namespace kvserve::cuda {
 
 struct SampleParams {
-  const void* logits = nullptr;           // [num_rows][logits_stride] (dtype), device
-  int64_t logits_stride = 0;              // elements; 0: vocab
+  const void* logits = nullptr;  // [num_rows][logits_stride] (dtype), device
+  int64_t logits_stride = 0;     // elements; 0: vocab
   ActDtype dtype = ActDtype::kFp32;
-  int32_t vocab = 0;                      // in [1, kMaxSampleVocab]
+  int32_t vocab = 0;  // in [1, kMaxSampleVocab]
   int32_t num_rows = 0;
   const SampleRowParams* rows = nullptr;  // [num_rows], device
   const int32_t* history = nullptr;       // ids the rows' history ranges index, device;

@@ -103,7 +103,8 @@ KV_HOST_DEVICE inline float ExpNonPositive(float x) {
   p = Add(Mul(p, r), 1.6666665459e-1f);
   p = Add(Mul(p, r), 5.0000001201e-1f);
   const float y = Add(Add(Mul(p, Mul(r, r)), r), 1.0f);
-  const int32_t n_int = static_cast<int32_t>(BitsOf(shifted)) - static_cast<int32_t>(BitsOf(kRound));
+  const int32_t n_int =
+      static_cast<int32_t>(BitsOf(shifted)) - static_cast<int32_t>(BitsOf(kRound));
   const uint32_t scaled = BitsOf(y) + static_cast<uint32_t>(n_int) * (1u << 23);
   const uint32_t keep = static_cast<uint32_t>(underflow) - 1u;
   return FloatOf(scaled & keep);
@@ -289,7 +290,8 @@ struct Cut {
 template <typename Team, typename KeyOf>
 KV_HOST_DEVICE Cut CutFirst(const Team& team, RowShared* sh, int32_t n, KeyOf&& key_of,
                             uint64_t count) {
-  const Selected s = RadixSelect(team, sh, n, key_of, [](int32_t) { return uint64_t{1}; }, count);
+  const Selected s = RadixSelect(
+      team, sh, n, key_of, [](int32_t) { return uint64_t{1}; }, count);
   const int32_t id = team.FindCumulative(
       n,
       [&](int32_t i) {
@@ -306,8 +308,8 @@ struct RowIo {
   const void* logits = nullptr;  // [vocab] of this row, `dtype`
   ActDtype dtype = ActDtype::kFp32;
   int32_t vocab = 0;
-  float* processed = nullptr;    // [vocab] workspace; on return the processed logits
-  int32_t* counts = nullptr;     // [vocab] all zero on entry, and again on return
+  float* processed = nullptr;        // [vocab] workspace; on return the processed logits
+  int32_t* counts = nullptr;         // [vocab] all zero on entry, and again on return
   const int32_t* history = nullptr;  // the row's prompt ids, then its output ids
   SampleRowParams params;
 };
@@ -342,9 +344,12 @@ KV_HOST_DEVICE void SampleRow(const Team& team, const RowIo& io, RowShared* sh,
     });
     const float raw_max = team.MaxF32(local_max);
     double local_sum = 0.0;
-    team.For(n, [&](int32_t i) { local_sum += static_cast<double>(ExpNonPositive(Sub(raw(i), raw_max))); });
+    team.For(n, [&](int32_t i) {
+      local_sum += static_cast<double>(ExpNonPositive(Sub(raw(i), raw_max)));
+    });
     log_z = static_cast<double>(raw_max) + Log(team.SumF64(local_sum));
     top_n = p.num_top_logprobs < n ? p.num_top_logprobs : n;
+    top_n = top_n < kMaxTopLogprobs ? top_n : kMaxTopLogprobs;
     if (top_n > 0) {
       auto raw_key = [&](int32_t i, uint32_t* key) {
         *key = DescKey(raw(i));
@@ -478,12 +483,12 @@ KV_HOST_DEVICE void SampleRow(const Team& team, const RowIo& io, RowShared* sh,
         if (static_cast<double>(needed) < want) ++needed;
         if (needed < 1) needed = 1;
         if (needed > mass) needed = mass;
-        const Selected s = RadixSelect(team, sh, n, in_top_k,
-                                       [&](int32_t i) { return ToFixed(weight(i)); }, needed);
+        const Selected s = RadixSelect(
+            team, sh, n, in_top_k, [&](int32_t i) { return ToFixed(weight(i)); }, needed);
         // Every tie at s.key has the same weight: take just enough of them.
-        const uint64_t tie_weight =
-            ToFixed(ExpNonPositive(Sub(FromDescKey(s.key), max_logit)));
-        const uint64_t ties = tie_weight == 0 ? ~uint64_t{0} : (s.need + tie_weight - 1) / tie_weight;
+        const uint64_t tie_weight = ToFixed(ExpNonPositive(Sub(FromDescKey(s.key), max_logit)));
+        const uint64_t ties =
+            tie_weight == 0 ? ~uint64_t{0} : (s.need + tie_weight - 1) / tie_weight;
         const int32_t id = team.FindCumulative(
             n,
             [&](int32_t i) {

@@ -25,15 +25,15 @@ absl::Status SwiGlu(const SwiGluParams& params, cudaStream_t stream) {
   if (p.num_tokens < 0) return Bad("num_tokens", ">= 0", p.num_tokens);
   if (p.gate_up_stride == 0) p.gate_up_stride = 2 * p.hidden;
   if (p.out_stride == 0) p.out_stride = p.hidden;
-  if (p.gate_up_stride < 2 * p.hidden) return Bad("gate_up_stride", ">= 2 * hidden", p.gate_up_stride);
+  if (p.gate_up_stride < 2 * p.hidden)
+    return Bad("gate_up_stride", ">= 2 * hidden", p.gate_up_stride);
   if (p.out_stride < p.hidden) return Bad("out_stride", ">= hidden", p.out_stride);
   if (p.num_tokens == 0) return absl::OkStatus();
   if (p.gate_up == nullptr) return absl::InvalidArgumentError("SwiGlu: gate_up is null");
   if (p.out == nullptr) return absl::InvalidArgumentError("SwiGlu: out is null");
   const int64_t n = p.num_tokens * p.hidden;
-  const int64_t blocks =
-      std::min<int64_t>((n + swiglu_detail::kThreads - 1) / swiglu_detail::kThreads,
-                        swiglu_detail::kMaxBlocks);
+  const int64_t blocks = std::min<int64_t>(
+      (n + swiglu_detail::kThreads - 1) / swiglu_detail::kThreads, swiglu_detail::kMaxBlocks);
   const bool known = DispatchActDtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
     swiglu_detail::SwiGluKernel<T>

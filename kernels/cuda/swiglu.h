@@ -32,9 +32,9 @@ struct SwiGluParams {
   const void* gate_up = nullptr;  // [num_tokens][gate_up_stride] (ActDtype), device
   void* out = nullptr;            // [num_tokens][out_stride] (ActDtype), device
   int64_t num_tokens = 0;
-  int64_t hidden = 0;             // intermediate size
-  int64_t gate_up_stride = 0;     // elements; 0: 2 * hidden
-  int64_t out_stride = 0;         // elements; 0: hidden
+  int64_t hidden = 0;          // intermediate size
+  int64_t gate_up_stride = 0;  // elements; 0: 2 * hidden
+  int64_t out_stride = 0;      // elements; 0: hidden
   ActDtype dtype = ActDtype::kFp32;
 };
 

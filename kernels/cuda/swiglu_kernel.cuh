@@ -28,7 +28,7 @@ __device__ __forceinline__ float Exp(float x) {
   using namespace exact;
   x = MinPs(MaxPs(x, -87.3f), 88.7f);
   const float n = rintf(Mul(x, 1.44269504088896341f));  // round to nearest even
-  float r = Fma(-n, 0.693359375f, x);                    // fnmadd
+  float r = Fma(-n, 0.693359375f, x);                   // fnmadd
   r = Fma(-n, -2.12194440e-4f, r);
   float p = 1.9875691500e-4f;
   p = Fma(p, r, 1.3981999507e-3f);

@@ -63,8 +63,13 @@ std::vector<std::vector<float>> TestRows(int head_dim, std::mt19937* rng) {
   std::vector<float> subnormal(head_dim);
   for (int i = 0; i < head_dim; ++i) subnormal[i] = FloatOfBits(0x00000100u * (i + 1));
   rows.push_back(subnormal);
+  std::vector<float> infinite(head_dim);  // what fp16 activations past 65504 become
+  for (int i = 0; i < head_dim; ++i)
+    infinite[i] = i == 1 ? INFINITY : (i == 0 ? -INFINITY : 0.5f * i);
+  rows.push_back(infinite);
   std::vector<float> grid(head_dim);  // k + 0.5 steps of amax / 127: ties in int8
-  for (int i = 0; i < head_dim; ++i) grid[i] = (i == 0) ? 127.0f : static_cast<float>(i % 20) + 0.5f;
+  for (int i = 0; i < head_dim; ++i)
+    grid[i] = (i == 0) ? 127.0f : static_cast<float>(i % 20) + 0.5f;
   rows.push_back(grid);
   return rows;
 }
@@ -166,7 +171,8 @@ TEST_CASE("EncodeRow handles NaN rows as the scalar CPU path does", "[kernels][k
       std::vector<uint8_t> want_data(part.row_bytes), want_meta(part.meta_bytes + 1, 0);
       std::vector<float> scratch(16);
       EncodeRow(SerialTeam{}, part, 16, y.data(), scratch.data(), data.data(), meta.data());
-      cpu::QuantizeRow(part, 16, y.data(), want_data.data(), want_meta.data(), cpu::CpuIsa::kScalar);
+      cpu::QuantizeRow(part, 16, y.data(), want_data.data(), want_meta.data(),
+                       cpu::CpuIsa::kScalar);
       INFO(KvDtypeName(dtype) << " NaN at " << nan_at);
       REQUIRE(data == want_data);
       REQUIRE(meta == want_meta);

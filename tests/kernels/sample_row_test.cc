@@ -20,16 +20,16 @@
 namespace kvserve::cuda::sample_row {
 namespace {
 
-using testing::CpuSample;
-using testing::HostSample;
-using testing::LogitsShape;
-using testing::RandomHistory;
-using testing::RandomLogits;
-using testing::RunCpuSampler;
-using testing::RunHostSampler;
-using testing::SameFloats;
-using testing::Survivors;
-using testing::SurvivorSets;
+using ::kvserve::testing::CpuSample;
+using ::kvserve::testing::HostSample;
+using ::kvserve::testing::LogitsShape;
+using ::kvserve::testing::RandomHistory;
+using ::kvserve::testing::RandomLogits;
+using ::kvserve::testing::RunCpuSampler;
+using ::kvserve::testing::RunHostSampler;
+using ::kvserve::testing::SameFloats;
+using ::kvserve::testing::Survivors;
+using ::kvserve::testing::SurvivorSets;
 
 HostSample HostFp32(const std::vector<float>& logits, const SampleRowParams& p,
                     const std::vector<int32_t>& prompt = {},
@@ -39,7 +39,8 @@ HostSample HostFp32(const std::vector<float>& logits, const SampleRowParams& p,
 }
 
 // bf16 codes of `x` (rounded) and the floats they stand for.
-void ToBf16(const std::vector<float>& x, std::vector<uint16_t>* codes, std::vector<float>* widened) {
+void ToBf16(const std::vector<float>& x, std::vector<uint16_t>* codes,
+            std::vector<float>* widened) {
   codes->resize(x.size());
   widened->resize(x.size());
   for (size_t i = 0; i < x.size(); ++i) {
@@ -63,17 +64,17 @@ TEST_CASE("Philox4x32-10 reproduces Random123's known-answer vectors", "[kernels
                {0x6627e8d5u, 0xe169c58du, 0xbc57ac4cu, 0x9b00dbd8u}));
   REQUIRE(same(Philox4x32_10({~0u, ~0u, ~0u, ~0u}, ~0u, ~0u),
                {0x408f276du, 0x41c83b0eu, 0xa20bc7c6u, 0x6d5451fdu}));
-  REQUIRE(same(Philox4x32_10({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, 0xa4093822u,
-                             0x299f31d0u),
-               {0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}));
+  REQUIRE(same(
+      Philox4x32_10({0x243f6a88u, 0x85a308d3u, 0x13198a2eu, 0x03707344u}, 0xa4093822u, 0x299f31d0u),
+      {0xd16cfe09u, 0x94fdccebu, 0x5001e420u, 0x24126ea1u}));
   // DrawBits puts the step in the counter's upper half and x in the high word.
   const Uint4 r = Philox4x32_10({0, 0, 5, 0}, 7, 0);
   REQUIRE(philox::DrawBits(7, 5) == ((uint64_t{r.x} << 32) | r.y));
 }
 
 TEST_CASE("order keys, fixed-point weights and the exp polynomial", "[kernels][sampling]") {
-  const float values[] = {-INFINITY, -3e38f, -2.0f, -1.0f, -1e-30f, -0.0f, 0.0f, 1e-30f, 1.0f,
-                          2.5f, 3e38f, INFINITY};
+  const float values[] = {-INFINITY, -3e38f, -2.0f, -1.0f, -1e-30f, -0.0f,
+                          0.0f,      1e-30f, 1.0f,  2.5f,  3e38f,   INFINITY};
   for (size_t a = 0; a < std::size(values); ++a) {
     for (size_t b = 0; b < std::size(values); ++b) {
       INFO(values[a] << " vs " << values[b]);
@@ -192,8 +193,9 @@ TEST_CASE("top-k, top-p and min-p draws stay in the CPU's survivor set", "[kerne
           constexpr int kDraws = 200;
           for (int step = 0; step < kDraws; ++step) {
             p.step = static_cast<uint64_t>(step);
-            const HostSample h = bf16 ? RunHostSampler(codes.data(), ActDtype::kBf16, vocab, p, {}, {})
-                                      : HostFp32(logits, p);
+            const HostSample h =
+                bf16 ? RunHostSampler(codes.data(), ActDtype::kBf16, vocab, p, {}, {})
+                     : HostFp32(logits, p);
             REQUIRE(s.may[h.result.token]);
             ++seen[h.result.token];
             // The reference agrees with the CPU sampler's own draws.

@@ -1,25 +1,20 @@
 // Test helpers shared by the host run of the device sampler's algorithm
 // (tests/kernels/sample_row_test.cc) and the [gpu] sampler test: the CPU
-// sampler called with a SampleRowParams, a reference survivor set, and
-// logits rows with the edge cases that matter (ties, NaN, -inf, -0).
+// sampler called with a SampleRowParams and a reference survivor set (the
+// logits generators and the host run live in sample_row_host.h).
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstring>
-#include <string>
 #include <numeric>
-#include <random>
 #include <span>
 #include <vector>
 
-#include "kernels/cuda/sample_row.cuh"
 #include "kernels/sample_rows.h"
-#include "kernels/sampling_batch.h"
 #include "model/sampler.h"
 #include "model/sampling_params.h"
+#include "tests/kernels/sample_row_host.h"
 
 namespace kvserve::testing {
 
@@ -116,97 +111,6 @@ inline Survivors SurvivorSets(const std::vector<float>& processed, const SampleR
     }
   }
   return s;
-}
-
-// Gaussian logits of the given scale, then edge cases on request: the
-// maximum copied to a few other ids (ties), some NaN and -inf entries, and
-// -0 / +0 pairs.
-struct LogitsShape {
-  float scale = 3.0f;
-  int ties = 0;
-  int nans = 0;
-  int neg_infs = 0;
-  bool signed_zeros = false;
-};
-
-inline std::vector<float> RandomLogits(int32_t vocab, const LogitsShape& shape, std::mt19937_64* rng) {
-  std::normal_distribution<float> normal(0.0f, shape.scale);
-  std::uniform_int_distribution<int32_t> pick(0, vocab - 1);
-  std::vector<float> x(vocab);
-  for (float& v : x) v = normal(*rng);
-  if (shape.ties > 0) {
-    const float top = *std::max_element(x.begin(), x.end());
-    for (int t = 0; t < shape.ties; ++t) x[pick(*rng)] = top;
-  }
-  for (int t = 0; t < shape.nans; ++t) x[pick(*rng)] = NAN;
-  for (int t = 0; t < shape.neg_infs; ++t) x[pick(*rng)] = -INFINITY;
-  if (shape.signed_zeros) {
-    x[pick(*rng)] = -0.0f;
-    x[pick(*rng)] = 0.0f;
-  }
-  return x;
-}
-
-// Bitwise equality with every NaN equal to every other.
-inline bool SameFloats(const std::vector<float>& a, const std::vector<float>& b, int64_t* first_bad) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (std::isnan(a[i]) && std::isnan(b[i])) continue;
-    uint32_t ua, ub;
-    std::memcpy(&ua, &a[i], 4);
-    std::memcpy(&ub, &b[i], 4);
-    if (ua != ub) {
-      *first_bad = static_cast<int64_t>(i);
-      return false;
-    }
-  }
-  return true;
-}
-
-// The device sampler's algorithm run on the host (one-thread team) for one
-// row. `logits` holds the row in `dtype` (fp32 floats or 16-bit codes).
-struct HostSample {
-  SampleRowResult result;
-  std::vector<float> processed;
-  bool counts_zero_after = false;
-};
-
-inline HostSample RunHostSampler(const void* logits, cuda::ActDtype dtype, int32_t vocab,
-                                 const SampleRowParams& p, const std::vector<int32_t>& prompt,
-                                 const std::vector<int32_t>& output) {
-  SamplingBatch batch(vocab);
-  const absl::Status status = batch.AddRow(p, prompt, output);
-  if (!status.ok()) {
-    std::fprintf(stderr, "RunHostSampler: %s\n", std::string(status.message()).c_str());
-    std::abort();
-  }
-  HostSample h;
-  h.processed.assign(vocab, 0.0f);
-  std::vector<int32_t> counts(vocab, 0);
-  cuda::sample_row::RowIo io;
-  io.logits = logits;
-  io.dtype = dtype;
-  io.vocab = vocab;
-  io.processed = h.processed.data();
-  io.counts = counts.data();
-  io.params = batch.rows()[0];
-  io.history = batch.history().data() + io.params.history_begin;
-  cuda::sample_row::RowShared shared;
-  cuda::sample_row::SampleRow(cuda::sample_row::SerialRowTeam{}, io, &shared, &h.result);
-  h.counts_zero_after = std::all_of(counts.begin(), counts.end(), [](int32_t c) { return c == 0; });
-  return h;
-}
-
-// Random token histories (prompt, output) with repeats.
-inline void RandomHistory(int32_t vocab, int prompt_len, int output_len, std::mt19937_64* rng,
-                          std::vector<int32_t>* prompt, std::vector<int32_t>* output) {
-  // Draw from a small range so ids repeat within and across the two.
-  const int32_t hi = std::min(vocab - 1, std::max(1, 3 * (prompt_len + output_len) / 2));
-  std::uniform_int_distribution<int32_t> pick(0, hi);
-  prompt->resize(prompt_len);
-  output->resize(output_len);
-  for (int32_t& t : *prompt) t = pick(*rng);
-  for (int32_t& t : *output) t = pick(*rng);
 }
 
 }  // namespace kvserve::testing

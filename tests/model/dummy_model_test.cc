@@ -150,8 +150,12 @@ TEST_CASE("Dummy models refuse to allocate more than the byte limit", "[model]")
               absl::StatusCode::kResourceExhausted);
     }
     {
-      ScopedEnv env("KVSERVE_DUMMY_MAX_BYTES", "64G");
+      ScopedEnv env("KVSERVE_DUMMY_MAX_BYTES", "64GiB");
       REQUIRE(*DummyMaxBytesFromEnv() == (uint64_t{64} << 30));
+    }
+    {
+      ScopedEnv env("KVSERVE_DUMMY_MAX_BYTES", "64GB");
+      REQUIRE(*DummyMaxBytesFromEnv() == uint64_t{64000000000});
     }
     {
       ScopedEnv env("KVSERVE_DUMMY_MAX_BYTES", "1048576");
@@ -162,7 +166,7 @@ TEST_CASE("Dummy models refuse to allocate more than the byte limit", "[model]")
       ScopedEnv env("KVSERVE_DUMMY_MAX_BYTES", "lots");
       auto limit = DummyMaxBytesFromEnv();
       REQUIRE(limit.status().code() == absl::StatusCode::kInvalidArgument);
-      REQUIRE(Contains(limit.status(), "KVSERVE_DUMMY_MAX_BYTES='lots'"));
+      REQUIRE(Contains(limit.status(), "KVSERVE_DUMMY_MAX_BYTES: 'lots' is not a byte size"));
     }
   }
 }

@@ -47,6 +47,7 @@ struct Setup {
   int32_t max_num_batched_tokens = 512;
   int32_t max_model_len = 0;
   std::function<void(const RequestMetrics&)> on_finished;
+  std::vector<int32_t> model_stop_ids;  // ModelConfig::stop_ids
 };
 
 std::unique_ptr<Engine> MakeEngine(const Setup& s) {
@@ -54,7 +55,9 @@ std::unique_ptr<Engine> MakeEngine(const Setup& s) {
   opt.block_size = s.block_size;
   opt.num_blocks = s.num_blocks;
   opt.num_swap_blocks = s.num_swap_blocks;
-  auto runner = CpuModelRunner::Create(Stories().weights, opt);
+  LlamaWeights weights = Stories().weights;  // views: a cheap copy
+  weights.config.stop_ids = s.model_stop_ids;
+  auto runner = CpuModelRunner::Create(std::move(weights), opt);
   REQUIRE(runner.ok());
   EngineConfig config;
   config.max_num_seqs = s.max_num_seqs;
@@ -290,6 +293,22 @@ TEST_CASE("Stop strings and stop tokens end a sample without emitting the stop",
     REQUIRE(r.text[0] ==
             Stories().tokenizer->Decode(std::span<const int32_t>(r.tokens[0]).first(first),
                                         prompt_ids.back()));
+  }
+  SECTION("the model's other stop ids (generation_config.json) stop like EOS") {
+    const int32_t stop_id = full.tokens[0][10];
+    const size_t first =
+        std::find(full.tokens[0].begin(), full.tokens[0].end(), stop_id) - full.tokens[0].begin();
+    Setup setup;
+    setup.model_stop_ids = {stop_id};
+    auto stopping = MakeEngine(setup);
+    GenerateRequest req = base;
+    req.ignore_eos = false;
+    Result r = RunOne(*stopping, req);
+    REQUIRE(r.finish[0] == FinishReason::kStop);
+    REQUIRE(r.tokens[0] ==
+            std::vector<int32_t>(full.tokens[0].begin(), full.tokens[0].begin() + first + 1));
+    req.ignore_eos = true;
+    REQUIRE(RunOne(*stopping, req).tokens[0] == full.tokens[0]);
   }
   SECTION("EOS stops unless ignore_eos") {
     GenerateRequest req = Greedy("", 400);

@@ -103,7 +103,7 @@ logging:
     REQUIRE(c->server.http_port == 9000);
     REQUIRE(c->server.grpc_port == 9001);
     REQUIRE(c->server.shutdown_timeout == 2.5);
-    REQUIRE(c->server.max_body_bytes == 65536);
+    REQUIRE(c->server.max_body_bytes == 64000);  // k is SI, as in Kubernetes
     REQUIRE(c->server.max_queue == 10);
     REQUIRE(c->server.api_key == "secret");
     REQUIRE(c->server.http_threads == 4);
@@ -140,8 +140,8 @@ TEST_CASE("Bad values stop with the key path and the reason", "[server]") {
   REQUIRE(Error(parse("cache:\n  memory_fraction: 1.5\n")) ==
           "cache.memory_fraction: expected a number in (0, 1], got '1.5'");
   REQUIRE(Error(parse("cache:\n  memory_bytes: 12 parsecs\n")) ==
-          "cache.memory_bytes: expected a byte count (e.g. 1048576, 512MiB, 4GiB), got '12 "
-          "parsecs'");
+          "cache.memory_bytes: '12 parsecs' has an unknown unit (e.g. 80GiB = 80 x 1024^3, 80GB = "
+          "80 x 1000^3, or a plain byte count)");
   REQUIRE(Error(parse("server:\n  http_port: 70000\n")) ==
           "server.http_port: expected a port number in [0, 65535], got '70000'");
   REQUIRE(Error(parse("server:\n  shutdown_timeout: -1\n")) ==
@@ -251,13 +251,47 @@ TEST_CASE("A chat template is a built-in name or a map of role patterns", "[serv
   REQUIRE(c.ok());
   REQUIRE(c->model.chat_template.name() == "custom");
   std::vector<ChatMessage> m = {{"system", "be brief"}, {"user", "hi"}};
-  REQUIRE(c->model.chat_template.Render(m) == "<system> be brief\n[U] hi\n[A]");
-  REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  chat_template: jinja\n", "")) ==
-          "model.chat_template: expected a built-in template (plain, chatml, llama3) or a map of "
-          "role patterns, got 'jinja'");
+  REQUIRE(*c->model.chat_template.Render(m) == "<system> be brief\n[U] hi\n[A]");
+  REQUIRE(
+      Error(ParseServeConfig("model:\n  path: x\n  chat_template: jinja\n", "")) ==
+      "model.chat_template: expected auto, a built-in template (plain, chatml, llama3) or a map of "
+      "role patterns, got 'jinja'");
   REQUIRE(
       Error(ParseServeConfig("model:\n  path: x\n  chat_template:\n    user: \"{text}\"\n", "")) ==
       "model.chat_template.user: unknown placeholder {text} (known: {role}, {content})");
+}
+
+TEST_CASE("model.chat_template: auto takes the checkpoint's own template, else plain", "[server]") {
+  const std::string dir = testing::MakeTempDir("config-chat-template");
+  std::ofstream(dir + "/tokenizer_config.json")
+      << R"({"bos_token": "<s>", "chat_template": "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"})";
+  const std::vector<ChatMessage> m = {{"user", "hi"}};
+
+  auto c = ParseServeConfig("model:\n  path: " + dir + "\n", "");
+  REQUIRE(c.ok());
+  REQUIRE(c->model.chat_template.name() == "checkpoint");
+  REQUIRE(*c->model.chat_template.Render(m) == "<s><user>hi");
+  // A single-file model: the tokenizer's directory.
+  c = ParseServeConfig("model:\n  path: m.bin\n  tokenizer: " + dir + "/tokenizer.json\n", "");
+  REQUIRE(c->model.chat_template.name() == "checkpoint");
+  // An explicit built-in, in the file or with --set, overrides.
+  c = ParseServeConfig("model:\n  path: " + dir + "\n  chat_template: chatml\n", "");
+  REQUIRE(c->model.chat_template.name() == "chatml");
+  c = ParseServeConfig("model:\n  path: " + dir + "\n", "", {"model.chat_template=plain"});
+  REQUIRE(c->model.chat_template.name() == "plain");
+  c = ParseServeConfig("model:\n  path: x\n  chat_template: chatml\n", "",
+                       {"model.chat_template=auto"});
+  REQUIRE(c->model.chat_template.name() == "plain");  // x has no template
+
+  const std::string broken = testing::MakeTempDir("config-chat-template");
+  std::ofstream(broken + "/tokenizer_config.json")
+      << R"({"chat_template": "{% if %}x{% endif %}"})";
+  REQUIRE(Error(ParseServeConfig("model:\n  path: " + broken + "\n", "")) ==
+          "model.chat_template: " + broken +
+              "/tokenizer_config.json: chat template line 1: expected an expression, got '%}' (set "
+              "model.chat_template to plain, chatml, llama3 or a map of role patterns to serve "
+              "without it)");
+  REQUIRE(ParseServeConfig("model:\n  path: " + broken + "\n  chat_template: plain\n", "").ok());
 }
 
 TEST_CASE("The shipped configs parse", "[server]") {
@@ -266,6 +300,7 @@ TEST_CASE("The shipped configs parse", "[server]") {
   REQUIRE(c.ok());
   REQUIRE(c->model.path == "/models/stories260k/stories260K.bin");
   REQUIRE(c->model.device == "cpu");
+  REQUIRE(c->model.chat_template.name() == "plain");  // auto: llama2.c ships no template
   unsetenv("KVSERVE_MODEL_DIR");
   auto fallback = LoadServeConfig(std::string(KVSERVE_SOURCE_DIR) + "/configs/default.yaml");
   REQUIRE(fallback.ok());

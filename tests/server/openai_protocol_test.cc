@@ -121,11 +121,80 @@ TEST_CASE("Chat requests render messages through the template", "[server]") {
   REQUIRE(r.request.prompt_token_ids == Bytes("system: s\nuser: a\nb\nassistant:"));
   REQUIRE(r.request.max_tokens == 4);  // max_completion_tokens wins
   REQUIRE(r.request.logprobs == 2);
+  SECTION("add_generation_prompt: false leaves the assistant's turn closed") {
+    ApiRequest d = Parse(
+        ApiKind::kChat,
+        R"({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": false})");
+    REQUIRE(d.request.prompt_token_ids == Bytes("user: x\n"));
+  }
   SECTION("without max_tokens a chat may use the rest of the context") {
     ApiRequest d = Parse(ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}]})");
     REQUIRE(d.request.prompt_token_ids.size() == 19);  // BOS + "user: x\nassistant:"
     REQUIRE(d.request.max_tokens == 64 - 19);
     REQUIRE(d.request.logprobs == -1);
+  }
+}
+
+TEST_CASE("Chat requests bring tools, tool calls and template variables to a checkpoint's template",
+          "[server]") {
+  // Renders what the template receives, as JSON.
+  absl::StatusOr<std::optional<HfChatTemplate>> hf = HfChatTemplate::FromConfig(
+      R"({"bos_token": "<s>", "chat_template": "{{ bos_token }}{{ messages|tojson }}{{ tools|tojson }}{{ add_generation_prompt }}{{ flavor }}"})",
+      "", "test");
+  REQUIRE(hf.ok());
+  Fixture f;
+  f.chat_template = ChatTemplate::FromCheckpoint(**hf);
+  const std::string body = R"({"messages": [
+      {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+          "function": {"name": "f", "arguments": "{\"y\": 1, \"x\": 2}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "ok"}],
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"y": {}, "x": {}}}}],
+    "tool_choice": "auto", "add_generation_prompt": false, "chat_template_kwargs": {"flavor": "!"},
+    "max_tokens": 1})";
+  ApiContext ctx = f.ctx();
+  ctx.max_model_len = 4096;
+  ApiRequest r;
+  std::optional<ApiError> err = ParseApiRequest(ApiKind::kChat, body, ctx, &r);
+  INFO((err ? err->message : ""));
+  REQUIRE_FALSE(err.has_value());
+  // Member order as sent; no BOS added by the tokenizer (the template wrote <s>).
+  REQUIRE(
+      r.request.prompt_token_ids ==
+      Bytes(
+          "<s>[{\"role\": \"user\", \"content\": \"a\\nb\"}, {\"role\": \"assistant\", "
+          "\"content\": \"\", "
+          "\"tool_calls\": [{\"id\": \"c1\", \"type\": \"function\", \"function\": {\"name\": "
+          "\"f\", "
+          "\"arguments\": {\"y\": 1, \"x\": 2}}}]}, {\"role\": \"tool\", \"tool_call_id\": \"c1\", "
+          "\"content\": \"ok\"}][{\"type\": \"function\", \"function\": {\"name\": \"f\", "
+          "\"parameters\": "
+          "{\"y\": {}, \"x\": {}}}}]False!",
+          /*bos=*/false));
+
+  SECTION("wrong types name the field") {
+    std::optional<ApiError> e = ParseApiRequest(
+        ApiKind::kChat, R"({"messages": [{"role": "assistant", "tool_calls": {}}]})", f.ctx(), &r);
+    REQUIRE(e->param == "messages[0].tool_calls");
+    REQUIRE(e->message == "'messages[0].tool_calls' must be an array of tool calls, got an object");
+    e = ParseApiRequest(ApiKind::kChat, R"({"messages": [{"role": "user"}], "tools": "f"})",
+                        f.ctx(), &r);
+    REQUIRE(e->param == "tools");
+    e = ParseApiRequest(ApiKind::kChat,
+                        R"({"messages": [{"role": "user"}], "chat_template_kwargs": []})", f.ctx(),
+                        &r);
+    REQUIRE(e->param == "chat_template_kwargs");
+  }
+  SECTION("a template's refusal is a 400 naming messages") {
+    f.chat_template = ChatTemplate::FromCheckpoint(**HfChatTemplate::FromConfig(
+        R"({"chat_template": "{{ raise_exception('Only user turns, please') }}"})", "", "test"));
+    std::optional<ApiError> e = ParseApiRequest(
+        ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}]})", f.ctx(), &r);
+    REQUIRE(e->http_status == 400);
+    REQUIRE(e->param == "messages");
+    REQUIRE(
+        e->message ==
+        "'messages' cannot be rendered with the model's chat template: Only user turns, please");
   }
 }
 

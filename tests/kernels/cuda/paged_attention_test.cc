@@ -246,6 +246,25 @@ TEST_CASE("CUDA paged attention: sliding windows around every boundary", "[gpu]"
   }
 }
 
+// Small enough for compute-sanitizer memcheck (gpu-bundle/run.sh runs the
+// [sanitize] cases under it): every format, a split, a window, a mixed batch.
+TEST_CASE("CUDA paged attention: a small mixed batch for memcheck", "[gpu][sanitize]") {
+  const std::vector<RunSetup> setups = StandardSetups();
+  uint32_t seed = 900;
+  for (KvDtype dtype : kAllKvDtypes) {
+    AttnCase c;
+    c.dtype = dtype;
+    c.head_dim = 64;
+    c.block_size = 16;
+    c.group = 4;
+    c.window = dtype == KvDtype::kInt8 ? 20 : 0;
+    c.ctx = {300, 33, 1};
+    c.q_len = {1, 33, 1};
+    c.seed = seed++;
+    CheckCase(c, setups);
+  }
+}
+
 TEST_CASE("CUDA paged attention: peaky softmax over long split contexts", "[gpu]") {
   // Scores spread over tens of units: partitions' maxima differ a lot, so a
   // wrong rescale or merge weight shows.

@@ -1,0 +1,39 @@
+// `kvserve plan` through the built binary: sizes need their unit, and the
+// exit status says whether anything fits.
+#include <catch2/catch.hpp>
+#include <string>
+
+#include "tests/test_util.h"
+
+namespace kvserve {
+namespace {
+
+int RunPlan(const std::string& args, std::string* out) {
+  return testing::RunShell(testing::ShellQuote(testing::KvserveBinary()) + " plan " + args + " 2>&1",
+                           out);
+}
+
+TEST_CASE("kvserve plan: sizes need a unit, and the exit status says whether anything fits",
+          "[integration]") {
+  std::string out;
+  SECTION("a size without a unit is a usage error naming the flag") {
+    REQUIRE(RunPlan("--model llama-3-8b --memory 80 --context 4096", &out) == 2);
+    REQUIRE(out.find("--memory: '80' has no unit") != std::string::npos);
+  }
+  SECTION("80GiB and 80GB are different budgets") {
+    REQUIRE(RunPlan("--model llama-3-8b --memory 80GiB --context 4096", &out) == 0);
+    REQUIRE(out.find("memory 80.00 GiB (85.90 GB)") != std::string::npos);
+    out.clear();
+    REQUIRE(RunPlan("--model llama-3-8b --memory 80GB --context 4096", &out) == 0);
+    REQUIRE(out.find("memory 74.51 GiB (80.00 GB)") != std::string::npos);
+  }
+  SECTION("nothing fits: exit 3 with the reason") {
+    REQUIRE(RunPlan("--model llama-2-70b --memory 100GiB --context 4096", &out) == 3);
+    REQUIRE(out.find("the weights alone exceed --memory") != std::string::npos);
+    REQUIRE(out.find("not one sequence of 4096 tokens fits in any KV format") !=
+            std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace kvserve
