@@ -248,9 +248,7 @@ CudaModelRunner::Impl::~Impl() {
 
 // ---- Create ------------------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
-    LlamaWeights weights, const RunnerOptions& options, const DeviceSpec& device,
-    WeightDtype dtype) {
+absl::Status CudaModelRunner::CheckDevice(const RunnerOptions& options, const DeviceSpec& device) {
   int count = 0;
   if (const cudaError_t e = cudaGetDeviceCount(&count); e != cudaSuccess || count == 0) {
     cudaGetLastError();
@@ -265,6 +263,13 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
         absl::StrCat("model.device: ", options.device, ": this machine has ", count,
                      " CUDA device", count == 1 ? "" : "s", " (0 .. ", count - 1, ")"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
+    LlamaWeights weights, const RunnerOptions& options, const DeviceSpec& device,
+    WeightDtype dtype) {
+  KV_RETURN_IF_ERROR(CheckDevice(options, device));
   KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(device.ordinal));
   cudaDeviceProp prop{};
   KV_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, device.ordinal));

@@ -65,6 +65,10 @@ class CudaModelRunner final : public ModelRunner {
                                                                  WeightDtype dtype);
   ~CudaModelRunner() override;
 
+  // FailedPrecondition naming model.device when there is no CUDA device or
+  // no device `device.ordinal`.
+  static absl::Status CheckDevice(const RunnerOptions& options, const DeviceSpec& device);
+
   const ModelConfig& config() const override;
   const KvFormat& kv_format() const override;
   int32_t num_blocks() const override;

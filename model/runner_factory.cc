@@ -131,20 +131,31 @@ bool RunnerDefersDummyWeights(const RunnerOptions& options) {
 #endif
 }
 
+absl::Status CheckRunnerDevice(const RunnerOptions& options) {
+  KV_ASSIGN_OR_RETURN(DeviceSpec device, ParseDevice(options.device));
+  if (device.kind == DeviceSpec::Kind::kCpu) return absl::OkStatus();
+#ifdef KVSERVE_HAVE_CUDA
+  return CudaModelRunner::CheckDevice(options, device);
+#else
+  return absl::FailedPreconditionError(absl::StrCat(
+      "model.device: ", options.device,
+      ": kvserve was built without CUDA (configure with -DKVSERVE_CUDA=ON where nvcc is "
+      "installed); use model.device: cpu"));
+#endif
+}
+
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(LlamaWeights weights,
                                                                const RunnerOptions& options) {
   KV_ASSIGN_OR_RETURN(DeviceSpec device, ParseDevice(options.device));
   if (device.kind == DeviceSpec::Kind::kCpu) return CreateCpuRunner(std::move(weights), options);
+  KV_RETURN_IF_ERROR(CheckRunnerDevice(options));
 #ifdef KVSERVE_HAVE_CUDA
   KV_ASSIGN_OR_RETURN(WeightDtype dtype, ResolveWeightDtype(options.dtype, device));
   KV_ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> runner,
                       CudaModelRunner::Create(std::move(weights), options, device, dtype));
   return std::unique_ptr<ModelRunner>(std::move(runner));
 #else
-  return absl::FailedPreconditionError(absl::StrCat(
-      "model.device: ", options.device,
-      ": kvserve was built without CUDA (configure with -DKVSERVE_CUDA=ON where nvcc is "
-      "installed); use model.device: cpu"));
+  return absl::InternalError("unreachable: CheckRunnerDevice refuses CUDA in this build");
 #endif
 }
 

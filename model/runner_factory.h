@@ -73,6 +73,11 @@ struct RunnerOptions {
   int num_threads = 0;
 };
 
+// OK when model.device can be used here (always for cpu); otherwise the
+// start-up error naming model.device: no CUDA in this build, no device, no
+// device N. Cheap: call it before loading gigabytes of weights.
+absl::Status CheckRunnerDevice(const RunnerOptions& options);
+
 // True when `options` name a device that generates dummy weights itself
 // (CUDA), so LoadModel may skip materializing them on the host.
 bool RunnerDefersDummyWeights(const RunnerOptions& options);

@@ -154,6 +154,7 @@ int RunGenerate(int argc, char** argv) {
   ro.block_size = opt.block_size;
   ro.num_threads = opt.threads;
   ro.max_num_seqs = 1;
+  if (absl::Status device = CheckRunnerDevice(ro); !device.ok()) return Fail(device);
   absl::StatusOr<LoadedModel> loaded =
       LoadModel(opt.model, opt.tokenizer, RunnerDefersDummyWeights(ro));
   if (!loaded.ok()) return Fail(loaded.status());

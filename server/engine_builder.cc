@@ -38,9 +38,7 @@ absl::StatusOr<BuiltEngine> BuildEngine(
   ro.max_num_batched_tokens = config.scheduler.max_num_batched_tokens;
   ro.max_model_len = config.scheduler.max_model_len;
   // Fail on the device before reading gigabytes of weights.
-  if (absl::StatusOr<DeviceSpec> device = ParseDevice(ro.device); !device.ok()) {
-    return device.status();
-  }
+  if (absl::Status device = CheckRunnerDevice(ro); !device.ok()) return device;
 
   absl::StatusOr<LoadedModel> loaded =
       LoadModel(config.model.path, config.model.tokenizer, RunnerDefersDummyWeights(ro));

@@ -90,11 +90,27 @@ Gemm::~Gemm() {
 
 absl::StatusOr<const Gemm::Plan*> Gemm::PlanFor(const Key& key) {
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
+  absl::StatusOr<std::unique_ptr<Plan>> plan;
+  if (dtype_ == ActDtype::kFp32) {
+    // Pedantic fp32 where cuBLASLt offers it; plain CUBLAS_COMPUTE_32F is
+    // fp32 too (TF32 only ever comes with the _FAST_TF32 compute type).
+    plan = MakePlan(key, CUBLAS_COMPUTE_32F_PEDANTIC);
+    if (!plan.ok()) plan = MakePlan(key, CUBLAS_COMPUTE_32F);
+  } else {
+    plan = MakePlan(key, CUBLAS_COMPUTE_32F);
+  }
+  if (!plan.ok()) return plan.status();
+  const Plan* p = plan->get();
+  plans_.emplace(key, *std::move(plan));
+  return p;
+}
+
+absl::StatusOr<std::unique_ptr<Gemm::Plan>> Gemm::MakePlan(const Key& key, int compute_type) {
   const auto [rows, in, out, ldx, ldy, y_dtype_int, has_bias, align_x, align_w, align_y] = key;
   const ActDtype y_dtype = static_cast<ActDtype>(y_dtype_int);
   auto plan = std::make_unique<Plan>();
   const bool fp32 = dtype_ == ActDtype::kFp32;
-  const cublasComputeType_t compute = fp32 ? CUBLAS_COMPUTE_32F_PEDANTIC : CUBLAS_COMPUTE_32F;
+  const cublasComputeType_t compute = static_cast<cublasComputeType_t>(compute_type);
   KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan->op, compute, CUDA_R_32F));
   const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
   KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA,
@@ -166,9 +182,7 @@ absl::StatusOr<const Gemm::Plan*> Gemm::PlanFor(const Key& key) {
                                             ldy, ")"));
   }
   plan->algo = result.algo;
-  const Plan* p = plan.get();
-  plans_.emplace(key, std::move(plan));
-  return p;
+  return plan;
 }
 
 absl::Status Gemm::Linear(const GemmParams& params, cudaStream_t stream) {

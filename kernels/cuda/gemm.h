@@ -4,8 +4,9 @@
 //
 // Types: x and W share the model dtype (ActDtype). bf16 / fp16 multiply on
 // tensor cores with fp32 accumulation; fp32 uses CUBLAS_COMPUTE_32F_PEDANTIC
-// (no TF32, no reduced-precision reductions, and no split-K reductions, so
-// the reference dtype is as close to the CPU's arithmetic as a GPU gets). y
+// where cuBLASLt has an algorithm for it, else CUBLAS_COMPUTE_32F (neither
+// uses TF32), and no split-K reductions, so the reference dtype is as close
+// to the CPU's arithmetic as a GPU gets. y
 // is the model dtype or fp32 (the LM head writes fp32 logits for sampling).
 // accumulate adds into y in the epilogue (beta = 1, C = D): the residual
 // add of the O and down projections costs no extra pass. bias (Qwen2's q/k/v
@@ -86,6 +87,9 @@ class Gemm {
 
   Gemm(ActDtype dtype, void* handle, void* workspace, int64_t workspace_bytes);
   absl::StatusOr<const Plan*> PlanFor(const Key& key);
+  // Descriptors and the heuristic's algorithm for one compute type
+  // (cublasComputeType_t).
+  absl::StatusOr<std::unique_ptr<Plan>> MakePlan(const Key& key, int compute_type);
 
   ActDtype dtype_;
   void* handle_;  // cublasLtHandle_t
