@@ -25,7 +25,9 @@
 // batch, kernels/cuda/copy_blocks.h), the BatchInput upload (one pinned
 // buffer, one cudaMemcpyAsync, model/batch_staging.h), the forward pass,
 // and (in Sample) the sampling upload, the sampler and the download of the
-// tokens; Sample is the only call that waits for the device.
+// tokens. Sample and ReadLogits wait for the device; Forward and the copies
+// only wait for the previous upload to have left its pinned buffer, so the
+// host can build step n + 1 while the device runs step n.
 //
 // Forward, per layer: RMSNorm -> QKV GEMM (+ bias) -> [q/k RMSNorm] -> RoPE
 // -> KV write -> paged attention -> O GEMM accumulating into the residual
