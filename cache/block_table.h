@@ -31,6 +31,8 @@ class BlockTable {
   }
 
   void AppendBlock(BlockId id) { blocks_.push_back(id); }
+  // Drops the last block (eviction shrank the sequence; the caller releases it).
+  void PopBlock() { blocks_.pop_back(); }
   void SetBlock(int32_t index, BlockId id) { blocks_[index] = id; }
   void set_num_tokens(int32_t n) { num_tokens_ = n; }
   // Drops every block (the caller releases them to the pool first).

@@ -44,6 +44,24 @@
 //   * So inside each batch no block is written twice or both read and
 //     written, and the forward pass only writes blocks after every copy.
 //
+// Eviction (Evict; which entries is cache/eviction_policy.h's business): a
+// sequence keeps a bounded number of entries by dropping some after a
+// forward pass. A hole below the new length is refilled by moving a later
+// surviving entry into it (a slot move, StepCopies::slot_moves): attention
+// does not depend on the order of entries, since keys are stored with their
+// RoPE rotation. Blocks past the new length go back to the pool, tail first.
+// A block written afterwards (one receiving a moved entry, and the new
+// partial last block, which the next Append fills) is first copied when
+// another sequence holds it (copy-on-write) or the prefix cache has it filed
+// (so the cached prefix stays intact for later requests; with no free block
+// the filing is dropped instead). A sequence that has evicted never files
+// blocks again: its chain of hashes no longer describes its blocks. Its
+// untouched leading blocks keep their hashes, so swap-in may still take
+// them from the cache. The engine drains the slot moves right after the
+// evictions of a step (TakePendingCopies), before anything can swap the
+// sequence out; swapping out or evicting again a sequence whose moves are
+// still pending aborts.
+//
 // Contract violations (unknown or duplicate SeqId, appending to a swapped
 // sequence, forking a sequence with uncomputed tokens, marking computed
 // tokens that were never reserved) abort with a message: they are scheduler
@@ -88,6 +106,20 @@ struct KvCacheConfig {
 
   // Names the bad field ("cache.block_size must be positive, got 0").
   absl::Status Validate() const;
+};
+
+// One entry moved by Evict: the entry at cache index `from` now lives at
+// `to`. The caller's per-entry bookkeeping (eviction statistics) follows.
+struct IndexMove {
+  int32_t from;
+  int32_t to;
+  friend bool operator==(const IndexMove&, const IndexMove&) = default;
+};
+
+struct EvictResult {
+  std::vector<IndexMove> moves;  // holes ascending
+  int32_t num_evicted = 0;       // entries dropped
+  int32_t freed_blocks = 0;      // blocks the sequence no longer holds
 };
 
 struct AllocateResult {
@@ -136,6 +168,17 @@ class KvCacheManager {
   // The K/V of tokens [0, num_computed_tokens) are written: full blocks among
   // them become prefix-cache entries. Never decreases.
   void MarkComputed(SeqId seq, int32_t num_computed_tokens);
+
+  // ---- Eviction --------------------------------------------------------------
+  // Drops the entries at cache indices `victims` (distinct, any order) of a
+  // resident sequence whose reserved tokens are all computed, refilling
+  // holes by slot moves (see the top comment). ResourceExhausted (nothing
+  // changed) when a block shared with another sequence must be copied and
+  // the pool has no free block. Aborts on an index outside the sequence, or
+  // when its previous moves are still pending.
+  absl::StatusOr<EvictResult> Evict(SeqId seq, std::span<const int32_t> victims);
+  // Whether the sequence has ever evicted (it then files nothing).
+  bool HasEvicted(SeqId seq) const { return Get(seq).evicted; }
 
   // ---- Branching and ending ------------------------------------------------
   // `child` shares every block of `parent` (resident, every token computed).
@@ -199,6 +242,8 @@ class KvCacheManager {
     uint64_t extra_key = 0;
     int32_t num_computed = 0;
     bool swapped = false;
+    bool evicted = false;       // has evicted: files no more blocks
+    bool moves_pending = false;  // slot moves recorded, not yet taken
   };
   // What a pinned primary block will hold once this step's copies ran.
   enum class Origin : uint8_t { kNone, kCow, kSwapIn };
@@ -238,6 +283,7 @@ class KvCacheManager {
   std::vector<BlockId> origin_src_;      // [num_blocks]
   std::vector<BlockId> pinned_primary_list_;
   std::vector<BlockId> pinned_host_list_;
+  std::vector<SeqId> moves_pending_seqs_;  // sequences with moves in pending_
 
   // Scratch for swap grouping: block id -> id in the other pool, valid where
   // the stamp equals mark_epoch_ (no clearing between calls).

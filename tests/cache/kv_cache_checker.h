@@ -6,8 +6,9 @@
 //     sources, which are released at once);
 //   * free + used == total; a listed-free block has ref count 0 and every
 //     unreferenced block is listed free (no block both free and used);
-//   * inside each batch of pending copies no block is written twice or both
-//     read and written, so a backend may run a batch in parallel;
+//   * inside each batch of pending copies no block (slot, for eviction's
+//     slot moves) is written twice or both read and written, so a backend
+//     may run a batch in parallel; slot moves pin the blocks they touch;
 //   * the prefix cache's map and per-block records agree.
 #pragma once
 
@@ -63,7 +64,20 @@ inline void CheckKvCache(const KvCacheManager& kv, std::span<const SeqId> live) 
   CheckBatchIndependent(pending.swap_out, "swap_out", false);
   CheckBatchIndependent(pending.copies, "copies", true);
   CheckBatchIndependent(pending.swap_in, "swap_in", false);
+  {
+    std::set<int64_t> dsts, srcs;
+    for (const SlotMove& m : pending.slot_moves) {
+      INFO("slot move " << m.src << " -> " << m.dst);
+      REQUIRE(dsts.insert(m.dst).second);
+      srcs.insert(m.src);
+    }
+    for (int64_t d : dsts) REQUIRE(srcs.count(d) == 0);
+  }
   std::set<BlockId> pinned, host_pinned;
+  for (const SlotMove& m : pending.slot_moves) {
+    pinned.insert(static_cast<BlockId>(m.src / kv.block_size()));
+    pinned.insert(static_cast<BlockId>(m.dst / kv.block_size()));
+  }
   for (const BlockCopy& c : pending.copies) {
     pinned.insert(c.src);
     pinned.insert(c.dst);
