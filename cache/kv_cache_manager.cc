@@ -559,8 +559,10 @@ absl::Status KvCacheManager::SwapIn(std::span<const SeqId> seqs) {
         origin_src_[p] = h;
         ++counters_.swapped_in_blocks;
         // File it again (its content lands before the forward pass that
-        // could read it), unless the hash has another block by now.
-        if (i < static_cast<int32_t>(s.hashes.size()) && !prefix_.ContainsHash(s.hashes[i])) {
+        // could read it), unless the hash has another block by now or the
+        // sequence has evicted (it files nothing).
+        if (!s.evicted && i < static_cast<int32_t>(s.hashes.size()) &&
+            !prefix_.ContainsHash(s.hashes[i])) {
           prefix_.Insert(p, s.hashes[i], i == 0 ? config_.hash_seed : s.hashes[i - 1], s.extra_key,
                          BlockTokens(s, i));
         }
