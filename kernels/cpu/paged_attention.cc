@@ -40,10 +40,16 @@ void PagedAttentionScalar(const PagedAttentionParams& p, int32_t row_begin, int3
     const int32_t lo = KeyBegin(idx, p.sliding_window);
     const int32_t n = idx - lo + 1;
     const int32_t* table = batch.BlockRow(b);
+    const int32_t sinks = p.sink_q != nullptr && p.num_sinks != nullptr ? p.num_sinks[b] : 0;
+    float* mass = p.key_mass != nullptr && p.key_mass_offset[r] >= 0
+                      ? p.key_mass + p.key_mass_offset[r]
+                      : nullptr;
+    if (mass != nullptr) std::fill(mass, mass + n, 0.0f);
     scores.resize(static_cast<size_t>(group) * n);
     for (int kvh = 0; kvh < hkv; ++kvh) {
-      const float* q = p.q + (int64_t(r) * nh + kvh * group) * hd;  // [group][hd]
+      const int64_t q_off = (int64_t(r) * nh + kvh * group) * hd;  // [group][hd]
       for (int32_t i = lo; i <= idx; ++i) {
+        const float* q = (i < sinks ? p.sink_q : p.q) + q_off;
         const uint8_t* block = p.kv.Block(table[i / bs]);
         DequantizeRow(f.k, hd, block + f.RowOffset(f.k, kvh, i % bs),
                       block + f.MetaOffset(f.k, kvh, i % bs), row.data());
@@ -62,6 +68,9 @@ void PagedAttentionScalar(const PagedAttentionParams& p, int32_t row_begin, int3
           total += s[i];
         }
         sums[g] = total;
+        if (mass != nullptr) {
+          for (int32_t i = 0; i < n; ++i) mass[i] += s[i] / total;
+        }
       }
       std::fill(acc.begin(), acc.end(), 0.0f);
       for (int32_t i = lo; i <= idx; ++i) {

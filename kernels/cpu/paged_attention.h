@@ -45,6 +45,19 @@ struct PagedAttentionParams {
   float scale = 0.0f;                 // usually 1 / sqrt(head_dim)
   int32_t sliding_window = 0;         // 0: full causal attention
   CpuIsa isa = CpuIsa::kAuto;         // kAuto: the process default
+
+  // Optional, for KV eviction (cache/eviction_policy.h); null: off.
+  // Streaming attention sinks: a row of sequence b scores the keys at cache
+  // indices below num_sinks[b] with its sink_q row (the query rotated at
+  // the row's in-cache position) instead of q.
+  const float* sink_q = nullptr;       // [T][num_heads][head_dim], RoPE applied
+  const int32_t* num_sinks = nullptr;  // [num_seqs]
+  // Attention statistics, in the same pass: row r with key_mass_offset[r]
+  // >= 0 stores at key_mass[key_mass_offset[r] + (j - KeyBegin(i))] the
+  // softmax weight of its key at cache index j summed over the row's query
+  // heads (each head's weights sum to 1), for every key it attends.
+  float* key_mass = nullptr;                 // [sum of the recorded rows' keys]
+  const int64_t* key_mass_offset = nullptr;  // [T]; negative: not recorded
 };
 
 // Causal attention of every query row over its sequence's cached K/V (which

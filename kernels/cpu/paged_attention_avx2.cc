@@ -27,6 +27,11 @@
 // Lanes past a chunk's end score -inf and are skipped by the value loop;
 // their loads repeat the chunk's last row, so nothing outside the block's
 // written rows is read.
+// Eviction extras (PagedAttentionParams): chunks end at the sink boundary,
+// and sink chunks score with the sink query; with statistics on, step 1
+// also keeps each key's base-2 score, and once the running max and sum are
+// final each key's weight 2^(s - max) / sum is added to the row's key mass
+// (a pass over the scores, not over the cache).
 #include "kernels/cpu/paged_attention_avx2.h"
 
 #include <algorithm>
@@ -114,6 +119,13 @@ struct HeadJob {
   int num_chunks;
   const float* q;  // [G][hd]: scale * log2(e) * RawUnit<K> applied
   float* out;      // [G][hd] (heads of one row are adjacent)
+  // Eviction extras: the first num_sink_chunks chunks score with q_sink
+  // (scaled like q); mass (when set) gets each key's weight, summed over
+  // heads, one float per key of the chunks in order.
+  const float* q_sink = nullptr;
+  int num_sink_chunks = 0;
+  float* mass = nullptr;
+  int num_keys = 0;
 };
 
 KV_AVX2_INLINE float HSum(__m256 v) {
@@ -376,15 +388,24 @@ KV_AVX2 void AttendHeads(const HeadJob& job) {
   alignas(32) float p[G][kTileChunks * 8];
   alignas(32) float acc_mem[kHd8 ? 1 : G][kHd8 ? 8 : kAvx2MaxHeadDim];
   __m256 acc8[G], zacc[G];
-  float m[G], l[G], qsum[G];
+  float m[G], l[G], qsum[G] = {}, qsum_sink[G] = {};
+  HeadJob sink_job = job;  // scores sink chunks
+  sink_job.q = job.q_sink;
   for (int h = 0; h < G; ++h) {
     m[h] = -INFINITY;
     l[h] = 0.0f;
     acc8[h] = _mm256_setzero_ps();
     zacc[h] = _mm256_setzero_ps();
     if constexpr (!kHd8) std::fill(acc_mem[h], acc_mem[h] + hd, 0.0f);
-    if constexpr (kKZero) qsum[h] = HSum(_mm256_loadu_ps(job.q + h * 8));
+    if constexpr (kKZero) {
+      qsum[h] = HSum(_mm256_loadu_ps(job.q + h * 8));
+      if (job.num_sink_chunks > 0) qsum_sink[h] = HSum(_mm256_loadu_ps(job.q_sink + h * 8));
+    }
   }
+  // With statistics: every key's base-2 score per head, [G][num_keys].
+  thread_local std::vector<float> raw;
+  if (job.mass != nullptr) raw.resize(static_cast<size_t>(G) * job.num_keys);
+  int key_off = 0;
   const __m256 neg_inf = _mm256_set1_ps(-INFINITY);
   for (int c0 = 0; c0 < job.num_chunks; c0 += kTileChunks) {
     const int nc = std::min(kTileChunks, job.num_chunks - c0);
@@ -395,18 +416,21 @@ KV_AVX2 void AttendHeads(const HeadJob& job) {
     for (int h = 0; h < G; ++h) vmax[h] = neg_inf;
     for (int ci = 0; ci < nc; ++ci) {
       const Chunk& c = chunks[ci];
+      const bool sink = c0 + ci < job.num_sink_chunks;
+      const HeadJob& qjob = sink ? sink_job : job;
       __m256 s[G];
       if constexpr (kHd8) {
-        RawScoresHd8<KE, G>(job, c, s);
+        RawScoresHd8<KE, G>(qjob, c, s);
       } else {
-        RawScores<KE, G>(job, c, s);
+        RawScores<KE, G>(qjob, c, s);
       }
       if constexpr (kKScale) {
         __m256 scale, zero;
         ChunkAffine<KE>(job.k.Meta(c), c.n, &scale, &zero);
         for (int h = 0; h < G; ++h) {
           if constexpr (kKZero) {
-            s[h] = _mm256_fmadd_ps(s[h], scale, _mm256_mul_ps(zero, _mm256_set1_ps(qsum[h])));
+            const float qs = sink ? qsum_sink[h] : qsum[h];
+            s[h] = _mm256_fmadd_ps(s[h], scale, _mm256_mul_ps(zero, _mm256_set1_ps(qs)));
           } else {
             s[h] = _mm256_mul_ps(s[h], scale);
           }
@@ -419,6 +443,12 @@ KV_AVX2 void AttendHeads(const HeadJob& job) {
       for (int h = 0; h < G; ++h) {
         _mm256_store_ps(p[h] + ci * 8, s[h]);
         vmax[h] = _mm256_max_ps(vmax[h], s[h]);
+      }
+      if (job.mass != nullptr) {
+        for (int h = 0; h < G; ++h) {
+          std::copy_n(p[h] + ci * 8, c.n, raw.data() + static_cast<size_t>(h) * job.num_keys + key_off);
+        }
+        key_off += c.n;
       }
     }
 
@@ -506,6 +536,13 @@ KV_AVX2 void AttendHeads(const HeadJob& job) {
     }
   }
 
+  if (job.mass != nullptr) {
+    for (int h = 0; h < G; ++h) {
+      const float* sh = raw.data() + static_cast<size_t>(h) * job.num_keys;
+      const float inv = 1.0f / l[h];
+      for (int k = 0; k < job.num_keys; ++k) job.mass[k] += std::exp2(sh[k] - m[h]) * inv;
+    }
+  }
   for (int h = 0; h < G; ++h) {
     const __m256 inv = _mm256_set1_ps(RawUnit<VE>() / l[h]);
     float* out = job.out + h * hd;
@@ -560,12 +597,14 @@ AttendFn Pick(KvElem ke, KvElem ve, int g, bool hd8) {
 }
 
 // Walks blocks forward from lo's block, so there is one division per row.
+// No chunk straddles cache index `split` (the sinks' end).
 void BuildChunks(const uint8_t* layer, int64_t block_bytes, int bs, const int32_t* table,
-                 int32_t lo, int32_t idx, std::vector<Chunk>* chunks) {
+                 int32_t lo, int32_t idx, int32_t split, std::vector<Chunk>* chunks) {
   chunks->clear();
   int32_t blk = lo / bs, slot = lo % bs;
   for (int32_t i = lo; i <= idx;) {
-    const int32_t n = std::min({8, bs - slot, idx + 1 - i});
+    int32_t n = std::min({8, bs - slot, idx + 1 - i});
+    if (i < split) n = std::min(n, split - i);
     chunks->push_back(Chunk{layer + int64_t(table[blk]) * block_bytes, slot, n});
     i += n;
     slot += n;
@@ -591,16 +630,28 @@ KV_AVX2 void PagedAttentionAvx2(const PagedAttentionParams& p, int32_t row_begin
   const __m256 q_scale = _mm256_set1_ps(p.scale * kLog2e * k_unit);
   thread_local std::vector<Chunk> chunks;
   alignas(32) float q[4 * kAvx2MaxHeadDim];
+  alignas(32) float q_sink[4 * kAvx2MaxHeadDim];
   for (int32_t r = row_begin; r < row_end; ++r) {
     const int32_t b = batch.SeqOfRow(r);
     const int32_t idx = batch.CacheIndex(b, r);
     const int32_t lo = KeyBegin(idx, p.sliding_window);
-    BuildChunks(p.kv.pages, f.block_bytes, f.block_size, batch.BlockRow(b), lo, idx, &chunks);
+    const int32_t sinks = p.sink_q != nullptr && p.num_sinks != nullptr ? p.num_sinks[b] : 0;
+    BuildChunks(p.kv.pages, f.block_bytes, f.block_size, batch.BlockRow(b), lo, idx, sinks,
+                &chunks);
     HeadJob job;
     job.hd = hd;
     job.chunks = chunks.data();
     job.num_chunks = static_cast<int>(chunks.size());
     job.q = q;
+    job.q_sink = q_sink;
+    for (int32_t i = lo; job.num_sink_chunks < job.num_chunks && i < sinks;) {
+      i += chunks[job.num_sink_chunks++].n;
+    }
+    job.num_keys = idx - lo + 1;
+    if (p.key_mass != nullptr && p.key_mass_offset[r] >= 0) {
+      job.mass = p.key_mass + p.key_mass_offset[r];
+      std::fill(job.mass, job.mass + job.num_keys, 0.0f);
+    }
     for (int kvh = 0; kvh < hkv; ++kvh) {
       job.k = PartOf(f, f.k, kvh);
       job.v = PartOf(f, f.v, kvh);
@@ -609,6 +660,12 @@ KV_AVX2 void PagedAttentionAvx2(const PagedAttentionParams& p, int32_t row_begin
         const float* src = p.q + (int64_t(r) * nh + h0) * hd;
         for (int i = 0; i < g * hd; i += 8) {
           _mm256_store_ps(q + i, _mm256_mul_ps(_mm256_loadu_ps(src + i), q_scale));
+        }
+        if (job.num_sink_chunks > 0) {
+          const float* ssrc = p.sink_q + (int64_t(r) * nh + h0) * hd;
+          for (int i = 0; i < g * hd; i += 8) {
+            _mm256_store_ps(q_sink + i, _mm256_mul_ps(_mm256_loadu_ps(ssrc + i), q_scale));
+          }
         }
         job.out = p.out + (int64_t(r) * nh + h0) * hd;
         (g == 4 ? fn4 : g == 2 ? fn2 : fn1)(job);

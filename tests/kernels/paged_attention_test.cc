@@ -366,5 +366,163 @@ TEST_CASE("WriteKv skips rows with a negative slot", "[kernels][attention]") {
   REQUIRE(std::all_of(block0, block0 + f.block_bytes(), [](uint8_t x) { return x == 0; }));
 }
 
+// ---- Eviction extras: sink queries and per-key attention mass -------------
+
+struct EvictionRun {
+  std::vector<float> out;
+  std::vector<float> mass;  // [sum over recorded rows of their keys]
+};
+
+// Runs with sink_q for keys below sinks[s] and, when record, key mass for
+// every other row (odd rows are not recorded: their part stays poisoned).
+EvictionRun RunEviction(const Problem& p, const std::vector<float>& sink_q,
+                        const std::vector<int32_t>& sinks, bool record,
+                        std::vector<int64_t>* offsets, CpuIsa isa) {
+  EvictionRun r;
+  r.out.assign(p.q.size(), -777.0f);
+  const BatchView bv = ViewOf(p.batch);
+  offsets->assign(p.batch.num_tokens(), -1);
+  int64_t total = 0;
+  for (int32_t t = 0; t < p.batch.num_tokens(); t += 2) {
+    (*offsets)[t] = total;
+    total += bv.CacheIndex(bv.SeqOfRow(t), t) + 1;
+  }
+  r.mass.assign(total, -5.0f);
+  PagedAttentionParams a;
+  a.q = p.q.data();
+  a.out = r.out.data();
+  a.kv = LayerView(p.pages, 0);
+  a.batch = bv;
+  a.num_heads = p.num_heads;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(p.format.head_dim()));
+  a.isa = isa;
+  if (!sinks.empty()) {
+    a.sink_q = sink_q.data();
+    a.num_sinks = sinks.data();
+  }
+  if (record) {
+    a.key_mass = r.mass.data();
+    a.key_mass_offset = offsets->data();
+  }
+  const int32_t t = p.batch.num_tokens(), mid = t / 2;
+  PagedAttention(a, 0, mid);
+  PagedAttention(a, mid, t);
+  return r;
+}
+
+// Double reference with the sink query for keys below sinks[s]: outputs and
+// per-key mass summed over heads ([T][keys], keys of row t from 0).
+void EvictionReference(const Problem& p, const std::vector<float>& sink_q,
+                       const std::vector<int32_t>& sinks, std::vector<double>* out,
+                       std::vector<double>* vmax, std::vector<std::vector<double>>* mass) {
+  const KvFormat& f = p.format;
+  const int hd = f.head_dim(), nh = p.num_heads, group = nh / f.num_kv_heads();
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  out->assign(p.q.size(), 0.0);
+  vmax->assign(p.q.size() / hd, 0.0);
+  mass->assign(p.batch.num_tokens(), {});
+  std::vector<float> k(hd), v(hd);
+  for (int s = 0; s < p.batch.num_seqs(); ++s) {
+    const int q_len = p.batch.query_start[s + 1] - p.batch.query_start[s];
+    for (int r = p.batch.query_start[s]; r < p.batch.query_start[s + 1]; ++r) {
+      const int idx = p.batch.context_len[s] - q_len + (r - p.batch.query_start[s]);
+      (*mass)[r].assign(idx + 1, 0.0);
+      for (int h = 0; h < nh; ++h) {
+        std::vector<double> sc;
+        for (int i = 0; i <= idx; ++i) {
+          const float* q = (i < sinks[s] ? sink_q : p.q).data() + (int64_t(r) * nh + h) * hd;
+          ReadRow(p, f.k(), s, i, h / group, k.data());
+          double d = 0.0;
+          for (int j = 0; j < hd; ++j) d += double(q[j]) * k[j];
+          sc.push_back(d * scale);
+        }
+        const double m = *std::max_element(sc.begin(), sc.end());
+        double sum = 0.0;
+        for (double& x : sc) sum += (x = std::exp(x - m));
+        double* o = out->data() + (int64_t(r) * nh + h) * hd;
+        double& vm = (*vmax)[int64_t(r) * nh + h];
+        for (int i = 0; i <= idx; ++i) {
+          (*mass)[r][i] += sc[i] / sum;
+          ReadRow(p, f.v(), s, i, h / group, v.data());
+          for (int j = 0; j < hd; ++j) {
+            o[j] += sc[i] / sum * v[j];
+            vm = std::max(vm, std::fabs(double(v[j])));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("sink queries and key mass match the reference on every path",
+          "[kernels][attention][eviction]") {
+  uint32_t seed = 500;
+  for (KvDtype dtype : {KvDtype::kFp32, KvDtype::kInt8, KvDtype::kInt4, KvDtype::kFp16}) {
+    for (int hd : {8, 64}) {
+      for (int group : {1, 4}) {
+        for (int bs : {4, 16}) {
+          AttnCase c;
+          c.dtype = dtype;
+          c.head_dim = hd;
+          c.group = group;
+          c.block_size = bs;
+          c.int4_group = 8;
+          // Decode rows, a chunk, and a long row that needs several tiles.
+          c.ctx = {23, 40, 300, 6};
+          c.q_len = {1, 6, 1, 6};
+          c.q_scale = 3.0f;
+          c.seed = seed++;
+          INFO(c.Name());
+          const Problem p = Build(c);
+          std::mt19937 rng(c.seed);
+          std::normal_distribution<float> normal(0.0f, 3.0f);
+          std::vector<float> sink_q(p.q.size());
+          for (float& x : sink_q) x = normal(rng);
+          const std::vector<int32_t> sinks = {4, 0, 21, 9};  // 9 > a 6-entry context
+          std::vector<double> ref, vmax;
+          std::vector<std::vector<double>> ref_mass;
+          EvictionReference(p, sink_q, sinks, &ref, &vmax, &ref_mass);
+          for (CpuIsa isa : Paths()) {
+            INFO("path " << CpuIsaName(isa));
+            std::vector<int64_t> offsets;
+            const EvictionRun plain = RunEviction(p, sink_q, sinks, false, &offsets, isa);
+            const EvictionRun rec = RunEviction(p, sink_q, sinks, true, &offsets, isa);
+            CHECK(WorstRelErr(rec.out, ref, vmax, hd) <= 1e-5);
+            // Recording changes nothing in the output.
+            REQUIRE(std::memcmp(plain.out.data(), rec.out.data(),
+                                plain.out.size() * sizeof(float)) == 0);
+            double worst = 0.0;
+            for (int32_t t = 0; t < p.batch.num_tokens(); ++t) {
+              if (offsets[t] < 0) continue;
+              double total = 0.0;
+              for (size_t j = 0; j < ref_mass[t].size(); ++j) {
+                const double got = rec.mass[offsets[t] + j];
+                worst = std::max(worst, std::fabs(got - ref_mass[t][j]));
+                total += got;
+              }
+              CHECK(total == Approx(p.num_heads).epsilon(1e-5));
+            }
+            CHECK(worst <= 2e-5 * p.num_heads);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("rows without a mass offset leave the buffer alone", "[kernels][attention][eviction]") {
+  AttnCase c;
+  c.ctx = {10, 12};
+  c.q_len = {2, 3};
+  const Problem p = Build(c);
+  for (CpuIsa isa : Paths()) {
+    std::vector<int64_t> offsets;
+    const EvictionRun rec = RunEviction(p, {}, {}, true, &offsets, isa);
+    // Rows 0, 2 and 4 are recorded (9, 10 and 12 keys), every key of each.
+    REQUIRE(rec.mass.size() == 9 + 11 + 11);
+    REQUIRE(std::none_of(rec.mass.begin(), rec.mass.end(), [](float x) { return x == -5.0f; }));
+  }
+}
+
 }  // namespace
 }  // namespace kvserve::cpu
