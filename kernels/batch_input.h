@@ -10,8 +10,9 @@
 // indices 0 .. its own index (causal). Cache index i of sequence b lives at
 // slot block_table[b * max_blocks_per_seq + i / block_size] * block_size +
 // i % block_size; slot_mapping[t] names where row t's K/V is written.
-// positions[t] is the RoPE position of row t (normally its cache index; may
-// differ once an eviction policy re-assigns positions).
+// positions[t] is the RoPE position of row t (its token's position in the
+// sequence; with eviction it exceeds the cache index, see
+// cache/eviction_policy.h).
 #pragma once
 
 #include <cstdint>
@@ -28,6 +29,14 @@ struct BatchInput {
   std::vector<int32_t> block_table;    // [B][max_blocks_per_seq], row-major
   int32_t max_blocks_per_seq = 0;
   std::vector<int32_t> logits_rows;    // rows of [T] whose logits are wanted, ascending
+  // KV eviction (cache/eviction_policy.h); each is empty unless a sequence of
+  // the step needs it. num_sinks[b] > 0: streaming attention sinks, keys at
+  // cache indices below it are scored with the row's query rotated at its
+  // cache index (its in-cache position) instead of at positions[t].
+  // attention_stats[b] != 0: record the attention sequence b's rows pay each
+  // cache entry (ModelRunner::ReadAttentionStats).
+  std::vector<int32_t> num_sinks;        // [B] or empty
+  std::vector<uint8_t> attention_stats;  // [B] or empty
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t num_seqs() const { return static_cast<int32_t>(context_len.size()); }
@@ -44,6 +53,8 @@ struct BatchInput {
     block_table.clear();
     max_blocks_per_seq = 0;
     logits_rows.clear();
+    num_sinks.clear();
+    attention_stats.clear();
   }
 };
 

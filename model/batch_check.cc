@@ -34,6 +34,19 @@ absl::Status ValidateBatch(const BatchInput& batch, const BatchLimits& limits) {
         "block_table has ", batch.block_table.size(),
         " entries, want num_seqs * max_blocks_per_seq = ", B * batch.max_blocks_per_seq));
   }
+  if (!batch.num_sinks.empty() && static_cast<int64_t>(batch.num_sinks.size()) != B) {
+    return BadBatch(absl::StrCat("num_sinks has ", batch.num_sinks.size(),
+                                 " entries, want 0 or num_seqs = ", B));
+  }
+  if (!batch.attention_stats.empty() && static_cast<int64_t>(batch.attention_stats.size()) != B) {
+    return BadBatch(absl::StrCat("attention_stats has ", batch.attention_stats.size(),
+                                 " entries, want 0 or num_seqs = ", B));
+  }
+  for (size_t b = 0; b < batch.num_sinks.size(); ++b) {
+    if (batch.num_sinks[b] < 0) {
+      return BadBatch(absl::StrCat("num_sinks[", b, "] = ", batch.num_sinks[b], " is negative"));
+    }
+  }
   const int bs = limits.block_size;
   for (int64_t b = 0; b < B; ++b) {
     const int32_t q_len = batch.query_start[b + 1] - batch.query_start[b];

@@ -7,10 +7,11 @@
 // query_start from 0 to num_tokens and non-decreasing, context_len >= the new
 // rows, block ids of every block the step's rows can reach inside the pool
 // (blocks that left a sliding window may already be released and are not
-// read), token ids inside the vocabulary, positions inside the RoPE table,
-// slots inside the pool (negative: not written), logits_rows ascending inside
-// [0, num_tokens). InvalidArgument names the field ("BatchInput: token_ids[3]
-// = 600 is outside the vocabulary of 512").
+// read), token ids inside the vocabulary, positions inside [0,
+// max_positions), slots inside the pool (negative: not written), logits_rows
+// ascending inside [0, num_tokens), num_sinks and attention_stats empty or
+// one per sequence (num_sinks not negative). InvalidArgument names the field
+// ("BatchInput: token_ids[3] = 600 is outside the vocabulary of 512").
 //
 // Thread-safety: a pure function.
 #pragma once
@@ -24,7 +25,7 @@ namespace kvserve {
 
 struct BatchLimits {
   int32_t vocab_size = 0;
-  int32_t max_positions = 0;  // RoPE table rows
+  int32_t max_positions = 0;  // RoPE table rows, or more where RoPE runs past its table
   int32_t num_blocks = 0;     // primary pool
   int32_t block_size = 0;
   int32_t sliding_window = 0;  // 0: full attention

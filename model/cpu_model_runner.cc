@@ -111,4 +111,43 @@ absl::Status CpuModelRunner::SwapIn(std::span<const BlockCopy> copies) {
   return absl::OkStatus();
 }
 
+absl::Status CpuModelRunner::MoveSlots(std::span<const SlotMove> moves) {
+  const KvPageLayout& lay = primary_.format().layout();
+  const int bs = lay.block_size;
+  const int64_t num_slots = int64_t{primary_.num_blocks()} * bs;
+  for (const SlotMove& m : moves) {
+    if (m.src < 0 || m.src >= num_slots || m.dst < 0 || m.dst >= num_slots) {
+      std::fprintf(stderr, "CpuModelRunner::MoveSlots: slot move %lld -> %lld outside the pool (%lld slots)\n",
+                   static_cast<long long>(m.src), static_cast<long long>(m.dst),
+                   static_cast<long long>(num_slots));
+      std::abort();
+    }
+    const int32_t sb = static_cast<int32_t>(m.src / bs), so = static_cast<int32_t>(m.src % bs);
+    const int32_t db = static_cast<int32_t>(m.dst / bs), dof = static_cast<int32_t>(m.dst % bs);
+    for (int l = 0; l < primary_.num_layers(); ++l) {
+      const uint8_t* src = primary_.block(l, sb);
+      uint8_t* dst = primary_.block(l, db);
+      for (int h = 0; h < lay.num_kv_heads; ++h) {
+        for (const KvPartLayout* part : {&lay.k, &lay.v}) {
+          std::memcpy(dst + lay.RowOffset(*part, h, dof), src + lay.RowOffset(*part, h, so),
+                      part->row_bytes);
+          std::memcpy(dst + lay.MetaOffset(*part, h, dof), src + lay.MetaOffset(*part, h, so),
+                      part->meta_bytes);
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuModelRunner::ReadAttentionStats(std::span<float> out) {
+  std::span<const float> stats = model_->attention_stats();
+  if (out.size() < stats.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("attention stats buffer has ", out.size(),
+                                                   " floats, the batch recorded ", stats.size()));
+  }
+  std::copy(stats.begin(), stats.end(), out.begin());
+  return absl::OkStatus();
+}
+
 }  // namespace kvserve

@@ -69,6 +69,10 @@ class CpuModelRunner final : public ModelRunner {
   absl::Status CopyBlocks(std::span<const BlockCopy> copies) override;
   absl::Status SwapOut(std::span<const BlockCopy> copies) override;
   absl::Status SwapIn(std::span<const BlockCopy> copies) override;
+  bool supports_eviction() const override { return true; }
+  // Host memcpy of each token's rows; aborts on a slot outside the pool.
+  absl::Status MoveSlots(std::span<const SlotMove> moves) override;
+  absl::Status ReadAttentionStats(std::span<float> out) override;
 
   // The host pages, for tests and tools that inspect the cache.
   const HostKvPages& primary_pages() const { return primary_; }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <thread>
 #include <utility>
 
@@ -77,6 +78,7 @@ absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weig
 LlamaModel::LlamaModel(LlamaWeights weights, int num_threads)
     : weights_(std::move(weights)),
       rope_(weights_.config.max_position_embeddings, weights_.config.RopeInvFreq()),
+      inv_freq_(weights_.config.RopeInvFreq()),
       pool_(num_threads) {
   const ModelConfig& c = weights_.config;
   q_dim_ = c.num_heads * c.head_dim;
@@ -143,7 +145,7 @@ absl::Status LlamaModel::Validate(const BatchInput& batch, const HostKvPages& kv
   }
   BatchLimits limits;
   limits.vocab_size = c.vocab_size;
-  limits.max_positions = rope_.max_positions();
+  limits.max_positions = std::numeric_limits<int32_t>::max();  // RopeAt runs past the table
   limits.num_blocks = kv.num_blocks();
   limits.block_size = f.block_size();
   limits.sliding_window = c.sliding_window;
@@ -196,6 +198,73 @@ void LlamaModel::PlanStep(const BatchInput& batch) {
                                          kRowOverhead);
 }
 
+void LlamaModel::PlanEviction(const BatchInput& batch) {
+  const int32_t T = batch.num_tokens(), B = batch.num_seqs();
+  const BatchView view = ViewOf(batch);
+  sink_pos_.clear();
+  for (int32_t b = 0; b < static_cast<int32_t>(batch.num_sinks.size()); ++b) {
+    if (batch.num_sinks[b] <= 0) continue;
+    if (sink_pos_.empty()) sink_pos_.assign(T, -1);
+    for (int32_t r = batch.query_start[b]; r < batch.query_start[b + 1]; ++r) {
+      sink_pos_[r] = view.CacheIndex(b, r);
+    }
+  }
+  if (!sink_pos_.empty()) sink_q_.resize(static_cast<size_t>(T) * q_dim_);
+  mass_offset_.clear();
+  stats_offset_.clear();
+  attn_stats_.clear();
+  int64_t keys = 0, stats = 0;
+  const int32_t window = weights_.config.sliding_window;
+  for (int32_t b = 0; b < static_cast<int32_t>(batch.attention_stats.size()); ++b) {
+    if (batch.attention_stats[b] == 0) continue;
+    if (mass_offset_.empty()) {
+      mass_offset_.assign(T, -1);
+      stats_offset_.assign(B, -1);
+    }
+    for (int32_t r = batch.query_start[b]; r < batch.query_start[b + 1]; ++r) {
+      mass_offset_[r] = keys;
+      keys += NumKeys(view.CacheIndex(b, r), window);
+    }
+    stats_offset_[b] = stats;
+    stats += int64_t{weights_.config.num_layers} * batch.context_len[b];
+  }
+  row_mass_.resize(keys);
+  attn_stats_.assign(stats, 0.0f);
+}
+
+void LlamaModel::RopeAt(int32_t pos, float* scratch, const float** cos, const float** sin) const {
+  if (pos < rope_.max_positions()) {
+    *cos = rope_.cos(pos);
+    *sin = rope_.sin(pos);
+    return;
+  }
+  // As the table (cpu::RopeTable): the angle in float, then cosf / sinf.
+  const int half = rope_.half_dim();
+  for (int j = 0; j < half; ++j) {
+    const float val = static_cast<float>(pos) * inv_freq_[j];
+    scratch[j] = cosf(val);
+    scratch[half + j] = sinf(val);
+  }
+  *cos = scratch;
+  *sin = scratch + half;
+}
+
+void LlamaModel::GatherAttentionStats(const BatchInput& batch, int layer) {
+  const BatchView view = ViewOf(batch);
+  const int32_t window = weights_.config.sliding_window;
+  for (int32_t b = 0; b < static_cast<int32_t>(stats_offset_.size()); ++b) {
+    if (stats_offset_[b] < 0) continue;
+    const int32_t ctx = batch.context_len[b];
+    float* out = attn_stats_.data() + stats_offset_[b] + static_cast<int64_t>(layer) * ctx;
+    for (int32_t r = batch.query_start[b]; r < batch.query_start[b + 1]; ++r) {
+      const int32_t idx = view.CacheIndex(b, r);
+      const int32_t lo = KeyBegin(idx, window);
+      const float* m = row_mass_.data() + mass_offset_[r];
+      for (int32_t j = lo; j <= idx; ++j) out[j] += m[j - lo];
+    }
+  }
+}
+
 void LlamaModel::AttentionInput(int layer, const BatchInput& batch, HostKvPages& kv, int64_t r0,
                                 int64_t r1) {
   const int64_t n = r1 - r0;
@@ -223,10 +292,19 @@ void LlamaModel::AttentionInput(int layer, const BatchInput& batch, HostKvPages&
     cpu::RmsNorm(k, w.k_norm.data, k, n * c.num_kv_heads, c.head_dim, c.rms_norm_eps);
   }
   const bool interleaved = c.rope_style == RopeStyle::kInterleaved;
+  thread_local std::vector<float> rope_scratch;
+  rope_scratch.resize(c.head_dim);
+  const float* cs;
+  const float* sn;
   for (int64_t i = 0; i < n; ++i) {
-    const int32_t pos = batch.positions[r0 + i];
-    const float* cs = rope_.cos(pos);
-    const float* sn = rope_.sin(pos);
+    if (!sink_pos_.empty() && sink_pos_[r0 + i] >= 0) {
+      // The sink query: the same q rotated at the row's in-cache position.
+      float* sq = sink_q_.data() + (r0 + i) * q_dim_;
+      std::copy(q + i * q_dim_, q + (i + 1) * q_dim_, sq);
+      RopeAt(sink_pos_[r0 + i], rope_scratch.data(), &cs, &sn);
+      cpu::ApplyRope(sq, c.num_heads, c.head_dim, cs, sn, interleaved);
+    }
+    RopeAt(batch.positions[r0 + i], rope_scratch.data(), &cs, &sn);
     cpu::ApplyRope(q + i * q_dim_, c.num_heads, c.head_dim, cs, sn, interleaved);
     cpu::ApplyRope(k + i * kv_dim_, c.num_kv_heads, c.head_dim, cs, sn, interleaved);
   }
@@ -270,6 +348,7 @@ absl::Status LlamaModel::Forward(const BatchInput& batch, HostKvPages& kv,
   const int64_t dim = c.dim;
 
   PlanStep(batch);
+  PlanEviction(batch);
   const int chunks = row_chunks_;
   const int attn_chunks = static_cast<int>(attn_split_.size()) - 1;
 
@@ -282,6 +361,14 @@ absl::Status LlamaModel::Forward(const BatchInput& batch, HostKvPages& kv,
   ap.num_heads = c.num_heads;
   ap.scale = attn_scale_;
   ap.sliding_window = c.sliding_window;
+  if (!sink_pos_.empty()) {
+    ap.sink_q = sink_q_.data();
+    ap.num_sinks = batch.num_sinks.data();
+  }
+  if (!mass_offset_.empty()) {
+    ap.key_mass = row_mass_.data();
+    ap.key_mass_offset = mass_offset_.data();
+  }
 
   // Phase boundaries are the only synchronisation: K/V of every row must be
   // written before any row attends, and attention ranges are split by cost,
@@ -300,6 +387,7 @@ absl::Status LlamaModel::Forward(const BatchInput& batch, HostKvPages& kv,
         cpu::PagedAttention(ap, attn_split_[ch], attn_split_[ch + 1]);
       }
     });
+    if (!mass_offset_.empty()) GatherAttentionStats(batch, l);
     pool_.Run(chunks, [&](int ch) {
       int64_t r0, r1;
       cpu::SplitRange(T, chunks, ch, &r0, &r1);

@@ -3,7 +3,9 @@
 // reading and writing K/V only through the paged cache it is given.
 //
 // Per layer: RMSNorm -> Q/K/V projections (+ biases: Qwen2) -> per-head q/k
-// RMSNorm (Qwen3) -> RoPE at batch.positions (scaled per the config) ->
+// RMSNorm (Qwen3) -> RoPE at batch.positions (scaled per the config;
+// positions past the RoPE table are computed the same way, so sequences that
+// evict may run past max_position_embeddings) ->
 // WriteKv at batch.slot_mapping -> PagedAttention (GQA, optional sliding
 // window) -> output projection (+ bias) + residual -> RMSNorm -> SwiGLU MLP +
 // residual. Then the final RMSNorm and the output head, only for the rows in
@@ -18,6 +20,13 @@
 // for the output head. Every kernel computes a row the same way whatever
 // batch it is in (see kernels/cpu/gemm.h), so a sequence's tokens do not
 // depend on what it is batched with or how the work was split.
+//
+// KV eviction (cache/eviction_policy.h): rows of sequences with
+// batch.num_sinks also get a sink query, rotated at the row's cache index,
+// for the attention kernel to score sink keys with; for sequences with
+// batch.attention_stats the kernel records each row's per-key attention
+// mass, which is summed per sequence and layer after each layer's attention
+// (attention_stats()).
 //
 // Matrices that are not 64-byte aligned (an mmap of a llama2.c file starts
 // them 28 bytes in) are copied once into an aligned arena when the model is
@@ -58,6 +67,11 @@ class LlamaModel {
   // written.
   absl::Status Forward(const BatchInput& batch, HostKvPages& kv, std::span<float> logits);
 
+  // The last Forward's attention statistics: for each sequence b with
+  // batch.attention_stats[b] set, in batch order, [num_layers][context_len[b]]
+  // (see ModelRunner::ReadAttentionStats).
+  std::span<const float> attention_stats() const { return attn_stats_; }
+
   // A step estimated below this many multiply-adds (weights x rows plus
   // attention) runs on one thread: about 50 us of work, against a few
   // microseconds of hand-offs per layer.
@@ -77,6 +91,13 @@ class LlamaModel {
   // Decides how many threads the step uses (rows_chunks_) and splits the
   // attention rows into ranges of about equal cost (attn_split_).
   void PlanStep(const BatchInput& batch);
+  // Rows that need a sink query and rows whose key mass is recorded.
+  void PlanEviction(const BatchInput& batch);
+  // cos/sin of position pos: the table's row, or computed the same way into
+  // the scratch past the table.
+  void RopeAt(int32_t pos, float* scratch, const float** cos, const float** sin) const;
+  // Adds layer l's recorded row masses into attn_stats_.
+  void GatherAttentionStats(const BatchInput& batch, int layer);
 
   // Phases of one layer over rows [r0, r1).
   void AttentionInput(int layer, const BatchInput& batch, HostKvPages& kv, int64_t r0, int64_t r1);
@@ -101,6 +122,7 @@ class LlamaModel {
   const float* output_ = nullptr;              // [vocab][dim]
   std::unique_ptr<float, FreeDeleter> arena_;  // aligned copies, when made
   cpu::RopeTable rope_;
+  std::vector<float> inv_freq_;  // [head_dim / 2], what the table was built from
   cpu::ThreadPool pool_;
   int q_dim_ = 0;   // num_heads * head_dim
   int kv_dim_ = 0;  // num_kv_heads * head_dim
@@ -121,6 +143,14 @@ class LlamaModel {
   int64_t macs_per_token_ = 0;       // weight multiply-adds of one row
   int row_chunks_ = 1;               // row ranges of the projections / MLP / head
   std::vector<int32_t> attn_split_;  // [attention ranges + 1] row boundaries
+
+  // Eviction, per step (empty unless the batch asks).
+  std::vector<int32_t> sink_pos_;      // [T]: cache index for a sink query, or -1
+  std::vector<float> sink_q_;          // [T][q_dim]
+  std::vector<int64_t> mass_offset_;   // [T]: into row_mass_, or -1
+  std::vector<float> row_mass_;        // [recorded rows' keys]
+  std::vector<int64_t> stats_offset_;  // [B]: into attn_stats_, or -1
+  std::vector<float> attn_stats_;      // see attention_stats()
 };
 
 }  // namespace kvserve

@@ -115,10 +115,37 @@ class ModelRunner {
 
   // Batched block copies inside the primary pool (copy-on-write).
   virtual absl::Status CopyBlocks(std::span<const BlockCopy> copies) = 0;
+
+  // ---- KV eviction (cache/eviction_policy.h) --------------------------------
+  // Whether the backend implements MoveSlots, ReadAttentionStats and
+  // BatchInput's num_sinks / attention_stats; the engine refuses eviction
+  // policies otherwise. The CPU runner does. A CUDA runner needs: a slot-move
+  // kernel (one token's K and V rows and scales per kv head and layer,
+  // independent moves), the attention kernel's optional sink query and
+  // per-key mass output (kernels/cpu/paged_attention.h has the contract),
+  // and RoPE at positions past its table.
+  virtual bool supports_eviction() const { return false; }
+  // Runs eviction's slot moves (StepCopies::slot_moves, after the other
+  // copies): each copies one token's K/V, every layer, scales included.
+  virtual absl::Status MoveSlots(std::span<const SlotMove> moves);
+  // The attention statistics of the last Forward: for each sequence b with
+  // batch.attention_stats[b] set, in batch order, [num_layers][context_len[b]]
+  // floats: the softmax weight each cache entry got, summed over the
+  // sequence's rows of the step and over query heads. out.size() must be at
+  // least the total.
+  virtual absl::Status ReadAttentionStats(std::span<float> out);
   // Primary pool -> swap pool (src is a primary id, dst a swap id) and back.
   virtual absl::Status SwapOut(std::span<const BlockCopy> copies) = 0;
   virtual absl::Status SwapIn(std::span<const BlockCopy> copies) = 0;
 };
+
+inline absl::Status ModelRunner::MoveSlots(std::span<const SlotMove>) {
+  return absl::UnimplementedError("this backend does not support KV eviction (slot moves)");
+}
+
+inline absl::Status ModelRunner::ReadAttentionStats(std::span<float>) {
+  return absl::UnimplementedError("this backend does not support KV eviction (attention stats)");
+}
 
 inline absl::Status ModelRunner::Forward(const BatchInput& batch, std::span<float> logits) {
   const size_t want = batch.logits_rows.size() * static_cast<size_t>(config().vocab_size);
