@@ -177,23 +177,32 @@ int32_t KvCacheManager::FindCachedPrefix(std::span<const int32_t> prompt, uint64
 
 // ---- Admission --------------------------------------------------------------
 
-bool KvCacheManager::CanAllocate(std::span<const int32_t> prompt,
-                                 std::string_view cache_salt) const {
+bool KvCacheManager::CanAllocate(std::span<const int32_t> prompt, std::string_view cache_salt,
+                                 bool use_prefix_cache) const {
   if (prompt.empty()) return false;
   const int32_t hit_free =
-      FindCachedPrefix(prompt, HashCacheSalt(cache_salt), &hit_scratch_, &hash_scratch_);
+      use_prefix_cache
+          ? FindCachedPrefix(prompt, HashCacheSalt(cache_salt), &hit_scratch_, &hash_scratch_)
+          : (hit_scratch_.clear(), 0);
   const int32_t total = BlocksFor(prompt.size());
   return total - static_cast<int32_t>(hit_scratch_.size()) + hit_free <= pool_.num_free();
 }
 
 absl::StatusOr<AllocateResult> KvCacheManager::Allocate(SeqId seq, std::span<const int32_t> prompt,
-                                                        std::string_view cache_salt) {
+                                                        std::string_view cache_salt,
+                                                        bool use_prefix_cache) {
   if (seqs_.contains(seq)) Die(absl::StrCat("Allocate of existing sequence ", seq));
   if (prompt.empty()) {
     return absl::InvalidArgumentError(absl::StrCat("sequence ", seq, " has an empty prompt"));
   }
   const uint64_t extra_key = HashCacheSalt(cache_salt);
-  const int32_t hit_free = FindCachedPrefix(prompt, extra_key, &hit_scratch_, &hash_scratch_);
+  int32_t hit_free = 0;
+  if (use_prefix_cache) {
+    hit_free = FindCachedPrefix(prompt, extra_key, &hit_scratch_, &hash_scratch_);
+  } else {
+    hit_scratch_.clear();
+    hash_scratch_.clear();
+  }
   const int32_t num_hits = static_cast<int32_t>(hit_scratch_.size());
   const int32_t total = BlocksFor(prompt.size());
   const int32_t needed = total - num_hits + hit_free;
@@ -221,9 +230,10 @@ absl::StatusOr<AllocateResult> KvCacheManager::Allocate(SeqId seq, std::span<con
   state.hashes = hash_scratch_;
   state.extra_key = extra_key;
   state.num_computed = num_hits * config_.block_size;
+  state.files = use_prefix_cache;
   seqs_.emplace(seq, std::move(state));
 
-  if (config_.enable_prefix_caching) {
+  if (config_.enable_prefix_caching && use_prefix_cache) {
     ++counters_.prefix_queries;
     counters_.prefix_query_tokens += static_cast<int64_t>(prompt.size());
     counters_.prefix_hit_tokens += static_cast<int64_t>(num_hits) * config_.block_size;
@@ -277,7 +287,7 @@ void KvCacheManager::MarkComputed(SeqId seq, int32_t num_computed_tokens) {
                      " computed of ", s.table.num_tokens(), " reserved"));
   }
   s.num_computed = num_computed_tokens;
-  if (!config_.enable_prefix_caching || s.evicted) return;
+  if (!config_.enable_prefix_caching || s.evicted || !s.files) return;
   const int32_t bs = config_.block_size;
   const int32_t full = num_computed_tokens / bs;
   BlockHash parent = s.hashes.empty() ? config_.hash_seed : s.hashes.back();
@@ -561,7 +571,7 @@ absl::Status KvCacheManager::SwapIn(std::span<const SeqId> seqs) {
         // File it again (its content lands before the forward pass that
         // could read it), unless the hash has another block by now or the
         // sequence has evicted (it files nothing).
-        if (!s.evicted && i < static_cast<int32_t>(s.hashes.size()) &&
+        if (!s.evicted && s.files && i < static_cast<int32_t>(s.hashes.size()) &&
             !prefix_.ContainsHash(s.hashes[i])) {
           prefix_.Insert(p, s.hashes[i], i == 0 ? config_.hash_seed : s.hashes[i - 1], s.extra_key,
                          BlockTokens(s, i));

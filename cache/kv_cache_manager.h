@@ -143,12 +143,16 @@ class KvCacheManager {
   // Whether Allocate would succeed now (counts prefix hits). It hashes the
   // prompt, as Allocate does again; a scheduler may instead call Allocate and
   // treat ResourceExhausted as "not now".
-  bool CanAllocate(std::span<const int32_t> prompt, std::string_view cache_salt = {}) const;
+  bool CanAllocate(std::span<const int32_t> prompt, std::string_view cache_salt = {},
+                   bool use_prefix_cache = true) const;
   // Reserves slots for every prompt token, reusing cached prefix blocks.
   // ResourceExhausted (nothing changed) when the pool is short;
-  // InvalidArgument for an empty prompt.
+  // InvalidArgument for an empty prompt. use_prefix_cache false: the
+  // sequence neither reuses nor ever files blocks (one that must compute its
+  // whole prompt, e.g. to record the attention each entry gets).
   absl::StatusOr<AllocateResult> Allocate(SeqId seq, std::span<const int32_t> prompt,
-                                          std::string_view cache_salt = {});
+                                          std::string_view cache_salt = {},
+                                          bool use_prefix_cache = true);
   absl::StatusOr<AllocateResult> Allocate(SeqId seq, std::initializer_list<int32_t> prompt,
                                           std::string_view cache_salt = {}) {
     return Allocate(seq, std::span<const int32_t>(prompt.begin(), prompt.size()), cache_salt);
@@ -243,6 +247,7 @@ class KvCacheManager {
     int32_t num_computed = 0;
     bool swapped = false;
     bool evicted = false;       // has evicted: files no more blocks
+    bool files = true;          // Allocate's use_prefix_cache
     bool moves_pending = false;  // slot moves recorded, not yet taken
   };
   // What a pinned primary block will hold once this step's copies ran.

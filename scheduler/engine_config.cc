@@ -27,10 +27,14 @@ absl::Status EngineConfig::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("scheduler.max_queue_size must be >= 1, got ", max_queue_size));
   }
-  if (!default_kv_policy.empty() && default_kv_policy != "none") {
+  // sliding_window without a budget takes the model's window (checked when
+  // the engine knows the model).
+  if (!(eviction.policy == EvictionPolicyKind::kSlidingWindow && eviction.budget == 0)) {
+    if (absl::Status s = eviction.Validate(kEvictionConfigFields); !s.ok()) return s;
+  }
+  if (eviction.policy == EvictionPolicyKind::kLearned && evictor_model.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cache.eviction_policy \"", default_kv_policy,
-                     "\" is not supported by this engine yet (only \"none\")"));
+        "cache.eviction_policy learned needs cache.evictor_model (kvserve train-evictor)");
   }
   return absl::OkStatus();
 }

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "cache/eviction_policy.h"
 #include "scheduler/request.h"
 
 namespace kvserve {
@@ -20,7 +21,12 @@ struct EngineConfig {
   int32_t max_queue_size = 4096;         // waiting requests beyond this: ResourceExhausted
   PreemptionMode preemption_mode = PreemptionMode::kRecompute;  // scheduler.preemption_mode
   bool prefix_caching = true;            // cache.prefix_caching
-  std::string default_kv_policy;         // cache.eviction_policy ("" = none)
+  // KV eviction defaults (cache.eviction_policy, cache.eviction_budget,
+  // cache.sink_tokens, cache.recent_tokens, cache.eviction_history);
+  // requests override them with GenerateRequest::kv_policy.
+  EvictionParams eviction;
+  // cache.evictor_model: the predictor file policy learned ranks with.
+  std::string evictor_model;
   // Runs KvCacheManager::CheckInvariants after every step and aborts on a
   // broken one (O(blocks + tokens) per step: tests and debugging only).
   bool debug_check_invariants = false;

@@ -16,6 +16,14 @@ absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentE
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
+static_assert(std::size(kAllEvictionPolicies) == kNumEvictionPolicies);
+
+// Policies that keep every relative position within the budget, so their
+// sequences may run past max_model_len.
+bool Unbounded(EvictionPolicyKind k) {
+  return k == EvictionPolicyKind::kStreaming || k == EvictionPolicyKind::kSlidingWindow;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
@@ -44,6 +52,36 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
     return Invalid(absl::StrCat("the tokenizer has ", tokenizer->vocab_size(),
                                 " pieces but the model's vocabulary is ", mc.vocab_size));
   }
+  // KV eviction defaults, resolved against the model.
+  EvictionParams eviction = config.eviction;
+  const int32_t window = mc.sliding_window;
+  if (eviction.policy == EvictionPolicyKind::kSlidingWindow && eviction.budget == 0) {
+    if (window <= 0) {
+      return Invalid(
+          "cache.eviction_budget must be set for sliding_window (the model has no sliding_window)");
+    }
+    eviction.budget = window;
+  }
+  if (eviction.evicts()) {
+    KV_RETURN_IF_ERROR(eviction.Validate(kEvictionConfigFields));
+    if (!runner->supports_eviction()) {
+      return Invalid(absl::StrCat("cache.eviction_policy ",
+                                  std::string(EvictionPolicyName(eviction.policy)),
+                                  " needs a backend with KV eviction (the CPU runner)"));
+    }
+    if (window > 0 && eviction.budget > window) {
+      return Invalid(absl::StrCat("cache.eviction_budget (", eviction.budget,
+                                  ") exceeds the model's sliding_window (", window, ")"));
+    }
+  }
+  std::shared_ptr<const EvictorModel> evictor_model;
+  if (!config.evictor_model.empty()) {
+    absl::StatusOr<EvictorModel> m = EvictorModel::Load(config.evictor_model);
+    if (!m.ok()) {
+      return Invalid(absl::StrCat("cache.evictor_model: ", std::string(m.status().message())));
+    }
+    evictor_model = std::make_shared<const EvictorModel>(*m);
+  }
   KvCacheConfig kv_config;
   kv_config.block_size = runner->kv_format().block_size();
   kv_config.num_blocks = runner->num_blocks();
@@ -65,13 +103,16 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
       kv_config.num_blocks, kv_config.block_size, kv_config.num_swap_blocks, max_len,
       config.max_num_seqs, config.max_num_batched_tokens, config.prefix_caching ? "on" : "off",
       config.preemption_mode == PreemptionMode::kSwap ? "swap" : "recompute");
-  return std::unique_ptr<EngineImpl>(
-      new EngineImpl(config, max_len, std::move(runner), std::move(tokenizer), kv_config));
+  return std::unique_ptr<EngineImpl>(new EngineImpl(config, max_len, std::move(runner),
+                                                    std::move(tokenizer), kv_config, eviction,
+                                                    std::move(evictor_model)));
 }
 
 EngineImpl::EngineImpl(const EngineConfig& config, int32_t max_model_len,
                        std::unique_ptr<ModelRunner> runner,
-                       std::shared_ptr<const Tokenizer> tokenizer, const KvCacheConfig& kv_config)
+                       std::shared_ptr<const Tokenizer> tokenizer, const KvCacheConfig& kv_config,
+                       const EvictionParams& eviction,
+                       std::shared_ptr<const EvictorModel> evictor_model)
     : config_(config),
       max_model_len_(max_model_len),
       model_config_(runner->config()),
@@ -80,11 +121,21 @@ EngineImpl::EngineImpl(const EngineConfig& config, int32_t max_model_len,
       vocab_size_(model_config_.vocab_size),
       block_size_(kv_config.block_size),
       num_blocks_(kv_config.num_blocks),
+      default_eviction_(eviction),
       kv_(kv_config),
       scheduler_(SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens,
                                  config.preemption_mode},
                  &kv_),
       seed_rng_(std::random_device{}()) {
+  policies_.resize(kNumEvictionPolicies);
+  for (EvictionPolicyKind k : kAllEvictionPolicies) {
+    if (k == EvictionPolicyKind::kNone) continue;
+    if (k == EvictionPolicyKind::kLearned) {
+      if (evictor_model) policies_[static_cast<int>(k)] = MakeLearnedPolicy(evictor_model);
+      continue;
+    }
+    policies_[static_cast<int>(k)] = MakeEvictionPolicy(k);
+  }
   sample_rows_.reserve(config.max_num_seqs);
   sample_seqs_.reserve(config.max_num_seqs);
   touched_.reserve(config.max_num_seqs);
@@ -102,7 +153,54 @@ EngineImpl::~EngineImpl() {
 
 // ---- Front-end side ----------------------------------------------------------
 
-absl::Status EngineImpl::Validate(GenerateRequest& r, std::vector<int32_t>* prompt_ids) const {
+absl::Status EngineImpl::ResolveEviction(const KvPolicyOverride& o, RequestState* req) const {
+  EvictionParams p = default_eviction_;
+  if (!o.policy.empty()) {
+    KV_ASSIGN_OR_RETURN(p.policy, ParseEvictionPolicy(o.policy, "kv_policy.policy"));
+    if (o.budget == 0 && p.policy != default_eviction_.policy) {
+      // Another policy than the default: the default budget still applies,
+      // or the model's window for sliding_window.
+      if (p.policy == EvictionPolicyKind::kSlidingWindow && model_config_.sliding_window > 0) {
+        p.budget = model_config_.sliding_window;
+      }
+    }
+  }
+  if (o.budget > 0) p.budget = o.budget;
+  if (o.sink_tokens >= 0) p.sink_tokens = o.sink_tokens;
+  if (o.recent_tokens >= 0) p.recent_tokens = o.recent_tokens;
+  req->eviction = p;
+  if (!p.evicts()) return absl::OkStatus();
+  const std::string name(EvictionPolicyName(p.policy));
+  if (p.budget == 0) {
+    return Invalid(absl::StrCat("kv_policy.budget must be set for ", name,
+                                " (the server has no cache.eviction_budget)"));
+  }
+  KV_RETURN_IF_ERROR(p.Validate(kEvictionRequestFields));
+  if (!runner_->supports_eviction()) {
+    return Invalid(absl::StrCat("kv_policy.policy \"", name,
+                                "\" needs a backend with KV eviction (the CPU runner)"));
+  }
+  const int32_t window = model_config_.sliding_window;
+  if (window > 0 && p.budget > window) {
+    return Invalid(absl::StrCat("kv_policy.budget (", p.budget,
+                                ") exceeds the model's sliding_window (", window, ")"));
+  }
+  req->policy = policies_[static_cast<int>(p.policy)];
+  if (req->policy == nullptr) {
+    return Invalid(absl::StrCat("kv_policy.policy \"", name,
+                                "\" needs cache.evictor_model (kvserve train-evictor)"));
+  }
+  // A model's own window cuts attention by cache index: the cache must
+  // never hold more than the window, so prompts past it go one token a step.
+  req->hold_limit = window > 0 ? p.budget : p.budget + block_size_;
+  return absl::OkStatus();
+}
+
+absl::Status EngineImpl::Validate(GenerateRequest& r, RequestState* req) const {
+  std::vector<int32_t>* prompt_ids = &req->prompt_ids;
+  KV_RETURN_IF_ERROR(ResolveEviction(r.kv_policy, req));
+  const bool evicting = req->eviction.evicts();
+  const bool unbounded = evicting && Unbounded(req->eviction.policy);
   KV_RETURN_IF_ERROR(r.sampling.Validate());
   if (r.max_tokens < 1) return Invalid(absl::StrCat("max_tokens must be >= 1, got ", r.max_tokens));
   const int32_t max_n = std::min(kMaxSamplesPerRequest, config_.max_num_seqs);
@@ -123,10 +221,6 @@ absl::Status EngineImpl::Validate(GenerateRequest& r, std::vector<int32_t>* prom
                                   " is outside the vocabulary [0, ", vocab_size_, ")"));
     }
   }
-  if (!r.kv_policy.empty() && r.kv_policy != "none") {
-    return Invalid(absl::StrCat("kv_policy \"", r.kv_policy,
-                                "\" is not supported by this engine yet (only \"none\")"));
-  }
   if (!r.prompt_token_ids.empty()) {
     *prompt_ids = std::move(r.prompt_token_ids);
     r.prompt_token_ids.clear();
@@ -144,12 +238,27 @@ absl::Status EngineImpl::Validate(GenerateRequest& r, std::vector<int32_t>* prom
   r.prompt.shrink_to_fit();
   const int64_t prompt_len = static_cast<int64_t>(prompt_ids->size());
   if (prompt_len == 0) return Invalid("prompt must not be empty (it has no tokens)");
-  if (prompt_len >= max_model_len_) {
+  if (unbounded) {
+    // Positions may grow past the model's; keep them within int32.
+    constexpr int64_t kMaxStream = int64_t{1} << 30;
+    if (prompt_len + r.max_tokens > kMaxStream) {
+      return Invalid(absl::StrCat("max_tokens (", r.max_tokens, ") + prompt (", prompt_len,
+                                  " tokens) exceeds ", kMaxStream, " tokens"));
+    }
+  } else if (prompt_len >= max_model_len_) {
     return Invalid(absl::StrCat("prompt has ", prompt_len,
                                 " tokens, which leaves no room to generate within max_model_len (",
                                 max_model_len_, ")"));
   }
   const int64_t total = prompt_len + r.max_tokens;
+  if (evicting) {
+    const int64_t blocks = (req->hold_limit + block_size_ - 1) / block_size_;
+    if (blocks > num_blocks_) {
+      return Invalid(absl::StrCat("kv_policy.budget: ", req->hold_limit, " tokens held need ",
+                                  blocks, " KV blocks, but the whole pool has ", num_blocks_));
+    }
+    if (unbounded) return absl::OkStatus();
+  }
   if (total > max_model_len_) {
     return Invalid(absl::StrCat("max_tokens (", r.max_tokens, ") + prompt (", prompt_len,
                                 " tokens) = ", total, " exceeds max_model_len (", max_model_len_,
@@ -169,7 +278,7 @@ absl::StatusOr<std::shared_ptr<RequestStream>> EngineImpl::Submit(GenerateReques
     return absl::UnavailableError("the engine is draining and accepts no new requests");
   }
   auto req = std::make_unique<RequestState>();
-  if (absl::Status s = Validate(request, &req->prompt_ids); !s.ok()) {
+  if (absl::Status s = Validate(request, req.get()); !s.ok()) {
     rejected_.fetch_add(1, std::memory_order_relaxed);
     return s;
   }
@@ -266,6 +375,9 @@ void EngineImpl::Loop() {
 void EngineImpl::Admit(std::unique_ptr<RequestState> req) {
   auto seq =
       std::make_unique<Sequence>(next_seq_id_++, req.get(), 0, req->seed_base, tokenizer_.get());
+  if (req->policy) {
+    seq->evictor = std::make_unique<SequenceEvictor>(req->policy, req->eviction, req->hold_limit);
+  }
   req->num_live = 1;
   req->forked = req->params.n == 1;
   scheduler_.AddWaiting(seq.get());
@@ -304,22 +416,94 @@ void EngineImpl::BuildBatch(const StepPlan& plan) {
   batch_.max_blocks_per_seq = max_blocks;
   batch_.block_table.resize(plan.seqs.size() * static_cast<size_t>(max_blocks), 0);
   int32_t* table_row = batch_.block_table.data();
-  for (const ScheduledSeq& s : plan.seqs) {
+  stats_offset_.clear();
+  int64_t stats_total = 0;
+  for (size_t b = 0; b < plan.seqs.size(); ++b) {
+    const ScheduledSeq& s = plan.seqs[b];
     const Sequence* seq = s.seq;
     const int32_t begin = seq->num_computed;
     const int32_t end = begin + s.num_new_tokens;
+    const int32_t offset = seq->cache_offset();  // token index - cache index
     batch_.token_ids.insert(batch_.token_ids.end(), seq->tokens.begin() + begin,
                             seq->tokens.begin() + end);
     for (int32_t i = begin; i < end; ++i) batch_.positions.push_back(i);
-    kv_.AppendSlotMapping(seq->id, begin, end, &batch_.slot_mapping);
+    kv_.AppendSlotMapping(seq->id, begin - offset, end - offset, &batch_.slot_mapping);
     batch_.query_start.push_back(batch_.num_tokens());
-    batch_.context_len.push_back(end);
+    batch_.context_len.push_back(end - offset);
+    if (seq->evictor) {
+      if (const int32_t sinks = seq->evictor->num_sinks(); sinks > 0) {
+        batch_.num_sinks.resize(plan.seqs.size(), 0);
+        batch_.num_sinks[b] = sinks;
+      }
+      if (seq->evictor->needs_attention_stats()) {
+        batch_.attention_stats.resize(plan.seqs.size(), 0);
+        batch_.attention_stats[b] = 1;
+        stats_offset_.resize(plan.seqs.size(), -1);
+        stats_offset_[b] = stats_total;
+        stats_total += int64_t{model_config_.num_layers} * (end - offset);
+      }
+    }
     const std::vector<BlockId>& blocks = kv_.block_table(seq->id).blocks();
     std::copy(blocks.begin(), blocks.end(), table_row);
     table_row += max_blocks;
     if (end == static_cast<int32_t>(seq->tokens.size())) {
       batch_.logits_rows.push_back(batch_.num_tokens() - 1);
     }
+  }
+  attn_stats_.resize(stats_total);
+}
+
+absl::Status EngineImpl::ObserveStep(const StepPlan& plan) {
+  evicting_.clear();
+  if (!attn_stats_.empty()) KV_RETURN_IF_ERROR(runner_->ReadAttentionStats(attn_stats_));
+  for (size_t b = 0; b < plan.seqs.size(); ++b) {
+    Sequence* seq = plan.seqs[b].seq;
+    if (!seq->evictor) continue;
+    SequenceEvictor& e = *seq->evictor;
+    // New entries: cache indices from what the evictor has seen (a prefix
+    // hit adds entries no row computed) to the cache's end.
+    const int32_t offset = seq->cache_offset();
+    const int32_t len = seq->num_computed - offset;
+    evict_positions_.clear();
+    for (int32_t i = e.state().size(); i < len; ++i) evict_positions_.push_back(i + offset);
+    std::span<const float> mass;
+    if (b < stats_offset_.size() && stats_offset_[b] >= 0) {
+      mass = std::span<const float>(attn_stats_).subspan(
+          stats_offset_[b], static_cast<size_t>(model_config_.num_layers) * len);
+    }
+    e.Observe(evict_positions_, mass, model_config_.num_layers, model_config_.num_heads,
+              plan.seqs[b].num_new_tokens);
+    evicting_.push_back(seq);
+  }
+  return absl::OkStatus();
+}
+
+void EngineImpl::EvictAfterStep() {
+  if (evicting_.empty()) return;
+  for (Sequence* seq : evicting_) {
+    if (seq->finished() || seq->status != SeqStatus::kRunning) continue;
+    const std::vector<int32_t>& victims = seq->evictor->SelectVictims();
+    if (victims.empty()) continue;
+    absl::StatusOr<EvictResult> r = kv_.Evict(seq->id, victims);
+    if (!r.ok()) {
+      // A block it shares must be copied and the pool is full: preempted, as
+      // when its next slot does not fit.
+      scheduler_.PreemptRunning(seq);
+      continue;
+    }
+    seq->evictor->Compact(*r);
+    const int k = static_cast<int>(seq->evictor->kind());
+    ++stats_.kv_evictions[k];
+    stats_.kv_evicted_tokens[k] += r->num_evicted;
+    stats_.kv_eviction_freed_blocks[k] += r->freed_blocks;
+  }
+  evicting_.clear();
+  if (absl::Status copied = RunCopies(); !copied.ok()) {
+    std::vector<const Sequence*> holders;
+    for (const std::unique_ptr<RequestState>& req : live_) {
+      if (!req->done) holders.push_back(req->samples.front().get());
+    }
+    FailRequests(holders, absl::StrCat("KV slot move failed: ", std::string(copied.message())));
   }
 }
 
@@ -383,7 +567,16 @@ void EngineImpl::Step() {
   for (const ScheduledSeq& s : plan.seqs) {
     Sequence* seq = s.seq;
     seq->num_computed += s.num_new_tokens;
-    kv_.MarkComputed(seq->id, seq->num_computed);
+    kv_.MarkComputed(seq->id, seq->num_computed - seq->cache_offset());
+  }
+  // Before forks copy the evictors.
+  if (absl::Status observed = ObserveStep(plan); !observed.ok()) {
+    step_time_ = absl::Now();
+    fail_plan("reading attention statistics failed: ", observed);
+    return;
+  }
+  for (const ScheduledSeq& s : plan.seqs) {
+    Sequence* seq = s.seq;
     if (seq->num_computed < static_cast<int32_t>(seq->tokens.size())) continue;  // mid-prefill
     AddSampleRows(seq, logits_index++);
   }
@@ -398,6 +591,7 @@ void EngineImpl::Step() {
   for (size_t i = 0; i < sample_rows_.size(); ++i) {
     EmitToken(sample_seqs_[i], sampled[i].token, sampled[i].logprob, &sampled[i].top);
   }
+  EvictAfterStep();
   if (config_.debug_check_invariants) {
     if (absl::Status s = kv_.CheckInvariants(); !s.ok()) {
       std::fprintf(stderr, "engine: KV cache invariant broken: %s\n",
@@ -440,6 +634,10 @@ void EngineImpl::Fork(Sequence* parent) {
     auto child =
         std::make_unique<Sequence>(next_seq_id_++, req, i, req->seed_base + i, tokenizer_.get());
     child->num_computed = parent->num_computed;
+    if (parent->evictor) {
+      child->evictor = std::make_unique<SequenceEvictor>(*parent->evictor);
+      evicting_.push_back(child.get());
+    }
     kv_.Fork(parent->id, child->id);
     scheduler_.AddRunning(child.get());
     req->samples.push_back(std::move(child));
@@ -480,8 +678,9 @@ void EngineImpl::EmitToken(Sequence* seq, int32_t token, float logprob,
     FinishSample(seq, FinishReason::kStop, /*flush_text=*/false);
     return;
   }
+  const bool bounded = !seq->evictor || !Unbounded(seq->evictor->kind());
   if (seq->num_output() >= p.max_tokens ||
-      static_cast<int32_t>(seq->tokens.size()) >= max_model_len_) {
+      (bounded && static_cast<int32_t>(seq->tokens.size()) >= max_model_len_)) {
     FinishSample(seq, FinishReason::kLength, /*flush_text=*/true);
   }
 }

@@ -31,8 +31,16 @@
 //   * Limits checked at Submit: n <= min(64, max_num_seqs); logprobs in
 //     [-1, 20]; prompt (text + BOS, or prompt_token_ids as given) non-empty
 //     and inside the vocabulary; prompt + max_tokens <= max_model_len and
-//     within the whole KV pool; kv_policy "" or "none" (eviction policies are
-//     not implemented by this engine yet).
+//     within the whole KV pool; kv_policy valid (errors name kv_policy.*).
+//   * KV eviction (cache/eviction_policy.h), per request: an evicting
+//     sequence is stepped as Scheduler documents; after each step's forward
+//     pass its evictor observes the step (attention statistics when the
+//     policy ranks by them), and after sampling it drops what exceeds its
+//     budget (KvCacheManager::Evict); the copies and slot moves run at once.
+//     An eviction that must copy a shared block with the pool full preempts
+//     the sequence. streaming and sliding_window keep every relative
+//     position within the budget, so they are not held to max_model_len;
+//     the other policies are.
 //   * Every event of a request carries one sample's new tokens for one step;
 //     a sample's last event has its finish_reason; the request's very last
 //     event has request_finished and usage. Samples of an n > 1 request that
@@ -53,6 +61,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "cache/kv_cache_manager.h"
+#include "cache/learned_evictor.h"
 #include "kernels/batch_input.h"
 #include "scheduler/engine.h"
 #include "scheduler/scheduler.h"
@@ -85,10 +94,14 @@ class EngineImpl final : public Engine {
 
  private:
   EngineImpl(const EngineConfig& config, int32_t max_model_len, std::unique_ptr<ModelRunner> runner,
-             std::shared_ptr<const Tokenizer> tokenizer, const KvCacheConfig& kv_config);
+             std::shared_ptr<const Tokenizer> tokenizer, const KvCacheConfig& kv_config,
+             const EvictionParams& eviction, std::shared_ptr<const EvictorModel> evictor_model);
 
-  // Submit's checks; fills req->prompt_ids. InvalidArgument names the field.
-  absl::Status Validate(GenerateRequest& request, std::vector<int32_t>* prompt_ids) const;
+  // Submit's checks; fills req->prompt_ids and the request's eviction.
+  // InvalidArgument names the field.
+  absl::Status Validate(GenerateRequest& request, RequestState* req) const;
+  // The request's eviction: the engine's defaults with its overrides.
+  absl::Status ResolveEviction(const KvPolicyOverride& o, RequestState* req) const;
 
   // ---- Engine thread ----
   void Loop();
@@ -96,6 +109,10 @@ class EngineImpl final : public Engine {
   void CancelRequests(bool all);
   void Step();
   void BuildBatch(const StepPlan& plan);
+  // After the forward pass: evicting sequences observe the step.
+  absl::Status ObserveStep(const StepPlan& plan);
+  // After sampling: evictions, then their copies and slot moves.
+  void EvictAfterStep();
   absl::Status RunCopies();
   void FailRequests(const std::vector<const Sequence*>& seqs, const std::string& error);
   // Adds the SampleRows of a sequence whose prompt or decode row is done
@@ -120,6 +137,9 @@ class EngineImpl final : public Engine {
   const int32_t vocab_size_;
   const int32_t block_size_;
   const int32_t num_blocks_;
+  const EvictionParams default_eviction_;  // budget resolved against the model
+  // One shared policy per kind (null: none, or learned without a model).
+  std::vector<std::shared_ptr<const EvictionPolicy>> policies_;
 
   // Engine thread only.
   KvCacheManager kv_;
@@ -128,6 +148,10 @@ class EngineImpl final : public Engine {
   std::vector<SampleRow> sample_rows_;     // this step's draws
   std::vector<Sequence*> sample_seqs_;     // the sample of each row
   std::vector<SampledToken> sampled_;      // capacity (and top vectors) reused
+  std::vector<float> attn_stats_;          // this step's ReadAttentionStats
+  std::vector<int64_t> stats_offset_;      // [plan seqs]: into attn_stats_, or -1
+  std::vector<int32_t> evict_positions_;   // scratch
+  std::vector<Sequence*> evicting_;        // to evict after this step's sampling
   std::string piece_scratch_;
   std::vector<std::unique_ptr<RequestState>> live_;
   std::vector<RequestState*> touched_;  // requests with events this step

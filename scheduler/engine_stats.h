@@ -6,6 +6,9 @@
 
 namespace kvserve {
 
+// EvictionPolicyKind values (cache/eviction_policy.h).
+inline constexpr int kNumEvictionPolicies = 6;
+
 struct EngineStats {
   // Gauges.
   int64_t num_waiting = 0;         // queued, not yet admitted (incl. preempted)
@@ -30,6 +33,11 @@ struct EngineStats {
   int64_t swap_out_blocks = 0;
   int64_t swap_in_blocks = 0;
   int64_t cached_block_evictions = 0;
+  // KV eviction, per policy (index: EvictionPolicyKind): Evict calls that
+  // dropped entries, entries dropped, blocks the sequences gave back.
+  int64_t kv_evictions[kNumEvictionPolicies] = {};
+  int64_t kv_evicted_tokens[kNumEvictionPolicies] = {};
+  int64_t kv_eviction_freed_blocks[kNumEvictionPolicies] = {};
   int64_t requests_finished_stop = 0;
   int64_t requests_finished_length = 0;
   int64_t requests_finished_cancelled = 0;

@@ -17,6 +17,19 @@ enum class FinishReason : uint8_t { kNone, kStop, kLength, kCancelled, kError };
 // "", "stop", "length", "cancelled", "error"
 std::string_view FinishReasonName(FinishReason r);
 
+// A request's KV eviction override (cache/eviction_policy.h): unset fields
+// keep the engine's defaults (cache.eviction_policy, cache.eviction_budget,
+// cache.sink_tokens, cache.recent_tokens).
+struct KvPolicyOverride {
+  std::string policy;          // "" = the engine's
+  int32_t budget = 0;          // 0 = the engine's
+  int32_t sink_tokens = -1;    // -1 = the engine's
+  int32_t recent_tokens = -1;  // -1 = the engine's
+  bool empty() const {
+    return policy.empty() && budget == 0 && sink_tokens < 0 && recent_tokens < 0;
+  }
+};
+
 struct GenerateRequest {
   std::string request_id;                // the engine assigns one when empty
   std::string prompt;                    // text; ignored when prompt_token_ids is set
@@ -31,7 +44,7 @@ struct GenerateRequest {
   int32_t logprobs = -1;                 // -1 off; 0 chosen token only; k > 0: + top k
   std::string cache_salt;                // isolates prefix-cache sharing between tenants
   int32_t priority = 0;                  // lower runs first; FCFS within a priority
-  std::string kv_policy;                 // eviction policy override; "" = engine default
+  KvPolicyOverride kv_policy;            // KV eviction; empty = the engine's
 };
 
 struct TokenLogprob {

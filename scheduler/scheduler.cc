@@ -21,6 +21,11 @@ std::span<const int32_t> Unslotted(const Sequence* seq, int32_t n) {
   return {seq->tokens.data() + seq->tokens.size() - n, static_cast<size_t>(n)};
 }
 
+// Whether the sequence's policy must see its whole prompt computed.
+bool SkipsPrefixCache(const Sequence* seq) {
+  return seq->evictor != nullptr && seq->evictor->needs_attention_stats();
+}
+
 }  // namespace
 
 Scheduler::Scheduler(const SchedulerConfig& config, KvCacheManager* kv) : config_(config), kv_(kv) {
@@ -96,7 +101,29 @@ void Scheduler::Preempt(Sequence* victim) {
   }
   kv_->Free(victim->id);
   victim->num_computed = 0;
+  if (victim->evictor) victim->evictor->Reset();
   AddWaiting(victim);
+}
+
+int32_t Scheduler::EvictingRows(const Sequence* seq) const {
+  const int32_t prompt_left = std::max(0, seq->prompt_len() - seq->num_computed);
+  const int32_t cache_len = seq->num_computed - seq->cache_offset();
+  return std::min(seq->evictor->StepRows(cache_len, prompt_left), config_.max_num_batched_tokens);
+}
+
+bool Scheduler::ReserveRows(Sequence* seq, int32_t rows) {
+  const int32_t reserved = kv_->num_tokens(seq->id) + seq->cache_offset();
+  const int32_t need = seq->num_computed + rows - reserved;
+  if (need <= 0) return true;
+  while (!kv_->CanAppend(seq->id, need)) {
+    Sequence* victim = running_.back();
+    Preempt(victim);
+    if (victim == seq) return false;
+  }
+  CheckOk(kv_->Append(seq->id, std::span<const int32_t>(seq->tokens.data() + reserved,
+                                                         static_cast<size_t>(need))),
+          "Append after CanAppend");
+  return true;
 }
 
 bool Scheduler::ReserveDecodeSlots(Sequence* seq) {
@@ -126,6 +153,13 @@ const StepPlan& Scheduler::Schedule() {
   // 1. Running sequences first, in service order; preempt from the back.
   for (size_t i = 0; i < running_.size() && budget_ > 0; ++i) {
     Sequence* seq = running_[i];
+    if (seq->evictor) {
+      const int32_t rows = EvictingRows(seq);
+      if (rows > budget_) continue;  // whole steps only
+      if (!ReserveRows(seq, rows)) break;  // it was the last one left
+      Plan(seq, rows);
+      continue;
+    }
     if (!ReserveDecodeSlots(seq)) break;  // it was the last one left
     Plan(seq, std::min(seq->num_uncomputed(), budget_));
   }
@@ -142,18 +176,27 @@ const StepPlan& Scheduler::Schedule() {
     Sequence* seq = swapped_.front();
     const SeqId id = seq->id;
     if (!kv_->CanSwapIn(std::span<const SeqId>(&id, 1))) break;
+    const int32_t rows = seq->evictor ? EvictingRows(seq) : 0;
+    if (rows > budget_) break;
     CheckOk(kv_->SwapIn(id), "SwapIn after CanSwapIn");
-    const int32_t unslotted = static_cast<int32_t>(seq->tokens.size()) - kv_->num_tokens(id);
+    const int32_t reserved = kv_->num_tokens(id) + seq->cache_offset();
+    const int32_t unslotted = seq->evictor
+                                  ? seq->num_computed + rows - reserved
+                                  : static_cast<int32_t>(seq->tokens.size()) - reserved;
     if (unslotted > 0 && !kv_->CanAppend(id, unslotted)) {
       // Its next slot does not fit yet: back to the host blocks it came from.
       CheckOk(kv_->SwapOut(id), "SwapOut of a sequence just swapped in");
       break;
     }
-    if (unslotted > 0) CheckOk(kv_->Append(id, Unslotted(seq, unslotted)), "Append");
+    if (unslotted > 0) {
+      CheckOk(kv_->Append(id, std::span<const int32_t>(seq->tokens.data() + reserved,
+                                                       static_cast<size_t>(unslotted))),
+              "Append");
+    }
     swapped_.pop_front();
     InsertRunning(seq);
     seq_slots += 1;
-    Plan(seq, std::min(seq->num_uncomputed(), budget_));
+    Plan(seq, seq->evictor ? rows : std::min(seq->num_uncomputed(), budget_));
   }
   if (!swapped_.empty()) return plan_;
 
@@ -164,8 +207,16 @@ const StepPlan& Scheduler::Schedule() {
     RequestState* req = seq->request;
     const int32_t slots = req->forked ? 1 : req->params.n;
     if (seq_slots + slots > config_.max_num_seqs) break;
-    if (!kv_->CanAllocate(seq->tokens, req->params.cache_salt)) break;
-    absl::StatusOr<AllocateResult> r = kv_->Allocate(seq->id, seq->tokens, req->params.cache_salt);
+    // An evicting sequence reserves its first step only.
+    const int32_t rows = seq->evictor ? EvictingRows(seq) : 0;
+    if (rows > budget_) break;
+    const std::span<const int32_t> reserve =
+        seq->evictor ? std::span<const int32_t>(seq->tokens.data(), static_cast<size_t>(rows))
+                     : std::span<const int32_t>(seq->tokens);
+    const bool use_cache = !SkipsPrefixCache(seq);
+    if (!kv_->CanAllocate(reserve, req->params.cache_salt, use_cache)) break;
+    absl::StatusOr<AllocateResult> r =
+        kv_->Allocate(seq->id, reserve, req->params.cache_salt, use_cache);
     CheckOk(r.status(), "Allocate after CanAllocate");
     seq->num_computed = r->num_cached_tokens;
     if (!req->cached_counted) {
@@ -175,7 +226,8 @@ const StepPlan& Scheduler::Schedule() {
     waiting_.pop_front();
     InsertRunning(seq);
     seq_slots += slots;
-    Plan(seq, std::min(seq->num_uncomputed(), budget_));
+    Plan(seq, seq->evictor ? rows - seq->num_computed
+                           : std::min(seq->num_uncomputed(), budget_));
   }
   return plan_;
 }

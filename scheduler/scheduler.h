@@ -25,6 +25,15 @@
 // (reusing whatever the prefix cache still holds) and then continues
 // sampling where it stopped.
 //
+// Evicting sequences (Sequence::evictor) reserve only what their next step
+// computes, in steps SequenceEvictor::StepRows sizes (capped at
+// max_num_batched_tokens): a prompt in chunks that keep the cache within the
+// hold limit, then one token per step. A sequence whose step does not fit
+// the remaining budget waits for the next step rather than taking fewer
+// rows, so its tokens never depend on what it is batched with. Policies that
+// rank entries by attention skip the prefix cache (a cached prefix would
+// skip the rows whose attention they count).
+//
 // Every sequence the engine submits must fit the whole pool alone (the engine
 // checks at Submit), so the first sequence in service order always makes
 // progress and nothing is retried forever.
@@ -71,6 +80,9 @@ class Scheduler {
   void AddRunning(Sequence* seq);
   // Takes a sequence out of whichever queue holds it and frees its blocks.
   void Remove(Sequence* seq);
+  // Preempts a running sequence outside Schedule (an eviction that could not
+  // copy a shared block), as Schedule would.
+  void PreemptRunning(Sequence* seq) { Preempt(seq); }
 
   // Plans the next step; the plan stays valid until the next call.
   const StepPlan& Schedule();
@@ -88,6 +100,11 @@ class Scheduler {
   // Reserves slots for tokens sampled since the last step, preempting as
   // needed. Returns false when `seq` itself had to be preempted.
   bool ReserveDecodeSlots(Sequence* seq);
+  // An evicting sequence's rows for this step (SequenceEvictor::StepRows).
+  int32_t EvictingRows(const Sequence* seq) const;
+  // Reserves slots so that `rows` rows from num_computed have them,
+  // preempting as needed. Returns false when `seq` itself was preempted.
+  bool ReserveRows(Sequence* seq, int32_t rows);
   void Preempt(Sequence* victim);
   void InsertSorted(std::deque<Sequence*>& queue, Sequence* seq);
   void InsertRunning(Sequence* seq);

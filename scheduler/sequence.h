@@ -20,6 +20,11 @@
 // chunk reaches tokens.size(). The last sampled token gets its cache slot
 // (KvCacheManager::Append) when it is next scheduled.
 //
+// Eviction (cache/eviction_policy.h): a sequence whose request evicts has a
+// SequenceEvictor. Its cache then holds fewer entries than computed tokens:
+// a newly reserved token's cache index is its index minus cache_offset()
+// (the entries dropped so far), while its RoPE position stays its index.
+//
 // Thread-safety: engine thread only.
 #pragma once
 
@@ -30,7 +35,9 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "cache/eviction_policy.h"
 #include "cache/kv_cache_manager.h"
+#include "cache/sequence_evictor.h"
 #include "model/sampler.h"
 #include "scheduler/detokenizer.h"
 #include "scheduler/request.h"
@@ -58,6 +65,9 @@ struct Sequence {
   Detokenizer detok;
   StopMatcher stop;
 
+  // KV eviction; null under policy none (forks copy their parent's).
+  std::unique_ptr<SequenceEvictor> evictor;
+
   // This step's event for the stream; pushed at the end of the step.
   GenerateOutput out;
   bool has_out = false;
@@ -71,6 +81,10 @@ struct Sequence {
   // Tokens still to run through the model (>= 1 for a live sequence).
   int32_t num_uncomputed() const { return static_cast<int32_t>(tokens.size()) - num_computed; }
   bool finished() const { return status == SeqStatus::kFinished; }
+  // Token index minus cache index for the tokens the cache reserves next.
+  int32_t cache_offset() const {
+    return evictor ? static_cast<int32_t>(evictor->num_evicted()) : 0;
+  }
 };
 
 // Order of service: lower priority value first, then earlier arrival, then
@@ -85,6 +99,10 @@ struct RequestState {
   uint64_t seed_base = 0;  // sample i uses seed_base + i
   std::vector<int32_t> prompt_ids;
   std::vector<int32_t> stop_ids;                   // EOS/BOS (unless ignore_eos) + stop_token_ids
+  // KV eviction of every sample (policy none: no policy).
+  EvictionParams eviction;
+  std::shared_ptr<const EvictionPolicy> policy;
+  int32_t hold_limit = 0;  // entries a sample may hold after a step's append
   std::vector<std::unique_ptr<Sequence>> samples;  // 1 until forked, then n
   bool forked = false;
   int32_t num_live = 0;  // samples not yet finished

@@ -269,8 +269,19 @@ const std::vector<Field>& Fields() {
       Int("cache.int4_group_size", 1, 4096, "a positive integer",
           [](ServeConfig& c, int64_t v) { c.cache.int4_group_size = static_cast<int32_t>(v); }),
       Bool("cache.prefix_caching", [](ServeConfig& c, bool v) { c.cache.prefix_caching = v; }),
-      Enum("cache.eviction_policy", {"none", "sliding_window", "streaming", "h2o", "scissorhands"},
+      Enum("cache.eviction_policy",
+           {"none", "sliding_window", "streaming", "h2o", "scissorhands", "learned"},
            [](ServeConfig& c, std::string v) { c.cache.eviction_policy = std::move(v); }),
+      Int("cache.eviction_budget", 0, kMaxInt32, "an integer >= 0",
+          [](ServeConfig& c, int64_t v) { c.cache.eviction_budget = static_cast<int32_t>(v); }),
+      Int("cache.sink_tokens", 0, kMaxInt32, "an integer >= 0",
+          [](ServeConfig& c, int64_t v) { c.cache.sink_tokens = static_cast<int32_t>(v); }),
+      Int("cache.recent_tokens", 0, kMaxInt32, "an integer >= 0",
+          [](ServeConfig& c, int64_t v) { c.cache.recent_tokens = static_cast<int32_t>(v); }),
+      Int("cache.eviction_history", 1, 64, "an integer in [1, 64]",
+          [](ServeConfig& c, int64_t v) { c.cache.eviction_history = static_cast<int32_t>(v); }),
+      Path("cache.evictor_model",
+           [](ServeConfig& c, std::string v) { c.cache.evictor_model = std::move(v); }),
       // scheduler
       Int("scheduler.max_num_seqs", 1, kMaxInt32, "a positive integer",
           [](ServeConfig& c, int64_t v) { c.scheduler.max_num_seqs = static_cast<int32_t>(v); }),
@@ -453,7 +464,9 @@ absl::Status CheckWhole(const ServeConfig& c) {
     return absl::InvalidArgumentError(
         "cache.num_swap_blocks: must be > 0 when scheduler.preemption_mode is swap");
   }
-  return absl::OkStatus();
+  // The eviction settings as the engine will check them (sliding_window
+  // without a budget waits for the model's window).
+  return c.ToEngineConfig().Validate();
 }
 
 }  // namespace
@@ -467,7 +480,15 @@ EngineConfig ServeConfig::ToEngineConfig() const {
   e.preemption_mode =
       scheduler.preemption_mode == "swap" ? PreemptionMode::kSwap : PreemptionMode::kRecompute;
   e.prefix_caching = cache.prefix_caching;
-  e.default_kv_policy = cache.eviction_policy == "none" ? "" : cache.eviction_policy;
+  // The enum parser only lets policy names through.
+  e.eviction.policy =
+      ParseEvictionPolicy(cache.eviction_policy, "cache.eviction_policy").value_or(
+          EvictionPolicyKind::kNone);
+  e.eviction.budget = cache.eviction_budget;
+  e.eviction.sink_tokens = cache.sink_tokens;
+  e.eviction.recent_tokens = cache.recent_tokens;
+  e.eviction.history = cache.eviction_history;
+  e.evictor_model = cache.evictor_model;
   return e;
 }
 
@@ -541,7 +562,15 @@ std::string ServeConfigKeyHelp(const std::string& key) {
       {"cache.num_swap_blocks", "blocks of the host swap pool (pinned memory on cuda)"},
       {"cache.int4_group_size", "channels per int4 scale group"},
       {"cache.prefix_caching", "reuse cached prompt prefixes (true)"},
-      {"cache.eviction_policy", "none (others are not implemented yet)"},
+      {"cache.eviction_policy",
+       "KV eviction: none, sliding_window, streaming, h2o, scissorhands or learned (none)"},
+      {"cache.eviction_budget",
+       "KV entries a sequence keeps when evicting; 0: the model's sliding_window"},
+      {"cache.sink_tokens", "streaming: first tokens always kept (4)"},
+      {"cache.recent_tokens",
+       "recent tokens always kept; 0: budget - sink_tokens (streaming), budget / 2 (others)"},
+      {"cache.eviction_history", "scissorhands: steps of attention history, 1..64 (16)"},
+      {"cache.evictor_model", "learned: the predictor `kvserve train-evictor` wrote"},
       {"scheduler.max_num_seqs", "most sequences in one step"},
       {"scheduler.max_num_batched_tokens", "most tokens in one step"},
       {"scheduler.max_model_len", "longest sequence (prompt + output); 0: the model's"},

@@ -99,7 +99,13 @@ grpc::Status FromProto(const v1::GenerateRequest& p, int vocab, GenerateRequest*
   }
   g->cache_salt = p.cache_salt();
   g->priority = p.priority();
-  g->kv_policy = p.kv_policy();
+  if (p.has_kv_policy()) {
+    const v1::KvPolicy& k = p.kv_policy();
+    g->kv_policy.policy = k.policy();
+    g->kv_policy.budget = k.budget();
+    if (k.has_sink_tokens()) g->kv_policy.sink_tokens = k.sink_tokens();
+    if (k.has_recent_tokens()) g->kv_policy.recent_tokens = k.recent_tokens();
+  }
   return grpc::Status::OK;
 }
 

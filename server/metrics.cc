@@ -11,6 +11,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "cache/eviction_policy.h"
 
 namespace kvserve {
 namespace {
@@ -61,6 +62,10 @@ struct ServerMetrics::Handles {
   Counter* swap_in;
   Counter* cow_copies;
   Counter* cached_evictions;
+  // KV eviction, per policy (index: EvictionPolicyKind; none stays 0).
+  Counter* kv_evictions[kNumEvictionPolicies];
+  Counter* kv_evicted_tokens[kNumEvictionPolicies];
+  Counter* kv_eviction_freed_blocks[kNumEvictionPolicies];
   Counter* steps;
   Counter* batched_tokens;
   Counter* batched_seqs;
@@ -134,6 +139,28 @@ ServerMetrics::ServerMetrics()
                                "KV blocks copied on write (shared blocks written to).");
   h_->cached_evictions = &NewCounter(r, "kvserve_cached_block_evictions_total",
                                      "Cached prefix blocks reclaimed for new allocations.");
+  {
+    auto& evictions = prometheus::BuildCounter()
+                          .Name("kvserve_kv_evictions_total")
+                          .Help("KV evictions (steps in which a sequence dropped entries), by "
+                                "policy.")
+                          .Register(r);
+    auto& tokens = prometheus::BuildCounter()
+                       .Name("kvserve_kv_evicted_tokens_total")
+                       .Help("KV entries dropped by eviction, by policy.")
+                       .Register(r);
+    auto& freed = prometheus::BuildCounter()
+                      .Name("kvserve_kv_eviction_freed_blocks_total")
+                      .Help("KV blocks sequences gave back by evicting, by policy.")
+                      .Register(r);
+    for (EvictionPolicyKind k : kAllEvictionPolicies) {
+      const int i = static_cast<int>(k);
+      const std::string name(EvictionPolicyName(k));
+      h_->kv_evictions[i] = &evictions.Add({{"policy", name}});
+      h_->kv_evicted_tokens[i] = &tokens.Add({{"policy", name}});
+      h_->kv_eviction_freed_blocks[i] = &freed.Add({{"policy", name}});
+    }
+  }
   h_->steps = &NewCounter(r, "kvserve_engine_steps_total", "Engine steps (forward passes).");
   h_->batched_tokens =
       &NewCounter(r, "kvserve_batched_tokens_total", "Tokens run through the model, all steps.");
@@ -239,6 +266,12 @@ void ServerMetrics::UpdateLocked(const EngineStats& s) {
   Advance(*h_->swap_in, s.swap_in_blocks, b.swap_in_blocks);
   Advance(*h_->cow_copies, s.cow_copies, b.cow_copies);
   Advance(*h_->cached_evictions, s.cached_block_evictions, b.cached_block_evictions);
+  for (int i = 0; i < kNumEvictionPolicies; ++i) {
+    Advance(*h_->kv_evictions[i], s.kv_evictions[i], b.kv_evictions[i]);
+    Advance(*h_->kv_evicted_tokens[i], s.kv_evicted_tokens[i], b.kv_evicted_tokens[i]);
+    Advance(*h_->kv_eviction_freed_blocks[i], s.kv_eviction_freed_blocks[i],
+            b.kv_eviction_freed_blocks[i]);
+  }
   Advance(*h_->steps, s.steps, b.steps);
   Advance(*h_->batched_tokens, s.batched_tokens, b.batched_tokens);
   Advance(*h_->batched_seqs, s.batched_seqs, b.batched_seqs);

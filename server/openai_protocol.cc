@@ -182,6 +182,51 @@ std::optional<ApiError> ParseSampling(const json& body, ApiRequest* r) {
   return std::nullopt;
 }
 
+// kv_policy: a policy name, or {"policy", "budget", "sink_tokens",
+// "recent_tokens"} (each optional); the engine checks the values.
+std::optional<ApiError> ParseKvPolicy(const json& body, KvPolicyOverride* out) {
+  const json* v = Member(body, "kv_policy");
+  if (v == nullptr) return std::nullopt;
+  if (v->is_string()) {
+    out->policy = v->get<std::string>();
+    return std::nullopt;
+  }
+  if (!v->is_object()) return WrongType("kv_policy", "an object or a policy name", *v);
+  for (const auto& [key, value] : v->items()) {
+    if (key != "policy" && key != "budget" && key != "sink_tokens" && key != "recent_tokens") {
+      return InvalidRequest("kv_policy." + key,
+                            absl::StrCat("'kv_policy' has no field '", key,
+                                         "' (policy, budget, sink_tokens, recent_tokens)"));
+    }
+  }
+  std::optional<std::string> name;
+  API_TRY(GetString(*v, "policy", &name));
+  if (name) out->policy = *name;
+  struct IntField {
+    const char* name;
+    const char* param;
+    int64_t min;
+    int32_t* dst;
+  };
+  for (const IntField& f : {IntField{"budget", "kv_policy.budget", 2, &out->budget},
+                            IntField{"sink_tokens", "kv_policy.sink_tokens", 0, &out->sink_tokens},
+                            IntField{"recent_tokens", "kv_policy.recent_tokens", 0,
+                                     &out->recent_tokens}}) {
+    std::optional<int64_t> i;
+    if (std::optional<ApiError> e = GetInt(*v, f.name, &i)) {
+      e->param = f.param;
+      e->message = absl::StrCat("'", f.param, "' must be an integer");
+      return e;
+    }
+    if (!i) continue;
+    if (*i < f.min || *i > std::numeric_limits<int32_t>::max()) {
+      return OutOfRange(f.param, absl::StrCat("an integer >= ", f.min), Num(*i));
+    }
+    *f.dst = static_cast<int32_t>(*i);
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> ParseStops(const json& body, int vocab, GenerateRequest* g) {
   if (const json* stop = Member(body, "stop")) {
     if (stop->is_string()) {
@@ -351,10 +396,16 @@ ApiError ApiErrorFromStatus(const absl::Status& status, const std::string& promp
       // Engine messages start with the field they are about.
       size_t n = 0;
       while (n < e.message.size() &&
-             (std::isalnum(static_cast<unsigned char>(e.message[n])) || e.message[n] == '_')) {
+             (std::isalnum(static_cast<unsigned char>(e.message[n])) || e.message[n] == '_' ||
+              e.message[n] == '.')) {
         ++n;
       }
       std::string field = e.message.substr(0, n);
+      if (field.rfind("kv_policy.", 0) == 0) {
+        e.param = field;  // kv_policy.budget, ...
+        break;
+      }
+      field = field.substr(0, field.find('.'));
       static const char* kKnown[] = {"temperature",
                                      "top_p",
                                      "top_k",
@@ -473,9 +524,7 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
   API_TRY(GetString(j, "cache_salt", &s));
   g.cache_salt = s.value_or("");
   s.reset();
-  API_TRY(GetString(j, "kv_policy", &s));
-  g.kv_policy = s.value_or("");
-  s.reset();
+  API_TRY(ParseKvPolicy(j, &g.kv_policy));
   API_TRY(GetString(j, "user", &s));
   r.user = s.value_or("");
   i.reset();

@@ -15,7 +15,9 @@
 // n, stop, seed, logprobs (completions: int; chat: bool + top_logprobs),
 // presence_penalty, frequency_penalty, user, echo (completions), stream,
 // stream_options.include_usage; extensions: top_k, min_p,
-// repetition_penalty, ignore_eos, stop_token_ids, cache_salt, kv_policy,
+// repetition_penalty, ignore_eos, stop_token_ids, cache_salt, kv_policy (KV
+// eviction: a policy name or {"policy", "budget", "sink_tokens",
+// "recent_tokens"}, errors name e.g. kv_policy.budget),
 // priority, and (chat) add_generation_prompt and chat_template_kwargs as
 // vLLM has them. Messages, tools and chat_template_kwargs reach a
 // checkpoint's own chat template (server/chat_template.h); when it refuses a

@@ -57,7 +57,12 @@ cache:
   num_swap_blocks: 8
   int4_group_size: 32
   prefix_caching: false
-  eviction_policy: none
+  eviction_policy: streaming
+  eviction_budget: 256
+  sink_tokens: 2
+  recent_tokens: 254
+  eviction_history: 8
+  evictor_model: evictor.txt
 scheduler:
   max_num_seqs: 8
   max_num_batched_tokens: 256
@@ -118,7 +123,12 @@ logging:
     REQUIRE(e.max_queue_size == 10);
     REQUIRE(e.preemption_mode == PreemptionMode::kSwap);
     REQUIRE_FALSE(e.prefix_caching);
-    REQUIRE(e.default_kv_policy.empty());
+    REQUIRE(e.eviction.policy == EvictionPolicyKind::kStreaming);
+    REQUIRE(e.eviction.budget == 256);
+    REQUIRE(e.eviction.sink_tokens == 2);
+    REQUIRE(e.eviction.recent_tokens == 254);
+    REQUIRE(e.eviction.history == 8);
+    REQUIRE(e.evictor_model == "/etc/kvserve/evictor.txt");
   }
 }
 
@@ -149,6 +159,11 @@ TEST_CASE("Bad values stop with the key path and the reason", "[server]") {
           "1m), got '-1'");
   REQUIRE(Error(parse("scheduler:\n  preemption_mode: pray\n")) ==
           "scheduler.preemption_mode: expected one of recompute, swap, got 'pray'");
+  REQUIRE(Error(parse("cache:\n  eviction_policy: lru\n")) ==
+          "cache.eviction_policy: expected one of none, sliding_window, streaming, h2o, "
+          "scissorhands, learned, got 'lru'");
+  REQUIRE(Error(parse("cache:\n  eviction_history: 65\n")) ==
+          "cache.eviction_history: expected an integer in [1, 64], got '65'");
   REQUIRE(Error(parse("logging:\n  format: xml\n")) ==
           "logging.format: expected one of text, json, got 'xml'");
   REQUIRE(Error(parse("cache:\n  block_size: [1, 2]\n")) ==
@@ -186,6 +201,22 @@ TEST_CASE("Unknown keys and sections are refused, naming what is known", "[serve
   REQUIRE(Error(c) == "the config must be a map of sections (model, cache, ...)");
   c = ParseServeConfig("model: [\n", "");
   REQUIRE(Error(c).rfind("YAML syntax error", 0) == 0);
+}
+
+TEST_CASE("Eviction settings are checked as a whole, naming the key", "[server]") {
+  REQUIRE(Error(ParseServeConfig("model: {path: x}\ncache: {eviction_policy: h2o}\n", "")) ==
+          "cache.eviction_budget must be >= 2 for h2o, got 0");
+  REQUIRE(Error(ParseServeConfig("model: {path: x}\ncache: {eviction_policy: streaming, "
+                                 "eviction_budget: 64, sink_tokens: 4, recent_tokens: 64}\n",
+                                 "")) ==
+          "cache.recent_tokens (64) + cache.sink_tokens (4) must equal cache.eviction_budget (64) "
+          "for streaming");
+  REQUIRE(Error(ParseServeConfig(
+              "model: {path: x}\ncache: {eviction_policy: learned, eviction_budget: 64}\n", "")) ==
+          "cache.eviction_policy learned needs cache.evictor_model (kvserve train-evictor)");
+  // sliding_window may take the model's own window.
+  REQUIRE(ParseServeConfig("model: {path: x}\ncache: {eviction_policy: sliding_window}\n", "")
+              .ok());
 }
 
 TEST_CASE("Whole-config rules name the key to fix", "[server]") {

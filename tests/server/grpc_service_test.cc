@@ -86,6 +86,29 @@ TEST_CASE("gRPC Generate streams the text and ends with usage", "[server]") {
   REQUIRE(f.state.WaitForCalls(absl::Now() + absl::Seconds(10)));
 }
 
+TEST_CASE("gRPC kv_policy reaches the engine, unset fields left to its defaults", "[server]") {
+  GrpcFixture f;
+  v1::GenerateRequest req;
+  req.set_prompt("hi");
+  req.set_max_tokens(3);
+  grpc::Status st;
+  Generate(f, req, &st);
+  REQUIRE(st.ok());
+  REQUIRE(f.engine.last_request().kv_policy.empty());
+  v1::KvPolicy* k = req.mutable_kv_policy();
+  k->set_policy("streaming");
+  k->set_budget(256);
+  k->set_sink_tokens(0);  // set, though zero
+  Generate(f, req, &st);
+  REQUIRE(st.ok());
+  KvPolicyOverride seen = f.engine.last_request().kv_policy;
+  REQUIRE(seen.policy == "streaming");
+  REQUIRE(seen.budget == 256);
+  REQUIRE(seen.sink_tokens == 0);
+  REQUIRE(seen.recent_tokens == -1);
+  REQUIRE(f.state.WaitForCalls(absl::Now() + absl::Seconds(10)));
+}
+
 TEST_CASE("gRPC errors carry the status code and name the field", "[server]") {
   GrpcFixture f;
   grpc::Status st;

@@ -38,6 +38,9 @@ EngineStats SomeStats() {
   s.requests_finished_stop = 4;
   s.requests_finished_length = 1;
   s.requests_finished_cancelled = 2;
+  s.kv_evictions[3] = 11;  // h2o
+  s.kv_evicted_tokens[3] = 12;
+  s.kv_eviction_freed_blocks[2] = 13;  // streaming
   return s;
 }
 
@@ -78,6 +81,10 @@ TEST_CASE("Gauges mirror the engine and counters advance by its deltas", "[serve
   REQUIRE(Sample(text, "kvserve_prefix_cache_hits_tokens_total") == 48);
   REQUIRE(Sample(text, "kvserve_swap_out_blocks_total") == 7);
   REQUIRE(Sample(text, "kvserve_generation_tokens_total") == 300);
+  REQUIRE(Sample(text, "kvserve_kv_evictions_total{policy=\"h2o\"}") == 11);
+  REQUIRE(Sample(text, "kvserve_kv_evicted_tokens_total{policy=\"h2o\"}") == 12);
+  REQUIRE(Sample(text, "kvserve_kv_eviction_freed_blocks_total{policy=\"streaming\"}") == 13);
+  REQUIRE(Sample(text, "kvserve_kv_evictions_total{policy=\"none\"}") == 0);
 
   SECTION("a second scrape adds only what grew") {
     s.generated_tokens = 350;

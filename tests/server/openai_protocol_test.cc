@@ -68,7 +68,7 @@ TEST_CASE("Completion requests carry every OpenAI and extension field", "[server
   REQUIRE(g.logprobs == 3);
   REQUIRE(g.ignore_eos);
   REQUIRE(g.cache_salt == "tenant-a");
-  REQUIRE(g.kv_policy == "none");
+  REQUIRE(g.kv_policy.policy == "none");
   REQUIRE(g.priority == -3);
   REQUIRE(g.sampling.temperature == 0.5f);
   REQUIRE(g.sampling.top_p == 0.9f);
@@ -289,6 +289,55 @@ TEST_CASE("Bad requests name the field, OpenAI style", "[server]") {
     REQUIRE(e.param == "model");
     REQUIRE(e.code == "model_not_found");
   }
+}
+
+TEST_CASE("kv_policy is a policy name or an object; bad fields are named", "[server]") {
+  KvPolicyOverride k = Parse(ApiKind::kCompletion, R"({"prompt": "a", "kv_policy": {
+      "policy": "h2o", "budget": 128, "recent_tokens": 32}})")
+                           .request.kv_policy;
+  REQUIRE(k.policy == "h2o");
+  REQUIRE(k.budget == 128);
+  REQUIRE(k.sink_tokens == -1);
+  REQUIRE(k.recent_tokens == 32);
+  k = Parse(ApiKind::kChat,
+            R"({"messages": [{"role": "user", "content": "a"}], "kv_policy": "streaming"})")
+          .request.kv_policy;
+  REQUIRE(k.policy == "streaming");
+  REQUIRE(k.budget == 0);
+  REQUIRE(Parse(ApiKind::kCompletion, R"({"prompt": "a", "kv_policy": {"sink_tokens": 0}})")
+              .request.kv_policy.sink_tokens == 0);
+
+  struct Case {
+    const char* body;
+    const char* param;
+    const char* message;
+  };
+  const Case cases[] = {
+      {R"({"prompt": "a", "kv_policy": 5})", "kv_policy",
+       "'kv_policy' must be an object or a policy name, got an integer"},
+      {R"({"prompt": "a", "kv_policy": {"policy": 1}})", "policy",
+       "'policy' must be a string, got an integer"},
+      {R"({"prompt": "a", "kv_policy": {"budget": "big"}})", "kv_policy.budget",
+       "'kv_policy.budget' must be an integer"},
+      {R"({"prompt": "a", "kv_policy": {"budget": 1}})", "kv_policy.budget",
+       "'kv_policy.budget' must be an integer >= 2, got 1"},
+      {R"({"prompt": "a", "kv_policy": {"sink_tokens": -1}})", "kv_policy.sink_tokens",
+       "'kv_policy.sink_tokens' must be an integer >= 0, got -1"},
+      {R"({"prompt": "a", "kv_policy": {"window": 8}})", "kv_policy.window",
+       "'kv_policy' has no field 'window' (policy, budget, sink_tokens, recent_tokens)"},
+  };
+  for (const Case& c : cases) {
+    const ApiError e = ParseError(ApiKind::kCompletion, c.body);
+    INFO(c.body);
+    REQUIRE(e.http_status == 400);
+    REQUIRE(e.param == c.param);
+    REQUIRE(e.message == c.message);
+  }
+  // The engine's own checks come back naming the kv_policy field.
+  const ApiError e = ApiErrorFromStatus(
+      absl::InvalidArgumentError("kv_policy.budget must be >= 2 for h2o, got 1"), "prompt");
+  REQUIRE(e.http_status == 400);
+  REQUIRE(e.param == "kv_policy.budget");
 }
 
 TEST_CASE("Engine statuses map to HTTP codes and params", "[server]") {
