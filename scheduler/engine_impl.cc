@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache/status_macros.h"
+#include "model/field_status.h"
+#include "scheduler/request_validation.h"
 #include "spdlog/spdlog.h"
 
 namespace kvserve {
@@ -103,61 +105,38 @@ EngineImpl::~EngineImpl() {
 // ---- Front-end side ----------------------------------------------------------
 
 absl::Status EngineImpl::Validate(GenerateRequest& r, std::vector<int32_t>* prompt_ids) const {
-  KV_RETURN_IF_ERROR(r.sampling.Validate());
-  if (r.max_tokens < 1) return Invalid(absl::StrCat("max_tokens must be >= 1, got ", r.max_tokens));
-  const int32_t max_n = std::min(kMaxSamplesPerRequest, config_.max_num_seqs);
-  if (r.n < 1 || r.n > max_n) {
-    return Invalid(absl::StrCat("n must be in [1, ", max_n, "], got ", r.n));
-  }
-  if (r.logprobs < -1 || r.logprobs > kMaxLogprobs) {
-    return Invalid(
-        absl::StrCat("logprobs must be -1 (off) or in [0, ", kMaxLogprobs, "], got ", r.logprobs));
-  }
-  for (size_t i = 0; i < r.stop.size(); ++i) {
-    if (r.stop[i].empty()) return Invalid(absl::StrCat("stop[", i, "] must not be empty"));
-  }
-  for (size_t i = 0; i < r.stop_token_ids.size(); ++i) {
-    const int32_t id = r.stop_token_ids[i];
-    if (id < 0 || id >= vocab_size_) {
-      return Invalid(absl::StrCat("stop_token_ids[", i, "] = ", id,
-                                  " is outside the vocabulary [0, ", vocab_size_, ")"));
-    }
-  }
+  RequestLimits limits = kDefaultRequestLimits;
+  limits.max_samples = std::min(limits.max_samples, config_.max_num_seqs);
+  limits.vocab_size = vocab_size_;
+  KV_RETURN_IF_ERROR(ValidateRequestParams(r, limits));
   if (!r.kv_policy.empty() && r.kv_policy != "none") {
-    return Invalid(absl::StrCat("kv_policy \"", r.kv_policy,
+    return FieldError("kv_policy", absl::StrCat("kv_policy \"", r.kv_policy,
                                 "\" is not supported by this engine yet (only \"none\")"));
   }
   if (!r.prompt_token_ids.empty()) {
     *prompt_ids = std::move(r.prompt_token_ids);
     r.prompt_token_ids.clear();
-    for (size_t i = 0; i < prompt_ids->size(); ++i) {
-      const int32_t id = (*prompt_ids)[i];
-      if (id < 0 || id >= vocab_size_) {
-        return Invalid(absl::StrCat("prompt_token_ids[", i, "] = ", id,
-                                    " is outside the vocabulary [0, ", vocab_size_, ")"));
-      }
-    }
   } else {
     *prompt_ids = tokenizer_->Encode(r.prompt, r.add_bos);
   }
   r.prompt.clear();
   r.prompt.shrink_to_fit();
   const int64_t prompt_len = static_cast<int64_t>(prompt_ids->size());
-  if (prompt_len == 0) return Invalid("prompt must not be empty (it has no tokens)");
+  if (prompt_len == 0) return FieldError("prompt", "prompt must not be empty (it has no tokens)");
   if (prompt_len >= max_model_len_) {
-    return Invalid(absl::StrCat("prompt has ", prompt_len,
+    return FieldError("prompt", absl::StrCat("prompt has ", prompt_len,
                                 " tokens, which leaves no room to generate within max_model_len (",
                                 max_model_len_, ")"));
   }
   const int64_t total = prompt_len + r.max_tokens;
   if (total > max_model_len_) {
-    return Invalid(absl::StrCat("max_tokens (", r.max_tokens, ") + prompt (", prompt_len,
+    return FieldError("max_tokens", absl::StrCat("max_tokens (", r.max_tokens, ") + prompt (", prompt_len,
                                 " tokens) = ", total, " exceeds max_model_len (", max_model_len_,
                                 "); lower max_tokens to at most ", max_model_len_ - prompt_len));
   }
   const int64_t blocks = (total + block_size_ - 1) / block_size_;
   if (blocks > num_blocks_) {
-    return Invalid(absl::StrCat("max_tokens: prompt + max_tokens = ", total, " tokens need ",
+    return FieldError("max_tokens", absl::StrCat("max_tokens: prompt + max_tokens = ", total, " tokens need ",
                                 blocks, " KV blocks, but the whole pool has ", num_blocks_));
   }
   return absl::OkStatus();
