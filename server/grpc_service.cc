@@ -54,7 +54,9 @@ grpc::Status Admit(const ServingState& state, const grpc::CallbackServerContext&
 
 // Applies the proto's defaults, then the one request validator
 // (scheduler/request_validation.h) that HTTP and the engine use too.
-absl::Status FromProto(const v1::GenerateRequest& p, int vocab, GenerateRequest* g) {
+absl::Status FromProto(const v1::GenerateRequest& p, int vocab, const SamplingParams& defaults,
+                       GenerateRequest* g) {
+  g->sampling = defaults;
   if (!p.request_id().empty() && !IsAcceptableRequestId(p.request_id())) {
     return FieldError("request_id", "request_id: use 1-128 characters of [A-Za-z0-9._:-]");
   }
@@ -219,7 +221,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     Engine* engine = state_->engine();
     tokenizer_ = &engine->tokenizer();
     GenerateRequest g;
-    if (absl::Status v = FromProto(p, tokenizer_->vocab_size(), &g); !v.ok()) {
+    if (absl::Status v =
+            FromProto(p, tokenizer_->vocab_size(), engine->model_config().DefaultSampling(), &g);
+        !v.ok()) {
       return ToGrpc(v, ctx);
     }
     request_id_ = g.request_id;

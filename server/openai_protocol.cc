@@ -364,6 +364,7 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
   if (!j.is_object()) return InvalidRequest("", "the request body must be a JSON object");
 
   ApiRequest r;
+  r.request.sampling = ctx.default_sampling;
   r.kind = kind;
   GenerateRequest& g = r.request;
   const std::string prompt_param = kind == ApiKind::kChat ? "messages" : "prompt";

@@ -462,3 +462,28 @@ TEST_CASE("Streams are SSE chunks ending with [DONE]", "[server]") {
 
 }  // namespace
 }  // namespace kvserve
+
+namespace kvserve {
+namespace {
+
+TEST_CASE("The checkpoint's sampling defaults apply where a request sets nothing",
+          "[server]") {
+  Fixture f;
+  ApiContext ctx = f.ctx();
+  ctx.default_sampling.temperature = 0.6f;  // as generation_config.json recommends
+  ctx.default_sampling.top_p = 0.9f;
+  ApiRequest r;
+  REQUIRE_FALSE(ParseApiRequest(ApiKind::kCompletion, R"({"prompt": "a"})", ctx, &r).has_value());
+  REQUIRE(r.request.sampling.temperature == 0.6f);
+  REQUIRE(r.request.sampling.top_p == 0.9f);
+  REQUIRE(r.request.sampling.top_k == 0);
+  ApiRequest s;
+  REQUIRE_FALSE(ParseApiRequest(ApiKind::kCompletion, R"({"prompt": "a", "temperature": 0})", ctx,
+                                &s)
+                    .has_value());
+  REQUIRE(s.request.sampling.temperature == 0.0f);
+  REQUIRE(s.request.sampling.top_p == 0.9f);
+}
+
+}  // namespace
+}  // namespace kvserve
