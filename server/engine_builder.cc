@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cache/kv_dtype_spec.h"
 #include "cache/kv_format.h"
 #include "cache/memory_budget.h"
 #include "cache/status_macros.h"
@@ -39,20 +40,30 @@ absl::StatusOr<BuiltEngine> BuildEngine(
   if (!loaded.ok()) return WithKey("model.path", loaded.status());
   const ModelConfig mc = loaded->weights.config;
 
-  absl::StatusOr<KvDtype> dtype = ParseKvDtype(config.cache.kv_dtype);
-  if (!dtype.ok()) return WithKey("cache.kv_dtype", dtype.status());
-  absl::StatusOr<KvFormat> format = KvFormat::Create(
-      *dtype, mc.num_kv_heads, mc.head_dim, config.cache.block_size, config.cache.int4_group_size);
-  if (!format.ok()) return WithKey("cache", format.status());
+  // One dtype, or one per layer (cache/kv_dtype_spec.h); errors name cache.kv_dtype.
+  KV_ASSIGN_OR_RETURN(KvDtypeSpec dtype, KvDtypeSpec::Parse(config.cache.kv_dtype));
+  KV_ASSIGN_OR_RETURN(std::vector<KvDtype> layer_dtypes, dtype.Resolve(mc.num_layers));
+  int64_t bytes_per_block = 0, bytes_per_tail = 0;
+  for (KvDtype d : layer_dtypes) {
+    absl::StatusOr<KvFormat> format = KvFormat::Create(d, mc.num_kv_heads, mc.head_dim,
+                                                       config.cache.block_size,
+                                                       config.cache.int4_group_size);
+    if (!format.ok()) return WithKey("cache", format.status());
+    bytes_per_block += format->block_bytes();
+    bytes_per_tail += format->tail_block_bytes();
+  }
+  // int4_kc: a full-precision tail per running sequence, twice over (a
+  // tail freed while a pending copy reads it is reused a step later).
+  const int32_t num_tails = bytes_per_tail > 0 ? 2 * config.scheduler.max_num_seqs : 0;
 
   const int32_t max_model_len = config.scheduler.max_model_len > 0 ? config.scheduler.max_model_len
                                                                    : mc.max_position_embeddings;
-  const int64_t bytes_per_block = BytesPerBlock(mc.num_layers, format->block_bytes());
   const int32_t seq_blocks = BlocksForTokens(max_model_len, config.cache.block_size);
   int32_t num_blocks = config.cache.num_blocks;
   if (num_blocks == 0 && config.cache.memory_bytes > 0) {
-    KV_ASSIGN_OR_RETURN(num_blocks, PoolBlocksFromBudget(0, config.cache.memory_bytes,
-                                                         mc.num_layers, format->block_bytes()));
+    KV_ASSIGN_OR_RETURN(num_blocks,
+                        PoolBlocksFromBudget(0, config.cache.memory_bytes - bytes_per_tail * num_tails,
+                                             1, bytes_per_block));
   } else if (num_blocks == 0) {
     const int64_t wanted = int64_t{config.scheduler.max_num_seqs} * seq_blocks;
     const int64_t affordable = std::max<int64_t>(kDefaultCpuKvBudget / bytes_per_block, seq_blocks);
@@ -60,7 +71,8 @@ absl::StatusOr<BuiltEngine> BuildEngine(
   }
 
   CpuRunnerOptions opt;
-  opt.kv_dtype = *dtype;
+  opt.kv_dtype = dtype;
+  opt.num_tail_blocks = num_tails;
   opt.block_size = config.cache.block_size;
   opt.num_blocks = num_blocks;
   opt.num_swap_blocks = config.cache.num_swap_blocks;
@@ -83,7 +95,7 @@ absl::StatusOr<BuiltEngine> BuildEngine(
               : !mc.name.empty()         ? mc.name
                                          : std::filesystem::path(config.model.path).stem().string();
   info.device = config.model.device;
-  info.kv_dtype = std::string(KvDtypeName(*dtype));
+  info.kv_dtype = dtype.ToString();
   info.block_size = config.cache.block_size;
   info.num_blocks = num_blocks;
   info.num_swap_blocks = config.cache.num_swap_blocks;
