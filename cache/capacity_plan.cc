@@ -23,6 +23,15 @@ absl::Status Positive(int64_t v, const char* field) {
 
 }  // namespace
 
+std::vector<KvDtypeSpec> DefaultPlanDtypes(int block_size) {
+  std::vector<KvDtypeSpec> out;
+  for (KvDtype d : kCpuKvDtypes) {
+    if (d == KvDtype::kInt4Kc && block_size < kInt4KcMinBlockSize) continue;
+    out.push_back(d);
+  }
+  return out;
+}
+
 absl::StatusOr<std::vector<KvFormatCapacity>> PlanCapacity(const CapacityPlanRequest& req) {
   KV_RETURN_IF_ERROR(Positive(req.num_layers, "num_layers"));
   KV_RETURN_IF_ERROR(Positive(req.num_kv_heads, "num_kv_heads"));
@@ -43,8 +52,8 @@ absl::StatusOr<std::vector<KvFormatCapacity>> PlanCapacity(const CapacityPlanReq
     return absl::InvalidArgumentError(absl::StrCat("max_seqs must be >= 0, got ", req.max_seqs));
   }
   const int64_t budget = std::max<int64_t>(0, req.memory_bytes - req.weight_bytes);
-  std::vector<KvDtypeSpec> specs = req.dtypes;
-  if (specs.empty()) specs.assign(std::begin(kCpuKvDtypes), std::end(kCpuKvDtypes));
+  const std::vector<KvDtypeSpec> specs =
+      req.dtypes.empty() ? DefaultPlanDtypes(req.block_size) : req.dtypes;
   // fp16 is the yardstick whether or not it is planned.
   KV_ASSIGN_OR_RETURN(KvFormat fp16, KvFormat::Create(KvDtype::kFp16, req.num_kv_heads,
                                                       req.head_dim, req.block_size));

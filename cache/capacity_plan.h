@@ -50,7 +50,7 @@ struct CapacityPlanRequest {
   int block_size = 16;
   int int4_group_size = 64;
   int64_t batch = 0;  // sequences whose need to report (0: none)
-  // Formats to plan; empty: every dtype in kCpuKvDtypes.
+  // Formats to plan; empty: DefaultPlanDtypes(block_size).
   std::vector<KvDtypeSpec> dtypes;
   // Running sequences whose int4_kc tails are reserved (twice over).
   int64_t max_seqs = 64;
@@ -75,7 +75,11 @@ struct KvFormatCapacity {
   double tokens_vs_fp16_in_budget = 0.0;
 };
 
-// One entry per KV format, in req.dtypes order (kCpuKvDtypes when empty).
+// Every dtype in kCpuKvDtypes that this block size allows (int4_kc needs
+// kInt4KcMinBlockSize tokens).
+std::vector<KvDtypeSpec> DefaultPlanDtypes(int block_size);
+
+// One entry per KV format, in req.dtypes order.
 // InvalidArgument names the bad field (non-positive shape, context or block
 // size, negative budget or weights, a group size that does not divide
 // head_dim, a per-layer spec that does not fit num_layers, int4_kc with

@@ -152,8 +152,7 @@ int32_t KvCacheManager::TailsForAppend(const SeqState& s, int32_t num_new_tokens
   const int32_t after = s.table.num_tokens() + num_new_tokens;
   if (!NeedsTail(s.num_computed, after)) return 0;
   if (s.tail == kNoBlock) return 1;
-  // Rows go into the tail only when the last block stays partial.
-  return after % config_.block_size != 0 && SeqRefs(s.tail) > 1 ? 1 : 0;
+  return SeqRefs(s.tail) > 1 && num_new_tokens > 0 ? 1 : 0;  // copy-on-write
 }
 
 void KvCacheManager::PinPrimary(BlockId id) {
@@ -242,7 +241,7 @@ bool KvCacheManager::CanAllocate(std::span<const int32_t> prompt,
   const int32_t hit_free =
       FindCachedPrefix(prompt, HashCacheSalt(cache_salt), &hit_scratch_, &hash_scratch_);
   const int32_t total = BlocksFor(prompt.size());
-  const int32_t tails = NeedsTail(0, static_cast<int32_t>(prompt.size())) ? 1 : 0;
+  const int32_t tails = has_tails() ? 1 : 0;  // a prompt always has tokens to compute
   return total - static_cast<int32_t>(hit_scratch_.size()) + hit_free <= pool_.num_free() &&
          tails <= tail_pool_.num_free();
 }
@@ -263,7 +262,7 @@ absl::StatusOr<AllocateResult> KvCacheManager::Allocate(SeqId seq, std::span<con
         "prompt of ", prompt.size(), " tokens needs ", Blocks(total), " (", num_hits, " cached, ",
         needed, " to take); ", pool_.num_free(), " of ", pool_.num_blocks(), " blocks are free"));
   }
-  const bool tail = NeedsTail(0, static_cast<int32_t>(prompt.size()));
+  const bool tail = NeedsTail(num_hits * config_.block_size, static_cast<int32_t>(prompt.size()));
   if (tail && tail_pool_.num_free() == 0) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "prompt of ", prompt.size(), " tokens needs a tail block; all ", tail_pool_.num_blocks(),
@@ -345,7 +344,7 @@ absl::Status KvCacheManager::Append(SeqId seq, std::span<const int32_t> new_toke
     s.tail = kNoBlock;
   } else if (s.tail == kNoBlock) {
     s.tail = AllocateTail();
-  } else if (after % config_.block_size != 0 && SeqRefs(s.tail) > 1) {
+  } else if (SeqRefs(s.tail) > 1) {
     // Copy-on-write of the tail; its rows matter only when it holds computed ones.
     const BlockId copy = AllocateTail();
     if (s.num_computed % config_.block_size != 0) RecordCow(s.tail, copy);
@@ -482,10 +481,15 @@ absl::Status KvCacheManager::SwapOut(std::span<const SeqId> seqs) {
   CheckNoDuplicates(seqs, "SwapOut");
   const SwapNeed need = CountSwapOut(seqs);
   if (need.blocks > swap_pool_.num_free() || need.tails > swap_tail_pool_.num_free()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "swap-out of ", seqs.size(), " sequence(s) needs ", Blocks(need.blocks, "host "), " and ",
-        need.tails, " host tail(s); ", swap_pool_.num_free(), " of ", swap_pool_.num_blocks(),
-        " and ", swap_tail_pool_.num_free(), " of ", swap_tail_pool_.num_blocks(), " are free"));
+    std::string tails;
+    if (has_tails()) {
+      tails = absl::StrCat(" (and ", need.tails, " of ", swap_tail_pool_.num_free(), " free of ",
+                           swap_tail_pool_.num_blocks(), " host tails)");
+    }
+    return absl::ResourceExhaustedError(
+        absl::StrCat("swap-out of ", seqs.size(), " sequence(s) needs ",
+                     Blocks(need.blocks, "host "), "; ", swap_pool_.num_free(), " of ",
+                     swap_pool_.num_blocks(), " are free", tails));
   }
   NextMarkEpoch();
   // The host id that primary block (or tail) p goes to.
@@ -533,10 +537,15 @@ absl::Status KvCacheManager::SwapIn(std::span<const SeqId> seqs) {
   CheckNoDuplicates(seqs, "SwapIn");
   const SwapNeed need = CountSwapIn(seqs);
   if (need.blocks > pool_.num_free() || need.tails > tail_pool_.num_free()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "swap-in of ", seqs.size(), " sequence(s) needs ", Blocks(need.blocks), " and ",
-        need.tails, " tail(s); ", pool_.num_free(), " of ", pool_.num_blocks(), " and ",
-        tail_pool_.num_free(), " of ", tail_pool_.num_blocks(), " are free"));
+    std::string tails;
+    if (has_tails()) {
+      tails = absl::StrCat(" (and ", need.tails, " of ", tail_pool_.num_free(), " free of ",
+                           tail_pool_.num_blocks(), " tails)");
+    }
+    return absl::ResourceExhaustedError(absl::StrCat("swap-in of ", seqs.size(),
+                                                     " sequence(s) needs ", Blocks(need.blocks),
+                                                     "; ", pool_.num_free(), " of ",
+                                                     pool_.num_blocks(), " are free", tails));
   }
   NextMarkEpoch();
   // A fresh primary block (or tail) that host block h is copied into.

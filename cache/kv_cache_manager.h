@@ -48,12 +48,13 @@
 // partial last block is not written into its block until it fills; its rows
 // live in full precision in a tail block from a separate tail pool
 // (cache/kv_layout.h has the kernels' contract). A resident or swapped
-// sequence holds a tail exactly when its computed or its reserved token
-// count is not a multiple of block_size (the tail then holds, or is about to
+// sequence holds a tail exactly when it has uncomputed tokens (a step may end
+// inside a block, whatever the chunking) or its computed or reserved token
+// count is not a multiple of block_size (the tail then holds, or may
 // receive, rows of a partial block). Tails follow blocks' rules: Fork shares
-// the tail (ref count + 1); Append, about to write rows into a shared tail,
-// first moves the sequence to a private copy (copied only when it holds
-// computed rows); swap moves it to a host tail and back; Free releases it.
+// the tail (ref count + 1); Append to a sequence whose tail is shared first
+// moves it to a private copy (copied only when it holds computed rows); swap
+// moves it to a host tail and back; Free releases it.
 // Tails never enter the prefix cache (only full, quantized blocks are
 // filed). Copies name tails with extended ids: primary ids from num_blocks
 // up are tail (id - num_blocks), host ids from num_swap_blocks up are host
@@ -256,8 +257,8 @@ class KvCacheManager {
   BlockId AllocateHostTail();
   // Whether a sequence with these token counts holds a tail.
   bool NeedsTail(int32_t num_computed, int32_t num_tokens) const {
-    return has_tails() &&
-           (num_computed % config_.block_size != 0 || num_tokens % config_.block_size != 0);
+    return has_tails() && (num_computed < num_tokens || num_computed % config_.block_size != 0 ||
+                           num_tokens % config_.block_size != 0);
   }
   // Tails an Append of num_new_tokens needs from the pool (0 or 1).
   int32_t TailsForAppend(const SeqState& s, int32_t num_new_tokens) const;

@@ -180,7 +180,7 @@ int RunPlan(int argc, char** argv) {
   req.int4_group_size = o.int4_group_size;
   req.batch = o.batch;
   req.max_seqs = o.max_seqs;
-  req.dtypes.assign(std::begin(kCpuKvDtypes), std::end(kCpuKvDtypes));
+  req.dtypes = DefaultPlanDtypes(o.block_size);
   for (const KvDtypeSpec& d : o.extra_dtypes) {
     if (std::find(req.dtypes.begin(), req.dtypes.end(), d) == req.dtypes.end()) {
       req.dtypes.push_back(d);
