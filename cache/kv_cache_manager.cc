@@ -50,9 +50,8 @@ absl::Status KvCacheConfig::Validate() const {
         absl::StrCat("cache.num_swap_blocks must not be negative, got ", num_swap_blocks));
   }
   if (num_tail_blocks < 0 || num_swap_tail_blocks < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cache tail blocks must not be negative, got ", num_tail_blocks, " and ",
-        num_swap_tail_blocks));
+    return absl::InvalidArgumentError(absl::StrCat("cache tail blocks must not be negative, got ",
+                                                   num_tail_blocks, " and ", num_swap_tail_blocks));
   }
   return absl::OkStatus();
 }
@@ -264,9 +263,9 @@ absl::StatusOr<AllocateResult> KvCacheManager::Allocate(SeqId seq, std::span<con
   }
   const bool tail = NeedsTail(num_hits * config_.block_size, static_cast<int32_t>(prompt.size()));
   if (tail && tail_pool_.num_free() == 0) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "prompt of ", prompt.size(), " tokens needs a tail block; all ", tail_pool_.num_blocks(),
-        " are taken"));
+    return absl::ResourceExhaustedError(absl::StrCat("prompt of ", prompt.size(),
+                                                     " tokens needs a tail block; all ",
+                                                     tail_pool_.num_blocks(), " are taken"));
   }
 
   SeqState state(config_.block_size);
@@ -486,10 +485,9 @@ absl::Status KvCacheManager::SwapOut(std::span<const SeqId> seqs) {
       tails = absl::StrCat(" (and ", need.tails, " of ", swap_tail_pool_.num_free(), " free of ",
                            swap_tail_pool_.num_blocks(), " host tails)");
     }
-    return absl::ResourceExhaustedError(
-        absl::StrCat("swap-out of ", seqs.size(), " sequence(s) needs ",
-                     Blocks(need.blocks, "host "), "; ", swap_pool_.num_free(), " of ",
-                     swap_pool_.num_blocks(), " are free", tails));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "swap-out of ", seqs.size(), " sequence(s) needs ", Blocks(need.blocks, "host "), "; ",
+        swap_pool_.num_free(), " of ", swap_pool_.num_blocks(), " are free", tails));
   }
   NextMarkEpoch();
   // The host id that primary block (or tail) p goes to.
@@ -542,10 +540,9 @@ absl::Status KvCacheManager::SwapIn(std::span<const SeqId> seqs) {
       tails = absl::StrCat(" (and ", need.tails, " of ", tail_pool_.num_free(), " free of ",
                            tail_pool_.num_blocks(), " tails)");
     }
-    return absl::ResourceExhaustedError(absl::StrCat("swap-in of ", seqs.size(),
-                                                     " sequence(s) needs ", Blocks(need.blocks),
-                                                     "; ", pool_.num_free(), " of ",
-                                                     pool_.num_blocks(), " are free", tails));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("swap-in of ", seqs.size(), " sequence(s) needs ", Blocks(need.blocks), "; ",
+                     pool_.num_free(), " of ", pool_.num_blocks(), " are free", tails));
   }
   NextMarkEpoch();
   // A fresh primary block (or tail) that host block h is copied into.
@@ -695,14 +692,14 @@ absl::Status KvCacheManager::CheckInvariants() const {
     }
     if (s.swapped) ++swapped;
     if ((s.tail != kNoBlock) != NeedsTail(s.num_computed, t.num_tokens())) {
-      return absl::InternalError(absl::StrCat("sequence ", seq, " with ", s.num_computed,
-                                              " computed of ", t.num_tokens(), " tokens ",
-                                              s.tail == kNoBlock ? "has no" : "holds a",
-                                              " tail block"));
+      return absl::InternalError(
+          absl::StrCat("sequence ", seq, " with ", s.num_computed, " computed of ", t.num_tokens(),
+                       " tokens ", s.tail == kNoBlock ? "has no" : "holds a", " tail block"));
     }
     if (s.tail != kNoBlock) {
-      const bool ok = s.swapped ? IsHostTail(s.tail) && s.tail < static_cast<int32_t>(host_refs.size())
-                                : IsTail(s.tail) && s.tail < static_cast<int32_t>(refs.size());
+      const bool ok = s.swapped
+                          ? IsHostTail(s.tail) && s.tail < static_cast<int32_t>(host_refs.size())
+                          : IsTail(s.tail) && s.tail < static_cast<int32_t>(refs.size());
       if (!ok) return absl::InternalError(absl::StrCat("sequence ", seq, " names tail ", s.tail));
       ++(s.swapped ? host_refs : refs)[s.tail];
     }
@@ -737,10 +734,9 @@ absl::Status KvCacheManager::CheckInvariants() const {
     for (BlockId id = 0; id < pool.num_blocks(); ++id) {
       const int32_t expected = refs[base + id] + pinned[base + id];
       if (pool.ref_count(id) != expected) {
-        return absl::InternalError(absl::StrCat(name, " block ", id, " has ref count ",
-                                                pool.ref_count(id), "; tables hold ",
-                                                refs[base + id],
-                                                pinned[base + id] ? " plus a pin" : ""));
+        return absl::InternalError(absl::StrCat(
+            name, " block ", id, " has ref count ", pool.ref_count(id), "; tables hold ",
+            refs[base + id], pinned[base + id] ? " plus a pin" : ""));
       }
       if (expected == 0) ++zero;
     }
@@ -759,14 +755,15 @@ absl::Status KvCacheManager::CheckInvariants() const {
     return absl::OkStatus();
   };
   if (absl::Status s = check_pool(pool_, refs, primary_pinned_, 0, "primary"); !s.ok()) return s;
-  if (absl::Status s = check_pool(swap_pool_, host_refs, host_pinned_, 0, "host"); !s.ok()) return s;
+  if (absl::Status s = check_pool(swap_pool_, host_refs, host_pinned_, 0, "host"); !s.ok())
+    return s;
   if (absl::Status s =
           check_pool(tail_pool_, refs, primary_pinned_, pool_.num_blocks(), "primary tail");
       !s.ok()) {
     return s;
   }
-  if (absl::Status s = check_pool(swap_tail_pool_, host_refs, host_pinned_,
-                                  swap_pool_.num_blocks(), "host tail");
+  if (absl::Status s = check_pool(swap_tail_pool_, host_refs, host_pinned_, swap_pool_.num_blocks(),
+                                  "host tail");
       !s.ok()) {
     return s;
   }

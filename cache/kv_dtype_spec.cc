@@ -69,9 +69,9 @@ absl::StatusOr<std::vector<KvDtype>> KvDtypeSpec::Resolve(int num_layers,
     }
   }
   if (fixed > num_layers || (!fill && fixed != num_layers)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        std::string(what), ": '", ToString(), "' names ", fixed, " layers but the model has ",
-        num_layers, fill ? "" : " (NAME* fills the layers left)"));
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": '", ToString(), "' names ",
+                                                   fixed, " layers but the model has ", num_layers,
+                                                   fill ? "" : " (NAME* fills the layers left)"));
   }
   std::vector<KvDtype> out;
   out.reserve(num_layers);

@@ -35,9 +35,9 @@ inline constexpr KvDtype kAllKvDtypes[] = {KvDtype::kFp32, KvDtype::kFp16, KvDty
                                            KvDtype::kK8V4};
 // Every dtype the CPU backend implements: kAllKvDtypes and int4_kc, for
 // reports (kvserve plan, eval-kv --kv-dtype all).
-inline constexpr KvDtype kCpuKvDtypes[] = {KvDtype::kFp32, KvDtype::kFp16,     KvDtype::kBf16,
-                                           KvDtype::kFp8E4m3, KvDtype::kInt8, KvDtype::kInt4,
-                                           KvDtype::kK8V4, KvDtype::kInt4Kc};
+inline constexpr KvDtype kCpuKvDtypes[] = {KvDtype::kFp32,    KvDtype::kFp16,  KvDtype::kBf16,
+                                           KvDtype::kFp8E4m3, KvDtype::kInt8,  KvDtype::kInt4,
+                                           KvDtype::kK8V4,    KvDtype::kInt4Kc};
 // Smallest block size int4_kc accepts (per-channel ranges over fewer tokens
 // cost more meta than they save).
 inline constexpr int kInt4KcMinBlockSize = 16;

@@ -9,8 +9,7 @@ namespace kvserve {
 HostKvPages::HostKvPages(const KvFormat& format, int num_layers, int32_t num_blocks)
     : HostKvPages(std::vector<KvFormat>(num_layers, format), num_blocks, 0) {}
 
-HostKvPages::HostKvPages(std::vector<KvFormat> layer_formats, int32_t num_blocks,
-                         int32_t num_tails)
+HostKvPages::HostKvPages(std::vector<KvFormat> layer_formats, int32_t num_blocks, int32_t num_tails)
     : formats_(std::move(layer_formats)), num_blocks_(num_blocks), num_tails_(num_tails) {
   if (formats_.empty()) {
     std::fprintf(stderr, "HostKvPages: no layers\n");

@@ -38,8 +38,9 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
     tails |= f.has_tails();
     formats.push_back(f);
   }
-  const int32_t num_tails =
-      !tails ? 0 : options.num_tail_blocks > 0 ? options.num_tail_blocks : kDefaultTailBlocks;
+  const int32_t num_tails = !tails                        ? 0
+                            : options.num_tail_blocks > 0 ? options.num_tail_blocks
+                                                          : kDefaultTailBlocks;
   const int32_t num_swap_tails = !tails || options.num_swap_blocks == 0 ? 0
                                  : options.num_swap_tail_blocks > 0 ? options.num_swap_tail_blocks
                                                                     : num_tails;

@@ -339,9 +339,9 @@ absl::StatusOr<KvQualityReport> EvaluateKvQuality(const std::vector<std::vector<
     q.dtype = dtypes[f];
     KV_ASSIGN_OR_RETURN(std::vector<KvDtype> layers, dtypes[f].Resolve(config.num_layers));
     for (KvDtype d : layers) {
-      KV_ASSIGN_OR_RETURN(KvFormat fmt,
-                          KvFormat::Create(d, config.num_kv_heads, config.head_dim,
-                                           report.block_size, options.int4_group_size));
+      KV_ASSIGN_OR_RETURN(
+          KvFormat fmt, KvFormat::Create(d, config.num_kv_heads, config.head_dim, report.block_size,
+                                         options.int4_group_size));
       if (fmt.v().elem == KvElem::kInt4) report.int4_group_size = fmt.v().group_size;
       q.bytes_per_token += fmt.bytes_per_token_per_layer();
     }
@@ -371,13 +371,13 @@ std::string KvQualityTable(const KvQualityReport& report) {
     width = std::max(width, static_cast<int>(q.dtype.ToString().size()));
   }
   // "Δ" is two bytes but one column, hence its field is a byte wider.
-  std::string out = absl::StrFormat("%-*s %11s %8s %9s %10s %10s %11s %16s\n", width, "format",
-                                    "bytes/token", "vs fp16", "ppl", "Δppl%", "mean KL",
-                                    "top-1 agree", "greedy agree len");
+  std::string out =
+      absl::StrFormat("%-*s %11s %8s %9s %10s %10s %11s %16s\n", width, "format", "bytes/token",
+                      "vs fp16", "ppl", "Δppl%", "mean KL", "top-1 agree", "greedy agree len");
   for (const KvFormatQuality& q : report.formats) {
     absl::StrAppendFormat(&out, "%-*s %11d %7.3fx %9.4f %+8.3f%% %10.2e %10.2f%% %16.1f\n", width,
-                          q.dtype.ToString(), q.bytes_per_token, q.bytes_vs_fp16,
-                          q.perplexity, q.delta_ppl_percent, q.mean_kl, q.top1_agreement * 100.0,
+                          q.dtype.ToString(), q.bytes_per_token, q.bytes_vs_fp16, q.perplexity,
+                          q.delta_ppl_percent, q.mean_kl, q.top1_agreement * 100.0,
                           q.mean_greedy_agreement);
   }
   return out;

@@ -183,6 +183,12 @@ int RunEvalKv(int argc, char** argv) {
   const std::vector<std::vector<int32_t>> stories =
       TokenizeStories(text.str(), *loaded->tokenizer, max_len, opt.max_stories);
 
+  for (const KvDtypeSpec& d : opt.dtypes) {
+    if (absl::Status s = d.Resolve(config.num_layers, "--kv-dtype").status(); !s.ok()) {
+      std::fprintf(stderr, "kvserve eval-kv: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
   const LlamaWeights& weights = loaded->weights;
   KvRunnerFactory make_runner =
       [&](const KvDtypeSpec& dtype) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {

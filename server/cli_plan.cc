@@ -213,8 +213,8 @@ int RunPlan(int argc, char** argv) {
   for (const KvFormatCapacity& f : *plan) {
     width = std::max(width, static_cast<int>(f.spec.ToString().size()));
   }
-  std::printf("%-*s %12s %8s %16s %14s%s\n", width, "kv_dtype", "bytes/token", "vs fp16",
-              "tokens", absl::StrCat("seqs@", o.context).c_str(), batch_header.c_str());
+  std::printf("%-*s %12s %8s %16s %14s%s\n", width, "kv_dtype", "bytes/token", "vs fp16", "tokens",
+              absl::StrCat("seqs@", o.context).c_str(), batch_header.c_str());
   for (const KvFormatCapacity& f : *plan) {
     std::string batch_col;
     if (o.batch > 0) {

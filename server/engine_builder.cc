@@ -45,9 +45,8 @@ absl::StatusOr<BuiltEngine> BuildEngine(
   KV_ASSIGN_OR_RETURN(std::vector<KvDtype> layer_dtypes, dtype.Resolve(mc.num_layers));
   int64_t bytes_per_block = 0, bytes_per_tail = 0;
   for (KvDtype d : layer_dtypes) {
-    absl::StatusOr<KvFormat> format = KvFormat::Create(d, mc.num_kv_heads, mc.head_dim,
-                                                       config.cache.block_size,
-                                                       config.cache.int4_group_size);
+    absl::StatusOr<KvFormat> format = KvFormat::Create(
+        d, mc.num_kv_heads, mc.head_dim, config.cache.block_size, config.cache.int4_group_size);
     if (!format.ok()) return WithKey("cache", format.status());
     bytes_per_block += format->block_bytes();
     bytes_per_tail += format->tail_block_bytes();
@@ -61,9 +60,9 @@ absl::StatusOr<BuiltEngine> BuildEngine(
   const int32_t seq_blocks = BlocksForTokens(max_model_len, config.cache.block_size);
   int32_t num_blocks = config.cache.num_blocks;
   if (num_blocks == 0 && config.cache.memory_bytes > 0) {
-    KV_ASSIGN_OR_RETURN(num_blocks,
-                        PoolBlocksFromBudget(0, config.cache.memory_bytes - bytes_per_tail * num_tails,
-                                             1, bytes_per_block));
+    KV_ASSIGN_OR_RETURN(
+        num_blocks, PoolBlocksFromBudget(0, config.cache.memory_bytes - bytes_per_tail * num_tails,
+                                         1, bytes_per_block));
   } else if (num_blocks == 0) {
     const int64_t wanted = int64_t{config.scheduler.max_num_seqs} * seq_blocks;
     const int64_t affordable = std::max<int64_t>(kDefaultCpuKvBudget / bytes_per_block, seq_blocks);

@@ -2,6 +2,8 @@
 // it, and the scalar reference attention (one decoded K or V row at a time,
 // exact two-pass softmax, as PagedAttentionScalar). cache/kv_layout.h states
 // which keys a row reads from where.
+#include "kernels/cpu/paged_attention_kc.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -11,7 +13,6 @@
 
 #include "kernels/cpu/kv_quant.h"
 #include "kernels/cpu/paged_attention.h"
-#include "kernels/cpu/paged_attention_kc.h"
 
 namespace kvserve::cpu {
 namespace {
@@ -58,7 +59,8 @@ void FlushKvBlocks(const KvBlockWriteParams& p, int32_t seq_begin, int32_t seq_e
     const internal::KcSeqView s = internal::KcViewOf(p.kv, p.batch, b);
     const int32_t ctx = p.batch.context_len[b];
     for (int32_t k = s.first / bs; k < ctx / bs; ++k) {
-      if (s.first > k * bs && s.tail == nullptr) Die("FlushKvBlocks: a partial block has no tail", b);
+      if (s.first > k * bs && s.tail == nullptr)
+        Die("FlushKvBlocks: a partial block has no tail", b);
       uint8_t* block = p.kv.Block(p.batch.BlockRow(b)[k]);
       for (int h = 0; h < hkv; ++h) {
         for (bool v : {false, true}) {

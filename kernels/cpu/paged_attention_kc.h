@@ -16,9 +16,9 @@ namespace kvserve::cpu::internal {
 // `own_block_of(i)` are quantized; the own block's index j is in the tail
 // when j < first, else row new_row0 + (j - first) of new_k/new_v.
 struct KcSeqView {
-  int32_t first;         // first new cache index
-  int32_t new_row0;      // batch row of index `first`
-  const uint8_t* tail;   // the sequence's tail block (null: none)
+  int32_t first;        // first new cache index
+  int32_t new_row0;     // batch row of index `first`
+  const uint8_t* tail;  // the sequence's tail block (null: none)
 
   // Full-precision row of own-block index j for kv head h: K (v = false) or V.
   // fp32 rows come back as floats; fp16 tails are decoded by the caller.

@@ -33,8 +33,7 @@ constexpr int kMaxHeadDim = 512;
 
 bool Avx2KcAttentionSupports(const KvPageLayout& f) {
   return f.head_dim % 8 == 0 && f.head_dim <= kMaxHeadDim && f.v.elem == KvElem::kInt4 &&
-         f.v.group_size % 8 == 0 &&
-         (f.tail.elem == KvElem::kFp32 || f.tail.elem == KvElem::kFp16);
+         f.v.group_size % 8 == 0 && (f.tail.elem == KvElem::kFp32 || f.tail.elem == KvElem::kFp16);
 }
 
 #if !defined(__x86_64__)
@@ -107,7 +106,8 @@ KV_AVX2_INLINE __m256 Full8(const KeyRef& k, int d0) {
   const __m256 x = Full8(k.row, k.fp32, d0);
   if (!k.round) return x;
   // As QuantizeRow stores fp16: saturated to +-65504 (NaN kept), rounded.
-  const __m256 sat = _mm256_max_ps(_mm256_set1_ps(-kFp16Max), _mm256_min_ps(_mm256_set1_ps(kFp16Max), x));
+  const __m256 sat =
+      _mm256_max_ps(_mm256_set1_ps(-kFp16Max), _mm256_min_ps(_mm256_set1_ps(kFp16Max), x));
   return _mm256_cvtph_ps(_mm256_cvtps_ph(sat, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
 }
 

@@ -128,10 +128,10 @@ inline void CheckKvCache(const KvCacheManager& kv, std::span<const SeqId> live) 
   // A copy moves a block to a block or a tail to a tail.
   for (const auto* batch : {&pending.swap_out, &pending.copies, &pending.swap_in}) {
     for (const BlockCopy& c : *batch) {
-      const bool src_tail = batch == &pending.swap_in ? c.src >= host.num_blocks()
-                                                      : c.src >= pool.num_blocks();
-      const bool dst_tail = batch == &pending.swap_out ? c.dst >= host.num_blocks()
-                                                       : c.dst >= pool.num_blocks();
+      const bool src_tail =
+          batch == &pending.swap_in ? c.src >= host.num_blocks() : c.src >= pool.num_blocks();
+      const bool dst_tail =
+          batch == &pending.swap_out ? c.dst >= host.num_blocks() : c.dst >= pool.num_blocks();
       REQUIRE(src_tail == dst_tail);
     }
   }

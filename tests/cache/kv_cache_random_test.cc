@@ -134,12 +134,18 @@ class Simulation {
   Snapshot Snap() const {
     const KvCacheStats st = kv_.Stats();
     const StepCopies& p = kv_.pending_copies();
-    return {kv_.pool().num_free(),      kv_.swap_pool().num_free(),
-            kv_.tail_pool().num_free(), kv_.swap_tail_pool().num_free(),
-            kv_.num_sequences(),        p.swap_out.size(),
-            p.copies.size(),       p.swap_in.size(),
-            st.cow_copies,         st.evicted_cached_blocks,
-            st.swapped_out_blocks, st.swapped_in_blocks};
+    return {kv_.pool().num_free(),
+            kv_.swap_pool().num_free(),
+            kv_.tail_pool().num_free(),
+            kv_.swap_tail_pool().num_free(),
+            kv_.num_sequences(),
+            p.swap_out.size(),
+            p.copies.size(),
+            p.swap_in.size(),
+            st.cow_copies,
+            st.evicted_cached_blocks,
+            st.swapped_out_blocks,
+            st.swapped_in_blocks};
   }
 
   void Allocate() {
@@ -266,8 +272,8 @@ class Simulation {
   // The int4_kc step of one sequence: flush the blocks it completes (rows
   // before `computed` from the tail), then its partial block's rows into
   // the tail.
-  void WriteWithTail(SeqId id, const SimSeq& s, const std::vector<uint64_t>& values,
-                     int32_t target, const std::vector<int32_t>& table_refs) {
+  void WriteWithTail(SeqId id, const SimSeq& s, const std::vector<uint64_t>& values, int32_t target,
+                     const std::vector<int32_t>& table_refs) {
     const BlockTable& t = kv_.block_table(id);
     const int32_t first = s.computed;
     const int32_t tail = kv_.tail_id(id);

@@ -73,8 +73,7 @@ TEST_CASE("A sequence holds a tail while a block of it is partial or uncomputed"
   }
 }
 
-TEST_CASE("Fork shares the tail and the first Append copies it, not the partial block",
-          "[cache]") {
+TEST_CASE("Fork shares the tail and the first Append copies it, not the partial block", "[cache]") {
   KvCacheManager kv(TinyWithTails());
   REQUIRE(kv.Allocate(1, Range(100, 6)).ok());
   kv.MarkComputed(1, 6);

@@ -46,7 +46,8 @@ TEST_CASE("a KV dtype spec gives one dtype per layer", "[cache]") {
     REQUIRE(Resolve("int8*1", 1) == Layers{kI8});
   }
   SECTION("canonical text round-trips") {
-    for (const char* text : {"int4_kc", "int8,int4_kc*,int8", "fp16*2,int8*3", "int8*1", "k8v4,fp8_e4m3*"}) {
+    for (const char* text :
+         {"int4_kc", "int8,int4_kc*,int8", "fp16*2,int8*3", "int8*1", "k8v4,fp8_e4m3*"}) {
       const KvDtypeSpec s = *KvDtypeSpec::Parse(text);
       INFO(text << " -> " << s.ToString());
       REQUIRE(*KvDtypeSpec::Parse(s.ToString()) == s);

@@ -86,7 +86,7 @@ TEST_CASE("int4_kc pages: K codes per token, K ranges per channel per block, V a
     REQUIRE(f.k().meta_offset == 256);
     REQUIRE(f.v().data_offset == 352);
     REQUIRE(f.v().meta_offset == 608);
-    REQUIRE(f.block_bytes() == 896);  // 864 rounded up to 64
+    REQUIRE(f.block_bytes() == 896);               // 864 rounded up to 64
     REQUIRE(f.bytes_per_token_per_layer() == 54);  // 864 / 16
     REQUIRE(f.layout().BlockMetaOffset(f.k(), 3) == 256 + 3 * 24);
     // fp32 tails: [K rows][V rows] of [4][16][32 bytes].
@@ -169,8 +169,7 @@ TEST_CASE("int4_kc K round trips within each channel's analytic bound", "[kernel
         }
         // DequantizeRow reads the same bytes the same way.
         for (int j = 0; j < bs; ++j) {
-          DequantizeRow(f.k(), hd, e.codes.data() + j * f.k().row_bytes, e.meta.data(),
-                        row.data());
+          DequantizeRow(f.k(), hd, e.codes.data() + j * f.k().row_bytes, e.meta.data(), row.data());
           for (int d = 0; d < hd; ++d) REQUIRE(row[d] == DocDecode(e, hd, j, d));
         }
       }
@@ -199,7 +198,7 @@ TEST_CASE("per-channel ranges keep small channels beside a 10x channel", "[kerne
     }
   }
   INFO("mean abs error of the small channels: int4_kc " << err_kc / (6 * bs) << ", int4 "
-                                                      << err_int4 / (6 * bs));
+                                                        << err_int4 / (6 * bs));
   REQUIRE(err_kc * 4 < err_int4);
   // The constant and the tiny channel are within half a unit of the head's
   // range (1/3825 of it), not half a level (1/15).
@@ -220,8 +219,7 @@ TEST_CASE("int4_kc K edge cases", "[kernels][kv_quant]") {
     REQUIRE(std::all_of(e.meta.begin(), e.meta.end(), [](uint8_t b) { return b == 0; }));
   }
   SECTION("a constant block decodes exactly to its value") {
-    const Encoded e =
-        Encode(f.k(), hd, Block(bs, std::vector<float>(hd, -3.3f)), CpuIsa::kScalar);
+    const Encoded e = Encode(f.k(), hd, Block(bs, std::vector<float>(hd, -3.3f)), CpuIsa::kScalar);
     for (int j = 0; j < bs; ++j) {
       for (int d = 0; d < hd; ++d) REQUIRE(DocDecode(e, hd, j, d) == -3.3f);
     }
@@ -248,7 +246,8 @@ TEST_CASE("AVX2 and scalar int4_kc encoders write identical bytes", "[kernels][k
     for (int hd : {8, 64, 128}) {
       const KvFormat f = Int4Kc(1, hd, bs);
       std::vector<Block> blocks;
-      for (float outlier : {1.0f, 10.0f, 1e4f}) blocks.push_back(RopeLikeBlock(bs, hd, &rng, outlier));
+      for (float outlier : {1.0f, 10.0f, 1e4f})
+        blocks.push_back(RopeLikeBlock(bs, hd, &rng, outlier));
       Block ties(bs, std::vector<float>(hd));
       for (int j = 0; j < bs; ++j) {
         for (int d = 0; d < hd; ++d) ties[j][d] = static_cast<float>((j * 7 + d * 3) % 31) / 2.0f;

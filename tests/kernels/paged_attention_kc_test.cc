@@ -40,9 +40,9 @@ struct KcCase {
   uint32_t seed = 1;
 
   std::string Name() const {
-    std::string s = absl::StrCat("bs", block_size, " hd", head_dim, " kv", num_kv_heads, " g",
-                                 group, " w", window,
-                                 tail == KvElem::kFp32 ? " fp32 tails" : " fp16 tails", " seqs");
+    std::string s =
+        absl::StrCat("bs", block_size, " hd", head_dim, " kv", num_kv_heads, " g", group, " w",
+                     window, tail == KvElem::kFp32 ? " fp32 tails" : " fp16 tails", " seqs");
     for (const auto& c : chunks) {
       absl::StrAppend(&s, " [");
       for (int n : c) absl::StrAppend(&s, n, ",");
@@ -138,8 +138,8 @@ class KcRun {
       if (seqs.empty()) break;
       Step(seqs, step, done, &res);
     }
-    res.blocks.assign(pages_->layer(0), pages_->layer(0) + format_.block_bytes() *
-                                                               pages_->num_blocks());
+    res.blocks.assign(pages_->layer(0),
+                      pages_->layer(0) + format_.block_bytes() * pages_->num_blocks());
     return res;
   }
 
@@ -147,7 +147,8 @@ class KcRun {
   // The value of K (v = false) or V, head h, index i of sequence s, as the
   // row's own block holds it (fp16 tails round).
   float Own(bool v, int s, int i, int h, int d) const {
-    const float x = (v ? v_ : k_)[s][(static_cast<size_t>(i) * c_.num_kv_heads + h) * c_.head_dim + d];
+    const float x =
+        (v ? v_ : k_)[s][(static_cast<size_t>(i) * c_.num_kv_heads + h) * c_.head_dim + d];
     return c_.tail == KvElem::kFp32 ? x : Fp16ToFloat(FloatToFp16(x));
   }
 

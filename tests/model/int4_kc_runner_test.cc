@@ -53,8 +53,8 @@ std::unique_ptr<CpuModelRunner> MakeRunner(const std::string& dtype, int block_s
 
 // One sequence in blocks first_block, first_block + 1, ... and tail `tail`:
 // the step of rows [begin, end), logits of every row.
-absl::Status Step(CpuModelRunner& r, const std::vector<int32_t>& tokens, int32_t begin,
-                  int32_t end, int32_t tail, BlockId first_block, std::vector<float>* logits) {
+absl::Status Step(CpuModelRunner& r, const std::vector<int32_t>& tokens, int32_t begin, int32_t end,
+                  int32_t tail, BlockId first_block, std::vector<float>* logits) {
   const int bs = r.kv_format().block_size();
   BatchInput b;
   b.Clear();
@@ -115,8 +115,8 @@ TEST_CASE("Per-layer KV dtypes give each layer its own page format", "[model]") 
   REQUIRE(r->num_swap_tail_blocks() == CpuModelRunner::kDefaultTailBlocks);
   REQUIRE(pages.tails(0) == nullptr);  // int8 layers keep no tails
   REQUIRE(pages.tails(1) != nullptr);
-  REQUIRE(pages.bytes_per_block() == 2 * pages.format(0).block_bytes() +
-                                         3 * pages.format(1).block_bytes());
+  REQUIRE(pages.bytes_per_block() ==
+          2 * pages.format(0).block_bytes() + 3 * pages.format(1).block_bytes());
   auto plain = MakeRunner("int8", 16, 8);
   REQUIRE(plain->num_tail_blocks() == 0);
   REQUIRE(plain->num_swap_tail_blocks() == 0);

@@ -145,14 +145,13 @@ TEST_CASE("quantized KV formats keep perplexity on the dev text within the issue
       double max_percent;
     };
     // int4 is not in this list: see the next section.
-    for (Bound b :
-         {Bound{KvDtype::kInt8, 0.5}, Bound{KvDtype::kFp8E4m3, 1.0}, Bound{KvDtype::kFp16, 1.0},
-          Bound{KvDtype::kBf16, 1.0}, Bound{KvDtype::kK8V4, 1.0}, Bound{KvDtype::kInt4Kc, 3.0},
-          Bound{Mix(), 3.0}}) {
+    for (Bound b : {Bound{KvDtype::kInt8, 0.5}, Bound{KvDtype::kFp8E4m3, 1.0},
+                    Bound{KvDtype::kFp16, 1.0}, Bound{KvDtype::kBf16, 1.0},
+                    Bound{KvDtype::kK8V4, 1.0}, Bound{KvDtype::kInt4Kc, 3.0}, Bound{Mix(), 3.0}}) {
       const KvFormatQuality& q = Row(b.dtype);
       INFO(b.dtype.ToString() << ": ppl " << q.perplexity << " vs fp32 "
-                                << Row(KvDtype::kFp32).perplexity << ", +" << q.delta_ppl_percent
-                                << "%, bound " << b.max_percent << "%");
+                              << Row(KvDtype::kFp32).perplexity << ", +" << q.delta_ppl_percent
+                              << "%, bound " << b.max_percent << "%");
       CHECK(q.delta_ppl_percent <= b.max_percent);
     }
   }
@@ -250,8 +249,8 @@ TEST_CASE("with an int4_kc KV cache greedy decoding from BOS follows the referen
   // Measured: 96 for both; int8 matches 118.
   REQUIRE(n >= 90);
   REQUIRE(n_mix >= 90);
-  const std::string golden_prefix = tok.Decode(std::span<const int32_t>(ref->data(), n),
-                                               tok.bos_id());
+  const std::string golden_prefix =
+      tok.Decode(std::span<const int32_t>(ref->data(), n), tok.bos_id());
   REQUIRE(testing::GoldenGreedyText().rfind(golden_prefix, 0) == 0);
   REQUIRE(tok.Decode(*out, tok.bos_id()).rfind(golden_prefix, 0) == 0);
 }
@@ -297,8 +296,7 @@ TEST_CASE("with an int8 KV cache greedy decoding from BOS follows the reference 
 TEST_CASE("the report does not depend on the prefill chunk or the block size", "[model]") {
   const std::vector<std::vector<int32_t>> stories(DevStories().begin(), DevStories().begin() + 4);
   KvQualityOptions opt;
-  opt.dtypes = {KvDtype::kInt8, KvDtype::kFp32, KvDtype::kInt8, KvDtype::kK8V4,
-                KvDtype::kInt4Kc};
+  opt.dtypes = {KvDtype::kInt8, KvDtype::kFp32, KvDtype::kInt8, KvDtype::kK8V4, KvDtype::kInt4Kc};
   opt.num_prompts = 2;
   opt.continuation = 16;
   opt.chunk_tokens = 64;
@@ -337,8 +335,7 @@ TEST_CASE("the report does not depend on the prefill chunk or the block size", "
       for (size_t f = 0; f < r->formats.size(); ++f) {
         const KvFormatQuality& a = base->formats[f];
         const KvFormatQuality& b = r->formats[f];
-        INFO("chunk " << v.chunk << ", block size " << v.block_size << ", "
-                      << a.dtype.ToString());
+        INFO("chunk " << v.chunk << ", block size " << v.block_size << ", " << a.dtype.ToString());
         REQUIRE(b.perplexity == Approx(a.perplexity).epsilon(v.ppl_rel));
         REQUIRE(b.mean_kl == Approx(a.mean_kl).epsilon(v.kl_rel).margin(1e-12));
         REQUIRE(std::fabs(b.top1_agreement - a.top1_agreement) < 2e-3);
@@ -371,7 +368,8 @@ TEST_CASE("EvaluateKvQuality rejects unusable input", "[model]") {
     REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
   }
   SECTION("a runner that cannot be made") {
-    KvRunnerFactory broken = [](const KvDtypeSpec&) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
+    KvRunnerFactory broken =
+        [](const KvDtypeSpec&) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
       return absl::UnavailableError("no device");
     };
     auto r = EvaluateKvQuality(stories, broken, opt);
