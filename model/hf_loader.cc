@@ -14,6 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cache/status_macros.h"
+#include "model/generation_config.h"
+#include "model/json_file.h"
 #include "model/safetensors.h"
 
 namespace kvserve {
@@ -25,18 +27,6 @@ namespace {
 constexpr char kConfigFile[] = "config.json";
 constexpr char kSingleFile[] = "model.safetensors";
 constexpr char kIndexFile[] = "model.safetensors.index.json";
-
-absl::StatusOr<json> ReadJsonFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  try {
-    return json::parse(ss.str());
-  } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat(path, ": not valid JSON: ", e.what()));
-  }
-}
 
 // Typed access to config.json fields; every error names the file and field.
 class ConfigReader {
@@ -337,6 +327,11 @@ absl::StatusOr<ModelConfig> ParseHfConfig(const std::string& config_path) {
   }
   KV_ASSIGN_OR_RETURN(c.bos_id, r.TokenId("bos_token_id", 1));
   KV_ASSIGN_OR_RETURN(c.eos_id, r.TokenId("eos_token_id", 2));
+  if (const json* eos = r.Get("eos_token_id")) {
+    KV_ASSIGN_OR_RETURN(std::vector<int32_t> eos_ids,
+                        ParseTokenIds(*eos, config_path, "eos_token_id"));
+    for (int32_t id : eos_ids) c.AddStopId(id);
+  }
   KV_ASSIGN_OR_RETURN(c.bos_is_stop, r.Bool("kvserve_bos_is_stop", false));
   c.rope_style = RopeStyle::kNeox;
 
@@ -356,6 +351,9 @@ absl::StatusOr<LlamaWeights> LoadHfDirectory(const std::string& dir) {
   LlamaWeights w;
   KV_ASSIGN_OR_RETURN(w.config, ParseHfConfig(config_path));
   ModelConfig& c = w.config;
+  if (const fs::path gen = d / "generation_config.json"; fs::exists(gen)) {
+    KV_RETURN_IF_ERROR(ApplyGenerationConfig(gen.string(), &c));
+  }
   const fs::path norm = d.lexically_normal();
   c.name = (norm.has_filename() ? norm.filename() : norm.parent_path().filename()).string();
 

@@ -7,7 +7,9 @@
 //                                    tie_word_embeddings, sliding_window
 //   model.safetensors                one file, or
 //   model.safetensors.index.json     {"weight_map": {tensor: shard file}} + shards
-//   tokenizer.model                  (resolved by LoadModel, not here)
+//   generation_config.json           optional: stop ids, sampling defaults
+//                                    (generation_config.h)
+//   tokenizer.json / tokenizer.model (resolved by LoadModel, not here)
 // Tensors may be F32, F16 or BF16; all become fp32 (F32 in place from the
 // mmap). Every tensor's shape is checked against config.json.
 //

@@ -105,10 +105,6 @@ double LogSumExp(const float* row, int n) {
   return m + std::log(s);
 }
 
-bool IsStop(const ModelConfig& c, int32_t token) {
-  return token == c.eos_id || (c.bos_is_stop && token == c.bos_id);
-}
-
 // Accumulated over every prediction of every story for one format.
 struct Totals {
   double nll = 0;
@@ -177,7 +173,7 @@ absl::StatusOr<std::vector<int32_t>> GreedyDecode(ModelRunner& runner,
     cached = len;
     const int32_t next = Argmax(logits.data(), c.vocab_size);
     generated.push_back(next);
-    if (stop_at_stop_tokens && IsStop(c, next)) break;
+    if (stop_at_stop_tokens && c.IsStopToken(next)) break;
     tokens.push_back(next);
   }
   return generated;

@@ -113,8 +113,8 @@ absl::StatusOr<KvQualityReport> EvaluateKvQuality(const std::vector<std::vector<
 
 // Greedy decoding of one sequence on `runner` (blocks from a fresh BlockPool
 // over all its blocks): prefills `prompt` in one step, then decodes up to
-// max_new_tokens. With stop_at_stop_tokens, EOS (and BOS where the model
-// says bos_is_stop) is returned as the last token and ends decoding. Also
+// max_new_tokens. With stop_at_stop_tokens, a stop token
+// (ModelConfig::IsStopToken) is returned as the last token and ends decoding. Also
 // stops at the end of the model's context. Returns the generated tokens.
 absl::StatusOr<std::vector<int32_t>> GreedyDecode(ModelRunner& runner,
                                                   std::span<const int32_t> prompt,

@@ -1,5 +1,6 @@
 #include "model/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -40,6 +41,17 @@ absl::Status ModelConfig::Validate() const {
     }
   }
   return absl::OkStatus();
+}
+
+void ModelConfig::AddStopId(int32_t id) {
+  if (id != eos_id && std::find(stop_ids.begin(), stop_ids.end(), id) == stop_ids.end()) {
+    stop_ids.push_back(id);
+  }
+}
+
+bool ModelConfig::IsStopToken(int32_t id) const {
+  return id == eos_id || (bos_is_stop && id == bos_id) ||
+         std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end();
 }
 
 int64_t ModelConfig::NumParams() const {

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,23 @@ struct ModelConfig {
   // llama2.c TinyStories checkpoints put BOS between stories: generating BOS
   // ends the text, as in llama2.c's run.c.
   bool bos_is_stop = false;
+  // More ids that end generation besides eos_id: the rest of an eos_token_id
+  // list in config.json or generation_config.json (Llama 3.1 Instruct stops
+  // on <|end_of_text|>, <|eom_id|> and <|eot_id|>) and the tokenizer's own
+  // EOS when it differs. Never holds eos_id itself.
+  std::vector<int32_t> stop_ids;
+  // Sampling defaults the checkpoint recommends (generation_config.json's
+  // temperature, top_p, top_k); unset when it names none. Requests do not
+  // use them yet.
+  std::optional<float> default_temperature;
+  std::optional<float> default_top_p;
+  std::optional<int32_t> default_top_k;
+
+  // Adds `id` to stop_ids unless it is eos_id or already there.
+  void AddStopId(int32_t id);
+  // Whether generating `id` ends the text: eos_id, stop_ids, and BOS where
+  // bos_is_stop.
+  bool IsStopToken(int32_t id) const;
 
   // Checks every field; the error names the bad one.
   absl::Status Validate() const;

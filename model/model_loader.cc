@@ -8,6 +8,7 @@
 #include "cache/status_macros.h"
 #include "model/dummy_model.h"
 #include "model/hf_loader.h"
+#include "model/hf_tokenizer.h"
 #include "model/llama2c_loader.h"
 
 namespace kvserve {
@@ -32,28 +33,27 @@ absl::StatusOr<std::string> TokenizerBeside(const std::string& path) {
                    " *.model file beside the checkpoint; pass --tokenizer FILE"));
 }
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerFile(const std::string& path) {
-  if (!fs::exists(path)) {
-    return absl::NotFoundError(absl::StrCat(path, ": tokenizer file not found"));
-  }
-  return Tokenizer::LoadSentencePiece(path);
-}
-
 }  // namespace
 
-absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string& tokenizer_path) {
+absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string& tokenizer_path,
+                                      bool defer_dummy_weights) {
   LoadedModel m;
+  LoadedTokenizer tok;
   if (path.rfind(kDummyPrefix, 0) == 0) {
-    KV_ASSIGN_OR_RETURN(m.weights, LoadDummyModel(path));
-    if (tokenizer_path.empty()) {
-      m.tokenizer = Tokenizer::ByteLevel(m.weights.config.vocab_size);
+    if (defer_dummy_weights) {
+      KV_ASSIGN_OR_RETURN(m.weights, LoadDummyModelShapes(path));
     } else {
-      KV_ASSIGN_OR_RETURN(m.tokenizer, LoadTokenizerFile(tokenizer_path));
+      KV_ASSIGN_OR_RETURN(m.weights, LoadDummyModel(path));
+    }
+    if (tokenizer_path.empty()) {
+      tok.tokenizer = Tokenizer::ByteLevel(m.weights.config.vocab_size);
+    } else {
+      KV_ASSIGN_OR_RETURN(tok, LoadTokenizerFile(tokenizer_path));
     }
     // Random weights know nothing of token ids: take BOS/EOS from whatever
     // tokenizer the dummy model runs with.
-    m.weights.config.bos_id = m.tokenizer->bos_id();
-    m.weights.config.eos_id = m.tokenizer->eos_id();
+    m.weights.config.bos_id = tok.tokenizer->bos_id();
+    m.weights.config.eos_id = tok.tokenizer->eos_id();
   } else {
     std::error_code ec;
     const fs::file_status st = fs::status(path, ec);
@@ -63,24 +63,27 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string
                        ": no such model (expected a llama2.c checkpoint, an HF directory or dummy:"
                        "<preset>)"));
     }
-    std::string tok = tokenizer_path;
     if (fs::is_directory(st)) {
       KV_ASSIGN_OR_RETURN(m.weights, LoadHfDirectory(path));
-      if (tok.empty()) {
-        tok = (fs::path(path) / "tokenizer.model").string();
-        if (!fs::exists(tok)) {
-          return absl::NotFoundError(absl::StrCat(
-              path, ": no tokenizer.model in the HF directory; pass --tokenizer FILE"));
-        }
+      if (tokenizer_path.empty()) {
+        KV_ASSIGN_OR_RETURN(tok, LoadHfDirectoryTokenizer(path));
+      } else {
+        KV_ASSIGN_OR_RETURN(tok, LoadTokenizerFile(tokenizer_path));
       }
+      // The tokenizer's EOS (tokenizer_config.json's eos_token: <|eot_id|>
+      // for Llama 3.1 Instruct, <|im_end|> for Qwen) ends generation too.
+      if (tok.tokenizer->eos_id() >= 0) m.weights.config.AddStopId(tok.tokenizer->eos_id());
     } else {
       KV_ASSIGN_OR_RETURN(m.weights, LoadLlama2cCheckpoint(path));
-      if (tok.empty()) {
-        KV_ASSIGN_OR_RETURN(tok, TokenizerBeside(path));
+      std::string file = tokenizer_path;
+      if (file.empty()) {
+        KV_ASSIGN_OR_RETURN(file, TokenizerBeside(path));
       }
+      KV_ASSIGN_OR_RETURN(tok, LoadTokenizerFile(file));
     }
-    KV_ASSIGN_OR_RETURN(m.tokenizer, LoadTokenizerFile(tok));
   }
+  m.tokenizer = std::move(tok.tokenizer);
+  m.special_tokens = std::move(tok.special_tokens);
   // Token ids past the embedding table would read out of bounds.
   if (m.tokenizer->vocab_size() > m.weights.config.vocab_size) {
     return absl::InvalidArgumentError(

@@ -1,5 +1,7 @@
 // Tokenizer: text <-> token ids. SentencePiece models (the Llama family's),
-// or a byte-level fallback for dummy models without a tokenizer file.
+// byte-level BPE from a Hugging Face tokenizer.json (Llama 3, Qwen; see
+// bpe_tokenizer.h and hf_tokenizer.h), or a byte-level fallback for dummy
+// models without a tokenizer file.
 //
 // TokenBytes gives the exact bytes one token adds to the text, which is what
 // streaming detokenization needs: SentencePiece's "▁" becomes a space, byte
@@ -20,6 +22,15 @@
 #include "absl/status/statusor.h"
 
 namespace kvserve {
+
+// The special tokens as text, for chat templates (their bos_token and
+// eos_token variables); empty when the checkpoint has none.
+struct SpecialTokenStrings {
+  std::string bos_token;
+  std::string eos_token;
+  std::string pad_token;
+  std::string unk_token;
+};
 
 class Tokenizer {
  public:

@@ -17,7 +17,7 @@ constexpr char kUsage[] =
     "\n"
     "Runs the daemon: the OpenAI-compatible HTTP API (/v1/completions,\n"
     "/v1/chat/completions, /v1/models, /health, /metrics) and the gRPC API\n"
-    "(kvserve.v1.Generation, grpc.health.v1, reflection).\n"
+    "(kvserve.v1.Generation, grpc.health.v1, reflection v1 and v1alpha).\n"
     "\n"
     "  --config FILE        YAML config (see configs/default.yaml)\n"
     "  --set key.path=VAL   override one key after the file, e.g. --set cache.block_size=32\n"
@@ -30,7 +30,9 @@ constexpr char kUsage[] =
 
 void PrintUsage(FILE* out) {
   std::fputs(kUsage, out);
-  for (const std::string& key : ServeConfigKeys()) std::fprintf(out, "  %s\n", key.c_str());
+  for (const std::string& key : ServeConfigKeys()) {
+    std::fprintf(out, "  %-34s %s\n", key.c_str(), ServeConfigKeyHelp(key).c_str());
+  }
 }
 
 }  // namespace

@@ -89,13 +89,14 @@ int RunDaemon(const ServeConfig& config) {
   http_options.port = config.server.http_port;
   http_options.max_body_bytes = config.server.max_body_bytes;
   http_options.threads = config.server.http_threads;
+  http_options.reuse_port = config.server.reuse_port;
   HttpService http(&state, http_options);
   if (absl::Status s = http.Start(); !s.ok()) {
     spdlog::critical("{}", std::string(s.message()));
     return 1;
   }
   GrpcService grpc(&state);
-  if (absl::Status s = grpc.Start(config.server.host, config.server.grpc_port); !s.ok()) {
+  if (absl::Status s = grpc.Start(config.server.host, config.server.grpc_port, config.server.reuse_port); !s.ok()) {
     spdlog::critical("{}", std::string(s.message()));
     http.Stop();
     return 1;
@@ -124,11 +125,15 @@ int RunDaemon(const ServeConfig& config) {
       return 1;
     }
     loaded = true;
+    metrics.SetMemory(built->info.memory);
     state.SetReady(built->engine.get(), built->info);
     grpc.SetServing(state.ready());
-    spdlog::info("ready in {:.2f}s: serving '{}' on http://{}:{} (OpenAI API) and grpc {}:{}",
-                 absl::ToDoubleSeconds(absl::Now() - load_start), built->info.name,
-                 config.server.host, http.port(), config.server.host, grpc.port());
+    spdlog::info(
+        "ready in {:.2f}s: serving '{}' (chat template: {}) on http://{}:{} (OpenAI API) and grpc "
+        "{}:{}",
+        absl::ToDoubleSeconds(absl::Now() - load_start), built->info.name,
+        config.model.chat_template.name(), config.server.host, http.port(), config.server.host,
+        grpc.port());
   }
 
   // Shutdown. A second signal means "now".

@@ -26,6 +26,9 @@ class Server;
 
 namespace kvserve {
 
+class ReflectionV1Service;
+
+
 class GrpcService {
  public:
   explicit GrpcService(ServingState* state);
@@ -34,7 +37,9 @@ class GrpcService {
   GrpcService& operator=(const GrpcService&) = delete;
 
   // Listens on host:port (0: any free port), insecure credentials.
-  absl::Status Start(const std::string& host, int port);
+  // reuse_port: SO_REUSEPORT (gRPC's default is on; kvserve turns it off so a
+  // port in use fails start-up).
+  absl::Status Start(const std::string& host, int port, bool reuse_port = false);
   int port() const { return port_; }
   // Health status of every service.
   void SetServing(bool serving);
@@ -45,6 +50,7 @@ class GrpcService {
   class Impl;
   ServingState* const state_;
   std::unique_ptr<Impl> impl_;
+  std::unique_ptr<ReflectionV1Service> reflection_v1_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
 };

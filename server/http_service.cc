@@ -82,8 +82,12 @@ void HttpService::Register() {
   s.set_payload_max_length(static_cast<size_t>(options_.max_body_bytes));
   // httplib listens with a backlog of 5, too few for a burst of clients
   // connecting at once; keep the listening socket to widen it after bind.
+  // Not httplib's defaults, which set SO_REUSEPORT: a second daemon on the
+  // same port would then start without a word and split the traffic.
   s.set_socket_options([this](socket_t sock) {
-    httplib::default_socket_options(sock);
+    int yes = 1;
+    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    if (options_.reuse_port) ::setsockopt(sock, SOL_SOCKET, SO_REUSEPORT, &yes, sizeof(yes));
     listen_fd_ = sock;
   });
   s.set_read_timeout(30, 0);

@@ -40,6 +40,9 @@ class HttpService {
     int port = 0;  // 0: any free port
     int64_t max_body_bytes = 8 << 20;
     int threads = 64;
+    // SO_REUSEPORT: let other processes bind the same port (off: a port in
+    // use fails Start).
+    bool reuse_port = false;
   };
 
   HttpService(ServingState* state, Options options);

@@ -143,6 +143,9 @@ TEST_CASE("A converted llama2.c model loads back with identical tensors", "[mode
     REQUIRE(c.bos_id == 1);
     REQUIRE(c.eos_id == 2);
     REQUIRE(c.bos_is_stop);
+    // generation_config.json's eos_token_id [2, 1] adds BOS as a stop id.
+    REQUIRE(c.stop_ids == std::vector<int32_t>{1});
+    REQUIRE_FALSE(c.default_temperature.has_value());
     REQUIRE(c.rope_style == RopeStyle::kNeox);
     REQUIRE(hf->output.data == hf->tok_embeddings.data);
     RequireSameAsLlama2c(*hf, *ref, SafetensorsDtype::kF32);
@@ -276,6 +279,7 @@ TEST_CASE("config.json of Llama and Mistral models parses with HF's defaults", "
     REQUIRE(c->head_dim == 128);
     REQUIRE(c->sliding_window == 4096);
     REQUIRE(c->eos_id == 2);
+    REQUIRE(c->stop_ids == std::vector<int32_t>{32000});  // the rest of the eos list
     REQUIRE(c->rms_norm_eps == 1e-5f);
     REQUIRE_FALSE(c->bos_is_stop);
     REQUIRE(c->rope_style == RopeStyle::kNeox);
@@ -333,6 +337,8 @@ TEST_CASE("config.json of Llama and Mistral models parses with HF's defaults", "
          "field 'model_type' 'gpt_neox' is not supported"},
         {R"({"architectures": ["LlamaForCausalLM"], "tie_word_embeddings": 1, )" + base + "}",
          "field 'tie_word_embeddings' is not true/false"},
+        {R"({"architectures": ["LlamaForCausalLM"], "eos_token_id": [2, "x"], )" + base + "}",
+         "field 'eos_token_id' is not a token id or a list of them"},
     };
     for (const auto& [text, want] : cases) {
       INFO(text);

@@ -209,7 +209,7 @@ TEST_CASE("CopyBlocks, SwapOut and SwapIn move tails named by extended ids", "[m
   SECTION("copy-on-write of a tail: the same logits from the copy") {
     const BlockCopy copies[] = {{0, 2}, {1, 3}, {40 + 0, 40 + 5}};  // int8 layers use block 1
     REQUIRE_FALSE(TailBytesEqual(r->primary_pages(), 0, r->primary_pages(), 5));
-    r->CopyBlocks(copies);
+    REQUIRE(r->CopyBlocks(copies).ok());
     REQUIRE(TailBytesEqual(r->primary_pages(), 0, r->primary_pages(), 5));
     std::vector<float> probe;
     REQUIRE(Step(*r, tokens, 20, 21, 5, 2, &probe).ok());
@@ -217,13 +217,13 @@ TEST_CASE("CopyBlocks, SwapOut and SwapIn move tails named by extended ids", "[m
   }
   SECTION("swap out, clobber, swap in to another tail: the same logits") {
     const BlockCopy out[] = {{0, 3}, {1, 4}, {40 + 0, 8 + 1}};
-    r->SwapOut(out);
+    REQUIRE(r->SwapOut(out).ok());
     REQUIRE(TailBytesEqual(r->primary_pages(), 0, r->swap_pages(), 1));
     std::vector<float> other;
     REQUIRE(Step(*r, std::vector<int32_t>(30, 9), 0, 30, 0, 0, &other).ok());  // clobbers tail 0
     REQUIRE_FALSE(TailBytesEqual(r->primary_pages(), 0, r->swap_pages(), 1));
     const BlockCopy in[] = {{3, 10}, {4, 11}, {8 + 1, 40 + 7}};
-    r->SwapIn(in);
+    REQUIRE(r->SwapIn(in).ok());
     std::vector<float> probe;
     REQUIRE(Step(*r, tokens, 20, 21, 7, 10, &probe).ok());
     REQUIRE(probe == reference);

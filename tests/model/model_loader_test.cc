@@ -5,6 +5,7 @@
 
 #include "model/hf_writer.h"
 #include "model/llama2c_loader.h"
+#include "tests/model/tiny_bpe.h"
 #include "tests/test_util.h"
 
 namespace kvserve {
@@ -43,8 +44,40 @@ TEST_CASE("LoadModel dispatches on what the path is", "[model]") {
       auto missing = LoadModel(dir);
       REQUIRE(missing.status().code() == absl::StatusCode::kNotFound);
       REQUIRE(std::string(missing.status().message()) ==
-              dir + ": no tokenizer.model in the HF directory; pass --tokenizer FILE");
+              dir +
+                  ": no tokenizer.json or tokenizer.model in the HF directory; pass "
+                  "--tokenizer FILE");
       REQUIRE(LoadModel(dir, testing::Stories260kTokenizer()).ok());
+    }
+  }
+  SECTION("an HF directory with tokenizer.json gets byte-level BPE and all its stop ids") {
+    auto ref = LoadLlama2cCheckpoint(testing::Stories260kCheckpoint());
+    REQUIRE(ref.ok());
+    const std::string dir = testing::MakeTempDir("loader-bpe") + "/bpe-hf";
+    REQUIRE(WriteHfDirectory(*ref, testing::Stories260kTokenizer(), dir).ok());
+    testing::WriteJson(dir, "tokenizer.json", testing::TinyBpeTokenizerJson());
+    testing::WriteJson(dir, "tokenizer_config.json", testing::TinyBpeTokenizerConfig());
+    testing::WriteJson(dir, "generation_config.json",
+                       {{"eos_token_id", {2, 300}}, {"temperature", 0.7}});
+    auto m = LoadModel(dir);
+    REQUIRE(m.ok());
+    REQUIRE(m->tokenizer->vocab_size() == 304);
+    REQUIRE(m->tokenizer->Encode("hello world", true) ==
+            std::vector<int32_t>{300, 259, 262, 108, 100});
+    REQUIRE(m->special_tokens.bos_token == "<|begin|>");
+    REQUIRE(m->special_tokens.eos_token == "<|end|>");
+    const ModelConfig& c = m->weights.config;
+    REQUIRE(c.eos_id == 2);  // config.json's
+    // generation_config.json's list, then the tokenizer's <|end|>.
+    REQUIRE(c.stop_ids == std::vector<int32_t>{300, 301});
+    REQUIRE(c.default_temperature == 0.7f);
+
+    SECTION("and an explicit --tokenizer still wins") {
+      auto sp = LoadModel(dir, testing::Stories260kTokenizer());
+      REQUIRE(sp.ok());
+      REQUIRE(sp->tokenizer->vocab_size() == 512);
+      REQUIRE(sp->special_tokens.eos_token == "</s>");
+      REQUIRE(sp->weights.config.stop_ids == std::vector<int32_t>{300});
     }
   }
   SECTION("dummy:tiny gets a byte-level tokenizer unless one is given") {

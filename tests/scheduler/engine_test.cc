@@ -20,6 +20,7 @@
 #include "model/cpu_model_runner.h"
 #include "model/model_loader.h"
 #include "scheduler/detokenizer.h"
+#include "tests/engine_harness.h"
 #include "tests/test_util.h"
 
 namespace kvserve {
@@ -50,6 +51,7 @@ struct Setup {
   int32_t max_num_batched_tokens = 512;
   int32_t max_model_len = 0;
   std::function<void(const RequestMetrics&)> on_finished;
+  std::vector<int32_t> model_stop_ids;  // ModelConfig::stop_ids
 };
 
 std::unique_ptr<Engine> MakeEngine(const Setup& s) {
@@ -58,8 +60,10 @@ std::unique_ptr<Engine> MakeEngine(const Setup& s) {
   opt.block_size = s.block_size;
   opt.num_blocks = s.num_blocks;
   opt.num_swap_blocks = s.num_swap_blocks;
-  opt.num_tail_blocks = 2 * s.max_num_seqs;  // as engine_builder reserves them
-  auto runner = CpuModelRunner::Create(Stories().weights, opt);
+  opt.num_tail_blocks = 2 * s.max_num_seqs;  // as the runner factory reserves them
+  LlamaWeights weights = Stories().weights;  // views: a cheap copy
+  weights.config.stop_ids = s.model_stop_ids;
+  auto runner = CpuModelRunner::Create(std::move(weights), opt);
   REQUIRE(runner.ok());
   EngineConfig config;
   config.max_num_seqs = s.max_num_seqs;
@@ -74,113 +78,14 @@ std::unique_ptr<Engine> MakeEngine(const Setup& s) {
   return std::move(*engine);
 }
 
-// Everything one request streamed, per sample.
-struct Result {
-  std::vector<std::vector<int32_t>> tokens;
-  std::vector<std::string> text;
-  std::vector<FinishReason> finish;
-  std::vector<int> events;
-  Usage usage;
-  bool all_text_valid = true;
-  int finished_events = 0;  // events with request_finished (must be 1, the last)
-};
-
-Result Collect(RequestStream& stream, int n = 1) {
-  Result r;
-  r.tokens.resize(n);
-  r.text.resize(n);
-  r.finish.assign(n, FinishReason::kNone);
-  r.events.assign(n, 0);
-  GenerateOutput out;
-  bool last_was_finished = false;
-  while (stream.Next(&out) == RequestStream::Pop::kOutput) {
-    REQUIRE(out.index >= 0);
-    REQUIRE(out.index < n);
-    REQUIRE(r.finish[out.index] == FinishReason::kNone);  // nothing after a sample's end
-    r.tokens[out.index].insert(r.tokens[out.index].end(), out.token_ids.begin(),
-                               out.token_ids.end());
-    r.text[out.index] += out.text;
-    if (!IsValidUtf8(out.text)) r.all_text_valid = false;
-    r.finish[out.index] = out.finish_reason;
-    ++r.events[out.index];
-    last_was_finished = out.request_finished;
-    if (out.request_finished) {
-      ++r.finished_events;
-      r.usage = out.usage;
-    }
-  }
-  REQUIRE(last_was_finished);
-  REQUIRE(r.finished_events == 1);
-  return r;
-}
-
-Result RunOne(Engine& engine, GenerateRequest req) {
-  const int n = req.n;
-  auto stream = engine.Submit(std::move(req));
-  REQUIRE(stream.ok());
-  return Collect(**stream, n);
-}
-
-// Stories of the dev set, for prompts.
-const std::vector<std::string>& DevStories() {
-  static const std::vector<std::string>* stories = [] {
-    std::string all =
-        testing::ReadFileOrDie(testing::SharedDir() + "/data/tinystories_valid_dev.txt");
-    auto* out = new std::vector<std::string>;
-    size_t pos = 0;
-    const std::string sep = "<|endoftext|>";
-    while (pos < all.size()) {
-      size_t end = all.find(sep, pos);
-      if (end == std::string::npos) end = all.size();
-      std::string s = all.substr(pos, end - pos);
-      while (!s.empty() && (s.front() == '\n' || s.front() == ' ')) s.erase(0, 1);
-      if (s.size() > 200) out->push_back(s);
-      pos = end + sep.size();
-    }
-    return out;
-  }();
-  return *stories;
-}
-
-// A random snippet of a dev story: starts at a word, 1 .. max_chars long.
-std::string RandomSnippet(std::mt19937& rng, size_t max_chars) {
-  const auto& stories = DevStories();
-  const std::string& s = stories[rng() % stories.size()];
-  size_t start = rng() % (s.size() / 2);
-  while (start > 0 && s[start - 1] != ' ') --start;
-  const size_t len = 1 + rng() % max_chars;
-  return s.substr(start, len);
-}
-
-GenerateRequest Greedy(std::string prompt, int32_t max_tokens) {
-  GenerateRequest r;
-  r.prompt = std::move(prompt);
-  r.max_tokens = max_tokens;
-  r.sampling.temperature = 0.0f;
-  return r;
-}
-
-// Submits all requests at once, then collects every stream.
-std::vector<Result> RunConcurrently(Engine& engine, const std::vector<GenerateRequest>& reqs) {
-  std::vector<std::shared_ptr<RequestStream>> streams;
-  for (const GenerateRequest& r : reqs) {
-    auto s = engine.Submit(r);
-    REQUIRE(s.ok());
-    streams.push_back(*s);
-  }
-  std::vector<Result> results;
-  for (size_t i = 0; i < streams.size(); ++i) results.push_back(Collect(*streams[i], reqs[i].n));
-  return results;
-}
-
-void RequireAllBlocksFree(const Engine& engine) {
-  const EngineStats st = engine.GetStats();
-  REQUIRE(st.num_running == 0);
-  REQUIRE(st.num_waiting == 0);
-  REQUIRE(st.num_swapped == 0);
-  REQUIRE(st.kv_blocks_active == 0);
-  REQUIRE(st.kv_blocks_free == st.kv_blocks_total);
-}
+using testing::Collect;
+using testing::DevStories;
+using testing::Greedy;
+using testing::RandomSnippet;
+using testing::RequireAllBlocksFree;
+using testing::Result;
+using testing::RunConcurrently;
+using testing::RunOne;
 
 TEST_CASE("Engine reproduces llama2.c's greedy story from BOS", "[scheduler]") {
   auto engine = MakeEngine({});
@@ -528,6 +433,22 @@ TEST_CASE("Stop strings and stop tokens end a sample without emitting the stop",
     REQUIRE(r.text[0] ==
             Stories().tokenizer->Decode(std::span<const int32_t>(r.tokens[0]).first(first),
                                         prompt_ids.back()));
+  }
+  SECTION("the model's other stop ids (generation_config.json) stop like EOS") {
+    const int32_t stop_id = full.tokens[0][10];
+    const size_t first =
+        std::find(full.tokens[0].begin(), full.tokens[0].end(), stop_id) - full.tokens[0].begin();
+    Setup setup;
+    setup.model_stop_ids = {stop_id};
+    auto stopping = MakeEngine(setup);
+    GenerateRequest req = base;
+    req.ignore_eos = false;
+    Result r = RunOne(*stopping, req);
+    REQUIRE(r.finish[0] == FinishReason::kStop);
+    REQUIRE(r.tokens[0] ==
+            std::vector<int32_t>(full.tokens[0].begin(), full.tokens[0].begin() + first + 1));
+    req.ignore_eos = true;
+    REQUIRE(RunOne(*stopping, req).tokens[0] == full.tokens[0]);
   }
   SECTION("EOS stops unless ignore_eos") {
     GenerateRequest req = Greedy("", 400);

@@ -1,14 +1,16 @@
 // Streaming text: the detokenizer's UTF-8 hold-back and the stop matcher's
 // partial-match hold-back, on the stories260K tokenizer (512 pieces, so most
-// non-ASCII text falls back to byte pieces).
+// non-ASCII text falls back to byte pieces) and on a tiny byte-level BPE.
 #include <catch2/catch.hpp>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "model/hf_tokenizer.h"
 #include "model/tokenizer.h"
 #include "scheduler/detokenizer.h"
 #include "scheduler/stop_matcher.h"
+#include "tests/model/tiny_bpe.h"
 #include "tests/test_util.h"
 
 namespace kvserve {
@@ -69,6 +71,49 @@ TEST_CASE("Detokenizer streams byte-fallback text as whole characters", "[schedu
   REQUIRE(max_held == 3);
   REQUIRE(streamed == text);
   REQUIRE(streamed == tok->Decode(std::span<const int32_t>(ids).subspan(1), ids[0]));
+}
+
+TEST_CASE("Detokenizer streams byte-level BPE tokens that end inside a character", "[scheduler]") {
+  // tiny_bpe.h: "😀" is two tokens of two bytes each.
+  const std::string dir = testing::MakeTempDir("detok-bpe");
+  testing::WriteJson(dir, "tokenizer_config.json", testing::TinyBpeTokenizerConfig());
+  auto loaded =
+      LoadTokenizerJson(testing::WriteJson(dir, "tokenizer.json", testing::TinyBpeTokenizerJson()));
+  REQUIRE(loaded.ok());
+  const Tokenizer& tok = *loaded->tokenizer;
+  const std::string text = "hello \xF0\x9F\x98\x80 world<think><|end|>";
+  const std::vector<int32_t> ids = tok.Encode(text, /*add_bos=*/true);
+  REQUIRE(ids == std::vector<int32_t>{300, 259, 32, 264, 265, 262, 108, 100, 302, 301});
+
+  Detokenizer detok(&tok, ids[0]);
+  std::vector<std::string> pieces;
+  std::vector<size_t> held;
+  for (size_t i = 1; i < ids.size(); ++i) {
+    std::string piece;
+    detok.Add(ids[i], &piece);
+    pieces.push_back(piece);
+    held.push_back(detok.pending_bytes());
+  }
+  std::string tail;
+  detok.Finish(&tail);
+  REQUIRE(pieces == std::vector<std::string>{"hello", " ", "", "\xF0\x9F\x98\x80", " wor", "l", "d",
+                                             "<think>", ""});
+  REQUIRE(held == std::vector<size_t>{0, 0, 2, 0, 0, 0, 0, 0, 0});
+  REQUIRE(tail.empty());
+  // The special <|end|> adds nothing; everything else is the text.
+  REQUIRE(tok.Decode(ids) == "hello \xF0\x9F\x98\x80 world<think>");
+
+  SECTION("a character cut off by the end of the sequence becomes U+FFFD") {
+    Detokenizer cut(&tok, -1);
+    std::string out;
+    cut.Add(264, &out);
+    cut.Add(301, &out);
+    REQUIRE(out.empty());
+    REQUIRE(cut.pending_bytes() == 2);
+    cut.Finish(&out);
+    REQUIRE(out == "\xEF\xBF\xBD\xEF\xBF\xBD");
+    REQUIRE(out == SanitizeUtf8(tok.Decode(std::vector<int32_t>{264, 301})));
+  }
 }
 
 TEST_CASE("Detokenizer applies the leading-space rule only after BOS", "[scheduler]") {

@@ -1,0 +1,46 @@
+// Launcher of SwiGLU: validates the Params and dispatches the activation
+// dtype (three instantiations).
+#include <algorithm>
+#include <cstdint>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/act_convert.cuh"
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/swiglu.h"
+#include "kernels/cuda/swiglu_kernel.cuh"
+
+namespace kvserve::cuda {
+namespace {
+
+absl::Status Bad(const char* field, const char* rule, int64_t value) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("SwiGlu: ", field, " must be ", rule, ", got ", value));
+}
+
+}  // namespace
+
+absl::Status SwiGlu(const SwiGluParams& params, cudaStream_t stream) {
+  SwiGluParams p = params;
+  if (p.hidden <= 0) return Bad("hidden", "> 0", p.hidden);
+  if (p.num_tokens < 0) return Bad("num_tokens", ">= 0", p.num_tokens);
+  if (p.gate_up_stride == 0) p.gate_up_stride = 2 * p.hidden;
+  if (p.out_stride == 0) p.out_stride = p.hidden;
+  if (p.gate_up_stride < 2 * p.hidden)
+    return Bad("gate_up_stride", ">= 2 * hidden", p.gate_up_stride);
+  if (p.out_stride < p.hidden) return Bad("out_stride", ">= hidden", p.out_stride);
+  if (p.num_tokens == 0) return absl::OkStatus();
+  if (p.gate_up == nullptr) return absl::InvalidArgumentError("SwiGlu: gate_up is null");
+  if (p.out == nullptr) return absl::InvalidArgumentError("SwiGlu: out is null");
+  const int64_t n = p.num_tokens * p.hidden;
+  const int64_t blocks = std::min<int64_t>(
+      (n + swiglu_detail::kThreads - 1) / swiglu_detail::kThreads, swiglu_detail::kMaxBlocks);
+  const bool known = DispatchActDtype(p.dtype, [&](auto tag) {
+    using T = decltype(tag);
+    swiglu_detail::SwiGluKernel<T>
+        <<<static_cast<unsigned>(blocks), swiglu_detail::kThreads, 0, stream>>>(p);
+  });
+  if (!known) return Bad("dtype", "fp32, fp16 or bf16", static_cast<int64_t>(p.dtype));
+  return CudaStatus(cudaGetLastError(), "SwiGlu launch");
+}
+
+}  // namespace kvserve::cuda

@@ -1,0 +1,114 @@
+// More of the device API for cuda_sim.h, for the non-attention kernels
+// (KV write, copies, RoPE, SwiGLU, embedding, sampling): shuffles (xor, up,
+// indexed) of any 4- or 8-byte value, __ballot_sync, __ffs, __syncwarp,
+// integer atomics, and function-scope __shared__ variables.
+//
+// Semantics as in cuda_sim.h: every shuffle, ballot and __syncwarp is a
+// barrier that all 32 lanes of the warp must reach (else cuda_sim aborts).
+// Atomics are plain read-modify-writes: fibers switch only at barriers, so
+// nothing can interleave with them. `__shared__` becomes `static`: one copy
+// per kernel (instantiation), shared by the fibers of a CTA, CTAs running one
+// after another; so a kernel under test must not use `extern __shared__`
+// (cuda_sim.h's dynamic shared memory) in the same translation unit.
+//
+// Include first, before any kernel source; defines KVSERVE_CUDA_SIM, which
+// kernels/cuda/kv_encode.cuh reads to expose its warp team to host code.
+#pragma once
+
+// clang-format off
+#include "tests/kernels/cuda_sim/cuda_sim.h"
+// clang-format on
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#define KVSERVE_CUDA_SIM 1
+#undef __shared__
+#define __shared__ static
+
+namespace cuda_sim {
+
+// Lane `lane` of every warp reads the value of lane src_lane(lane) of its
+// warp (a source outside [0, 32) keeps the lane's own value).
+template <typename T, typename SrcLane>
+T ShuffleAny(T v, SrcLane src_lane) {
+  static_assert(sizeof(T) <= 8, "shuffles move 4 or 8 bytes");
+  static std::vector<uint64_t> exchange;
+  const int t = g_block->current;
+  if (exchange.size() < g_block->fibers.size()) exchange.resize(g_block->fibers.size());
+  uint64_t bits = 0;
+  std::memcpy(&bits, &v, sizeof(T));
+  exchange[t] = bits;
+  Yield(kWarpBarrier);
+  const int src = src_lane(t & 31);
+  T r = v;
+  if (src >= 0 && src < 32) {
+    const int from = (t & ~31) | src;
+    if (from >= static_cast<int>(g_block->fibers.size()))
+      Fail("shuffle from a lane past the block");
+    std::memcpy(&r, &exchange[from], sizeof(T));
+  }
+  Yield(kWarpBarrier);  // every lane has read before any lane writes again
+  return r;
+}
+
+inline void RequireFullMask(unsigned mask) {
+  if (mask != 0xffffffffu) Fail("only full-warp shuffles are simulated");
+}
+
+}  // namespace cuda_sim
+
+template <typename T>
+T __shfl_xor_sync(unsigned mask, T v, int lane_mask) {
+  cuda_sim::RequireFullMask(mask);
+  return cuda_sim::ShuffleAny(v, [&](int lane) { return lane ^ lane_mask; });
+}
+template <typename T>
+T __shfl_up_sync(unsigned mask, T v, unsigned delta) {
+  cuda_sim::RequireFullMask(mask);
+  return cuda_sim::ShuffleAny(v, [&](int lane) { return lane - static_cast<int>(delta); });
+}
+template <typename T>
+T __shfl_sync(unsigned mask, T v, int src_lane) {
+  cuda_sim::RequireFullMask(mask);
+  return cuda_sim::ShuffleAny(v, [&](int) { return src_lane & 31; });
+}
+inline unsigned __ballot_sync(unsigned mask, int predicate) {
+  cuda_sim::RequireFullMask(mask);
+  unsigned bits = 0;
+  const unsigned mine = predicate ? 1u : 0u;
+  for (int src = 0; src < 32; ++src) {
+    bits |= cuda_sim::ShuffleAny(mine, [&](int) { return src; }) << src;
+  }
+  return bits;
+}
+inline int __ffs(unsigned x) { return __builtin_ffs(static_cast<int>(x)); }
+inline void __syncwarp(unsigned mask = 0xffffffffu) {
+  cuda_sim::RequireFullMask(mask);
+  cuda_sim::Yield(cuda_sim::kWarpBarrier);
+}
+
+inline int atomicAdd(int* p, int v) {
+  const int old = *p;
+  *p = old + v;
+  return old;
+}
+inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
+  const unsigned long long old = *p;
+  *p = old + v;
+  return old;
+}
+inline int atomicOr(int* p, int v) {
+  const int old = *p;
+  *p = old | v;
+  return old;
+}
+inline int atomicExch(int* p, int v) {
+  const int old = *p;
+  *p = v;
+  return old;
+}
