@@ -11,7 +11,10 @@
 // slot block_table[b * max_blocks_per_seq + i / block_size] * block_size +
 // i % block_size; slot_mapping[t] names where row t's K/V is written.
 // positions[t] is the RoPE position of row t (normally its cache index; may
-// differ once an eviction policy re-assigns positions).
+// differ once an eviction policy re-assigns positions). tail_ids[b] names
+// sequence b's tail (int4_kc keeps a partial last block there in full
+// precision, cache/kv_layout.h), -1 when it has none; empty when the cache
+// keeps no tails.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +31,7 @@ struct BatchInput {
   std::vector<int32_t> block_table;    // [B][max_blocks_per_seq], row-major
   int32_t max_blocks_per_seq = 0;
   std::vector<int32_t> logits_rows;    // rows of [T] whose logits are wanted, ascending
+  std::vector<int32_t> tail_ids;       // [B] or empty (no tails)
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
   int32_t num_seqs() const { return static_cast<int32_t>(context_len.size()); }
@@ -44,6 +48,7 @@ struct BatchInput {
     block_table.clear();
     max_blocks_per_seq = 0;
     logits_rows.clear();
+    tail_ids.clear();
   }
 };
 

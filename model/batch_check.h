@@ -9,7 +9,10 @@
 // (blocks that left a sliding window may already be released and are not
 // read), token ids inside the vocabulary, positions inside the RoPE table,
 // slots inside the pool (negative: not written), logits_rows ascending inside
-// [0, num_tokens). InvalidArgument names the field ("BatchInput: token_ids[3]
+// [0, num_tokens); with an int4_kc cache (num_tails > 0, cache/kv_layout.h)
+// one tail id per sequence, inside the tail pool for every sequence whose
+// step reads or writes a partial block, and no two such sequences naming the
+// same tail. InvalidArgument names the field ("BatchInput: token_ids[3]
 // = 600 is outside the vocabulary of 512").
 //
 // Thread-safety: a pure function.
@@ -28,6 +31,7 @@ struct BatchLimits {
   int32_t num_blocks = 0;     // primary pool
   int32_t block_size = 0;
   int32_t sliding_window = 0;  // 0: full attention
+  int32_t num_tails = 0;       // int4_kc tail pool; 0: no tails (tail_ids not read)
 };
 
 absl::Status ValidateBatch(const BatchInput& batch, const BatchLimits& limits);

@@ -50,6 +50,8 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
   kv_config.block_size = runner->kv_format().block_size();
   kv_config.num_blocks = runner->num_blocks();
   kv_config.num_swap_blocks = runner->num_swap_blocks();
+  kv_config.num_tail_blocks = runner->num_tail_blocks();
+  kv_config.num_swap_tail_blocks = runner->num_swap_tail_blocks();
   kv_config.enable_prefix_caching = config.prefix_caching;
   kv_config.hash_seed = std::random_device{}();
   KV_RETURN_IF_ERROR(kv_config.Validate());
@@ -293,6 +295,7 @@ void EngineImpl::BuildBatch(const StepPlan& plan) {
     kv_.AppendSlotMapping(seq->id, begin, end, &batch_.slot_mapping);
     batch_.query_start.push_back(batch_.num_tokens());
     batch_.context_len.push_back(end);
+    if (kv_.has_tails()) batch_.tail_ids.push_back(kv_.tail_id(seq->id));
     const std::vector<BlockId>& blocks = kv_.block_table(seq->id).blocks();
     std::copy(blocks.begin(), blocks.end(), table_row);
     table_row += max_blocks;

@@ -38,8 +38,11 @@ constexpr char kUsage[] =
     "  --model PATH           llama2.c checkpoint, HF directory or dummy:<preset> (required)\n"
     "  --tokenizer FILE       SentencePiece .model (default: beside the model)\n"
     "  --text FILE            the text (required)\n"
-    "  --kv-dtype LIST        'all' or a comma list of fp32, fp16, bf16, fp8_e4m3, int8, int4,\n"
-    "                         k8v4 (default all; fp32 always runs as the reference)\n"
+    "  --kv-dtype D           a format to report: fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4,\n"
+    "                         int4_kc, or one per layer (int8,int4_kc*,int8: NAME*N is N\n"
+    "                         layers, NAME* the layers left); repeat the flag for several;\n"
+    "                         'all' is every dtype and int8,int4_kc*,int8 (default all; fp32\n"
+    "                         always runs as the reference)\n"
     "  --block-size B         KV block size in tokens (default 16)\n"
     "  --int4-group-size G    int4 channels per scale group: 32, 64 or 128, clamped to\n"
     "                         head_dim (default 64)\n"
@@ -56,7 +59,7 @@ struct Options {
   std::string model;
   std::string tokenizer;
   std::string text;
-  std::vector<KvDtype> dtypes{std::begin(kAllKvDtypes), std::end(kAllKvDtypes)};
+  std::vector<KvDtypeSpec> dtypes;  // empty: all
   int block_size = 16;
   int int4_group_size = 64;
   int32_t max_stories = 0;
@@ -65,6 +68,13 @@ struct Options {
   std::string json;
   KvQualityOptions eval;
 };
+
+// 'all': every dtype, then int4_kc with int8 first and last layers.
+std::vector<KvDtypeSpec> AllFormats() {
+  std::vector<KvDtypeSpec> out(std::begin(kCpuKvDtypes), std::end(kCpuKvDtypes));
+  out.push_back(*KvDtypeSpec::Parse("int8,int4_kc*,int8"));
+  return out;
+}
 
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "kvserve eval-kv: %s\n", std::string(s.message()).c_str());
@@ -97,16 +107,12 @@ int ParseFlags(int argc, char** argv, Options* o) {
       o->json = value;
     } else if (name == "--kv-dtype") {
       if (value == "all") {
-        o->dtypes.assign(std::begin(kAllKvDtypes), std::end(kAllKvDtypes));
+        for (const KvDtypeSpec& d : AllFormats()) o->dtypes.push_back(d);
         continue;
       }
-      o->dtypes.clear();
-      for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-        absl::StatusOr<KvDtype> d = ParseKvDtype(std::string(part));
-        if (!d.ok()) return flags.UsageError(std::string(d.status().message()));
-        o->dtypes.push_back(*d);
-      }
-      if (o->dtypes.empty()) return bad("a list of KV dtypes");
+      absl::StatusOr<KvDtypeSpec> d = KvDtypeSpec::Parse(value, "--kv-dtype");
+      if (!d.ok()) return flags.UsageError(std::string(d.status().message()));
+      o->dtypes.push_back(*d);
     } else if (name == "--block-size") {
       if (!int_flag(1, 65536, &o->block_size)) return bad("an integer in [1, 65536]");
     } else if (name == "--int4-group-size") {
@@ -177,8 +183,15 @@ int RunEvalKv(int argc, char** argv) {
   const std::vector<std::vector<int32_t>> stories =
       TokenizeStories(text.str(), *loaded->tokenizer, max_len, opt.max_stories);
 
+  for (const KvDtypeSpec& d : opt.dtypes) {
+    if (absl::Status s = d.Resolve(config.num_layers, "--kv-dtype").status(); !s.ok()) {
+      std::fprintf(stderr, "kvserve eval-kv: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
   const LlamaWeights& weights = loaded->weights;
-  KvRunnerFactory make_runner = [&](KvDtype dtype) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
+  KvRunnerFactory make_runner =
+      [&](const KvDtypeSpec& dtype) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
     CpuRunnerOptions ro;
     ro.kv_dtype = dtype;
     ro.block_size = opt.block_size;
@@ -193,7 +206,8 @@ int RunEvalKv(int argc, char** argv) {
   if (isatty(STDERR_FILENO)) {
     opt.eval.progress = [&bar](int64_t done, int64_t total) { bar.Update(done, total); };
   }
-  opt.eval.dtypes = opt.dtypes;
+  opt.eval.dtypes = opt.dtypes.empty() ? AllFormats() : opt.dtypes;
+  opt.eval.int4_group_size = opt.int4_group_size;
   absl::StatusOr<KvQualityReport> report = EvaluateKvQuality(stories, make_runner, opt.eval);
   bar.Finish();
   if (!report.ok()) return Fail(report.status());

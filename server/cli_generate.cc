@@ -14,6 +14,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "cache/kv_dtype_spec.h"
 #include "cache/kv_format.h"
 #include "model/model_loader.h"
 #include "model/runner_factory.h"
@@ -42,7 +43,8 @@ constexpr char kUsage[] =
     "  --repetition-penalty R   > 0, 1 is off (default 1)\n"
     "  --seed S             random seed (default: a fresh one)\n"
     "  --block-size B       KV cache block size in tokens (default 16)\n"
-    "  --kv-dtype D         KV cache dtype: fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4\n"
+    "  --kv-dtype D         KV cache dtype: fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4,\n"
+    "                       int4_kc, or one per layer (int8,int4_kc*,int8)\n"
     "                       (default fp32)\n"
     "  --num-blocks N       KV blocks (default: enough for the model's whole context)\n"
     "  --threads N          CPU threads, 0 = all (default 0)\n"
@@ -57,7 +59,7 @@ struct Options {
   int32_t max_tokens = 256;
   SamplingParams sampling;
   int block_size = 16;
-  KvDtype kv_dtype = KvDtype::kFp32;
+  KvDtypeSpec kv_dtype = KvDtype::kFp32;
   int32_t num_blocks = 0;
   int threads = 0;
   std::string device = "cpu";
@@ -108,7 +110,7 @@ int ParseFlags(int argc, char** argv, Options* o) {
         return bad("an integer in [1, 65536]");
       o->block_size = static_cast<int>(n);
     } else if (name == "--kv-dtype") {
-      absl::StatusOr<KvDtype> d = ParseKvDtype(value);
+      absl::StatusOr<KvDtypeSpec> d = KvDtypeSpec::Parse(value, "--kv-dtype");
       if (!d.ok()) return flags.UsageError(std::string(d.status().message()));
       o->kv_dtype = *d;
     } else if (name == "--num-blocks") {

@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cache/capacity_plan.h"
+#include "cache/kv_dtype_spec.h"
 #include "cache/kv_format.h"
 #include "cache/status_macros.h"
 #include "model/runner_factory.h"
@@ -240,8 +241,11 @@ const std::vector<Field>& Fields() {
           "cache.kv_dtype",
           [](ServeConfig& c, const std::string& text, Source, const std::string&) {
             std::string t(absl::StripAsciiWhitespace(text));
-            if (!ParseKvDtype(t).ok()) {
-              return Bad("cache.kv_dtype", "one of fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4",
+            if (!KvDtypeSpec::Parse(t).ok()) {
+              return Bad("cache.kv_dtype",
+                         "one of fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4, int4_kc, or one "
+                         "per layer (e.g. int8,int4_kc*,int8: NAME*N for N layers, NAME* for "
+                         "the rest)",
                          text);
             }
             c.cache.kv_dtype = t;

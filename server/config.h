@@ -40,7 +40,7 @@ struct ServeConfig {
     ChatTemplate chat_template = ChatTemplate::Auto();
   } model;
   struct Cache {
-    std::string kv_dtype = "fp32";
+    std::string kv_dtype = "fp32";  // one dtype or one per layer (cache/kv_dtype_spec.h)
     int32_t block_size = 16;
     int32_t num_blocks = 0;        // 0: from memory_bytes / memory_fraction / a default
     int64_t memory_bytes = 0;      // KV budget in bytes (accepts KiB/MiB/GiB suffixes)

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cache/kv_dtype_spec.h"
 #include "cache/kv_format.h"
 #include "model/model_loader.h"
 #include "model/runner_factory.h"
@@ -25,8 +26,9 @@ absl::StatusOr<BuiltEngine> BuildEngine(
   ro.device = config.model.device;
   ro.dtype = config.model.dtype;
   ro.cuda_graphs = config.model.cuda_graphs;
-  absl::StatusOr<KvDtype> kv_dtype = ParseKvDtype(config.cache.kv_dtype);
-  if (!kv_dtype.ok()) return WithKey("cache.kv_dtype", kv_dtype.status());
+  // One dtype, or one per layer (cache/kv_dtype_spec.h); errors name cache.kv_dtype.
+  absl::StatusOr<KvDtypeSpec> kv_dtype = KvDtypeSpec::Parse(config.cache.kv_dtype);
+  if (!kv_dtype.ok()) return kv_dtype.status();
   ro.kv_dtype = *kv_dtype;
   ro.block_size = config.cache.block_size;
   ro.num_blocks = config.cache.num_blocks;
