@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "cache/kv_format.h"
 #include "model/cpu_model_runner.h"
+#include "model/cpu_threads.h"
 #include "model/model_loader.h"
 #include "model/sampling_params.h"
 #include "scheduler/engine.h"
@@ -45,7 +46,7 @@ constexpr char kUsage[] =
     "  --kv-dtype D         KV cache dtype: fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4\n"
     "                       (default fp32)\n"
     "  --num-blocks N       KV blocks (default: enough for the model's whole context)\n"
-    "  --threads N          CPU threads, 0 = all (default 0)\n";
+    "  --threads N          CPU threads, 0 = what the cgroup and affinity allow (default 0)\n";
 
 struct Options {
   std::string model;
@@ -150,7 +151,7 @@ int RunGenerate(int argc, char** argv) {
   ro.kv_dtype = opt.kv_dtype;
   ro.block_size = opt.block_size;
   ro.num_blocks = opt.num_blocks;  // 0: the whole context of one sequence
-  ro.num_threads = opt.threads;
+  ro.num_threads = opt.threads > 0 ? opt.threads : DefaultCpuThreads();
   absl::StatusOr<std::unique_ptr<CpuModelRunner>> runner =
       CpuModelRunner::Create(std::move(loaded->weights), ro);
   if (!runner.ok()) return Fail(runner.status());

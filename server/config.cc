@@ -203,6 +203,8 @@ const std::vector<Field>& Fields() {
       Str("model.name", [](ServeConfig& c, std::string v) { c.model.name = std::move(v); }),
       Enum("model.device", {"cpu", "cuda"},
            [](ServeConfig& c, std::string v) { c.model.device = std::move(v); }),
+      Int("model.threads", 0, 4096, "an integer in [0, 4096] (0: what the cgroup allows)",
+          [](ServeConfig& c, int64_t v) { c.model.threads = static_cast<int32_t>(v); }),
       {"model.chat_template",
        [](ServeConfig& c, const std::string& text, Source, const std::string&) {
          absl::StatusOr<ChatTemplate> t =

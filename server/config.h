@@ -29,6 +29,7 @@ struct ServeConfig {
     std::string tokenizer;       // "" = found beside the model
     std::string name;            // the served name (OpenAI `model`); "" = from the model
     std::string device = "cpu";  // cpu | cuda
+    int32_t threads = 0;         // CPU forward-pass threads; 0 = what the cgroup allows
     ChatTemplate chat_template;  // a built-in name or a map of role patterns
   } model;
   struct Cache {

@@ -9,6 +9,7 @@
 #include "cache/memory_budget.h"
 #include "cache/status_macros.h"
 #include "model/cpu_model_runner.h"
+#include "model/cpu_threads.h"
 #include "model/model_loader.h"
 #include "spdlog/spdlog.h"
 
@@ -65,6 +66,7 @@ absl::StatusOr<BuiltEngine> BuildEngine(
   opt.num_blocks = num_blocks;
   opt.num_swap_blocks = config.cache.num_swap_blocks;
   opt.int4_group_size = config.cache.int4_group_size;
+  opt.num_threads = config.model.threads > 0 ? config.model.threads : DefaultCpuThreads();
   absl::StatusOr<std::unique_ptr<CpuModelRunner>> runner =
       CpuModelRunner::Create(std::move(loaded->weights), opt);
   if (!runner.ok()) return WithKey("cache", runner.status());
@@ -90,10 +92,10 @@ absl::StatusOr<BuiltEngine> BuildEngine(
   info.max_model_len = max_model_len;
   info.prefix_caching = config.cache.prefix_caching;
   spdlog::info(
-      "model {} ({} layers, {} heads, {} kv heads, vocab {}), max_model_len {}; KV cache {} x "
-      "{} blocks of {} tokens ({:.1f} MiB), {} swap blocks",
+      "model {} ({} layers, {} heads, {} kv heads, vocab {}), max_model_len {}, {} CPU threads; "
+      "KV cache {} x {} blocks of {} tokens ({:.1f} MiB), {} swap blocks",
       info.name, mc.num_layers, mc.num_heads, mc.num_kv_heads, mc.vocab_size, max_model_len,
-      info.kv_dtype, num_blocks, info.block_size,
+      opt.num_threads, info.kv_dtype, num_blocks, info.block_size,
       static_cast<double>(bytes_per_block) * num_blocks / (1 << 20), info.num_swap_blocks);
   return out;
 }

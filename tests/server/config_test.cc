@@ -19,6 +19,7 @@ TEST_CASE("A minimal config takes every default", "[server]") {
   REQUIRE(c.ok());
   REQUIRE(c->model.path == "dummy:tiny");
   REQUIRE(c->model.device == "cpu");
+  REQUIRE(c->model.threads == 0);
   REQUIRE(c->model.chat_template.name() == "plain");
   REQUIRE(c->cache.kv_dtype == "fp32");
   REQUIRE(c->cache.block_size == 16);
@@ -42,6 +43,7 @@ model:
   tokenizer: /abs/tok.model
   name: tiny
   device: cuda
+  threads: 3
   chat_template: chatml
 cache:
   kv_dtype: int8
@@ -80,6 +82,7 @@ logging:
   SECTION("values keep their types") {
     REQUIRE(c->model.name == "tiny");
     REQUIRE(c->model.device == "cuda");
+    REQUIRE(c->model.threads == 3);
     REQUIRE(c->model.chat_template.name() == "chatml");
     REQUIRE(c->cache.kv_dtype == "int8");
     REQUIRE(c->cache.block_size == 32);
@@ -148,6 +151,8 @@ TEST_CASE("Bad values stop with the key path and the reason", "[server]") {
           "cache.block_size: expected a single value, got 'a list'");
   REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  device: tpu\n", "")) ==
           "model.device: expected one of cpu, cuda, got 'tpu'");
+  REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  threads: -1\n", "")) ==
+          "model.threads: expected an integer in [0, 4096] (0: what the cgroup allows), got '-1'");
 }
 
 TEST_CASE("Unknown keys and sections are refused, naming what is known", "[server]") {
