@@ -36,7 +36,8 @@ json ServerJson(const ServerRunStats& s) {
           {"preemptions", Opt(s.preemptions)},
           {"swap_out_blocks", Opt(s.swap_out_blocks)},
           {"prompt_tokens", Opt(s.prompt_tokens)},
-          {"generation_tokens", Opt(s.generation_tokens)}};
+          {"generation_tokens", Opt(s.generation_tokens)},
+          {"cpu_seconds", Opt(s.cpu_seconds)}};
 }
 
 json LoadJson(const LoadSpec& l) {

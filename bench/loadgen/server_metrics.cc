@@ -88,11 +88,13 @@ MetricsSnapshot ExtractSnapshot(const std::vector<PromSample>& samples) {
                     {{"kvserve_kv_usage_ratio", "kind=\"active\""},
                      {"vllm:kv_cache_usage_perc", ""},
                      {"vllm:gpu_cache_usage_perc", ""},
-                     {"llamacpp:kv_cache_usage_ratio", ""}});
+                     {"llamacpp:kv_cache_usage_ratio", ""},
+                     {"sglang:token_usage", ""}});
   m.running = Find(samples, Kind::kGauge,
                    {{"kvserve_running_sequences", ""},
                     {"vllm:num_requests_running", ""},
-                    {"llamacpp:requests_processing", ""}});
+                    {"llamacpp:requests_processing", ""},
+                    {"sglang:num_running_reqs", ""}});
   m.prefix_queries = Find(samples, Kind::kCounter,
                           {{"kvserve_prefix_cache_queries_tokens_total", ""},
                            {"vllm:prefix_cache_queries_total", ""},
@@ -108,11 +110,14 @@ MetricsSnapshot ExtractSnapshot(const std::vector<PromSample>& samples) {
   m.prompt_tokens = Find(samples, Kind::kCounter,
                          {{"kvserve_prompt_tokens_total", ""},
                           {"vllm:prompt_tokens_total", ""},
-                          {"llamacpp:prompt_tokens_total", ""}});
+                          {"llamacpp:prompt_tokens_total", ""},
+                          {"sglang:prompt_tokens_total", ""}});
   m.gen_tokens = Find(samples, Kind::kCounter,
                       {{"kvserve_generation_tokens_total", ""},
                        {"vllm:generation_tokens_total", ""},
-                       {"llamacpp:tokens_predicted_total", ""}});
+                       {"llamacpp:tokens_predicted_total", ""},
+                       {"sglang:generation_tokens_total", ""}});
+  m.cpu_seconds = Find(samples, Kind::kCounter, {{"process_cpu_seconds_total", ""}});
   return m;
 }
 
@@ -223,6 +228,7 @@ ServerRunStats MetricsWatcher::Finish() {
   s.swap_out_blocks = Growth(b.swap_out, a.swap_out);
   s.prompt_tokens = Growth(b.prompt_tokens, a.prompt_tokens);
   s.generation_tokens = Growth(b.gen_tokens, a.gen_tokens);
+  s.cpu_seconds = Growth(b.cpu_seconds, a.cpu_seconds);
   return s;
 }
 

@@ -6,9 +6,10 @@
 // server exposes is used (counters are summed and gauges maxed over label
 // sets, so per-model or per-engine labels do not matter):
 //   kv_usage       kvserve_kv_usage_ratio{kind="active"}, vllm:kv_cache_usage_perc,
-//                  vllm:gpu_cache_usage_perc, llamacpp:kv_cache_usage_ratio (0..1)
+//                  vllm:gpu_cache_usage_perc, llamacpp:kv_cache_usage_ratio,
+//                  sglang:token_usage (all 0..1)
 //   running        kvserve_running_sequences, vllm:num_requests_running,
-//                  llamacpp:requests_processing
+//                  llamacpp:requests_processing, sglang:num_running_reqs
 //   prefix_queries kvserve_prefix_cache_queries_tokens_total, vllm:prefix_cache_queries_total,
 //                  vllm:gpu_prefix_cache_queries_total (tokens)
 //   prefix_hits    kvserve_prefix_cache_hits_tokens_total, vllm:prefix_cache_hits_total,
@@ -17,9 +18,11 @@
 //   swap_out       kvserve_swap_out_blocks_total
 //   kv_blocks      kvserve_kv_blocks_capacity
 //   prompt_tokens  kvserve_prompt_tokens_total, vllm:prompt_tokens_total,
-//                  llamacpp:prompt_tokens_total
+//                  llamacpp:prompt_tokens_total, sglang:prompt_tokens_total
 //   gen_tokens     kvserve_generation_tokens_total, vllm:generation_tokens_total,
-//                  llamacpp:tokens_predicted_total
+//                  llamacpp:tokens_predicted_total, sglang:generation_tokens_total
+//   cpu_seconds    process_cpu_seconds_total (the serving process's CPU time;
+//                  on vLLM only its API server process, not the engine core)
 // A value a server does not expose stays unset (null in the JSON).
 //
 // Thread-safety: ParsePrometheusText and the snapshot types are plain
@@ -59,6 +62,7 @@ struct MetricsSnapshot {
   std::optional<double> kv_blocks;
   std::optional<double> prompt_tokens;
   std::optional<double> gen_tokens;
+  std::optional<double> cpu_seconds;
 };
 
 MetricsSnapshot ExtractSnapshot(const std::vector<PromSample>& samples);
@@ -73,6 +77,7 @@ struct ServerRunStats {
   std::optional<double> prefix_query_tokens, prefix_hit_tokens, prefix_hit_rate;
   std::optional<double> preemptions, swap_out_blocks;
   std::optional<double> prompt_tokens, generation_tokens;
+  std::optional<double> cpu_seconds;
 };
 
 // Scrapes a /metrics URL before a run, every `interval` during it (on its

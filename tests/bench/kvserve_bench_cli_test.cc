@@ -72,6 +72,7 @@ TEST_CASE("kvserve_bench: a closed-loop sweep over HTTP with the probe conforms 
     REQUIRE(run["server"]["generation_tokens"] == 16.0 * done);
     REQUIRE(run["server"]["preemptions"] == 0.0);
     REQUIRE(run["server"]["running_peak"] <= run["load"]["concurrency"]);
+    REQUIRE(run["server"]["cpu_seconds"] > 0.0);
   }
   REQUIRE(doc["connection_probe"]["requests_each"] == 10);
   std::vector<std::string> cases;
@@ -122,6 +123,7 @@ TEST_CASE("kvserve_bench: a server without /metrics gets nulls, not made-up numb
   REQUIRE(server["scraped"] == false);
   REQUIRE(server["kv_usage_peak"].is_null());
   REQUIRE(server["preemptions"].is_null());
+  REQUIRE(server["cpu_seconds"].is_null());
   REQUIRE(doc["runs"][0]["requests"]["completed"] == 3);
 }
 

@@ -143,9 +143,11 @@ TEST_CASE("The daemon's own /metrics text gives every server number", "[bench]")
   REQUIRE(m.swap_out == 9);
   REQUIRE(m.prompt_tokens == 1234);
   REQUIRE(m.gen_tokens == 4321);
+  REQUIRE(m.cpu_seconds.has_value());
+  REQUIRE(*m.cpu_seconds > 0);
 }
 
-TEST_CASE("vLLM's and llama.cpp's metric names are read too", "[bench]") {
+TEST_CASE("vLLM's, llama.cpp's and SGLang's metric names are read too", "[bench]") {
   const char* vllm = R"(# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
 # TYPE vllm:kv_cache_usage_perc gauge
 vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
@@ -172,6 +174,10 @@ vllm:generation_tokens_total{model_name="m"} 2.5e4 1700000000000
   REQUIRE(m.kv_usage == 0.125);
   REQUIRE(m.running == 2);
   REQUIRE_FALSE(m.prefix_hits.has_value());
+  m = ExtractSnapshot(ParsePrometheusText(
+      "sglang:token_usage{model_name=\"m\"} 0.75\nsglang:num_running_reqs{model_name=\"m\"} 9\n"));
+  REQUIRE(m.kv_usage == 0.75);
+  REQUIRE(m.running == 9);
 }
 
 class WorkloadFixture {
