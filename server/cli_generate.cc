@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -162,6 +164,15 @@ int RunGenerate(int argc, char** argv) {
   ec.max_model_len = max_len;
   ec.max_num_batched_tokens = max_len;
   ec.prefix_caching = false;
+  // The engine's own timestamps of the first and later tokens: this thread
+  // reads the stream late whenever the OS schedules it late, and would then
+  // count tokens decoded long before as if they came at once.
+  std::mutex metrics_mu;
+  std::optional<RequestMetrics> metrics;
+  ec.on_request_finished = [&](const RequestMetrics& m) {
+    std::lock_guard<std::mutex> lock(metrics_mu);
+    metrics = m;
+  };
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(ec, *std::move(runner), tok);
   if (!engine.ok()) return Fail(engine.status());
 
@@ -187,15 +198,21 @@ int RunGenerate(int argc, char** argv) {
     if (out.finish_reason == FinishReason::kError) {
       return Fail(absl::InternalError(out.error));
     }
-    if (out.request_finished) break;
-  }
+  }  // until the stream closes, after the engine reported the request's metrics
   std::fputc('\n', stdout);
   std::fflush(stdout);
 
   const auto t_end = Clock::now();
-  const double prefill_s = std::chrono::duration<double>(t_first - t0).count();
+  double prefill_s = std::chrono::duration<double>(t_first - t0).count();
   const double total_s = std::chrono::duration<double>(t_end - t0).count();
-  const double decode_s = total_s - prefill_s;
+  double decode_s = total_s - prefill_s;
+  {
+    std::lock_guard<std::mutex> lock(metrics_mu);
+    if (metrics.has_value() && metrics->ttft_s > 0) {
+      prefill_s = metrics->ttft_s;
+      decode_s = metrics->tpot_s * (generated - 1);
+    }
+  }
   std::fprintf(stderr,
                "kvserve generate: %d tokens in %.1f ms, %.0f tokens/s (prompt: %d tokens in "
                "%.1f ms; decode: %.0f tokens/s)\n",
