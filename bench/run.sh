@@ -165,11 +165,12 @@ stop_daemon fp32
 stop_daemon nocache
 
 # ---- 4: KV formats with the same pool bytes ----------------------------------
-# 128 + 128 tokens per request is 16 blocks; 2 MiB of fp32 KV is 102 blocks
-# (about 6 such sequences), so at 32 clients fp32 must preempt.
-pool=2MiB
+# 128 + 128 tokens per request is 16 blocks of 16 tokens. 4 MiB holds 204
+# fp32 blocks (12 such sequences) and 546 int8 blocks (34): at 16 and 32
+# clients fp32 must preempt and the quantized formats need not.
+pool=4MiB
 kv_configs=(fp32:16 int8:16 k8v4:16 int4:16 fp32:32)
-kv_flags=(--workload fixed --input-len 128 --output-len 128 --duration 3 --seed 2)
+kv_flags=(--workload fixed --input-len 128 --output-len 128 --duration 4 --seed 2)
 declare -A kv_parts
 for cfg in "${kv_configs[@]}"; do
   dtype=${cfg%%:*}
