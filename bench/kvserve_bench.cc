@@ -14,6 +14,7 @@
 #include <httplib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -21,6 +22,7 @@
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -71,7 +73,8 @@ workload
   --dataset FILE         prompt text (default shared/data/tinystories_valid_dev.txt)
   --tokenizer FILE|DIR   the served model's tokenizer (.model, tokenizer.json or an HF dir):
                          exact prompt lengths; without it lengths are estimated
-  --chars-per-token X    the estimate without a tokenizer (default 4)
+  --chars-per-token X    the estimate without a tokenizer (default auto: measured with one
+                         request whose usage.prompt_tokens the server reports; else 4)
   --token-ids BOOL       send prompts as token ids (needs --tokenizer) (default false)
   --ignore-eos BOOL      generate exactly the output length (default true)
   --temperature T        (default 0)
@@ -98,7 +101,7 @@ struct Options {
   bool num_prompts_given = false;
   std::string dataset;
   std::string tokenizer;
-  double chars_per_token = 4.0;
+  double chars_per_token = 0;  // 0: measure (auto)
   std::vector<int> concurrency;
   std::vector<double> request_rates;
   int max_concurrency = 64;
@@ -228,8 +231,13 @@ int ParseArgs(int argc, char** argv, Options* o) {
     } else if (name == "--tokenizer") {
       o->tokenizer = value;
     } else if (name == "--chars-per-token") {
-      if (!absl::SimpleAtod(value, &d) || !(d > 0)) return bad("a number > 0");
-      o->chars_per_token = d;
+      if (value == "auto") {
+        o->chars_per_token = 0;
+      } else if (!absl::SimpleAtod(value, &d) || !(d > 0)) {
+        return bad("a number > 0 or auto");
+      } else {
+        o->chars_per_token = d;
+      }
     } else if (name == "--token-ids") {
       if (!ParseBool(value, &o->client.send_token_ids)) return bad("true or false");
     } else if (name == "--ignore-eos") {
@@ -327,6 +335,30 @@ void Discover(Options* o, int* max_model_len) {
   }
 }
 
+// Characters per token of the served model's tokenizer on the corpus: one
+// 1-token request with a known amount of corpus text, and the server's
+// usage.prompt_tokens. 4 (a common English figure) when the server reports
+// no usage.
+double MeasureCharsPerToken(const Options& o, int max_model_len) {
+  constexpr double kFallback = 4.0;
+  absl::StatusOr<PromptSource> plain = PromptSource::FromFile(o.dataset, nullptr, 1.0);
+  if (!plain.ok()) return kFallback;
+  // At least one character per token, so this many fit in the context.
+  const int chars = max_model_len > 0 ? std::min(2000, max_model_len - 8) : 1000;
+  if (chars < 64) return kFallback;
+  std::mt19937_64 rng(o.workload.seed + 1);
+  BenchRequest probe;
+  probe.prompt = plain->Take(chars, rng).text;
+  probe.max_tokens = 1;
+  ClientOptions c = o.client;
+  if (c.api == Api::kChat) c.api = Api::kCompletions;  // no chat template around the text
+  c.stream = false;
+  c.send_token_ids = false;
+  RequestResult r = MakeClient(c, /*keep_alive=*/false)->Send(probe);
+  if (!r.ok || r.prompt_tokens <= 1) return kFallback;
+  return static_cast<double>(probe.prompt.size()) / static_cast<double>(r.prompt_tokens - 1);
+}
+
 int Run(int argc, char** argv) {
   Options o;
   if (int rc = ParseArgs(argc, argv, &o); rc >= 0) return rc;
@@ -344,8 +376,11 @@ int Run(int argc, char** argv) {
     if (!t.ok()) return UsageError("--tokenizer: " + std::string(t.status().message()));
     tokenizer = std::move(t->tokenizer);
   }
-  absl::StatusOr<PromptSource> source =
-      PromptSource::FromFile(o.dataset, tokenizer.get(), o.chars_per_token);
+  if (tokenizer == nullptr && o.chars_per_token == 0) {
+    o.chars_per_token = MeasureCharsPerToken(o, o.workload.max_model_len);
+  }
+  absl::StatusOr<PromptSource> source = PromptSource::FromFile(
+      o.dataset, tokenizer.get(), o.chars_per_token > 0 ? o.chars_per_token : 4.0);
   if (!source.ok()) return UsageError(std::string(source.status().message()));
   WorkloadSpec spec = o.workload;
   // With a time limit and no count, the workload is a pool that runs cycle through.
@@ -361,6 +396,7 @@ int Run(int argc, char** argv) {
   report.workload = o.workload;
   report.dataset = o.dataset;
   report.tokenizer = o.tokenizer;
+  report.chars_per_token = tokenizer == nullptr ? o.chars_per_token : 0;
 
   const ClientOptions client_options = o.client;
   ClientFactory factory = [&client_options] { return MakeClient(client_options, true); };

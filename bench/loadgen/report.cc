@@ -148,6 +148,8 @@ json ToJson(const BenchReport& report) {
                    {"seed", w.seed},
                    {"dataset", report.dataset},
                    {"tokenizer", report.tokenizer.empty() ? json(nullptr) : json(report.tokenizer)},
+                   {"chars_per_token",
+                    report.chars_per_token > 0 ? json(report.chars_per_token) : json(nullptr)},
                    {"token_ids", c.send_token_ids},
                    {"ignore_eos", c.ignore_eos},
                    {"temperature", c.temperature}};

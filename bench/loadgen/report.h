@@ -57,7 +57,8 @@ struct BenchReport {
   int max_model_len = 0;  // 0: unknown
   WorkloadSpec workload;
   std::string dataset;
-  std::string tokenizer;  // "" = none
+  std::string tokenizer;       // "" = none
+  double chars_per_token = 0;  // the length estimate without a tokenizer; 0 with one
   std::vector<RunReport> runs;
   bool probe_ran = false;
   int probe_requests = 0;

@@ -164,7 +164,17 @@ absl::StatusOr<std::vector<BenchRequest>> BuildWorkload(const WorkloadSpec& spec
   if (spec.output_len < 1) return absl::InvalidArgumentError("--output-len: must be >= 1");
   const int bos = source.bos_tokens();
   const Tokenizer* tok = source.tokenizer();
-  std::mt19937_64 rng(spec.seed);
+  // The seed and the shape together pick the prompts, so two different
+  // workloads run against one server (whose prefix cache outlives a run) do
+  // not start their prompts at the same places.
+  std::seed_seq seq{static_cast<uint32_t>(spec.seed), static_cast<uint32_t>(spec.seed >> 32),
+                    static_cast<uint32_t>(spec.kind), static_cast<uint32_t>(spec.input_len),
+                    static_cast<uint32_t>(spec.output_len), static_cast<uint32_t>(spec.groups),
+                    static_cast<uint32_t>(spec.prefix_len), static_cast<uint32_t>(spec.suffix_len)};
+  std::mt19937_64 rng(seq);
+  // Without the tokenizer lengths are estimates: leave a tenth of the
+  // context as slack (and room for a chat template).
+  const int context = tok == nullptr ? spec.max_model_len * 9 / 10 : spec.max_model_len;
 
   auto make = [&](const std::vector<const PromptPiece*>& pieces, int wanted_tokens,
                   int max_tokens) {
@@ -211,7 +221,7 @@ absl::StatusOr<std::vector<BenchRequest>> BuildWorkload(const WorkloadSpec& spec
       }
       std::lognormal_distribution<double> in_dist(std::log(spec.input_len), spec.input_sigma);
       std::lognormal_distribution<double> out_dist(std::log(spec.output_len), spec.output_sigma);
-      const int cap = spec.max_model_len > 0 ? spec.max_model_len : 1 << 30;
+      const int cap = context > 0 ? context : 1 << 30;
       const int min_len = std::max(1, spec.min_len);
       for (int i = 0; i < spec.num_requests; ++i) {
         int in = std::clamp(static_cast<int>(std::lround(in_dist(rng))), min_len, cap);
@@ -248,9 +258,7 @@ absl::StatusOr<std::vector<BenchRequest>> BuildWorkload(const WorkloadSpec& spec
         return absl::InvalidArgumentError(
             "--max-model-len: long_context needs it (the server did not report one)");
       }
-      int input = spec.max_model_len - spec.output_len;
-      // Without the tokenizer lengths are estimates: stay clear of the limit.
-      if (tok == nullptr) input = input * 85 / 100;
+      const int input = context - spec.output_len;
       if (input < 1) {
         return absl::InvalidArgumentError(absl::StrCat("--output-len: ", spec.output_len,
                                                        " leaves no room for a prompt in ",

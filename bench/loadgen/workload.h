@@ -10,12 +10,14 @@
 //                  [input_len] with log-space sigma [input_sigma], median
 //                  [output_len] with [output_sigma]; clamped to
 //                  [min_len, max_model_len] with input + output <= max_model_len
+//                  (90% of it when lengths are estimated)
 //   shared_prefix  [groups] groups; each has one common prefix of
 //                  [prefix_len] tokens and each request adds its own suffix of
 //                  [suffix_len] tokens (system prompts, few-shot examples,
 //                  multi-turn chat); requests of all groups interleave
 //   long_context   prompts filling the context: max_model_len - output_len
-//                  tokens, then [output_len] new tokens
+//                  tokens (90% of max_model_len when lengths are estimated),
+//                  then [output_len] new tokens
 //
 // Prompt text comes from a corpus file of stories separated by
 // "<|endoftext|>" lines (TinyStories), each prompt starting at a random word.
