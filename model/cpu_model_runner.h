@@ -9,7 +9,7 @@
 //   opt.block_size = 16;
 //   opt.num_blocks = 64;
 //   KV_ASSIGN_OR_RETURN(auto runner, CpuModelRunner::Create(std::move(m.weights), opt));
-//   KV_RETURN_IF_ERROR(runner->Forward(batch, logits));
+//   KV_RETURN_IF_ERROR(runner->Forward(batch, logits));   // or Forward(batch) + Sample(rows, out)
 //
 // Thread-safety: none; the engine thread owns the runner (Forward may use a
 // private thread pool internally).
@@ -18,11 +18,14 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "cache/kv_format.h"
 #include "cache/kv_pages.h"
 #include "model/llama_model.h"
+#include "model/host_sampling.h"
 #include "model/llama_weights.h"
 #include "model/model_runner.h"
 
@@ -38,6 +41,8 @@ struct CpuRunnerOptions {
   int int4_group_size = 64;
   // Threads of the forward pass, the caller included; <= 0: one per hardware thread.
   int num_threads = 0;
+  // For memory_info(): which setting the pool size came from.
+  std::string pool_sized_from = "cache.num_blocks";
 };
 
 class CpuModelRunner final : public ModelRunner {
@@ -52,12 +57,18 @@ class CpuModelRunner final : public ModelRunner {
   const KvFormat& kv_format() const override { return primary_.format(); }
   int32_t num_blocks() const override { return primary_.num_blocks(); }
   int32_t num_swap_blocks() const override { return swap_.num_blocks(); }
+  const RunnerMemoryInfo& memory_info() const override { return memory_info_; }
 
-  absl::Status Forward(const BatchInput& batch, std::span<float> logits) override;
-  // Aborts on a block id outside its pool (the scheduler's broken invariant).
-  void CopyBlocks(std::span<const BlockCopy> copies) override;
-  void SwapOut(std::span<const BlockCopy> copies) override;
-  void SwapIn(std::span<const BlockCopy> copies) override;
+  using ModelRunner::Forward;
+  absl::Status Forward(const BatchInput& batch) override;
+  // The CPU Sampler over the logits of the last Forward (HostRowSampler).
+  absl::Status Sample(std::span<const SampleRow> rows, std::span<SampledToken> out) override;
+  absl::Status ReadLogits(std::span<float> logits) override;
+  // Host memcpy; never fails. Aborts on a block id outside its pool (the
+  // scheduler's broken invariant).
+  absl::Status CopyBlocks(std::span<const BlockCopy> copies) override;
+  absl::Status SwapOut(std::span<const BlockCopy> copies) override;
+  absl::Status SwapIn(std::span<const BlockCopy> copies) override;
 
   // The host pages, for tests and tools that inspect the cache.
   const HostKvPages& primary_pages() const { return primary_; }
@@ -66,7 +77,7 @@ class CpuModelRunner final : public ModelRunner {
 
  private:
   CpuModelRunner(std::unique_ptr<LlamaModel> model, const KvFormat& format, int32_t num_blocks,
-                 int32_t num_swap_blocks);
+                 int32_t num_swap_blocks, const std::string& pool_sized_from);
 
   static void CopyAcross(const HostKvPages& from, HostKvPages& to,
                          std::span<const BlockCopy> copies, const char* what);
@@ -74,6 +85,9 @@ class CpuModelRunner final : public ModelRunner {
   std::unique_ptr<LlamaModel> model_;
   HostKvPages primary_;
   HostKvPages swap_;
+  RunnerMemoryInfo memory_info_;
+  std::vector<float> logits_;  // [logits rows of the last Forward][vocab]
+  HostRowSampler sampler_;
 };
 
 }  // namespace kvserve

@@ -12,12 +12,12 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "cache/capacity_plan.h"
+#include "kernels/random_weights.h"
 
 namespace kvserve {
 namespace {
 
 constexpr char kMaxBytesEnv[] = "KVSERVE_DUMMY_MAX_BYTES";
-constexpr float kWeightStd = 0.02f;
 
 struct Preset {
   const char* name;
@@ -42,27 +42,10 @@ constexpr Preset kPresets[] = {
      false, 1, 2},
 };
 
-uint64_t SplitMix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-
-// Element i of the stream `seed`: the sum of four 16-bit uniforms (Irwin-Hall,
-// close enough to normal for weights nobody reads), scaled to std kWeightStd.
-inline float RandomWeight(uint64_t seed, uint64_t i) {
-  const uint64_t r = SplitMix64(seed + (i + 1) * 0x9e3779b97f4a7c15ull);
-  const int64_t sum =
-      static_cast<int64_t>(r & 0xffff) + ((r >> 16) & 0xffff) + ((r >> 32) & 0xffff) + (r >> 48);
-  // Sum of 4 uniforms on [0, 65535]: mean 131070, std ~ 65536 / sqrt(3).
-  constexpr float kScale = kWeightStd * 1.7320508f / 65536.0f;
-  return static_cast<float>(sum - 131070) * kScale;
-}
-
 void FillRandom(float* data, uint64_t n, uint64_t seed) {
-  const uint64_t stream = SplitMix64(seed);
+  const uint64_t stream = DummyStreamKey(seed);
   auto fill = [&](uint64_t begin, uint64_t end) {
-    for (uint64_t i = begin; i < end; ++i) data[i] = RandomWeight(stream, i);
+    for (uint64_t i = begin; i < end; ++i) data[i] = DummyWeight(stream, i);
   };
   const unsigned hw = std::max(1u, std::thread::hardware_concurrency());
   const uint64_t threads = n < (uint64_t{1} << 22) ? 1 : std::min<uint64_t>(hw, 32);
@@ -90,7 +73,69 @@ std::string HumanBytes(uint64_t bytes) {
   return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1ull << 30));
 }
 
+// The tensors of config `c` with their shapes and no data.
+LlamaWeights ShapesOf(const ModelConfig& c) {
+  const int64_t dim = c.dim, hid = c.hidden_dim;
+  const int64_t q_dim = static_cast<int64_t>(c.num_heads) * c.head_dim;
+  const int64_t kv_dim = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  LlamaWeights w;
+  w.config = c;
+  w.tok_embeddings.shape = {c.vocab_size, dim};
+  w.layers.resize(c.num_layers);
+  for (LayerWeights& l : w.layers) {
+    l.attn_norm.shape = {dim};
+    l.wq.shape = {q_dim, dim};
+    l.wk.shape = {kv_dim, dim};
+    l.wv.shape = {kv_dim, dim};
+    l.wo.shape = {dim, q_dim};
+    l.ffn_norm.shape = {dim};
+    l.w_gate.shape = {hid, dim};
+    l.w_down.shape = {dim, hid};
+    l.w_up.shape = {hid, dim};
+  }
+  w.final_norm.shape = {dim};
+  w.output.shape = {c.vocab_size, dim};
+  return w;
+}
+
 }  // namespace
+
+DummyOffsets DummyTensorOffsets(const ModelConfig& c) {
+  const LlamaWeights w = ShapesOf(c);
+  DummyOffsets o;
+  int64_t next = 0;
+  auto take = [&next](const Tensor& t) {
+    const int64_t at = next;
+    next += t.numel();
+    return at;
+  };
+  o.tok_embeddings = take(w.tok_embeddings);
+  for (const LayerWeights& l : w.layers) {
+    DummyLayerOffsets lo;
+    lo.attn_norm = take(l.attn_norm);
+    lo.wq = take(l.wq);
+    lo.wk = take(l.wk);
+    lo.wv = take(l.wv);
+    lo.wo = take(l.wo);
+    lo.ffn_norm = take(l.ffn_norm);
+    lo.w_gate = take(l.w_gate);
+    lo.w_down = take(l.w_down);
+    lo.w_up = take(l.w_up);
+    o.layers.push_back(lo);
+  }
+  o.final_norm = take(w.final_norm);
+  o.output = c.tie_word_embeddings ? o.tok_embeddings : take(w.output);
+  o.total = next;
+  return o;
+}
+
+absl::StatusOr<LlamaWeights> LoadDummyModelShapes(std::string_view name, uint64_t seed) {
+  auto config = DummyPresetConfig(name);
+  if (!config.ok()) return config.status();
+  LlamaWeights w = ShapesOf(*config);
+  w.dummy_seed = seed;
+  return w;
+}
 
 std::vector<std::string> DummyPresetNames() {
   std::vector<std::string> names;
@@ -164,38 +209,34 @@ absl::StatusOr<LlamaWeights> LoadDummyModel(std::string_view name, uint64_t max_
   }
   FillRandom(buffer.get(), numel, seed);
 
-  // Carve the buffer into tensors in a fixed order; norms become all-ones so
-  // activations keep a sane scale through the layers.
-  uint64_t offset = 0;
-  auto take = [&](std::vector<int64_t> shape, bool is_norm = false) {
-    Tensor t{buffer.get() + offset, std::move(shape)};
+  // Carve the buffer into tensors in the fixed order; norms become all-ones
+  // so activations keep a sane scale through the layers.
+  LlamaWeights w = ShapesOf(c);
+  const DummyOffsets off = DummyTensorOffsets(c);
+  auto place = [&](Tensor& t, int64_t offset, bool is_norm = false) {
+    t.data = buffer.get() + offset;
     if (is_norm) std::fill_n(buffer.get() + offset, t.numel(), 1.0f);
-    offset += static_cast<uint64_t>(t.numel());
-    return t;
   };
-  const int64_t dim = c.dim, hid = c.hidden_dim;
-  const int64_t q_dim = static_cast<int64_t>(c.num_heads) * c.head_dim;
-  const int64_t kv_dim = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
-  LlamaWeights w;
-  w.config = c;
-  w.tok_embeddings = take({c.vocab_size, dim});
-  w.layers.resize(c.num_layers);
-  for (LayerWeights& l : w.layers) {
-    l.attn_norm = take({dim}, true);
-    l.wq = take({q_dim, dim});
-    l.wk = take({kv_dim, dim});
-    l.wv = take({kv_dim, dim});
-    l.wo = take({dim, q_dim});
-    l.ffn_norm = take({dim}, true);
-    l.w_gate = take({hid, dim});
-    l.w_down = take({dim, hid});
-    l.w_up = take({hid, dim});
+  place(w.tok_embeddings, off.tok_embeddings);
+  for (int l = 0; l < c.num_layers; ++l) {
+    LayerWeights& lw = w.layers[l];
+    const DummyLayerOffsets& lo = off.layers[l];
+    place(lw.attn_norm, lo.attn_norm, true);
+    place(lw.wq, lo.wq);
+    place(lw.wk, lo.wk);
+    place(lw.wv, lo.wv);
+    place(lw.wo, lo.wo);
+    place(lw.ffn_norm, lo.ffn_norm, true);
+    place(lw.w_gate, lo.w_gate);
+    place(lw.w_down, lo.w_down);
+    place(lw.w_up, lo.w_up);
   }
-  w.final_norm = take({dim}, true);
-  w.output = c.tie_word_embeddings ? w.tok_embeddings : take({c.vocab_size, dim});
-  if (offset != numel) {
+  place(w.final_norm, off.final_norm, true);
+  place(w.output, off.output);
+  if (static_cast<uint64_t>(off.total) != numel) {
     std::fprintf(stderr, "kvserve: dummy weights use %llu of %llu parameters\n",
-                 static_cast<unsigned long long>(offset), static_cast<unsigned long long>(numel));
+                 static_cast<unsigned long long>(off.total),
+                 static_cast<unsigned long long>(numel));
     std::abort();
   }
   w.storage = std::move(buffer);

@@ -12,6 +12,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/attention_plan.h"
 #include "kernels/cpu/paged_attention.h"
+#include "model/batch_check.h"
 
 namespace kvserve {
 namespace {
@@ -62,10 +63,6 @@ absl::Status CheckWeights(const LlamaWeights& w) {
     }
   }
   return absl::OkStatus();
-}
-
-absl::Status BadBatch(const std::string& what) {
-  return absl::InvalidArgumentError(absl::StrCat("BatchInput: ", what));
 }
 
 }  // namespace
@@ -144,77 +141,13 @@ absl::Status LlamaModel::Validate(const BatchInput& batch, const HostKvPages& kv
                      " kv heads, head_dim ", f.head_dim(), ") do not match the model (",
                      c.num_layers, ", ", c.num_kv_heads, ", ", c.head_dim, ")"));
   }
-  const int64_t T = batch.num_tokens(), B = batch.num_seqs();
-  if (static_cast<int64_t>(batch.positions.size()) != T) {
-    return BadBatch(absl::StrCat("positions has ", batch.positions.size(), " entries, want ", T));
-  }
-  if (static_cast<int64_t>(batch.slot_mapping.size()) != T) {
-    return BadBatch(
-        absl::StrCat("slot_mapping has ", batch.slot_mapping.size(), " entries, want ", T));
-  }
-  if (static_cast<int64_t>(batch.query_start.size()) != B + 1 || batch.query_start[0] != 0 ||
-      batch.query_start[B] != T) {
-    return BadBatch(absl::StrCat("query_start must have num_seqs + 1 = ", B + 1,
-                                 " entries from 0 to num_tokens = ", T));
-  }
-  if (batch.max_blocks_per_seq < 0 ||
-      static_cast<int64_t>(batch.block_table.size()) < B * batch.max_blocks_per_seq) {
-    return BadBatch(absl::StrCat(
-        "block_table has ", batch.block_table.size(),
-        " entries, want num_seqs * max_blocks_per_seq = ", B * batch.max_blocks_per_seq));
-  }
-  const int bs = f.block_size();
-  for (int64_t b = 0; b < B; ++b) {
-    const int32_t q_len = batch.query_start[b + 1] - batch.query_start[b];
-    const int32_t ctx = batch.context_len[b];
-    if (q_len < 0) return BadBatch(absl::StrCat("query_start decreases at sequence ", b));
-    if (ctx < q_len) {
-      return BadBatch(
-          absl::StrCat("context_len[", b, "] = ", ctx, " is less than its ", q_len, " new tokens"));
-    }
-    if (q_len == 0) continue;
-    const int64_t needed = (int64_t{ctx} + bs - 1) / bs;
-    if (needed > batch.max_blocks_per_seq) {
-      return BadBatch(absl::StrCat("context_len[", b, "] = ", ctx, " needs ", needed,
-                                   " blocks but max_blocks_per_seq is ", batch.max_blocks_per_seq));
-    }
-    // Only blocks the attention window of this step's first row can reach
-    // are read; earlier ones may already be released.
-    const int32_t first = ctx - q_len;
-    const int32_t lo = c.sliding_window > 0 ? std::max(0, first - c.sliding_window + 1) : 0;
-    const int32_t* row = batch.BlockRow(static_cast<int32_t>(b));
-    for (int64_t i = lo / bs; i < needed; ++i) {
-      if (row[i] < 0 || row[i] >= kv.num_blocks()) {
-        return BadBatch(absl::StrCat("block_table[", b, "][", i, "] = ", row[i],
-                                     " is not a block id (pool has ", kv.num_blocks(), ")"));
-      }
-    }
-  }
-  const int64_t num_slots = int64_t{kv.num_blocks()} * bs;
-  for (int64_t t = 0; t < T; ++t) {
-    if (batch.token_ids[t] < 0 || batch.token_ids[t] >= c.vocab_size) {
-      return BadBatch(absl::StrCat("token_ids[", t, "] = ", batch.token_ids[t],
-                                   " is outside the vocabulary of ", c.vocab_size));
-    }
-    if (batch.positions[t] < 0 || batch.positions[t] >= rope_.max_positions()) {
-      return BadBatch(
-          absl::StrCat("positions[", t, "] = ", batch.positions[t],
-                       " is outside [0, max_position_embeddings = ", rope_.max_positions(), ")"));
-    }
-    if (batch.slot_mapping[t] >= num_slots) {
-      return BadBatch(absl::StrCat("slot_mapping[", t, "] = ", batch.slot_mapping[t],
-                                   " is past the last slot ", num_slots - 1));
-    }
-  }
-  int32_t prev = -1;
-  for (size_t i = 0; i < batch.logits_rows.size(); ++i) {
-    const int32_t r = batch.logits_rows[i];
-    if (r <= prev || r >= T) {
-      return BadBatch(absl::StrCat("logits_rows[", i, "] = ", r,
-                                   " is not ascending inside [0, num_tokens = ", T, ")"));
-    }
-    prev = r;
-  }
+  BatchLimits limits;
+  limits.vocab_size = c.vocab_size;
+  limits.max_positions = rope_.max_positions();
+  limits.num_blocks = kv.num_blocks();
+  limits.block_size = f.block_size();
+  limits.sliding_window = c.sliding_window;
+  KV_RETURN_IF_ERROR(ValidateBatch(batch, limits));
   const size_t want = batch.logits_rows.size() * static_cast<size_t>(c.vocab_size);
   if (logits.size() < want) {
     return absl::InvalidArgumentError(

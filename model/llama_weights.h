@@ -3,13 +3,16 @@
 // llama2.c convention), so y = W x is a GEMV over rows.
 //
 // The tensors are views; `storage` keeps whatever backs them alive (an mmap of
-// an fp32 checkpoint, or vectors converted from fp16/bf16).
+// an fp32 checkpoint, or vectors converted from fp16/bf16). A dummy model
+// loaded for a device (LoadDummyModelShapes) has shapes but no data, and
+// dummy_seed set: the runner generates the values (model/dummy_model.h).
 //
 // Thread-safety: immutable after loading; shared read-only by kernels.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -53,6 +56,7 @@ struct LlamaWeights {
   Tensor final_norm;      // [dim]
   Tensor output;          // [vocab_size, dim]; aliases tok_embeddings when tied
   std::shared_ptr<void> storage;
+  std::optional<uint64_t> dummy_seed;  // set: no data; generate from this seed
 };
 
 }  // namespace kvserve

@@ -35,11 +35,16 @@ absl::StatusOr<std::string> TokenizerBeside(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string& tokenizer_path) {
+absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string& tokenizer_path,
+                                      bool defer_dummy_weights) {
   LoadedModel m;
   LoadedTokenizer tok;
   if (path.rfind(kDummyPrefix, 0) == 0) {
-    KV_ASSIGN_OR_RETURN(m.weights, LoadDummyModel(path));
+    if (defer_dummy_weights) {
+      KV_ASSIGN_OR_RETURN(m.weights, LoadDummyModelShapes(path));
+    } else {
+      KV_ASSIGN_OR_RETURN(m.weights, LoadDummyModel(path));
+    }
     if (tokenizer_path.empty()) {
       tok.tokenizer = Tokenizer::ByteLevel(m.weights.config.vocab_size);
     } else {

@@ -9,6 +9,10 @@
 // preferred, tokenizer.model otherwise: hf_tokenizer.h), or the single
 // *.model file beside a llama2.c checkpoint; dummy models fall back to a
 // byte-level tokenizer. An HF model's stop ids include the tokenizer's EOS.
+//
+// With defer_dummy_weights, a dummy model comes back as shapes only
+// (LoadDummyModelShapes: no host memory for the weights, dummy_seed set) for
+// a runner that generates them on its device; see RunnerDefersDummyWeights.
 #pragma once
 
 #include <memory>
@@ -28,6 +32,7 @@ struct LoadedModel {
 };
 
 absl::StatusOr<LoadedModel> LoadModel(const std::string& path,
-                                      const std::string& tokenizer_path = "");
+                                      const std::string& tokenizer_path = "",
+                                      bool defer_dummy_weights = false);
 
 }  // namespace kvserve

@@ -1,14 +1,42 @@
 // ModelRunner: runs a model over one BatchInput per step against the paged KV
-// cache it owns (host memory for the CPU backend, device memory for CUDA).
-// The scheduler decides the batch and hands out block ids; the runner only
-// reads and writes the blocks the batch names.
+// cache it owns (host memory for the CPU backend, device memory for CUDA),
+// and samples the next tokens where the logits live. The scheduler decides
+// the batch and hands out block ids; the runner only reads and writes the
+// blocks the batch names.
+//
+// One step, as the engine drives it:
+//   CopyBlocks / SwapOut / SwapIn   the cache manager's copies, in that order
+//   Forward(batch)                  K/V written, logits of batch.logits_rows
+//                                   kept inside the runner (on the device for
+//                                   CUDA; the call may return before the work
+//                                   is done)
+//   Sample(rows, out)               one token per SampleRow from those logits;
+//                                   only tokens and requested logprobs come
+//                                   back to the host
+// Several SampleRows may name the same logits row: the n samples of a request
+// draw their first token from the one row its prompt produced, each with its
+// own generator. Tools that need whole logits rows (eval-kv, tests) call
+// Forward(batch, logits), which is Forward then ReadLogits.
+//
+// Determinism: greedy rows (temperature 0) give the same token on every
+// backend for the same logits. Random draws use the backend's generator: the
+// CPU's std::mt19937_64 per sequence (SampleRow::state, see model/sampler.h),
+// the GPU's Philox keyed by SampleRow::seed at counter output.size(); both
+// depend only on the sequence, never on what it is batched with.
+//
+// Errors: a malformed batch is InvalidArgument naming the field, before any
+// K/V is written. Copies and device work return their status (a device copy
+// can fail); a block id outside its pool is the caller's broken invariant
+// and aborts.
 //
 // Thread-safety: none; the engine thread owns the runner.
 #pragma once
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "cache/block_copy.h"
@@ -16,8 +44,49 @@
 #include "cache/kv_format.h"
 #include "kernels/batch_input.h"
 #include "model/model_config.h"
+#include "model/sampler.h"
+#include "model/sampling_params.h"
 
 namespace kvserve {
+
+// One token to draw from the logits of the last Forward.
+struct SampleRow {
+  // Index into the last batch's logits_rows (not a token row).
+  int32_t logits_index = 0;
+  const SamplingParams* params = nullptr;  // validated; must outlive Sample
+  // The sequence's tokens so far, for the penalties.
+  std::span<const int32_t> prompt;
+  std::span<const int32_t> output;
+  // CPU sampling: the sequence's generator (advanced by a non-greedy draw).
+  SamplerState* state = nullptr;
+  // Device sampling: the sequence's Philox key; the counter is output.size().
+  uint64_t seed = 0;
+  // -1: no logprobs; else the chosen token's raw logprob and this many
+  // alternatives (<= kMaxSampleLogprobs).
+  int32_t num_logprobs = -1;
+};
+
+inline constexpr int32_t kMaxSampleLogprobs = 20;
+
+struct SampledToken {
+  int32_t token = -1;
+  float logprob = 0.0f;                        // when num_logprobs >= 0
+  std::vector<std::pair<int32_t, float>> top;  // best first; capacity is reused
+};
+
+// What a runner allocated, for the start-up log and /metrics.
+struct RunnerMemoryInfo {
+  std::string device;                // "cpu", "cuda:0 (NVIDIA H200)"
+  std::string weight_dtype;          // "fp32", "bf16", ...
+  int64_t weight_bytes = 0;          // model weights as the runner holds them
+  int64_t activation_bytes = 0;      // measured activation peak (CUDA), or the buffers
+  int64_t kv_bytes_per_block = 0;    // one block id, all layers
+  int32_t num_blocks = 0;
+  int64_t kv_pool_bytes = 0;         // num_blocks * kv_bytes_per_block
+  int64_t kv_pool_tokens = 0;        // num_blocks * block_size
+  int32_t num_swap_blocks = 0;
+  std::string pool_sized_from;       // "cache.num_blocks", "cache.memory_fraction", ...
+};
 
 class ModelRunner {
  public:
@@ -28,17 +97,38 @@ class ModelRunner {
   // Blocks in the device (primary) pool and in the host swap pool.
   virtual int32_t num_blocks() const = 0;
   virtual int32_t num_swap_blocks() const = 0;
+  virtual const RunnerMemoryInfo& memory_info() const = 0;
 
-  // Writes the K/V of every row of `batch` into its slot, then fills
-  // logits[i * vocab_size ...] for row batch.logits_rows[i].
-  // logits.size() must be at least logits_rows.size() * vocab_size.
-  virtual absl::Status Forward(const BatchInput& batch, std::span<float> logits) = 0;
+  // Writes the K/V of every row of `batch` into its slot and computes the
+  // logits of the rows batch.logits_rows names; they stay in the runner
+  // until the next Forward.
+  virtual absl::Status Forward(const BatchInput& batch) = 0;
+  // One token per row from the last Forward's logits; out.size() must be
+  // rows.size(). out[i].top is filled only when rows[i].num_logprobs > 0.
+  virtual absl::Status Sample(std::span<const SampleRow> rows, std::span<SampledToken> out) = 0;
+  // The last Forward's raw logits, logits[i * vocab_size ...] for
+  // logits_rows[i]; logits.size() must be at least logits_rows.size() * vocab.
+  virtual absl::Status ReadLogits(std::span<float> logits) = 0;
+
+  // Forward, then ReadLogits (tools and tests).
+  absl::Status Forward(const BatchInput& batch, std::span<float> logits);
 
   // Batched block copies inside the primary pool (copy-on-write).
-  virtual void CopyBlocks(std::span<const BlockCopy> copies) = 0;
+  virtual absl::Status CopyBlocks(std::span<const BlockCopy> copies) = 0;
   // Primary pool -> swap pool (src is a primary id, dst a swap id) and back.
-  virtual void SwapOut(std::span<const BlockCopy> copies) = 0;
-  virtual void SwapIn(std::span<const BlockCopy> copies) = 0;
+  virtual absl::Status SwapOut(std::span<const BlockCopy> copies) = 0;
+  virtual absl::Status SwapIn(std::span<const BlockCopy> copies) = 0;
 };
+
+inline absl::Status ModelRunner::Forward(const BatchInput& batch, std::span<float> logits) {
+  const size_t want = batch.logits_rows.size() * static_cast<size_t>(config().vocab_size);
+  if (logits.size() < want) {
+    return absl::InvalidArgumentError("logits buffer has " + std::to_string(logits.size()) +
+                                      " floats, the batch needs " + std::to_string(want));
+  }
+  absl::Status s = Forward(batch);
+  if (!s.ok()) return s;
+  return ReadLogits(logits);
+}
 
 }  // namespace kvserve

@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache/status_macros.h"
+#include "model/field_status.h"
+#include "scheduler/request_validation.h"
 #include "spdlog/spdlog.h"
 
 namespace kvserve {
@@ -85,8 +87,8 @@ EngineImpl::EngineImpl(const EngineConfig& config, int32_t max_model_len,
                                  config.preemption_mode},
                  &kv_),
       seed_rng_(std::random_device{}()) {
-  row_copy_.resize(vocab_size_);
-  logits_.reserve(static_cast<size_t>(config.max_num_seqs) * vocab_size_);
+  sample_rows_.reserve(config.max_num_seqs);
+  sample_seqs_.reserve(config.max_num_seqs);
   touched_.reserve(config.max_num_seqs);
   PublishStats();
   thread_ = std::thread([this] { Loop(); });
@@ -103,61 +105,38 @@ EngineImpl::~EngineImpl() {
 // ---- Front-end side ----------------------------------------------------------
 
 absl::Status EngineImpl::Validate(GenerateRequest& r, std::vector<int32_t>* prompt_ids) const {
-  KV_RETURN_IF_ERROR(r.sampling.Validate());
-  if (r.max_tokens < 1) return Invalid(absl::StrCat("max_tokens must be >= 1, got ", r.max_tokens));
-  const int32_t max_n = std::min(kMaxSamplesPerRequest, config_.max_num_seqs);
-  if (r.n < 1 || r.n > max_n) {
-    return Invalid(absl::StrCat("n must be in [1, ", max_n, "], got ", r.n));
-  }
-  if (r.logprobs < -1 || r.logprobs > kMaxLogprobs) {
-    return Invalid(
-        absl::StrCat("logprobs must be -1 (off) or in [0, ", kMaxLogprobs, "], got ", r.logprobs));
-  }
-  for (size_t i = 0; i < r.stop.size(); ++i) {
-    if (r.stop[i].empty()) return Invalid(absl::StrCat("stop[", i, "] must not be empty"));
-  }
-  for (size_t i = 0; i < r.stop_token_ids.size(); ++i) {
-    const int32_t id = r.stop_token_ids[i];
-    if (id < 0 || id >= vocab_size_) {
-      return Invalid(absl::StrCat("stop_token_ids[", i, "] = ", id,
-                                  " is outside the vocabulary [0, ", vocab_size_, ")"));
-    }
-  }
+  RequestLimits limits = kDefaultRequestLimits;
+  limits.max_samples = std::min(limits.max_samples, config_.max_num_seqs);
+  limits.vocab_size = vocab_size_;
+  KV_RETURN_IF_ERROR(ValidateRequestParams(r, limits));
   if (!r.kv_policy.empty() && r.kv_policy != "none") {
-    return Invalid(absl::StrCat("kv_policy \"", r.kv_policy,
+    return FieldError("kv_policy", absl::StrCat("kv_policy \"", r.kv_policy,
                                 "\" is not supported by this engine yet (only \"none\")"));
   }
   if (!r.prompt_token_ids.empty()) {
     *prompt_ids = std::move(r.prompt_token_ids);
     r.prompt_token_ids.clear();
-    for (size_t i = 0; i < prompt_ids->size(); ++i) {
-      const int32_t id = (*prompt_ids)[i];
-      if (id < 0 || id >= vocab_size_) {
-        return Invalid(absl::StrCat("prompt_token_ids[", i, "] = ", id,
-                                    " is outside the vocabulary [0, ", vocab_size_, ")"));
-      }
-    }
   } else {
     *prompt_ids = tokenizer_->Encode(r.prompt, r.add_bos);
   }
   r.prompt.clear();
   r.prompt.shrink_to_fit();
   const int64_t prompt_len = static_cast<int64_t>(prompt_ids->size());
-  if (prompt_len == 0) return Invalid("prompt must not be empty (it has no tokens)");
+  if (prompt_len == 0) return FieldError("prompt", "prompt must not be empty (it has no tokens)");
   if (prompt_len >= max_model_len_) {
-    return Invalid(absl::StrCat("prompt has ", prompt_len,
+    return FieldError("prompt", absl::StrCat("prompt has ", prompt_len,
                                 " tokens, which leaves no room to generate within max_model_len (",
                                 max_model_len_, ")"));
   }
   const int64_t total = prompt_len + r.max_tokens;
   if (total > max_model_len_) {
-    return Invalid(absl::StrCat("max_tokens (", r.max_tokens, ") + prompt (", prompt_len,
+    return FieldError("max_tokens", absl::StrCat("max_tokens (", r.max_tokens, ") + prompt (", prompt_len,
                                 " tokens) = ", total, " exceeds max_model_len (", max_model_len_,
                                 "); lower max_tokens to at most ", max_model_len_ - prompt_len));
   }
   const int64_t blocks = (total + block_size_ - 1) / block_size_;
   if (blocks > num_blocks_) {
-    return Invalid(absl::StrCat("max_tokens: prompt + max_tokens = ", total, " tokens need ",
+    return FieldError("max_tokens", absl::StrCat("max_tokens: prompt + max_tokens = ", total, " tokens need ",
                                 blocks, " KV blocks, but the whole pool has ", num_blocks_));
   }
   return absl::OkStatus();
@@ -280,11 +259,19 @@ void EngineImpl::CancelRequests(bool all) {
   }
 }
 
-void EngineImpl::RunCopies() {
+absl::Status EngineImpl::RunCopies() {
   StepCopies copies = kv_.TakePendingCopies();
-  if (!copies.swap_out.empty()) runner_->SwapOut(copies.swap_out);
-  if (!copies.copies.empty()) runner_->CopyBlocks(copies.copies);
-  if (!copies.swap_in.empty()) runner_->SwapIn(copies.swap_in);
+  if (!copies.swap_out.empty()) KV_RETURN_IF_ERROR(runner_->SwapOut(copies.swap_out));
+  if (!copies.copies.empty()) KV_RETURN_IF_ERROR(runner_->CopyBlocks(copies.copies));
+  if (!copies.swap_in.empty()) KV_RETURN_IF_ERROR(runner_->SwapIn(copies.swap_in));
+  return absl::OkStatus();
+}
+
+void EngineImpl::FailRequests(const std::vector<const Sequence*>& seqs, const std::string& error) {
+  spdlog::error("engine: {}", error);
+  for (const Sequence* seq : seqs) {
+    if (!seq->request->done) FinishRequest(seq->request, FinishReason::kError, error);
+  }
 }
 
 void EngineImpl::BuildBatch(const StepPlan& plan) {
@@ -318,7 +305,17 @@ void EngineImpl::BuildBatch(const StepPlan& plan) {
 void EngineImpl::Step() {
   step_time_ = absl::Now();
   const StepPlan& plan = scheduler_.Schedule();
-  RunCopies();
+  if (absl::Status copied = RunCopies(); !copied.ok()) {
+    // The cache manager already moved the blocks; their bytes are now
+    // unknown, so every sequence that holds blocks fails.
+    std::vector<const Sequence*> holders;
+    for (const std::unique_ptr<RequestState>& req : live_) {
+      if (!req->done) holders.push_back(req->samples.front().get());
+    }
+    FailRequests(holders,
+                 absl::StrCat("KV block copy failed: ", std::string(copied.message())));
+    return;
+  }
   if (plan.empty()) {
     if (plan.num_preempted > 0 || scheduler_.num_running() > 0) return;
     // Nothing runs and the next sequence still cannot start: Submit's checks
@@ -345,28 +342,40 @@ void EngineImpl::Step() {
   }
 
   BuildBatch(plan);
-  logits_.resize(batch_.logits_rows.size() * static_cast<size_t>(vocab_size_));
-  const absl::Status status = runner_->Forward(batch_, logits_);
+  const absl::Status status = runner_->Forward(batch_);
   ++stats_.steps;
   stats_.batched_tokens += batch_.num_tokens();
   stats_.batched_seqs += batch_.num_seqs();
-  step_time_ = absl::Now();
+  auto fail_plan = [&](const char* what, const absl::Status& st) {
+    std::vector<const Sequence*> seqs;
+    for (const ScheduledSeq& s : plan.seqs) seqs.push_back(s.seq);
+    FailRequests(seqs, absl::StrCat(what, std::string(st.message())));
+  };
   if (!status.ok()) {
-    const std::string error = absl::StrCat("forward pass failed: ", std::string(status.message()));
-    spdlog::error("engine: {}", error);
-    for (const ScheduledSeq& s : plan.seqs) {
-      if (!s.seq->request->done) FinishRequest(s.seq->request, FinishReason::kError, error);
-    }
+    step_time_ = absl::Now();
+    fail_plan("forward pass failed: ", status);
     return;
   }
-  float* row = logits_.data();
+  sample_rows_.clear();
+  sample_seqs_.clear();
+  int32_t logits_index = 0;
   for (const ScheduledSeq& s : plan.seqs) {
     Sequence* seq = s.seq;
     seq->num_computed += s.num_new_tokens;
     kv_.MarkComputed(seq->id, seq->num_computed);
     if (seq->num_computed < static_cast<int32_t>(seq->tokens.size())) continue;  // mid-prefill
-    ProcessRow(seq, row);
-    row += vocab_size_;
+    AddSampleRows(seq, logits_index++);
+  }
+  if (sampled_.size() < sample_rows_.size()) sampled_.resize(sample_rows_.size());
+  const std::span<SampledToken> sampled(sampled_.data(), sample_rows_.size());
+  const absl::Status sample_status = runner_->Sample(sample_rows_, sampled);
+  step_time_ = absl::Now();
+  if (!sample_status.ok()) {
+    fail_plan("sampling failed: ", sample_status);
+    return;
+  }
+  for (size_t i = 0; i < sample_rows_.size(); ++i) {
+    EmitToken(sample_seqs_[i], sampled[i].token, sampled[i].logprob, &sampled[i].top);
   }
   if (config_.debug_check_invariants) {
     if (absl::Status s = kv_.CheckInvariants(); !s.ok()) {
@@ -377,20 +386,31 @@ void EngineImpl::Step() {
   }
 }
 
-void EngineImpl::ProcessRow(Sequence* seq, float* row) {
+void EngineImpl::AddSampleRows(Sequence* seq, int32_t logits_index) {
   RequestState* req = seq->request;
   if (req->forked) {
-    SampleAndEmit(seq, row);
+    AddSampleRow(seq, logits_index);
     return;
   }
   // First token of an n > 1 request: every sample draws from the same raw
-  // logits (the sampler modifies the row in place).
+  // logits row.
   Fork(seq);
-  std::copy(row, row + vocab_size_, row_copy_.begin());
-  for (size_t i = 0; i < req->samples.size(); ++i) {
-    if (i > 0) std::copy(row_copy_.begin(), row_copy_.end(), row);
-    SampleAndEmit(req->samples[i].get(), row);
+  for (const std::unique_ptr<Sequence>& sample : req->samples) {
+    AddSampleRow(sample.get(), logits_index);
   }
+}
+
+void EngineImpl::AddSampleRow(Sequence* seq, int32_t logits_index) {
+  const GenerateRequest& p = seq->request->params;
+  SampleRow& row = sample_rows_.emplace_back();
+  row.logits_index = logits_index;
+  row.params = &p.sampling;
+  row.prompt = seq->prompt();
+  row.output = seq->output();
+  row.state = &seq->rng;
+  row.seed = seq->seed;
+  row.num_logprobs = p.logprobs;
+  sample_seqs_.push_back(seq);
 }
 
 void EngineImpl::Fork(Sequence* parent) {
@@ -405,15 +425,6 @@ void EngineImpl::Fork(Sequence* parent) {
   }
   req->num_live += req->params.n - 1;
   req->forked = true;
-}
-
-void EngineImpl::SampleAndEmit(Sequence* seq, float* row) {
-  const GenerateRequest& p = seq->request->params;
-  float logprob = 0.0f;
-  const int32_t token =
-      sampler_.Sample(std::span<float>(row, vocab_size_), p.sampling, seq->prompt(), seq->output(),
-                      &seq->rng, p.logprobs, &logprob, &top_scratch_);
-  EmitToken(seq, token, logprob, &top_scratch_);
 }
 
 void EngineImpl::EmitToken(Sequence* seq, int32_t token, float logprob,

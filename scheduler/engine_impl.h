@@ -9,9 +9,12 @@
 //   3. run the KV copies the plan recorded (swap-out, copy-on-write,
 //      swap-in) through the ModelRunner, before the forward pass;
 //   4. build the BatchInput (buffers reused, no per-step allocation once
-//      warm) and run Forward;
+//      warm) and run Forward (the logits stay in the runner);
 //   5. for rows that complete a sequence's uncomputed tokens: fork n > 1
-//      requests, sample, detokenize, match stops, finish and free;
+//      requests and collect one SampleRow per sample (the n samples of a
+//      fresh fork share their prompt's logits row); one ModelRunner::Sample
+//      call draws them all where the logits are (on the GPU for CUDA);
+//      then, in plan order, emit, detokenize, match stops, finish and free;
 //   6. publish the stats snapshot, then push this step's events (so a client
 //      that sees an event sees stats at least as new as its step).
 // When there is nothing to do the thread sleeps on the mutex until a
@@ -54,15 +57,9 @@
 #include "scheduler/engine.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/sequence.h"
-#include "scheduler/token_sampler.h"
+#include "model/model_runner.h"
 
 namespace kvserve {
-
-// At most this many parallel samples per request (also capped by
-// scheduler.max_num_seqs).
-inline constexpr int32_t kMaxSamplesPerRequest = 64;
-// At most this many alternatives per token (OpenAI's top_logprobs limit).
-inline constexpr int32_t kMaxLogprobs = 20;
 
 class EngineImpl final : public Engine {
  public:
@@ -93,10 +90,13 @@ class EngineImpl final : public Engine {
   void CancelRequests(bool all);
   void Step();
   void BuildBatch(const StepPlan& plan);
-  void RunCopies();
-  void ProcessRow(Sequence* seq, float* row);
+  absl::Status RunCopies();
+  void FailRequests(const std::vector<const Sequence*>& seqs, const std::string& error);
+  // Adds the SampleRows of a sequence whose prompt or decode row is done
+  // (forking an n > 1 request first); logits_index is its logits row.
+  void AddSampleRows(Sequence* seq, int32_t logits_index);
+  void AddSampleRow(Sequence* seq, int32_t logits_index);
   void Fork(Sequence* parent);
-  void SampleAndEmit(Sequence* seq, float* row);
   void EmitToken(Sequence* seq, int32_t token, float logprob,
                  std::vector<std::pair<int32_t, float>>* top);
   void FinishSample(Sequence* seq, FinishReason reason, bool flush_text,
@@ -118,11 +118,10 @@ class EngineImpl final : public Engine {
   // Engine thread only.
   KvCacheManager kv_;
   Scheduler scheduler_;
-  TokenSampler sampler_;
   BatchInput batch_;
-  std::vector<float> logits_;
-  std::vector<float> row_copy_;  // raw logits kept for the samples of a fork
-  std::vector<std::pair<int32_t, float>> top_scratch_;
+  std::vector<SampleRow> sample_rows_;     // this step's draws
+  std::vector<Sequence*> sample_seqs_;     // the sample of each row
+  std::vector<SampledToken> sampled_;      // capacity (and top vectors) reused
   std::string piece_scratch_;
   std::vector<std::unique_ptr<RequestState>> live_;
   std::vector<RequestState*> touched_;  // requests with events this step

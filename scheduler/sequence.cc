@@ -8,6 +8,7 @@ Sequence::Sequence(SeqId id, RequestState* request, int32_t index, uint64_t seed
       request(request),
       index(index),
       tokens(request->prompt_ids),
+      seed(seed),
       rng(seed),
       detok(tokenizer, request->prompt_ids.back()),
       stop(request->params.stop) {

@@ -6,10 +6,12 @@
 // it (KvCacheManager::Fork, so the prompt's blocks are shared) into samples
 // 1 .. n-1, and every sample draws its first token from the same logits.
 //
-// Seeds: sample i draws from its own std::mt19937_64 seeded with
-// (request seed + i) mod 2^64, so sample i of a seeded request produces exactly
-// the tokens a separate n = 1 request with seed (seed + i) produces. A
-// request without a seed gets a fresh random base seed at Submit.
+// Seeds: sample i has the seed (request seed + i) mod 2^64: the CPU sampler
+// draws from a std::mt19937_64 seeded with it (rng), the GPU sampler from
+// Philox keyed by it at counter num_output(). Either way sample i of a seeded
+// request produces exactly the tokens a separate n = 1 request with seed
+// (seed + i) produces on the same backend. A request without a seed gets a
+// fresh random base seed at Submit.
 //
 // Token bookkeeping: tokens holds prompt + generated ids. num_computed counts
 // the leading tokens whose K/V are in the cache; the scheduler runs tokens
@@ -29,11 +31,11 @@
 
 #include "absl/time/time.h"
 #include "cache/kv_cache_manager.h"
+#include "model/sampler.h"
 #include "scheduler/detokenizer.h"
 #include "scheduler/request.h"
 #include "scheduler/request_stream.h"
 #include "scheduler/stop_matcher.h"
-#include "scheduler/token_sampler.h"
 
 namespace kvserve {
 
@@ -51,7 +53,8 @@ struct Sequence {
   std::vector<int32_t> tokens;  // prompt + generated
   int32_t num_computed = 0;     // leading tokens whose K/V are cached
   SeqStatus status = SeqStatus::kWaiting;
-  SampleRng rng;
+  uint64_t seed;
+  SamplerState rng;  // the CPU sampler's generator, seeded with `seed`
   Detokenizer detok;
   StopMatcher stop;
 

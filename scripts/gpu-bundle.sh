@@ -11,6 +11,7 @@
 #   shared/  the stories260K reference model (from ../shared), for
 #            KVSERVE_SHARED
 #   python/  the torch peer benchmarks
+#   configs/ the shipped configs; serve_check.py starts kvserve with one
 #   run.sh   `bash gpu-bundle/run.sh OUTDIR` on the GPU machine
 # The bundle must stay under 64 MiB (checked here and by make test).
 #
@@ -75,6 +76,7 @@ for py in "$root"/bench/gpu/*.py; do
   [[ -f "$py" ]] && cp "$py" "$out/python/"
 done
 cp "$root/scripts/gpu-run.sh" "$out/run.sh"
+cp "$root/scripts/gpu-serve-check.py" "$out/serve_check.py"
 cp -r "$root/configs" "$out/configs"
 
 size=$(du -sb "$out" | awk '{print $1}')

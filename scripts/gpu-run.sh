@@ -2,7 +2,9 @@
 # Runs inside a bundle made by scripts/gpu-bundle.sh, on a bare GPU machine:
 #   bash gpu-bundle/run.sh OUTDIR
 # 1. nvidia-smi, 2. the [gpu] tests, 3. compute-sanitizer memcheck on a small
-# case (when the toolkit has it), 4. the GPU benchmarks and the torch peers.
+# case (when the toolkit has it), 4. the daemon with configs/llama3-8b-h200.yaml
+# as shipped (serve_check.py), 5. the GPU benchmarks (e2e_bench: the CUDA
+# model runner end to end) and the torch peers.
 # Logs and one JSON summary (summary.json) go to OUTDIR. Exits 77 when there
 # is no device, non-zero when a step failed.
 set -uo pipefail
@@ -101,6 +103,11 @@ if command -v compute-sanitizer >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/com
 else
   echo "run.sh: compute-sanitizer not found: memcheck skipped" | tee "$out/memcheck.log"
   status[memcheck]="skipped 0"
+fi
+# The shipped H200 config, as is: ready, one completion, a clean drain.
+if command -v python3 >/dev/null 2>&1; then
+  step serve_h200 240 python3 "$here/serve_check.py" --config "$here/configs/llama3-8b-h200.yaml" \
+    --json "$out/serve_h200.json"
 fi
 for b in "$here"/bin/*; do
   name="$(basename "$b")"

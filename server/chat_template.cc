@@ -1,11 +1,14 @@
 #include "server/chat_template.h"
 
+#include <filesystem>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 
 namespace kvserve {
 namespace {
+
+using ojson = nlohmann::ordered_json;
 
 constexpr std::string_view kRole = "{role}";
 constexpr std::string_view kContent = "{content}";
@@ -38,6 +41,27 @@ absl::Status CheckPlaceholders(const std::string& key, std::string_view pattern)
     }
   }
   return absl::OkStatus();
+}
+
+// The message as a checkpoint template sees it. Assistant tool-call
+// arguments sent as a JSON string (as OpenAI clients send them) become
+// objects, as vLLM passes them, so templates that apply `tojson` to them
+// render JSON rather than a quoted string.
+ojson TemplateMessage(const ChatMessage& m) {
+  ojson msg = m.fields.is_object() ? m.fields : ojson::object();
+  msg["role"] = m.role;
+  msg["content"] = m.content;
+  auto calls = msg.find("tool_calls");
+  if (calls == msg.end() || !calls->is_array()) return msg;
+  for (ojson& call : *calls) {
+    if (!call.is_object() || !call.contains("function") || !call["function"].is_object()) continue;
+    ojson& fn = call["function"];
+    auto args = fn.find("arguments");
+    if (args == fn.end() || !args->is_string()) continue;
+    ojson parsed = ojson::parse(args->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    if (parsed.is_object()) *args = std::move(parsed);
+  }
+  return msg;
 }
 
 }  // namespace
@@ -82,14 +106,44 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromPatterns(
   return t;
 }
 
-std::string ChatTemplate::Render(std::span<const ChatMessage> messages) const {
+ChatTemplate ChatTemplate::FromCheckpoint(HfChatTemplate hf) {
+  ChatTemplate t;
+  t.name_ = "checkpoint";
+  t.role_patterns_.clear();
+  t.generation_prompt_.clear();
+  t.hf_ = std::make_shared<const HfChatTemplate>(std::move(hf));
+  return t;
+}
+
+absl::StatusOr<ChatTemplate> ChatTemplate::ForModelDir(const std::string& dir) {
+  std::error_code ec;
+  if (dir.empty() || !std::filesystem::is_directory(dir, ec)) return ChatTemplate();
+  absl::StatusOr<std::optional<HfChatTemplate>> hf = HfChatTemplate::Load(dir);
+  if (!hf.ok()) return hf.status();
+  if (!hf->has_value()) return ChatTemplate();
+  return FromCheckpoint(**std::move(hf));
+}
+
+ChatTemplate ChatTemplate::Auto() {
+  ChatTemplate t;
+  t.name_ = "auto";
+  return t;
+}
+
+absl::StatusOr<std::string> ChatTemplate::Render(std::span<const ChatMessage> messages,
+                                                 const ChatRenderOptions& options) const {
+  if (hf_ != nullptr) {
+    ojson list = ojson::array();
+    for (const ChatMessage& m : messages) list.push_back(TemplateMessage(m));
+    return hf_->Render(list, options.add_generation_prompt, options.tools, options.variables);
+  }
   std::string out;
   for (const ChatMessage& m : messages) {
     auto it = role_patterns_.find(m.role);
     if (it == role_patterns_.end()) it = role_patterns_.find("default");
     Expand(it->second, m, &out);
   }
-  out.append(generation_prompt_);
+  if (options.add_generation_prompt) out.append(generation_prompt_);
   return out;
 }
 

@@ -17,9 +17,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "cache/kv_format.h"
-#include "model/cpu_model_runner.h"
 #include "model/cpu_threads.h"
 #include "model/model_loader.h"
+#include "model/runner_factory.h"
 #include "model/sampling_params.h"
 #include "scheduler/engine.h"
 #include "server/cli.h"
@@ -30,7 +30,7 @@ namespace {
 
 constexpr char kUsage[] =
     "usage: kvserve generate --model PATH [options]\n"
-    "Generates text for one prompt on the CPU and streams it to stdout (the prompt is not\n"
+    "Generates text for one prompt and streams it to stdout (the prompt is not\n"
     "echoed); prints tokens/s to stderr. Stops at EOS, at --max-tokens, at the end of the\n"
     "model's context, and at BOS for llama2.c checkpoints.\n"
     "options:\n"
@@ -48,7 +48,10 @@ constexpr char kUsage[] =
     "  --kv-dtype D         KV cache dtype: fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4\n"
     "                       (default fp32)\n"
     "  --num-blocks N       KV blocks (default: enough for the model's whole context)\n"
-    "  --threads N          CPU threads, 0 = what the cgroup and affinity allow (default 0)\n";
+    "  --threads N          CPU threads, 0 = what the cgroup and affinity allow (default 0)\n"
+    "  --device D           cpu, cuda or cuda:N (default cpu)\n"
+    "  --dtype D            weights and activations: auto, fp32, fp16, bf16 (default auto:\n"
+    "                       fp32 on cpu, bf16 on cuda)\n";
 
 struct Options {
   std::string model;
@@ -60,6 +63,8 @@ struct Options {
   KvDtype kv_dtype = KvDtype::kFp32;
   int32_t num_blocks = 0;
   int threads = 0;
+  std::string device = "cpu";
+  std::string dtype = "auto";
 };
 
 // Parses argv (after the subcommand name) into *o. Returns -1 to go on, or
@@ -112,6 +117,14 @@ int ParseFlags(int argc, char** argv, Options* o) {
     } else if (name == "--num-blocks") {
       if (!absl::SimpleAtoi(value, &n) || n < 1 || n > (1 << 30)) return bad("an integer >= 1");
       o->num_blocks = static_cast<int32_t>(n);
+    } else if (name == "--device") {
+      if (absl::StatusOr<DeviceSpec> d = ParseDevice(value); !d.ok()) {
+        return bad("cpu, cuda or cuda:N");
+      }
+      o->device = value;
+    } else if (name == "--dtype") {
+      if (!ResolveWeightDtype(value, DeviceSpec{}).ok()) return bad("auto, fp32, fp16 or bf16");
+      o->dtype = value;
     } else if (name == "--threads") {
       if (!absl::SimpleAtoi(value, &n) || n < 0 || n > 1024) return bad("an integer >= 0");
       o->threads = static_cast<int>(n);
@@ -137,7 +150,16 @@ int RunGenerate(int argc, char** argv) {
   Options opt;
   if (int rc = ParseFlags(argc, argv, &opt); rc >= 0) return rc;
 
-  absl::StatusOr<LoadedModel> loaded = LoadModel(opt.model, opt.tokenizer);
+  RunnerOptions ro;
+  ro.device = opt.device;
+  ro.dtype = opt.dtype;
+  ro.kv_dtype = opt.kv_dtype;
+  ro.block_size = opt.block_size;
+  ro.num_threads = opt.threads > 0 ? opt.threads : DefaultCpuThreads();
+  ro.max_num_seqs = 1;
+  if (absl::Status device = CheckRunnerDevice(ro); !device.ok()) return Fail(device);
+  absl::StatusOr<LoadedModel> loaded =
+      LoadModel(opt.model, opt.tokenizer, RunnerDefersDummyWeights(ro));
   if (!loaded.ok()) return Fail(loaded.status());
   std::shared_ptr<const Tokenizer> tok(std::move(loaded->tokenizer));
   const ModelConfig config = loaded->weights.config;
@@ -149,13 +171,12 @@ int RunGenerate(int argc, char** argv) {
         absl::StrCat("the prompt has ", prompt_len, " tokens; the model's context is ", max_len)));
   }
 
-  CpuRunnerOptions ro;
-  ro.kv_dtype = opt.kv_dtype;
-  ro.block_size = opt.block_size;
-  ro.num_blocks = opt.num_blocks;  // 0: the whole context of one sequence
-  ro.num_threads = opt.threads > 0 ? opt.threads : DefaultCpuThreads();
-  absl::StatusOr<std::unique_ptr<CpuModelRunner>> runner =
-      CpuModelRunner::Create(std::move(loaded->weights), ro);
+  // The whole context of one sequence unless --num-blocks says otherwise.
+  ro.num_blocks = opt.num_blocks > 0 ? opt.num_blocks : (max_len + opt.block_size - 1) / opt.block_size;
+  ro.max_model_len = max_len;
+  ro.max_num_batched_tokens = max_len;
+  absl::StatusOr<std::unique_ptr<ModelRunner>> runner =
+      CreateModelRunner(std::move(loaded->weights), ro);
   if (!runner.ok()) return Fail(runner.status());
 
   // One sequence, its prompt in one chunk, nothing shared with anyone.

@@ -30,7 +30,9 @@ constexpr char kUsage[] =
 
 void PrintUsage(FILE* out) {
   std::fputs(kUsage, out);
-  for (const std::string& key : ServeConfigKeys()) std::fprintf(out, "  %s\n", key.c_str());
+  for (const std::string& key : ServeConfigKeys()) {
+    std::fprintf(out, "  %-34s %s\n", key.c_str(), ServeConfigKeyHelp(key).c_str());
+  }
 }
 
 }  // namespace

@@ -20,6 +20,7 @@
 #include "cache/capacity_plan.h"
 #include "cache/kv_format.h"
 #include "cache/status_macros.h"
+#include "model/runner_factory.h"
 
 namespace kvserve {
 namespace {
@@ -201,17 +202,36 @@ const std::vector<Field>& Fields() {
       Path("model.tokenizer",
            [](ServeConfig& c, std::string v) { c.model.tokenizer = std::move(v); }),
       Str("model.name", [](ServeConfig& c, std::string v) { c.model.name = std::move(v); }),
-      Enum("model.device", {"cpu", "cuda"},
-           [](ServeConfig& c, std::string v) { c.model.device = std::move(v); }),
+      {"model.device",
+       [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+         absl::StatusOr<DeviceSpec> d = ParseDevice(text);
+         if (!d.ok()) return Bad("model.device", "cpu, cuda or cuda:N", text);
+         c.model.device = std::string(absl::StripAsciiWhitespace(text));
+         return absl::OkStatus();
+       }},
       Int("model.threads", 0, 4096, "an integer in [0, 4096] (0: what the cgroup allows)",
           [](ServeConfig& c, int64_t v) { c.model.threads = static_cast<int32_t>(v); }),
+      {"model.dtype",
+       [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+         if (!ResolveWeightDtype(text, DeviceSpec{}).ok()) {
+           return Bad("model.dtype", "one of auto, fp32, fp16, bf16", text);
+         }
+         c.model.dtype = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+         return absl::OkStatus();
+       }},
+      Bool("model.cuda_graphs", [](ServeConfig& c, bool v) { c.model.cuda_graphs = v; }),
       {"model.chat_template",
        [](ServeConfig& c, const std::string& text, Source, const std::string&) {
-         absl::StatusOr<ChatTemplate> t =
-             ChatTemplate::Builtin(std::string(absl::StripAsciiWhitespace(text)));
+         const std::string name(absl::StripAsciiWhitespace(text));
+         if (name == "auto") {
+           c.model.chat_template = ChatTemplate::Auto();
+           return absl::OkStatus();
+         }
+         absl::StatusOr<ChatTemplate> t = ChatTemplate::Builtin(name);
          if (!t.ok()) {
            return Bad("model.chat_template",
-                      "a built-in template (plain, chatml, llama3) or a map of role patterns",
+                      "auto, a built-in template (plain, chatml, llama3) or a map of role "
+                      "patterns",
                       text);
          }
          c.model.chat_template = *std::move(t);
@@ -386,6 +406,37 @@ absl::Status ApplyYaml(ServeConfig& config, const YAML::Node& root, const std::s
   return absl::OkStatus();
 }
 
+// model.chat_template: auto -> the template the model directory ships (or
+// the tokenizer's directory, when the model is a single file), else plain.
+absl::Status ResolveAutoChatTemplate(ServeConfig& c) {
+  if (c.model.chat_template.name() != "auto") return absl::OkStatus();
+  std::vector<std::string> dirs;
+  std::error_code ec;
+  if (!c.model.path.starts_with("dummy:") && fs::is_directory(c.model.path, ec)) {
+    dirs.push_back(c.model.path);
+  }
+  if (!c.model.tokenizer.empty()) {
+    dirs.push_back(fs::is_directory(c.model.tokenizer, ec)
+                       ? c.model.tokenizer
+                       : fs::path(c.model.tokenizer).parent_path().string());
+  }
+  c.model.chat_template = ChatTemplate();
+  for (const std::string& dir : dirs) {
+    absl::StatusOr<ChatTemplate> t = ChatTemplate::ForModelDir(dir);
+    if (!t.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.chat_template: ", t.status().message(),
+                       " (set model.chat_template to plain, chatml, llama3 or a map of role "
+                       "patterns to serve without it)"));
+    }
+    if (t->name() == "checkpoint") {
+      c.model.chat_template = *std::move(t);
+      break;
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckWhole(const ServeConfig& c) {
   if (c.model.path.empty()) {
     return absl::InvalidArgumentError(
@@ -448,6 +499,7 @@ absl::StatusOr<ServeConfig> ParseServeConfig(const std::string& yaml_text,
     KV_RETURN_IF_ERROR(SetScalar(config, key, o.substr(eq + 1), Source::kOverride, base_dir));
   }
   KV_RETURN_IF_ERROR(CheckWhole(config));
+  KV_RETURN_IF_ERROR(ResolveAutoChatTemplate(config));
   return config;
 }
 
@@ -464,6 +516,54 @@ absl::StatusOr<ServeConfig> LoadServeConfig(const std::string& path,
                         absl::StrCat(path, ": ", std::string(config.status().message())));
   }
   return config;
+}
+
+std::string ServeConfigKeyHelp(const std::string& key) {
+  static const std::map<std::string, std::string>* help = new std::map<std::string, std::string>{
+      {"model.path", "llama2.c checkpoint, HF directory (config.json + *.safetensors) or dummy:<preset>"},
+      {"model.tokenizer",
+       "tokenizer.json or SentencePiece .model; empty: the HF directory's own, or the .model "
+       "beside a llama2.c checkpoint"},
+      {"model.name", "the served model name (OpenAI `model`); empty: from the model"},
+      {"model.device", "cpu, cuda (device 0) or cuda:N"},
+      {"model.threads",
+       "CPU forward-pass threads; 0: what the cgroup CPU quota and the affinity mask allow"},
+      {"model.dtype",
+       "weights and activations: auto (fp32 on cpu, bf16 on cuda), fp32, fp16 or bf16; the CPU "
+       "backend computes in fp32 only"},
+      {"model.cuda_graphs", "CUDA: replay decode steps from graphs captured per batch size (true)"},
+      {"model.chat_template",
+       "auto (the checkpoint's own template, else plain), plain, chatml, llama3, or a map of "
+       "role patterns"},
+      {"cache.kv_dtype", "KV page format: fp32, fp16, bf16, fp8_e4m3, int8, int4 or k8v4"},
+      {"cache.block_size", "tokens per KV block (16)"},
+      {"cache.num_blocks", "KV blocks in the pool; 0: from memory_bytes / memory_fraction / default"},
+      {"cache.memory_bytes", "KV pool budget in bytes (e.g. 40GiB); 0: not set"},
+      {"cache.memory_fraction",
+       "KV pool share of the memory left after the weights (CUDA: and the measured activation "
+       "peak), in (0, 1]; unset: 0.9 on cuda, the CPU default budget on cpu"},
+      {"cache.num_swap_blocks", "blocks of the host swap pool (pinned memory on cuda)"},
+      {"cache.int4_group_size", "channels per int4 scale group"},
+      {"cache.prefix_caching", "reuse cached prompt prefixes (true)"},
+      {"cache.eviction_policy", "none (others are not implemented yet)"},
+      {"scheduler.max_num_seqs", "most sequences in one step"},
+      {"scheduler.max_num_batched_tokens", "most tokens in one step"},
+      {"scheduler.max_model_len", "longest sequence (prompt + output); 0: the model's"},
+      {"scheduler.preemption_mode", "recompute or swap (needs cache.num_swap_blocks)"},
+      {"server.host", "address the HTTP and gRPC servers listen on"},
+      {"server.http_port", "OpenAI-compatible HTTP port; 0: any free port"},
+      {"server.grpc_port", "gRPC port; 0: any free port"},
+      {"server.shutdown_timeout", "seconds in-flight requests get to finish on SIGTERM"},
+      {"server.max_body_bytes", "largest HTTP request body"},
+      {"server.max_queue", "waiting requests beyond this get 429 / RESOURCE_EXHAUSTED"},
+      {"server.api_key", "require Authorization: Bearer <key>; empty: no auth"},
+      {"server.http_threads", "concurrent HTTP connections served"},
+      {"server.reuse_port", "SO_REUSEPORT: share the ports with other kvserve processes (false)"},
+      {"logging.level", "trace, debug, info, warn, error, critical or off"},
+      {"logging.format", "text or json"},
+  };
+  auto it = help->find(key);
+  return it == help->end() ? "" : it->second;
 }
 
 std::vector<std::string> ServeConfigKeys() {

@@ -10,6 +10,10 @@
 // paths in the file (model.path, model.tokenizer) resolve against the file's
 // directory; those given with --set against the current directory.
 //
+// model.chat_template: auto (the default) is resolved at parse time: the
+// chat template the model directory ships (tokenizer_config.json or
+// chat_template.jinja, see model/hf_chat_template.h), else "plain".
+//
 // Thread-safety: plain value type.
 #pragma once
 
@@ -28,16 +32,22 @@ struct ServeConfig {
     std::string path;            // checkpoint file, HF directory or "dummy:<preset>"; required
     std::string tokenizer;       // "" = found beside the model
     std::string name;            // the served name (OpenAI `model`); "" = from the model
-    std::string device = "cpu";  // cpu | cuda
+    std::string device = "cpu";  // cpu | cuda | cuda:N
     int32_t threads = 0;         // CPU forward-pass threads; 0 = what the cgroup allows
-    ChatTemplate chat_template;  // a built-in name or a map of role patterns
+    std::string dtype = "auto";  // auto | fp32 | fp16 | bf16 (auto: fp32 cpu, bf16 cuda)
+    bool cuda_graphs = true;     // CUDA: replay decode steps from captured graphs
+    // auto (the checkpoint's own template, else plain), a built-in name or a
+    // map of role patterns.
+    ChatTemplate chat_template = ChatTemplate::Auto();
   } model;
   struct Cache {
     std::string kv_dtype = "fp32";
     int32_t block_size = 16;
     int32_t num_blocks = 0;        // 0: from memory_bytes / memory_fraction / a default
     int64_t memory_bytes = 0;      // KV budget in bytes (accepts KiB/MiB/GiB suffixes)
-    double memory_fraction = 0.9;  // CUDA: of free device memory after the weights
+    // Of the memory left after the weights (and, on CUDA, the activation
+    // peak); 0: not set (CUDA then uses 0.9, the CPU its default budget).
+    double memory_fraction = 0.0;
     int32_t num_swap_blocks = 0;
     int32_t int4_group_size = 64;
     bool prefix_caching = true;
@@ -79,5 +89,7 @@ absl::StatusOr<ServeConfig> LoadServeConfig(const std::string& path,
 
 // Every key a config may hold, for --help ("cache.block_size", ...).
 std::vector<std::string> ServeConfigKeys();
+// One line of --help for a key ("" for an unknown key).
+std::string ServeConfigKeyHelp(const std::string& key);
 
 }  // namespace kvserve

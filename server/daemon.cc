@@ -125,11 +125,15 @@ int RunDaemon(const ServeConfig& config) {
       return 1;
     }
     loaded = true;
+    metrics.SetMemory(built->info.memory);
     state.SetReady(built->engine.get(), built->info);
     grpc.SetServing(state.ready());
-    spdlog::info("ready in {:.2f}s: serving '{}' on http://{}:{} (OpenAI API) and grpc {}:{}",
-                 absl::ToDoubleSeconds(absl::Now() - load_start), built->info.name,
-                 config.server.host, http.port(), config.server.host, grpc.port());
+    spdlog::info(
+        "ready in {:.2f}s: serving '{}' (chat template: {}) on http://{}:{} (OpenAI API) and grpc "
+        "{}:{}",
+        absl::ToDoubleSeconds(absl::Now() - load_start), built->info.name,
+        config.model.chat_template.name(), config.server.host, http.port(), config.server.host,
+        grpc.port());
   }
 
   // Shutdown. A second signal means "now".

@@ -1,10 +1,8 @@
 // BuildEngine: from a ServeConfig to a running Engine — load the model and
-// tokenizer, size the KV pool, create the model runner for the configured
-// device and start the engine thread.
-//
-// Pool size: cache.num_blocks when set; else what cache.memory_bytes holds;
-// else room for scheduler.max_num_seqs sequences of max_model_len tokens,
-// capped at kDefaultCpuKvBudget bytes (but never below one full sequence).
+// tokenizer, create the model runner for model.device (CreateModelRunner,
+// which sizes the KV pool: model/runner_factory.h, model/kv_pool_plan.h) and
+// start the engine thread. A dummy model on CUDA is not materialized on the
+// host; the runner generates its weights on the device.
 //
 // Thread-safety: a pure function; may take seconds (weights are read).
 #pragma once
@@ -19,8 +17,6 @@
 #include "server/serving_state.h"
 
 namespace kvserve {
-
-inline constexpr int64_t kDefaultCpuKvBudget = int64_t{4} << 30;
 
 struct BuiltEngine {
   std::unique_ptr<Engine> engine;

@@ -75,6 +75,12 @@ struct ServerMetrics::Handles {
   Histogram* request_prompt_tokens;
   Histogram* request_generation_tokens;
   Gauge* ready;
+  Gauge* weight_bytes;
+  Gauge* activation_bytes;
+  Gauge* block_bytes;
+  Gauge* pool_bytes;
+  Gauge* pool_tokens;
+  Gauge* swap_blocks;
   Counter* cpu_seconds;
   prometheus::Family<Counter>* http_responses;
   absl::Mutex http_mu;
@@ -161,6 +167,18 @@ ServerMetrics::ServerMetrics()
   h_->request_generation_tokens = &NewHistogram(r, "kvserve_request_generation_tokens",
                                                 "Generated tokens per finished request.", tokens);
   h_->ready = &NewGauge(r, "kvserve_ready", "1 while accepting requests; 0 loading or draining.");
+  h_->weight_bytes = &NewGauge(r, "kvserve_model_weight_bytes",
+                               "Bytes of model weights as the runner holds them.");
+  h_->activation_bytes = &NewGauge(
+      r, "kvserve_activation_bytes",
+      "Bytes of activations and workspaces (CUDA: measured by the profile run).");
+  h_->block_bytes =
+      &NewGauge(r, "kvserve_kv_block_bytes", "Bytes of one KV block (all layers, K and V).");
+  h_->pool_bytes = &NewGauge(r, "kvserve_kv_pool_bytes", "Bytes of the primary KV pool.");
+  h_->pool_tokens =
+      &NewGauge(r, "kvserve_kv_pool_tokens", "Tokens the primary KV pool holds (blocks x block size).");
+  h_->swap_blocks =
+      &NewGauge(r, "kvserve_kv_swap_blocks_capacity", "KV blocks in the host swap pool.");
   h_->cpu_seconds = &NewCounter(r, "process_cpu_seconds_total",
                                 "Total user and system CPU time spent in seconds.");
   h_->http_responses = &prometheus::BuildCounter()
@@ -192,6 +210,15 @@ void ServerMetrics::CountHttpResponse(int status) {
 }
 
 void ServerMetrics::SetReady(bool ready) { h_->ready->Set(ready ? 1 : 0); }
+
+void ServerMetrics::SetMemory(const RunnerMemoryInfo& m) {
+  h_->weight_bytes->Set(static_cast<double>(m.weight_bytes));
+  h_->activation_bytes->Set(static_cast<double>(m.activation_bytes));
+  h_->block_bytes->Set(static_cast<double>(m.kv_bytes_per_block));
+  h_->pool_bytes->Set(static_cast<double>(m.kv_pool_bytes));
+  h_->pool_tokens->Set(static_cast<double>(m.kv_pool_tokens));
+  h_->swap_blocks->Set(static_cast<double>(m.num_swap_blocks));
+}
 
 void ServerMetrics::UpdateLocked(const EngineStats& s) {
   const EngineStats& b = last_;

@@ -19,6 +19,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "model/model_runner.h"
 #include "scheduler/engine_stats.h"
 #include "scheduler/request.h"
 
@@ -44,6 +45,10 @@ class ServerMetrics {
   void CountHttpResponse(int status);
   // Whether the daemon accepts work (1) or is loading/draining (0).
   void SetReady(bool ready);
+  // What the model runner allocated (set once the model is loaded): bytes of
+  // weights, activations and one KV block, the pool's blocks, bytes and
+  // tokens.
+  void SetMemory(const RunnerMemoryInfo& memory);
 
   // Refreshes gauges and counters from `stats`, then renders the registry.
   std::string Scrape(const EngineStats& stats);

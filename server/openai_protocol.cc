@@ -5,16 +5,15 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "model/field_status.h"
 #include "scheduler/detokenizer.h"
+#include "scheduler/request_validation.h"
 
 namespace kvserve {
 namespace {
 
 using json = nlohmann::json;
 
-constexpr int kMaxN = 64;
-constexpr int kMaxLogprobs = 20;
-constexpr int kMaxStops = 16;
 
 #define API_TRY(expr)                                               \
   do {                                                              \
@@ -122,8 +121,9 @@ std::optional<ApiError> GetTokenIds(const json& arr, const std::string& param, i
       return InvalidRequest(
           param, absl::StrCat("'", param, "' token ids must be integers, got ", TypeName(t)));
     }
+    // The vocabulary range is ValidateRequestParams'; here only what fits.
     int64_t id = t.get<int64_t>();
-    if (id < 0 || id >= vocab) {
+    if (id < std::numeric_limits<int32_t>::min() || id > std::numeric_limits<int32_t>::max()) {
       return InvalidRequest(param, absl::StrCat("'", param, "' token id ", id,
                                                 " is outside the vocabulary [0, ", vocab, ")"));
     }
@@ -137,42 +137,26 @@ std::optional<ApiError> ParseSampling(const json& body, ApiRequest* r) {
   std::optional<double> d;
   std::optional<int64_t> i;
 
-  API_TRY(GetNumber(body, "temperature", &d));
-  if (d) {
-    if (*d < 0) return OutOfRange("temperature", ">= 0", Num(*d));
-    s.temperature = static_cast<float>(*d);
-  }
-  d.reset();
-  API_TRY(GetNumber(body, "top_p", &d));
-  if (d) {
-    if (!(*d > 0 && *d <= 1)) return OutOfRange("top_p", "in (0, 1]", Num(*d));
-    s.top_p = static_cast<float>(*d);
-  }
-  d.reset();
-  API_TRY(GetNumber(body, "min_p", &d));
-  if (d) {
-    if (!(*d >= 0 && *d < 1)) return OutOfRange("min_p", "in [0, 1)", Num(*d));
-    s.min_p = static_cast<float>(*d);
-  }
-  d.reset();
-  API_TRY(GetNumber(body, "repetition_penalty", &d));
-  if (d) {
-    if (!(*d > 0)) return OutOfRange("repetition_penalty", "> 0", Num(*d));
-    s.repetition_penalty = static_cast<float>(*d);
-  }
-  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
+  // Types only: ranges are checked by ValidateRequestParams once the whole
+  // request is read (scheduler/request_validation.h, shared with gRPC and
+  // the engine).
+  struct NumberParam {
+    const char* name;
+    float* dest;
+  };
+  for (const NumberParam& p : {NumberParam{"temperature", &s.temperature},
+                               NumberParam{"top_p", &s.top_p}, NumberParam{"min_p", &s.min_p},
+                               NumberParam{"repetition_penalty", &s.repetition_penalty},
+                               NumberParam{"presence_penalty", &s.presence_penalty},
+                               NumberParam{"frequency_penalty", &s.frequency_penalty}}) {
     d.reset();
-    API_TRY(GetNumber(body, name, &d));
-    if (d) {
-      if (!(*d >= -2 && *d <= 2)) return OutOfRange(name, "in [-2, 2]", Num(*d));
-      (std::string_view(name) == "presence_penalty" ? s.presence_penalty : s.frequency_penalty) =
-          static_cast<float>(*d);
-    }
+    API_TRY(GetNumber(body, p.name, &d));
+    if (d) *p.dest = static_cast<float>(*d);
   }
   API_TRY(GetInt(body, "top_k", &i));
   if (i) {
-    if (*i < -1 || *i > std::numeric_limits<int32_t>::max()) {
-      return OutOfRange("top_k", "-1, 0 (off) or a positive integer", Num(*i));
+    if (*i < std::numeric_limits<int32_t>::min() || *i > std::numeric_limits<int32_t>::max()) {
+      return OutOfRange("top_k", "a 32-bit integer", Num(*i));
     }
     s.top_k = static_cast<int32_t>(*i);
   }
@@ -187,9 +171,9 @@ std::optional<ApiError> ParseStops(const json& body, int vocab, GenerateRequest*
     if (stop->is_string()) {
       if (!stop->get<std::string>().empty()) g->stop.push_back(stop->get<std::string>());
     } else if (stop->is_array()) {
-      if (stop->size() > kMaxStops) {
-        return OutOfRange("stop", absl::StrCat("at most ", kMaxStops, " strings"),
-                          Num(stop->size()));
+      // The count is ValidateRequestParams'; this bound only caps the parse.
+      if (stop->size() > 1024) {
+        return OutOfRange("stop", "at most 1024 strings", Num(stop->size()));
       }
       for (const json& s : *stop) {
         if (!s.is_string()) {
@@ -234,8 +218,30 @@ std::optional<ApiError> MessageContent(const json& msg, size_t index, std::strin
   return std::nullopt;
 }
 
-std::optional<ApiError> ParsePrompt(ApiKind kind, const json& body, const ApiContext& ctx,
-                                    ApiRequest* r) {
+// What a checkpoint's chat template sees beyond role and content: each
+// message as sent (tool_calls, tool_call_id, ...), `tools` and the vLLM
+// extensions add_generation_prompt and chat_template_kwargs. The body is
+// parsed again keeping member order, which tool schemas rendered with
+// tojson must keep.
+std::optional<ApiError> ChatTemplateInputs(const json& body, const std::string& raw_body,
+                                           std::vector<ChatMessage>* chat,
+                                           ChatRenderOptions* options) {
+  const json* tools = Member(body, "tools");
+  if (tools != nullptr && !tools->is_array())
+    return WrongType("tools", "an array of tools", *tools);
+  const json* kwargs = Member(body, "chat_template_kwargs");
+  if (kwargs != nullptr && !kwargs->is_object()) {
+    return WrongType("chat_template_kwargs", "an object", *kwargs);
+  }
+  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(raw_body);
+  for (size_t k = 0; k < chat->size(); ++k) (*chat)[k].fields = ordered["messages"][k];
+  if (tools != nullptr) options->tools = ordered["tools"];
+  if (kwargs != nullptr) options->variables = ordered["chat_template_kwargs"];
+  return std::nullopt;
+}
+
+std::optional<ApiError> ParsePrompt(ApiKind kind, const json& body, const std::string& raw_body,
+                                    const ApiContext& ctx, ApiRequest* r) {
   const int vocab = ctx.tokenizer->vocab_size();
   std::vector<int32_t>& ids = r->request.prompt_token_ids;
   if (kind == ApiKind::kChat) {
@@ -253,12 +259,28 @@ std::optional<ApiError> ParsePrompt(ApiKind kind, const json& body, const ApiCon
         return InvalidRequest(param + ".role",
                               absl::StrCat("'", param, ".role' must be a non-empty string"));
       }
+      if (const json* calls = Member(m, "tool_calls"); calls != nullptr && !calls->is_array()) {
+        return WrongType(param + ".tool_calls", "an array of tool calls", *calls);
+      }
       ChatMessage cm{role->get<std::string>(), ""};
       API_TRY(MessageContent(m, k, &cm.content));
       chat.push_back(std::move(cm));
     }
-    std::string prompt = ctx.chat_template->Render(chat);
-    ids = ctx.tokenizer->Encode(prompt, /*add_bos=*/true);
+    ChatRenderOptions options;
+    std::optional<bool> b;
+    API_TRY(GetBool(body, "add_generation_prompt", &b));
+    options.add_generation_prompt = b.value_or(true);
+    if (ctx.chat_template->from_checkpoint()) {
+      API_TRY(ChatTemplateInputs(body, raw_body, &chat, &options));
+    }
+    absl::StatusOr<std::string> prompt = ctx.chat_template->Render(chat, options);
+    if (!prompt.ok()) {
+      return InvalidRequest("messages",
+                            absl::StrCat("'messages' cannot be rendered with the model's chat "
+                                         "template: ",
+                                         prompt.status().message()));
+    }
+    ids = ctx.tokenizer->Encode(*prompt, ctx.chat_template->add_bos());
     return std::nullopt;
   }
 
@@ -310,37 +332,8 @@ ApiError ApiErrorFromStatus(const absl::Status& status, const std::string& promp
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kOutOfRange: {
       e.http_status = 400;
-      // Engine messages start with the field they are about.
-      size_t n = 0;
-      while (n < e.message.size() &&
-             (std::isalnum(static_cast<unsigned char>(e.message[n])) || e.message[n] == '_')) {
-        ++n;
-      }
-      std::string field = e.message.substr(0, n);
-      static const char* kKnown[] = {"temperature",
-                                     "top_p",
-                                     "top_k",
-                                     "min_p",
-                                     "repetition_penalty",
-                                     "presence_penalty",
-                                     "frequency_penalty",
-                                     "max_tokens",
-                                     "n",
-                                     "stop",
-                                     "stop_token_ids",
-                                     "logprobs",
-                                     "seed",
-                                     "priority",
-                                     "cache_salt",
-                                     "kv_policy",
-                                     "ignore_eos"};
-      if (field == "prompt" || field == "prompt_token_ids") {
-        e.param = prompt_param;
-      } else {
-        for (const char* k : kKnown) {
-          if (field == k) e.param = field;
-        }
-      }
+      const std::string field = ErrorField(status);
+      e.param = field == "prompt" || field == "prompt_token_ids" ? prompt_param : field;
       break;
     }
     case absl::StatusCode::kResourceExhausted:
@@ -402,7 +395,9 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
   std::optional<int64_t> i;
   API_TRY(GetInt(j, "n", &i));
   if (i) {
-    if (*i < 1 || *i > kMaxN) return OutOfRange("n", absl::StrCat("in [1, ", kMaxN, "]"), Num(*i));
+    if (*i < std::numeric_limits<int32_t>::min() || *i > std::numeric_limits<int32_t>::max()) {
+      return OutOfRange("n", "a 32-bit integer", Num(*i));
+    }
     g.n = static_cast<int32_t>(*i);
   }
   i.reset();
@@ -423,7 +418,7 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
     }
   }
   if (max_tokens && (*max_tokens < 1 || *max_tokens > std::numeric_limits<int32_t>::max())) {
-    return OutOfRange(max_tokens_param, ">= 1", Num(*max_tokens));
+    return OutOfRange(max_tokens_param, "in [1, 2^31)", Num(*max_tokens));
   }
 
   API_TRY(ParseStops(j, ctx.tokenizer->vocab_size(), &g));
@@ -454,8 +449,8 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
     i.reset();
     API_TRY(GetInt(j, "logprobs", &i));
     if (i) {
-      if (*i < 0 || *i > kMaxLogprobs) {
-        return OutOfRange("logprobs", absl::StrCat("in [0, ", kMaxLogprobs, "]"), Num(*i));
+      if (*i < 0 || *i > std::numeric_limits<int32_t>::max()) {
+        return OutOfRange("logprobs", "a non-negative integer", Num(*i));
       }
       g.logprobs = static_cast<int32_t>(*i);
     }
@@ -470,8 +465,8 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
     API_TRY(GetBool(j, "logprobs", &b));
     i.reset();
     API_TRY(GetInt(j, "top_logprobs", &i));
-    if (i && (*i < 0 || *i > kMaxLogprobs)) {
-      return OutOfRange("top_logprobs", absl::StrCat("in [0, ", kMaxLogprobs, "]"), Num(*i));
+    if (i && (*i < 0 || *i > std::numeric_limits<int32_t>::max())) {
+      return OutOfRange("top_logprobs", "a non-negative integer", Num(*i));
     }
     if (i && !b.value_or(false)) {
       return InvalidRequest("top_logprobs", "'top_logprobs' requires 'logprobs': true");
@@ -483,7 +478,7 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
     if (!bias->empty()) return InvalidRequest("logit_bias", "'logit_bias' is not supported");
   }
 
-  API_TRY(ParsePrompt(kind, j, ctx, &r));
+  API_TRY(ParsePrompt(kind, j, body, ctx, &r));
   const int64_t prompt_len = static_cast<int64_t>(g.prompt_token_ids.size());
   if (prompt_len >= ctx.max_model_len) {
     ApiError e = InvalidRequest(
@@ -506,6 +501,15 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
     return e;
   }
   g.max_tokens = static_cast<int32_t>(*max_tokens);
+  RequestLimits limits = kDefaultRequestLimits;
+  limits.vocab_size = ctx.tokenizer->vocab_size();
+  if (absl::Status v = ValidateRequestParams(g, limits); !v.ok()) {
+    ApiError e = ApiErrorFromStatus(v, prompt_param);
+    // The engine's field names, as this request spelled them.
+    if (e.param == "max_tokens") e.param = max_tokens_param;
+    if (e.param == "logprobs" && kind == ApiKind::kChat) e.param = "top_logprobs";
+    return e;
+  }
   *out = std::move(r);
   return std::nullopt;
 }

@@ -10,12 +10,16 @@
 // receives token ids.
 //
 // Supported fields: model, prompt (string, [string], [ids] or [[ids]]),
-// messages, max_tokens (chat also max_completion_tokens), temperature, top_p,
+// messages (assistant tool_calls and "tool" messages included), tools,
+// max_tokens (chat also max_completion_tokens), temperature, top_p,
 // n, stop, seed, logprobs (completions: int; chat: bool + top_logprobs),
 // presence_penalty, frequency_penalty, user, echo (completions), stream,
 // stream_options.include_usage; extensions: top_k, min_p,
 // repetition_penalty, ignore_eos, stop_token_ids, cache_salt, kv_policy,
-// priority.
+// priority, and (chat) add_generation_prompt and chat_template_kwargs as
+// vLLM has them. Messages, tools and chat_template_kwargs reach a
+// checkpoint's own chat template (server/chat_template.h); when it refuses a
+// conversation (raise_exception) the 400 names `messages`.
 //
 // Thread-safety: free functions; ResponseAccumulator and StreamFormatter are
 // per-request values.

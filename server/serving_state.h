@@ -17,6 +17,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "model/model_runner.h"
 #include "scheduler/engine.h"
 #include "server/chat_template.h"
 #include "server/metrics.h"
@@ -33,6 +34,7 @@ struct ServedModelInfo {
   int32_t num_swap_blocks = 0;
   int32_t max_model_len = 0;
   bool prefix_caching = true;
+  RunnerMemoryInfo memory;  // weights, activations and the KV pool as allocated
 };
 
 // A fresh random request id (16 hex digits).

@@ -301,6 +301,13 @@ TEST_CASE("Daemon: GET /metrics passes promtool check metrics", "[integration]")
   }
   REQUIRE(MetricValue(text, "kvserve_requests_total{finish_reason=\"length\"}") == 1);
   REQUIRE(MetricValue(text, "kvserve_generation_tokens_total") == 256);
+  // The pool as allocated: stories260K's 5 layers of fp32 blocks of 16
+  // tokens (4 kv heads x head_dim 8 x 4 bytes, K and V), 64 sequences of 512.
+  REQUIRE(MetricValue(text, "kvserve_kv_block_bytes") == 5 * 2 * 4 * 16 * 8 * 4);
+  REQUIRE(MetricValue(text, "kvserve_kv_blocks_capacity") == 64 * 32);
+  REQUIRE(MetricValue(text, "kvserve_kv_pool_tokens") == 64 * 32 * 16);
+  REQUIRE(MetricValue(text, "kvserve_kv_pool_bytes") == 64 * 32 * 5 * 2 * 4 * 16 * 8 * 4);
+  REQUIRE(MetricValue(text, "kvserve_model_weight_bytes") > 0);
   REQUIRE(MetricValue(text, "kvserve_time_to_first_token_seconds_count") == 1);
 
   std::string out;

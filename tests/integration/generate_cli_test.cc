@@ -124,7 +124,8 @@ TEST_CASE("kvserve generate rejects bad flags with exit code 2", "[integration]"
   const std::string model = Quote(testing::Stories260kCheckpoint());
   SECTION("each bad value names its flag") {
     for (const char* bad : {"--max-tokens 0", "--max-tokens ten", "--temperature -1", "--top-p 1.5",
-                            "--block-size 0", "--kv-dtype fp7", "--bogus 1"}) {
+                            "--block-size 0", "--kv-dtype fp7", "--device tpu", "--dtype int8",
+                            "--bogus 1"}) {
       INFO(bad);
       RunResult r = RunKvserve(absl::StrCat("generate --model ", model, " ", bad), Capture::kBoth);
       REQUIRE(r.exit_code == 2);
@@ -140,6 +141,12 @@ TEST_CASE("kvserve generate rejects bad flags with exit code 2", "[integration]"
     RunResult r = RunKvserve("generate --help");
     REQUIRE(r.exit_code == 0);
     REQUIRE(r.out.find("usage: kvserve generate") != std::string::npos);
+  }
+  SECTION("fp16 weights on the CPU are a runtime error naming model.dtype") {
+    RunResult r = RunKvserve(absl::StrCat("generate --model ", model, " --dtype fp16"),
+                             Capture::kBoth);
+    REQUIRE(r.exit_code == 1);
+    REQUIRE(r.out.find("model.dtype: fp16: the CPU backend computes in fp32") != std::string::npos);
   }
   SECTION("a missing model is a runtime error naming the path") {
     RunResult r = RunKvserve("generate --model /nonexistent/model.bin", Capture::kBoth);

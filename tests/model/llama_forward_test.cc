@@ -296,7 +296,7 @@ TEST_CASE("CopyBlocks, SwapOut and SwapIn move whole blocks of every layer", "[m
 
   SECTION("copy-on-write copies bytes exactly; attention over the copies gives the same logits") {
     const BlockCopy copies[] = {{0, 10}, {1, 11}, {2, 12}};
-    runner->CopyBlocks(copies);
+    REQUIRE(runner->CopyBlocks(copies).ok());
     for (const BlockCopy& c : copies) {
       REQUIRE(BlockBytesEqual(runner->primary_pages(), c.src, runner->primary_pages(), c.dst));
     }
@@ -304,7 +304,7 @@ TEST_CASE("CopyBlocks, SwapOut and SwapIn move whole blocks of every layer", "[m
   }
   SECTION("swap out, clobber, swap in to other blocks: the same logits") {
     const BlockCopy out[] = {{0, 5}, {1, 3}, {2, 7}};
-    runner->SwapOut(out);
+    REQUIRE(runner->SwapOut(out).ok());
     for (const BlockCopy& c : out) {
       REQUIRE(BlockBytesEqual(runner->primary_pages(), c.src, runner->swap_pages(), c.dst));
     }
@@ -317,7 +317,7 @@ TEST_CASE("CopyBlocks, SwapOut and SwapIn move whole blocks of every layer", "[m
     REQUIRE(other.table.blocks()[0] == 0);
     REQUIRE_FALSE(BlockBytesEqual(runner->primary_pages(), 0, runner->swap_pages(), 5));
     const BlockCopy in[] = {{5, 13}, {3, 14}, {7, 15}};
-    runner->SwapIn(in);
+    REQUIRE(runner->SwapIn(in).ok());
     for (const BlockCopy& c : in) {
       REQUIRE(BlockBytesEqual(runner->swap_pages(), c.src, runner->primary_pages(), c.dst));
     }

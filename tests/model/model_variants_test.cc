@@ -22,6 +22,7 @@
 #include "model/cpu_model_runner.h"
 #include "model/hf_loader.h"
 #include "model/hf_writer.h"
+#include "tests/model/random_weights.h"
 #include "tests/test_util.h"
 
 namespace kvserve {
@@ -84,54 +85,6 @@ std::vector<Variant> Variants() {
   return v;
 }
 
-// Random weights with every optional tensor the config asks for; norms are
-// 1 + noise so a missing or misplaced norm shows.
-LlamaWeights RandomWeights(const ModelConfig& c, uint32_t seed) {
-  auto store = std::make_shared<std::vector<std::vector<float>>>();
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  auto make = [&](std::vector<int64_t> shape, float mean, float std) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    std::vector<float>& buf = store->emplace_back(n);
-    for (float& x : buf) x = mean + std * normal(rng);
-    return Tensor{buf.data(), std::move(shape)};
-  };
-  store->reserve(64);
-  const int64_t dim = c.dim, hid = c.hidden_dim, q = int64_t{c.num_heads} * c.head_dim,
-                kv = int64_t{c.num_kv_heads} * c.head_dim;
-  const float w = 0.15f;
-  LlamaWeights out;
-  out.config = c;
-  out.tok_embeddings = make({c.vocab_size, dim}, 0.0f, 1.0f);
-  out.layers.resize(c.num_layers);
-  for (LayerWeights& l : out.layers) {
-    l.attn_norm = make({dim}, 1.0f, 0.2f);
-    l.wq = make({q, dim}, 0.0f, w);
-    l.wk = make({kv, dim}, 0.0f, w);
-    l.wv = make({kv, dim}, 0.0f, w);
-    l.wo = make({dim, q}, 0.0f, w);
-    l.ffn_norm = make({dim}, 1.0f, 0.2f);
-    l.w_gate = make({hid, dim}, 0.0f, w);
-    l.w_down = make({dim, hid}, 0.0f, w);
-    l.w_up = make({hid, dim}, 0.0f, w);
-    if (c.qkv_bias) {
-      l.bq = make({q}, 0.0f, 0.5f);
-      l.bk = make({kv}, 0.0f, 0.5f);
-      l.bv = make({kv}, 0.0f, 0.5f);
-    }
-    if (c.o_bias) l.bo = make({dim}, 0.0f, 0.5f);
-    if (c.qk_norm) {
-      l.q_norm = make({c.head_dim}, 1.0f, 0.3f);
-      l.k_norm = make({c.head_dim}, 1.0f, 0.3f);
-    }
-  }
-  out.final_norm = make({dim}, 1.0f, 0.2f);
-  out.output = c.tie_word_embeddings ? out.tok_embeddings : make({c.vocab_size, dim}, 0.0f, w);
-  out.storage = store;
-  return out;
-}
-
 // Logits of every token of `ids`: a 12-token prefill, a 9-token chunk after
 // it, then single decode steps, with the K/V cache in between.
 std::vector<std::vector<float>> KvserveLogits(const LlamaWeights& w, const std::vector<int32_t>& ids) {
@@ -182,7 +135,7 @@ TEST_CASE("HF variants: logits equal an independent numpy reference forward", "[
   uint32_t seed = 7;
   for (const Variant& v : Variants()) {
     DYNAMIC_SECTION(v.name) {
-      const LlamaWeights w = RandomWeights(v.config, seed++);
+      const LlamaWeights w = testing::RandomWeights(v.config, seed++);
       const std::string dir = testing::MakeTempDir("hf-variant");
       REQUIRE(WriteHfDirectory(w, testing::Stories260kTokenizer(), dir).ok());
       absl::StatusOr<LlamaWeights> loaded = LoadHfDirectory(dir);

@@ -20,8 +20,11 @@ TEST_CASE("A minimal config takes every default", "[server]") {
   REQUIRE(c->model.path == "dummy:tiny");
   REQUIRE(c->model.device == "cpu");
   REQUIRE(c->model.threads == 0);
+  REQUIRE(c->model.dtype == "auto");
+  REQUIRE(c->model.cuda_graphs);
   REQUIRE(c->model.chat_template.name() == "plain");
   REQUIRE(c->cache.kv_dtype == "fp32");
+  REQUIRE(c->cache.memory_fraction == 0.0);  // not set: each backend's default
   REQUIRE(c->cache.block_size == 16);
   REQUIRE(c->cache.prefix_caching);
   REQUIRE(c->scheduler.max_num_seqs == 64);
@@ -42,8 +45,10 @@ model:
   path: models/x.bin
   tokenizer: /abs/tok.model
   name: tiny
-  device: cuda
+  device: cuda:1
   threads: 3
+  dtype: BF16
+  cuda_graphs: false
   chat_template: chatml
 cache:
   kv_dtype: int8
@@ -81,8 +86,10 @@ logging:
   }
   SECTION("values keep their types") {
     REQUIRE(c->model.name == "tiny");
-    REQUIRE(c->model.device == "cuda");
+    REQUIRE(c->model.device == "cuda:1");
     REQUIRE(c->model.threads == 3);
+    REQUIRE(c->model.dtype == "bf16");
+    REQUIRE_FALSE(c->model.cuda_graphs);
     REQUIRE(c->model.chat_template.name() == "chatml");
     REQUIRE(c->cache.kv_dtype == "int8");
     REQUIRE(c->cache.block_size == 32);
@@ -150,9 +157,28 @@ TEST_CASE("Bad values stop with the key path and the reason", "[server]") {
   REQUIRE(Error(parse("cache:\n  block_size: [1, 2]\n")) ==
           "cache.block_size: expected a single value, got 'a list'");
   REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  device: tpu\n", "")) ==
-          "model.device: expected one of cpu, cuda, got 'tpu'");
+          "model.device: expected cpu, cuda or cuda:N, got 'tpu'");
+  REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  device: cuda:x\n", "")) ==
+          "model.device: expected cpu, cuda or cuda:N, got 'cuda:x'");
+  REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  device: cuda:-1\n", "")) ==
+          "model.device: expected cpu, cuda or cuda:N, got 'cuda:-1'");
+  REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  dtype: int8\n", "")) ==
+          "model.dtype: expected one of auto, fp32, fp16, bf16, got 'int8'");
+  REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  cuda_graphs: sometimes\n", "")) ==
+          "model.cuda_graphs: expected true or false, got 'sometimes'");
   REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  threads: -1\n", "")) ==
           "model.threads: expected an integer in [0, 4096] (0: what the cgroup allows), got '-1'");
+}
+
+TEST_CASE("Every key has one line of --help", "[server]") {
+  for (const std::string& key : ServeConfigKeys()) {
+    INFO(key);
+    REQUIRE_FALSE(ServeConfigKeyHelp(key).empty());
+  }
+  REQUIRE(ServeConfigKeyHelp("model.dtype") ==
+          "weights and activations: auto (fp32 on cpu, bf16 on cuda), fp32, fp16 or bf16; the CPU "
+          "backend computes in fp32 only");
+  REQUIRE(ServeConfigKeyHelp("cache.nonsense").empty());
 }
 
 TEST_CASE("Unknown keys and sections are refused, naming what is known", "[server]") {
@@ -230,13 +256,47 @@ TEST_CASE("A chat template is a built-in name or a map of role patterns", "[serv
   REQUIRE(c.ok());
   REQUIRE(c->model.chat_template.name() == "custom");
   std::vector<ChatMessage> m = {{"system", "be brief"}, {"user", "hi"}};
-  REQUIRE(c->model.chat_template.Render(m) == "<system> be brief\n[U] hi\n[A]");
-  REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  chat_template: jinja\n", "")) ==
-          "model.chat_template: expected a built-in template (plain, chatml, llama3) or a map of "
-          "role patterns, got 'jinja'");
+  REQUIRE(*c->model.chat_template.Render(m) == "<system> be brief\n[U] hi\n[A]");
+  REQUIRE(
+      Error(ParseServeConfig("model:\n  path: x\n  chat_template: jinja\n", "")) ==
+      "model.chat_template: expected auto, a built-in template (plain, chatml, llama3) or a map of "
+      "role patterns, got 'jinja'");
   REQUIRE(
       Error(ParseServeConfig("model:\n  path: x\n  chat_template:\n    user: \"{text}\"\n", "")) ==
       "model.chat_template.user: unknown placeholder {text} (known: {role}, {content})");
+}
+
+TEST_CASE("model.chat_template: auto takes the checkpoint's own template, else plain", "[server]") {
+  const std::string dir = testing::MakeTempDir("config-chat-template");
+  std::ofstream(dir + "/tokenizer_config.json")
+      << R"({"bos_token": "<s>", "chat_template": "{{ bos_token }}{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"})";
+  const std::vector<ChatMessage> m = {{"user", "hi"}};
+
+  auto c = ParseServeConfig("model:\n  path: " + dir + "\n", "");
+  REQUIRE(c.ok());
+  REQUIRE(c->model.chat_template.name() == "checkpoint");
+  REQUIRE(*c->model.chat_template.Render(m) == "<s><user>hi");
+  // A single-file model: the tokenizer's directory.
+  c = ParseServeConfig("model:\n  path: m.bin\n  tokenizer: " + dir + "/tokenizer.json\n", "");
+  REQUIRE(c->model.chat_template.name() == "checkpoint");
+  // An explicit built-in, in the file or with --set, overrides.
+  c = ParseServeConfig("model:\n  path: " + dir + "\n  chat_template: chatml\n", "");
+  REQUIRE(c->model.chat_template.name() == "chatml");
+  c = ParseServeConfig("model:\n  path: " + dir + "\n", "", {"model.chat_template=plain"});
+  REQUIRE(c->model.chat_template.name() == "plain");
+  c = ParseServeConfig("model:\n  path: x\n  chat_template: chatml\n", "",
+                       {"model.chat_template=auto"});
+  REQUIRE(c->model.chat_template.name() == "plain");  // x has no template
+
+  const std::string broken = testing::MakeTempDir("config-chat-template");
+  std::ofstream(broken + "/tokenizer_config.json")
+      << R"({"chat_template": "{% if %}x{% endif %}"})";
+  REQUIRE(Error(ParseServeConfig("model:\n  path: " + broken + "\n", "")) ==
+          "model.chat_template: " + broken +
+              "/tokenizer_config.json: chat template line 1: expected an expression, got '%}' (set "
+              "model.chat_template to plain, chatml, llama3 or a map of role patterns to serve "
+              "without it)");
+  REQUIRE(ParseServeConfig("model:\n  path: " + broken + "\n  chat_template: plain\n", "").ok());
 }
 
 TEST_CASE("The shipped configs parse", "[server]") {
@@ -245,6 +305,7 @@ TEST_CASE("The shipped configs parse", "[server]") {
   REQUIRE(c.ok());
   REQUIRE(c->model.path == "/models/stories260k/stories260K.bin");
   REQUIRE(c->model.device == "cpu");
+  REQUIRE(c->model.chat_template.name() == "plain");  // auto: llama2.c ships no template
   unsetenv("KVSERVE_MODEL_DIR");
   auto fallback = LoadServeConfig(std::string(KVSERVE_SOURCE_DIR) + "/configs/default.yaml");
   REQUIRE(fallback.ok());
@@ -253,6 +314,9 @@ TEST_CASE("The shipped configs parse", "[server]") {
   auto h200 = LoadServeConfig(std::string(KVSERVE_SOURCE_DIR) + "/configs/llama3-8b-h200.yaml");
   REQUIRE(h200.ok());
   REQUIRE(h200->model.device == "cuda");
+  REQUIRE(h200->model.dtype == "bf16");
+  REQUIRE(h200->model.cuda_graphs);
+  REQUIRE(h200->cache.memory_fraction == 0.9);
   REQUIRE(h200->cache.kv_dtype == "int8");
   REQUIRE(h200->model.chat_template.name() == "llama3");
 

@@ -16,8 +16,9 @@ namespace {
 using json = nlohmann::json;
 
 struct Daemonette {
-  explicit Daemonette(bool ready = true, std::string api_key = "")
-      : state(&metrics, ChatTemplate(), api_key) {
+  explicit Daemonette(bool ready = true, std::string api_key = "",
+                      ChatTemplate chat_template = ChatTemplate())
+      : state(&metrics, std::move(chat_template), api_key) {
     HttpService::Options o;
     o.port = 0;
     o.max_body_bytes = 4096;
@@ -229,6 +230,34 @@ TEST_CASE("Bad requests get the right status and a JSON body, and serving goes o
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   REQUIRE(metrics.find("kvserve_http_responses_total{code=\"200\"}") != std::string::npos);
+}
+
+TEST_CASE("A checkpoint chat template's refusal is a 400 naming messages", "[server]") {
+  // Gemma-3's rule: roles alternate user/assistant, in the template's words.
+  absl::StatusOr<std::optional<HfChatTemplate>> hf = HfChatTemplate::FromConfig(
+      R"({"bos_token": "<bos>", "chat_template": "{{ bos_token }}{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}<{{ m.role }}>{{ m.content }}{% endfor %}"})",
+      "", "test");
+  REQUIRE(hf.ok());
+  Daemonette d(/*ready=*/true, "", ChatTemplate::FromCheckpoint(**hf));
+  for (const char* stream : {"false", "true"}) {
+    auto r = d.Post(
+        "/v1/chat/completions",
+        std::string(
+            R"({"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b"}], "stream": )") +
+            stream + "}");
+    RequireError(r, 400, "messages");
+    REQUIRE(json::parse(r->body)["error"]["message"] ==
+            "'messages' cannot be rendered with the model's chat template: Conversation roles must "
+            "alternate user/assistant/user/assistant/...");
+  }
+  auto ok = d.Post(
+      "/v1/chat/completions",
+      R"({"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                      {"role": "user", "content": "c"}], "max_tokens": 2})");
+  REQUIRE(ok->status == 200);
+  std::vector<int32_t> expected;  // the byte-level fake tokenizer, no BOS added
+  for (unsigned char c : std::string("<bos><user>a<assistant>b<user>c")) expected.push_back(3 + c);
+  REQUIRE(d.engine.last_request().prompt_token_ids == expected);
 }
 
 TEST_CASE("With server.api_key, /v1 needs the bearer key but /health does not", "[server]") {

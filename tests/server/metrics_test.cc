@@ -41,6 +41,26 @@ EngineStats SomeStats() {
   return s;
 }
 
+TEST_CASE("The runner's memory is exported once the model is loaded", "[server]") {
+  ServerMetrics m;
+  RunnerMemoryInfo info;
+  info.weight_bytes = 16060522496;
+  info.activation_bytes = 2 << 20;
+  info.kv_bytes_per_block = 1081344;
+  info.num_blocks = 1000;
+  info.kv_pool_bytes = 1081344000;
+  info.kv_pool_tokens = 16000;
+  info.num_swap_blocks = 64;
+  m.SetMemory(info);
+  const std::string text = m.Scrape();
+  REQUIRE(Sample(text, "kvserve_model_weight_bytes") == 16060522496.0);
+  REQUIRE(Sample(text, "kvserve_activation_bytes") == 2 << 20);
+  REQUIRE(Sample(text, "kvserve_kv_block_bytes") == 1081344);
+  REQUIRE(Sample(text, "kvserve_kv_pool_bytes") == 1081344000.0);
+  REQUIRE(Sample(text, "kvserve_kv_pool_tokens") == 16000);
+  REQUIRE(Sample(text, "kvserve_kv_swap_blocks_capacity") == 64);
+}
+
 TEST_CASE("Gauges mirror the engine and counters advance by its deltas", "[server]") {
   ServerMetrics m;
   EngineStats s = SomeStats();

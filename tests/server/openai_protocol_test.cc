@@ -2,6 +2,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "model/field_status.h"
+
 namespace kvserve {
 namespace {
 
@@ -121,11 +123,80 @@ TEST_CASE("Chat requests render messages through the template", "[server]") {
   REQUIRE(r.request.prompt_token_ids == Bytes("system: s\nuser: a\nb\nassistant:"));
   REQUIRE(r.request.max_tokens == 4);  // max_completion_tokens wins
   REQUIRE(r.request.logprobs == 2);
+  SECTION("add_generation_prompt: false leaves the assistant's turn closed") {
+    ApiRequest d = Parse(
+        ApiKind::kChat,
+        R"({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": false})");
+    REQUIRE(d.request.prompt_token_ids == Bytes("user: x\n"));
+  }
   SECTION("without max_tokens a chat may use the rest of the context") {
     ApiRequest d = Parse(ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}]})");
     REQUIRE(d.request.prompt_token_ids.size() == 19);  // BOS + "user: x\nassistant:"
     REQUIRE(d.request.max_tokens == 64 - 19);
     REQUIRE(d.request.logprobs == -1);
+  }
+}
+
+TEST_CASE("Chat requests bring tools, tool calls and template variables to a checkpoint's template",
+          "[server]") {
+  // Renders what the template receives, as JSON.
+  absl::StatusOr<std::optional<HfChatTemplate>> hf = HfChatTemplate::FromConfig(
+      R"({"bos_token": "<s>", "chat_template": "{{ bos_token }}{{ messages|tojson }}{{ tools|tojson }}{{ add_generation_prompt }}{{ flavor }}"})",
+      "", "test");
+  REQUIRE(hf.ok());
+  Fixture f;
+  f.chat_template = ChatTemplate::FromCheckpoint(**hf);
+  const std::string body = R"({"messages": [
+      {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+      {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function",
+          "function": {"name": "f", "arguments": "{\"y\": 1, \"x\": 2}"}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "ok"}],
+    "tools": [{"type": "function", "function": {"name": "f", "parameters": {"y": {}, "x": {}}}}],
+    "tool_choice": "auto", "add_generation_prompt": false, "chat_template_kwargs": {"flavor": "!"},
+    "max_tokens": 1})";
+  ApiContext ctx = f.ctx();
+  ctx.max_model_len = 4096;
+  ApiRequest r;
+  std::optional<ApiError> err = ParseApiRequest(ApiKind::kChat, body, ctx, &r);
+  INFO((err ? err->message : ""));
+  REQUIRE_FALSE(err.has_value());
+  // Member order as sent; no BOS added by the tokenizer (the template wrote <s>).
+  REQUIRE(
+      r.request.prompt_token_ids ==
+      Bytes(
+          "<s>[{\"role\": \"user\", \"content\": \"a\\nb\"}, {\"role\": \"assistant\", "
+          "\"content\": \"\", "
+          "\"tool_calls\": [{\"id\": \"c1\", \"type\": \"function\", \"function\": {\"name\": "
+          "\"f\", "
+          "\"arguments\": {\"y\": 1, \"x\": 2}}}]}, {\"role\": \"tool\", \"tool_call_id\": \"c1\", "
+          "\"content\": \"ok\"}][{\"type\": \"function\", \"function\": {\"name\": \"f\", "
+          "\"parameters\": "
+          "{\"y\": {}, \"x\": {}}}}]False!",
+          /*bos=*/false));
+
+  SECTION("wrong types name the field") {
+    std::optional<ApiError> e = ParseApiRequest(
+        ApiKind::kChat, R"({"messages": [{"role": "assistant", "tool_calls": {}}]})", f.ctx(), &r);
+    REQUIRE(e->param == "messages[0].tool_calls");
+    REQUIRE(e->message == "'messages[0].tool_calls' must be an array of tool calls, got an object");
+    e = ParseApiRequest(ApiKind::kChat, R"({"messages": [{"role": "user"}], "tools": "f"})",
+                        f.ctx(), &r);
+    REQUIRE(e->param == "tools");
+    e = ParseApiRequest(ApiKind::kChat,
+                        R"({"messages": [{"role": "user"}], "chat_template_kwargs": []})", f.ctx(),
+                        &r);
+    REQUIRE(e->param == "chat_template_kwargs");
+  }
+  SECTION("a template's refusal is a 400 naming messages") {
+    f.chat_template = ChatTemplate::FromCheckpoint(**HfChatTemplate::FromConfig(
+        R"({"chat_template": "{{ raise_exception('Only user turns, please') }}"})", "", "test"));
+    std::optional<ApiError> e = ParseApiRequest(
+        ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}]})", f.ctx(), &r);
+    REQUIRE(e->http_status == 400);
+    REQUIRE(e->param == "messages");
+    REQUIRE(
+        e->message ==
+        "'messages' cannot be rendered with the model's chat template: Only user turns, please");
   }
 }
 
@@ -139,29 +210,34 @@ TEST_CASE("Bad requests name the field, OpenAI style", "[server]") {
   const ApiKind C = ApiKind::kCompletion, H = ApiKind::kChat;
   const Case cases[] = {
       {C, R"({"prompt": "a", "temperature": -1})", "temperature",
-       "'temperature' must be >= 0, got -1"},
+       "temperature must be >= 0, got -1"},
       {C, R"({"prompt": "a", "temperature": "hot"})", "temperature",
        "'temperature' must be a number, got a string"},
-      {C, R"({"prompt": "a", "top_p": 0})", "top_p", "'top_p' must be in (0, 1], got 0"},
-      {C, R"({"prompt": "a", "top_p": 1.5})", "top_p", "'top_p' must be in (0, 1], got 1.5"},
-      {C, R"({"prompt": "a", "max_tokens": 0})", "max_tokens", "'max_tokens' must be >= 1, got 0"},
+      {C, R"({"prompt": "a", "top_p": 0})", "top_p", "top_p must be in (0, 1], got 0"},
+      {C, R"({"prompt": "a", "top_p": 1.5})", "top_p", "top_p must be in (0, 1], got 1.5"},
+      {C, R"({"prompt": "a", "max_tokens": 0})", "max_tokens",
+       "'max_tokens' must be in [1, 2^31), got 0"},
       {C, R"({"prompt": "a", "max_tokens": 2.5})", "max_tokens",
        "'max_tokens' must be an integer, got a number"},
-      {C, R"({"prompt": "a", "n": 0})", "n", "'n' must be in [1, 64], got 0"},
+      {C, R"({"prompt": "a", "n": 0})", "n", "n must be in [1, 64], got 0"},
+      {C, R"({"prompt": "a", "stop": ["1","2","3","4","5","6","7","8","9","10","11","12","13",
+          "14","15","16","17"]})", "stop", "stop has 17 strings, at most 16 are allowed"},
       {C, R"({"prompt": "a", "stop": 5})", "stop",
        "'stop' must be a string or an array of strings, got an integer"},
       {C, R"({"prompt": "a", "stop": ["x", 1]})", "stop",
        "'stop' entries must be strings, got an integer"},
       {C, R"({"prompt": "a", "logprobs": 21})", "logprobs",
-       "'logprobs' must be in [0, 20], got 21"},
+       "logprobs must be -1 (off) or in [0, 20], got 21"},
+      {H, R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true,
+          "top_logprobs": 21})", "top_logprobs", "logprobs must be -1 (off) or in [0, 20], got 21"},
       {C, R"({"prompt": "a", "presence_penalty": 3})", "presence_penalty",
-       "'presence_penalty' must be in [-2, 2], got 3"},
+       "presence_penalty must be in [-2, 2], got 3"},
       {C, R"({"prompt": "a", "top_k": -2})", "top_k",
-       "'top_k' must be -1, 0 (off) or a positive integer, got -2"},
+       "top_k must be -1, 0 (off) or positive, got -2"},
       {C, R"({"prompt": "a", "stream": "yes"})", "stream",
        "'stream' must be a boolean, got a string"},
       {C, R"({"prompt": "a", "stop_token_ids": [600]})", "stop_token_ids",
-       "'stop_token_ids' token id 600 is outside the vocabulary [0, 512)"},
+       "stop_token_ids[0] = 600 is outside the vocabulary [0, 512)"},
       {C, R"({"prompt": "a", "logit_bias": {"5": 1}})", "logit_bias",
        "'logit_bias' is not supported"},
       {C, R"({"max_tokens": 3})", "prompt", "'prompt' is required"},
@@ -170,7 +246,7 @@ TEST_CASE("Bad requests name the field, OpenAI style", "[server]") {
        "integer"},
       {C, R"({"prompt": []})", "prompt", "'prompt' must not be empty"},
       {C, R"({"prompt": [1, -4]})", "prompt",
-       "'prompt' token id -4 is outside the vocabulary [0, 512)"},
+       "prompt_token_ids[1] = -4 is outside the vocabulary [0, 512)"},
       {C, R"({"prompt": ["a", "b"]})", "prompt",
        "batched prompts are not supported: send one prompt per request"},
       {C, R"({"prompt": "a", "max_tokens": 63})", "max_tokens",
@@ -190,7 +266,7 @@ TEST_CASE("Bad requests name the field, OpenAI style", "[server]") {
       {H, R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs",
        "'top_logprobs' requires 'logprobs': true"},
       {H, R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1})",
-       "max_completion_tokens", "'max_completion_tokens' must be >= 1, got -1"},
+       "max_completion_tokens", "'max_completion_tokens' must be in [1, 2^31), got -1"},
   };
   for (const Case& c : cases) {
     ApiError e = ParseError(c.kind, c.body);
@@ -223,11 +299,12 @@ TEST_CASE("Bad requests name the field, OpenAI style", "[server]") {
 }
 
 TEST_CASE("Engine statuses map to HTTP codes and params", "[server]") {
-  ApiError e =
-      ApiErrorFromStatus(absl::InvalidArgumentError("top_p must be in (0, 1], got 2"), "prompt");
+  // The field is the status' payload, not a guess from the message.
+  ApiError e = ApiErrorFromStatus(FieldError("top_p", "top_p must be in (0, 1], got 2"), "prompt");
   REQUIRE(e.http_status == 400);
   REQUIRE(e.param == "top_p");
-  e = ApiErrorFromStatus(absl::InvalidArgumentError("prompt_token_ids: too long"), "messages");
+  REQUIRE(ApiErrorFromStatus(absl::InvalidArgumentError("top_p is wrong"), "prompt").param == "");
+  e = ApiErrorFromStatus(FieldError("prompt_token_ids", "too long"), "messages");
   REQUIRE(e.param == "messages");
   e = ApiErrorFromStatus(absl::InvalidArgumentError("something odd"), "prompt");
   REQUIRE(e.param.empty());

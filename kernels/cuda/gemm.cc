@@ -1,0 +1,228 @@
+// cuBLASLt behind Gemm (gemm.h): descriptors, heuristics and their cache.
+#include "kernels/cuda/gemm.h"
+
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/cuda_check.h"
+
+namespace kvserve::cuda {
+namespace {
+
+absl::Status LtStatus(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  const std::string message =
+      absl::StrCat("Gemm: ", what, ": ", cublasLtGetStatusName(s), " (",
+                   cublasLtGetStatusString(s), ")");
+  if (s == CUBLAS_STATUS_ALLOC_FAILED) return absl::ResourceExhaustedError(message);
+  if (s == CUBLAS_STATUS_INVALID_VALUE) return absl::InvalidArgumentError(message);
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED) return absl::NotFoundError(message);
+  return absl::InternalError(message);
+}
+
+#define KV_LT_RETURN_IF_ERROR(expr) KV_RETURN_IF_ERROR(LtStatus((expr), #expr))
+
+cudaDataType_t CudaType(ActDtype d) {
+  switch (d) {
+    case ActDtype::kFp16:
+      return CUDA_R_16F;
+    case ActDtype::kBf16:
+      return CUDA_R_16BF;
+    case ActDtype::kFp32:
+    default:
+      return CUDA_R_32F;
+  }
+}
+
+// Largest power of two <= 256 that divides the address.
+int AlignmentOf(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  int align = 256;
+  while (align > 1 && a % align != 0) align /= 2;
+  return align;
+}
+
+absl::Status Bad(const char* field, const char* rule, int64_t value) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("Gemm: ", field, " must be ", rule, ", got ", value));
+}
+
+}  // namespace
+
+struct Gemm::Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo;
+  ~Plan() {
+    if (c != nullptr) cublasLtMatrixLayoutDestroy(c);
+    if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
+    if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
+    if (op != nullptr) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(ActDtype dtype, int64_t workspace_bytes) {
+  if (workspace_bytes < 0) return Bad("workspace_bytes", ">= 0", workspace_bytes);
+  cublasLtHandle_t handle = nullptr;
+  KV_LT_RETURN_IF_ERROR(cublasLtCreate(&handle));
+  void* workspace = nullptr;
+  if (workspace_bytes > 0) {
+    if (absl::Status s = CudaStatus(cudaMalloc(&workspace, workspace_bytes), "Gemm workspace");
+        !s.ok()) {
+      cublasLtDestroy(handle);
+      return s;
+    }
+  }
+  return std::unique_ptr<Gemm>(new Gemm(dtype, handle, workspace, workspace_bytes));
+}
+
+Gemm::Gemm(ActDtype dtype, void* handle, void* workspace, int64_t workspace_bytes)
+    : dtype_(dtype), handle_(handle), workspace_(workspace), workspace_bytes_(workspace_bytes) {}
+
+Gemm::~Gemm() {
+  plans_.clear();
+  if (workspace_ != nullptr) cudaFree(workspace_);
+  cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
+}
+
+absl::StatusOr<const Gemm::Plan*> Gemm::PlanFor(const Key& key) {
+  if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
+  absl::StatusOr<std::unique_ptr<Plan>> plan;
+  if (dtype_ == ActDtype::kFp32) {
+    // Pedantic fp32 where cuBLASLt offers it; plain CUBLAS_COMPUTE_32F is
+    // fp32 too (TF32 only ever comes with the _FAST_TF32 compute type).
+    plan = MakePlan(key, CUBLAS_COMPUTE_32F_PEDANTIC);
+    if (!plan.ok()) plan = MakePlan(key, CUBLAS_COMPUTE_32F);
+  } else {
+    plan = MakePlan(key, CUBLAS_COMPUTE_32F);
+  }
+  if (!plan.ok()) return plan.status();
+  const Plan* p = plan->get();
+  plans_.emplace(key, *std::move(plan));
+  return p;
+}
+
+absl::StatusOr<std::unique_ptr<Gemm::Plan>> Gemm::MakePlan(const Key& key, int compute_type) {
+  const auto [rows, in, out, ldx, ldy, y_dtype_int, has_bias, align_x, align_w, align_y] = key;
+  const ActDtype y_dtype = static_cast<ActDtype>(y_dtype_int);
+  auto plan = std::make_unique<Plan>();
+  const bool fp32 = dtype_ == ActDtype::kFp32;
+  const cublasComputeType_t compute = static_cast<cublasComputeType_t>(compute_type);
+  KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan->op, compute, CUDA_R_32F));
+  const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+  KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                       &trans_a, sizeof(trans_a)));
+  KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                       &trans_b, sizeof(trans_b)));
+  if (has_bias) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                         &epilogue, sizeof(epilogue)));
+    const cudaDataType_t bias_type = CudaType(y_dtype);
+    KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+  }
+  const cudaDataType_t ab = CudaType(dtype_);
+  // A = W: column-major [in x out], ld in (transposed to out x in).
+  KV_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->a, ab, in, out, in));
+  // B = x: column-major [in x rows], ld ldx.
+  KV_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->b, ab, in, rows, ldx));
+  // C = D = y: column-major [out x rows], ld ldy.
+  KV_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->c, CudaType(y_dtype), out, rows, ldy));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  KV_LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
+  auto destroy_pref = [&pref] { cublasLtMatmulPreferenceDestroy(pref); };
+  const uint64_t ws = static_cast<uint64_t>(workspace_bytes_);
+  const uint32_t ax = align_x, aw = align_w, ay = align_y;
+  absl::Status s = LtStatus(cublasLtMatmulPreferenceSetAttribute(
+                                pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
+                            "workspace preference");
+  if (s.ok()) {
+    s = LtStatus(cublasLtMatmulPreferenceSetAttribute(
+                     pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aw, sizeof(aw)),
+                 "alignment of w");
+  }
+  if (s.ok()) {
+    s = LtStatus(cublasLtMatmulPreferenceSetAttribute(
+                     pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ax, sizeof(ax)),
+                 "alignment of x");
+  }
+  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    if (s.ok()) {
+      s = LtStatus(cublasLtMatmulPreferenceSetAttribute(pref, attr, &ay, sizeof(ay)),
+                   "alignment of y");
+    }
+  }
+  if (s.ok() && fp32) {
+    // The reference dtype: no split-K reduction, so a row's sum does not
+    // depend on how many rows are batched with it.
+    const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    s = LtStatus(cublasLtMatmulPreferenceSetAttribute(
+                     pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &none, sizeof(none)),
+                 "reduction scheme");
+  }
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  if (s.ok()) {
+    s = LtStatus(cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan->op,
+                                                plan->a, plan->b, plan->c, plan->c, pref, 1,
+                                                &result, &found),
+                 "heuristic");
+  }
+  destroy_pref();
+  KV_RETURN_IF_ERROR(s);
+  if (found == 0) {
+    return absl::NotFoundError(absl::StrCat("Gemm: cuBLASLt has no algorithm for rows ", rows,
+                                            ", in ", in, ", out ", out, " (ldx ", ldx, ", ldy ",
+                                            ldy, ")"));
+  }
+  plan->algo = result.algo;
+  return plan;
+}
+
+absl::Status Gemm::Linear(const GemmParams& params, cudaStream_t stream) {
+  GemmParams p = params;
+  if (p.ldx == 0) p.ldx = p.in;
+  if (p.ldy == 0) p.ldy = p.out;
+  if (p.rows < 0 || p.rows > (int64_t{1} << 31)) return Bad("rows", "in [0, 2^31]", p.rows);
+  if (p.in <= 0) return Bad("in", "> 0", p.in);
+  if (p.out <= 0) return Bad("out", "> 0", p.out);
+  if (p.ldx < p.in) return Bad("ldx", ">= in", p.ldx);
+  if (p.ldy < p.out) return Bad("ldy", ">= out", p.ldy);
+  if (p.y_dtype != dtype_ && p.y_dtype != ActDtype::kFp32) {
+    return Bad("y_dtype", "the Gemm's dtype or fp32", static_cast<int64_t>(p.y_dtype));
+  }
+  if (p.rows == 0) return absl::OkStatus();
+  if (p.x == nullptr) return absl::InvalidArgumentError("Gemm: x is null");
+  if (p.w == nullptr) return absl::InvalidArgumentError("Gemm: w is null");
+  if (p.y == nullptr) return absl::InvalidArgumentError("Gemm: y is null");
+  const Key key{p.rows,
+                p.in,
+                p.out,
+                p.ldx,
+                p.ldy,
+                static_cast<int>(p.y_dtype),
+                p.bias != nullptr,
+                AlignmentOf(p.x),
+                AlignmentOf(p.w),
+                AlignmentOf(p.y)};
+  KV_ASSIGN_OR_RETURN(const Plan* plan, PlanFor(key));
+  if (p.bias != nullptr) {
+    // The pointer is an attribute of the (cached) descriptor; set per call.
+    KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
+  }
+  const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
+  return LtStatus(
+      cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan->op, &alpha, p.w, plan->a, p.x,
+                     plan->b, &beta, p.y, plan->c, p.y, plan->c, &plan->algo, workspace_,
+                     static_cast<size_t>(workspace_bytes_), stream),
+      "matmul");
+}
+
+}  // namespace kvserve::cuda

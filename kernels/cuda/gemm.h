@@ -1,0 +1,101 @@
+// Dense GEMMs of the CUDA forward pass through cuBLASLt: y = x W^T (+ y),
+// with W row-major [out][in] as the weights are stored (model/llama_weights.h,
+// model/device_weight_layout.h), x [rows][ldx], y [rows][ldy].
+//
+// Types: x and W share the model dtype (ActDtype). bf16 / fp16 multiply on
+// tensor cores with fp32 accumulation; fp32 uses CUBLAS_COMPUTE_32F_PEDANTIC
+// where cuBLASLt has an algorithm for it, else CUBLAS_COMPUTE_32F (neither
+// uses TF32), and no split-K reductions, so the reference dtype is as close
+// to the CPU's arithmetic as a GPU gets. y
+// is the model dtype or fp32 (the LM head writes fp32 logits for sampling).
+// accumulate adds into y in the epilogue (beta = 1, C = D): the residual
+// add of the O and down projections costs no extra pass. bias (Qwen2's q/k/v
+// biases, Llama's attention_bias) is added in the epilogue too:
+// y = x W^T (+ y) + bias, rounded once.
+//
+// cuBLASLt in row-major terms: y^T = W x^T in column-major, i.e. D (out x
+// rows, ld ldy) = op(A) B with A = W seen as column-major [in x out] (lda =
+// in, transposed) and B = x seen as column-major [in x rows] (ldb = ldx).
+//
+// Algorithms: cublasLtMatmulAlgoGetHeuristic once per (rows, in, out, ldx,
+// ldy, y dtype, bias or not, pointer alignments); the chosen algorithm and its
+// descriptors are cached, so a steady decode loop makes no heuristic query,
+// and every call is CUDA-graph capturable (the workspace is the Gemm's own,
+// allocated once).
+//
+// Example:
+//   KV_ASSIGN_OR_RETURN(std::unique_ptr<Gemm> gemm, Gemm::Create(ActDtype::kBf16));
+//   GemmParams p{.x = h, .w = wqkv, .y = qkv, .rows = T, .in = dim, .out = qkv_dim};
+//   KV_RETURN_IF_ERROR(gemm->Linear(p, stream));
+//
+// Thread-safety: one Gemm per stream-owning thread (the plan cache is not
+// locked); calls only enqueue work.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <tuple>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "kernels/cuda/act_dtype.h"
+
+namespace kvserve::cuda {
+
+struct GemmParams {
+  const void* x = nullptr;  // [rows][ldx], the Gemm's dtype, device
+  const void* w = nullptr;  // [out][in], the Gemm's dtype, device
+  void* y = nullptr;        // [rows][ldy], y_dtype, device
+  int64_t rows = 0;
+  int64_t in = 0;
+  int64_t out = 0;
+  int64_t ldx = 0;  // elements; 0: in
+  int64_t ldy = 0;  // elements; 0: out
+  bool accumulate = false;
+  const void* bias = nullptr;          // [out], y_dtype, device; null: none
+  ActDtype y_dtype = ActDtype::kFp32;  // the Gemm's dtype, or fp32
+};
+
+class Gemm {
+ public:
+  static constexpr int64_t kDefaultWorkspaceBytes = int64_t{32} << 20;
+
+  // Creates the cuBLASLt handle and the workspace on the current device.
+  static absl::StatusOr<std::unique_ptr<Gemm>> Create(
+      ActDtype dtype, int64_t workspace_bytes = kDefaultWorkspaceBytes);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  ActDtype dtype() const { return dtype_; }
+  int64_t workspace_bytes() const { return workspace_bytes_; }
+  // Shapes with a cached algorithm.
+  int64_t num_plans() const { return static_cast<int64_t>(plans_.size()); }
+
+  // InvalidArgument naming the field for a bad shape, stride, dtype or null
+  // pointer; NotFound when cuBLASLt has no algorithm for the shape; else the
+  // status of the enqueue. rows == 0 does nothing.
+  absl::Status Linear(const GemmParams& params, cudaStream_t stream);
+
+ private:
+  struct Plan;
+  // rows, in, out, ldx, ldy, y dtype, bias, alignment of x, w, y.
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, int, int, int>;
+
+  Gemm(ActDtype dtype, void* handle, void* workspace, int64_t workspace_bytes);
+  absl::StatusOr<const Plan*> PlanFor(const Key& key);
+  // Descriptors and the heuristic's algorithm for one compute type
+  // (cublasComputeType_t).
+  absl::StatusOr<std::unique_ptr<Plan>> MakePlan(const Key& key, int compute_type);
+
+  ActDtype dtype_;
+  void* handle_;  // cublasLtHandle_t
+  void* workspace_;
+  int64_t workspace_bytes_;
+  std::map<Key, std::unique_ptr<Plan>> plans_;
+};
+
+}  // namespace kvserve::cuda

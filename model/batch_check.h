@@ -1,0 +1,35 @@
+// ValidateBatch: the one check of a BatchInput against a model and its KV
+// pool, made by every backend before any K/V is written (a bad id read by a
+// kernel would be an out-of-bounds access, on the device a fault for the
+// whole process).
+//
+// Checks: array sizes (positions, slot_mapping, query_start, block_table),
+// query_start from 0 to num_tokens and non-decreasing, context_len >= the new
+// rows, block ids of every block the step's rows can reach inside the pool
+// (blocks that left a sliding window may already be released and are not
+// read), token ids inside the vocabulary, positions inside the RoPE table,
+// slots inside the pool (negative: not written), logits_rows ascending inside
+// [0, num_tokens). InvalidArgument names the field ("BatchInput: token_ids[3]
+// = 600 is outside the vocabulary of 512").
+//
+// Thread-safety: a pure function.
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/batch_input.h"
+
+namespace kvserve {
+
+struct BatchLimits {
+  int32_t vocab_size = 0;
+  int32_t max_positions = 0;  // RoPE table rows
+  int32_t num_blocks = 0;     // primary pool
+  int32_t block_size = 0;
+  int32_t sliding_window = 0;  // 0: full attention
+};
+
+absl::Status ValidateBatch(const BatchInput& batch, const BatchLimits& limits);
+
+}  // namespace kvserve

@@ -1,0 +1,162 @@
+#include "model/runner_factory.h"
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "cache/status_macros.h"
+#include "model/cpu_model_runner.h"
+#include "model/kv_pool_plan.h"
+#ifdef KVSERVE_HAVE_CUDA
+#include "model/cuda_model_runner.h"
+#endif
+
+namespace kvserve {
+namespace {
+
+// MemAvailable of /proc/meminfo in bytes; 0 when unknown.
+int64_t HostMemAvailable() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  int64_t value = 0;
+  while (in >> key >> value) {
+    std::getline(in, unit);
+    if (key == "MemAvailable:") return value * 1024;
+  }
+  return 0;
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(LlamaWeights weights,
+                                                             const RunnerOptions& o) {
+  KV_ASSIGN_OR_RETURN(WeightDtype dtype, ResolveWeightDtype(o.dtype, DeviceSpec{}));
+  if (dtype != WeightDtype::kFp32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model.dtype: ", std::string(WeightDtypeName(dtype)),
+                     ": the CPU backend computes in fp32; use model.dtype: fp32 or auto"));
+  }
+  if (weights.dummy_seed.has_value()) {
+    return absl::InvalidArgumentError(
+        "model.path: the CPU backend needs the dummy weights materialized on the host");
+  }
+  const ModelConfig& mc = weights.config;
+  KV_RETURN_IF_ERROR(mc.Validate());
+  absl::StatusOr<KvFormat> format = KvFormat::Create(o.kv_dtype, mc.num_kv_heads, mc.head_dim,
+                                                     o.block_size, o.int4_group_size);
+  if (!format.ok()) {
+    return absl::Status(format.status().code(),
+                        absl::StrCat("cache: ", std::string(format.status().message())));
+  }
+  KvPoolRequest pool;
+  pool.num_blocks = o.num_blocks;
+  pool.memory_bytes = o.memory_bytes;
+  pool.memory_fraction = o.memory_fraction;
+  pool.default_bytes = kDefaultCpuKvBudget;
+  if (o.memory_fraction > 0) pool.available_bytes = HostMemAvailable();
+  pool.weight_bytes = mc.NumParams() * int64_t{sizeof(float)};
+  pool.bytes_per_block = format->block_bytes() * mc.num_layers;
+  pool.block_size = o.block_size;
+  pool.max_model_len = o.max_model_len > 0 ? o.max_model_len : mc.max_position_embeddings;
+  pool.max_num_seqs = o.max_num_seqs;
+  KV_ASSIGN_OR_RETURN(KvPoolPlan plan, PlanKvPool(pool));
+
+  CpuRunnerOptions ro;
+  ro.kv_dtype = o.kv_dtype;
+  ro.block_size = o.block_size;
+  ro.num_blocks = plan.num_blocks;
+  ro.num_swap_blocks = o.num_swap_blocks;
+  ro.int4_group_size = o.int4_group_size;
+  ro.num_threads = o.num_threads;
+  ro.pool_sized_from = plan.sized_from;
+  absl::StatusOr<std::unique_ptr<CpuModelRunner>> runner =
+      CpuModelRunner::Create(std::move(weights), ro);
+  if (!runner.ok()) {
+    return absl::Status(runner.status().code(),
+                        absl::StrCat("cache: ", std::string(runner.status().message())));
+  }
+  return std::unique_ptr<ModelRunner>(*std::move(runner));
+}
+
+}  // namespace
+
+absl::StatusOr<DeviceSpec> ParseDevice(std::string_view text) {
+  const std::string t(absl::StripAsciiWhitespace(std::string(text)));
+  DeviceSpec d;
+  if (t == "cpu") return d;
+  d.kind = DeviceSpec::Kind::kCuda;
+  if (t == "cuda") return d;
+  int ordinal = -1;
+  if (t.starts_with("cuda:") && absl::SimpleAtoi(t.substr(5), &ordinal) && ordinal >= 0 &&
+      t.find_first_not_of("0123456789", 5) == std::string::npos) {
+    d.ordinal = ordinal;
+    return d;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("model.device: expected cpu, cuda or cuda:N, got '", std::string(text), "'"));
+}
+
+std::string_view WeightDtypeName(WeightDtype dtype) {
+  switch (dtype) {
+    case WeightDtype::kFp32:
+      return "fp32";
+    case WeightDtype::kFp16:
+      return "fp16";
+    case WeightDtype::kBf16:
+      return "bf16";
+  }
+  return "?";
+}
+
+absl::StatusOr<WeightDtype> ResolveWeightDtype(std::string_view text, const DeviceSpec& device) {
+  const std::string t = absl::AsciiStrToLower(absl::StripAsciiWhitespace(std::string(text)));
+  if (t == "auto" || t.empty()) {
+    return device.kind == DeviceSpec::Kind::kCuda ? WeightDtype::kBf16 : WeightDtype::kFp32;
+  }
+  if (t == "fp32" || t == "float32") return WeightDtype::kFp32;
+  if (t == "fp16" || t == "float16") return WeightDtype::kFp16;
+  if (t == "bf16" || t == "bfloat16") return WeightDtype::kBf16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("model.dtype: expected auto, fp32, fp16 or bf16, got '", std::string(text), "'"));
+}
+
+bool RunnerDefersDummyWeights(const RunnerOptions& options) {
+#ifdef KVSERVE_HAVE_CUDA
+  absl::StatusOr<DeviceSpec> d = ParseDevice(options.device);
+  return d.ok() && d->kind == DeviceSpec::Kind::kCuda;
+#else
+  return false;
+#endif
+}
+
+absl::Status CheckRunnerDevice(const RunnerOptions& options) {
+  KV_ASSIGN_OR_RETURN(DeviceSpec device, ParseDevice(options.device));
+  if (device.kind == DeviceSpec::Kind::kCpu) return absl::OkStatus();
+#ifdef KVSERVE_HAVE_CUDA
+  return CudaModelRunner::CheckDevice(options, device);
+#else
+  return absl::FailedPreconditionError(absl::StrCat(
+      "model.device: ", options.device,
+      ": kvserve was built without CUDA (configure with -DKVSERVE_CUDA=ON where nvcc is "
+      "installed); use model.device: cpu"));
+#endif
+}
+
+absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(LlamaWeights weights,
+                                                               const RunnerOptions& options) {
+  KV_ASSIGN_OR_RETURN(DeviceSpec device, ParseDevice(options.device));
+  if (device.kind == DeviceSpec::Kind::kCpu) return CreateCpuRunner(std::move(weights), options);
+  KV_RETURN_IF_ERROR(CheckRunnerDevice(options));
+#ifdef KVSERVE_HAVE_CUDA
+  KV_ASSIGN_OR_RETURN(WeightDtype dtype, ResolveWeightDtype(options.dtype, device));
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> runner,
+                      CudaModelRunner::Create(std::move(weights), options, device, dtype));
+  return std::unique_ptr<ModelRunner>(std::move(runner));
+#else
+  return absl::InternalError("unreachable: CheckRunnerDevice refuses CUDA in this build");
+#endif
+}
+
+}  // namespace kvserve
