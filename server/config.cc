@@ -210,6 +210,8 @@ const std::vector<Field>& Fields() {
          c.model.device = std::string(absl::StripAsciiWhitespace(text));
          return absl::OkStatus();
        }},
+      Int("model.threads", 0, 4096, "an integer in [0, 4096] (0: what the cgroup allows)",
+          [](ServeConfig& c, int64_t v) { c.model.threads = static_cast<int32_t>(v); }),
       {"model.dtype",
        [](ServeConfig& c, const std::string& text, Source, const std::string&) {
          if (!ResolveWeightDtype(text, DeviceSpec{}).ok()) {
@@ -528,6 +530,8 @@ std::string ServeConfigKeyHelp(const std::string& key) {
        "beside a llama2.c checkpoint"},
       {"model.name", "the served model name (OpenAI `model`); empty: from the model"},
       {"model.device", "cpu, cuda (device 0) or cuda:N"},
+      {"model.threads",
+       "CPU forward-pass threads; 0: what the cgroup CPU quota and the affinity mask allow"},
       {"model.dtype",
        "weights and activations: auto (fp32 on cpu, bf16 on cuda), fp32, fp16 or bf16; the CPU "
        "backend computes in fp32 only"},

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "cache/kv_dtype_spec.h"
 #include "cache/kv_format.h"
+#include "model/cpu_threads.h"
 #include "model/model_loader.h"
 #include "model/runner_factory.h"
 #include "spdlog/spdlog.h"
@@ -36,6 +37,7 @@ absl::StatusOr<BuiltEngine> BuildEngine(
   ro.memory_fraction = config.cache.memory_fraction;
   ro.num_swap_blocks = config.cache.num_swap_blocks;
   ro.int4_group_size = config.cache.int4_group_size;
+  ro.num_threads = config.model.threads > 0 ? config.model.threads : DefaultCpuThreads();
   ro.max_num_seqs = config.scheduler.max_num_seqs;
   ro.max_num_batched_tokens = config.scheduler.max_num_batched_tokens;
   ro.max_model_len = config.scheduler.max_model_len;
@@ -85,6 +87,10 @@ absl::StatusOr<BuiltEngine> BuildEngine(
       memory.num_blocks, info.block_size, static_cast<double>(memory.kv_bytes_per_block) / 1024,
       static_cast<double>(memory.kv_pool_bytes) / (1 << 20), memory.kv_pool_tokens,
       memory.pool_sized_from, memory.num_swap_blocks);
+  if (memory.device == "cpu") {
+    spdlog::info("CPU forward pass on {} threads (model.threads: {})", ro.num_threads,
+                 config.model.threads > 0 ? "as set" : "0, what the cgroup and affinity allow");
+  }
   return out;
 }
 

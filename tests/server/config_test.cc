@@ -19,6 +19,7 @@ TEST_CASE("A minimal config takes every default", "[server]") {
   REQUIRE(c.ok());
   REQUIRE(c->model.path == "dummy:tiny");
   REQUIRE(c->model.device == "cpu");
+  REQUIRE(c->model.threads == 0);
   REQUIRE(c->model.dtype == "auto");
   REQUIRE(c->model.cuda_graphs);
   REQUIRE(c->model.chat_template.name() == "plain");
@@ -45,6 +46,7 @@ model:
   tokenizer: /abs/tok.model
   name: tiny
   device: cuda:1
+  threads: 3
   dtype: BF16
   cuda_graphs: false
   chat_template: chatml
@@ -85,6 +87,7 @@ logging:
   SECTION("values keep their types") {
     REQUIRE(c->model.name == "tiny");
     REQUIRE(c->model.device == "cuda:1");
+    REQUIRE(c->model.threads == 3);
     REQUIRE(c->model.dtype == "bf16");
     REQUIRE_FALSE(c->model.cuda_graphs);
     REQUIRE(c->model.chat_template.name() == "chatml");
@@ -173,6 +176,8 @@ TEST_CASE("Bad values stop with the key path and the reason", "[server]") {
           "model.dtype: expected one of auto, fp32, fp16, bf16, got 'int8'");
   REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  cuda_graphs: sometimes\n", "")) ==
           "model.cuda_graphs: expected true or false, got 'sometimes'");
+  REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  threads: -1\n", "")) ==
+          "model.threads: expected an integer in [0, 4096] (0: what the cgroup allows), got '-1'");
 }
 
 TEST_CASE("Every key has one line of --help", "[server]") {
