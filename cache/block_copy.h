@@ -16,6 +16,11 @@
 // batches in this order is equivalent to running every copy in the order it
 // was recorded.
 //
+// Tails (int4_kc): ids past a pool's blocks name its tails. A primary id p >=
+// num_blocks is tail p - num_blocks, a host id h >= num_swap_blocks is host
+// tail h - num_swap_blocks; a copy moves a whole tail (every layer that keeps
+// tails) and is always tail to tail.
+//
 // Slot moves come only from KvCacheManager::Evict, which the engine calls
 // after a step's forward pass and drains at once (so no swap-out recorded
 // later can read a block before its moves ran). A move copies one token's K
@@ -36,7 +41,8 @@
 
 namespace kvserve {
 
-// One whole-block copy (every layer, K and V, scales included).
+// One whole-block copy (every layer, K and V, scales included), or one
+// whole-tail copy (extended ids, above).
 struct BlockCopy {
   BlockId src;
   BlockId dst;

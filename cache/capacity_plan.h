@@ -10,6 +10,13 @@
 //   num_blocks      = floor(kv_budget / block_bytes); tokens = blocks * block_size
 //   seqs at context = floor(num_blocks / ceil(context / block_size))
 //   batch bytes     = batch * ceil(context / block_size) * block_bytes
+//                     (+ tail_bytes)
+// int4_kc keeps each running sequence's partial block in a full-precision
+// tail: the plan reserves 2 * max_seqs tails (what the engine reserves for
+// scheduler.max_num_seqs), in fp16 as the GPU keeps them (the CPU backend's
+// fp32 tails take twice that), before splitting the budget into blocks:
+//   num_blocks      = floor((kv_budget - tail_bytes) / block_bytes)
+// Per-layer specs (kv_dtype_spec.h) sum their layers' bytes.
 // Example (Llama-2-70B: 80 layers, 8 kv heads, head_dim 128, fp16):
 // 80 * 8 * (256 + 256) = 327,680 bytes = 320 KiB per token; 32 sequences of
 // 4096 tokens take 131,072 tokens * 320 KiB = 40 GiB = 42.9 GB.
@@ -28,6 +35,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cache/kv_dtype_spec.h"
 #include "cache/kv_format.h"
 
 namespace kvserve {
@@ -42,10 +50,15 @@ struct CapacityPlanRequest {
   int block_size = 16;
   int int4_group_size = 64;
   int64_t batch = 0;  // sequences whose need to report (0: none)
+  // Formats to plan; empty: DefaultPlanDtypes(block_size).
+  std::vector<KvDtypeSpec> dtypes;
+  // Running sequences whose int4_kc tails are reserved (twice over).
+  int64_t max_seqs = 64;
 };
 
 struct KvFormatCapacity {
-  KvDtype dtype = KvDtype::kFp16;
+  KvDtypeSpec spec = KvDtype::kFp16;  // what this row plans
+  KvDtype dtype = KvDtype::kFp16;     // spec's first layer's (its only one if uniform)
   int64_t bytes_per_token = 0;  // all layers, K + V, scales, no padding
   int64_t block_bytes = 0;      // one block in all layers, padded
   int64_t kv_budget_bytes = 0;  // memory - weights, at least 0
@@ -53,14 +66,24 @@ struct KvFormatCapacity {
   int64_t num_tokens = 0;       // num_blocks * block_size
   int64_t blocks_per_seq = 0;   // ceil(context / block_size)
   int64_t max_seqs = 0;         // sequences of context_tokens that fit at once
-  int64_t batch_bytes = 0;      // what `batch` sequences of context_tokens need
+  int64_t batch_bytes = 0;      // what `batch` sequences of context_tokens need (+ tails)
   bool batch_fits = false;      // batch_bytes <= kv_budget_bytes
   double tokens_vs_fp16 = 0.0;  // fp16 bytes per token / this format's
+  int64_t num_tail_blocks = 0;  // int4_kc: tails reserved (2 * max_seqs)
+  int64_t tail_bytes = 0;       // their bytes, all layers, fp16
+  // num_tokens / fp16's num_tokens in this budget: padding and tails included.
+  double tokens_vs_fp16_in_budget = 0.0;
 };
 
-// One entry per KV format, in kAllKvDtypes order. InvalidArgument names the
-// bad field (non-positive shape, context or block size, negative budget or
-// weights, a group size that does not divide head_dim).
+// Every dtype in kCpuKvDtypes that this block size allows (int4_kc needs
+// kInt4KcMinBlockSize tokens).
+std::vector<KvDtypeSpec> DefaultPlanDtypes(int block_size);
+
+// One entry per KV format, in req.dtypes order.
+// InvalidArgument names the bad field (non-positive shape, context or block
+// size, negative budget or weights, a group size that does not divide
+// head_dim, a per-layer spec that does not fit num_layers, int4_kc with
+// blocks under 16 tokens).
 absl::StatusOr<std::vector<KvFormatCapacity>> PlanCapacity(const CapacityPlanRequest& req);
 
 // "80GiB" -> 85899345920, "80GB" -> 80000000000, "1.5KiB" -> 1536, "4096B"

@@ -49,6 +49,10 @@ absl::Status KvCacheConfig::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("cache.num_swap_blocks must not be negative, got ", num_swap_blocks));
   }
+  if (num_tail_blocks < 0 || num_swap_tail_blocks < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("cache tail blocks must not be negative, got ",
+                                                   num_tail_blocks, " and ", num_swap_tail_blocks));
+  }
   return absl::OkStatus();
 }
 
@@ -56,15 +60,17 @@ KvCacheManager::KvCacheManager(const KvCacheConfig& config)
     : config_(ValidOrDie(config)),
       pool_(config_.num_blocks),
       swap_pool_(config_.num_swap_blocks),
+      tail_pool_(config_.num_tail_blocks),
+      swap_tail_pool_(config_.num_tail_blocks > 0 ? config_.num_swap_tail_blocks : 0),
       prefix_(pool_.num_blocks(), config.block_size),
-      primary_pinned_(pool_.num_blocks(), 0),
-      host_pinned_(swap_pool_.num_blocks(), 0),
-      origin_(pool_.num_blocks(), Origin::kNone),
-      origin_src_(pool_.num_blocks(), kNoBlock),
-      primary_mark_(pool_.num_blocks(), 0),
-      host_mark_(swap_pool_.num_blocks(), 0),
-      primary_map_(pool_.num_blocks(), kNoBlock),
-      host_map_(swap_pool_.num_blocks(), kNoBlock) {}
+      primary_pinned_(pool_.num_blocks() + tail_pool_.num_blocks(), 0),
+      host_pinned_(swap_pool_.num_blocks() + swap_tail_pool_.num_blocks(), 0),
+      origin_(primary_pinned_.size(), Origin::kNone),
+      origin_src_(primary_pinned_.size(), kNoBlock),
+      primary_mark_(primary_pinned_.size(), 0),
+      host_mark_(host_pinned_.size(), 0),
+      primary_map_(primary_pinned_.size(), kNoBlock),
+      host_map_(host_pinned_.size(), kNoBlock) {}
 
 // ---- Helpers ----------------------------------------------------------------
 
@@ -94,20 +100,71 @@ BlockId KvCacheManager::AllocateFresh() {
 }
 
 void KvCacheManager::ReleasePrimary(BlockId id) {
-  if (pool_.Release(id) && prefix_.contains(id)) ++num_cached_free_;
+  if (IsTail(id)) {
+    tail_pool_.Release(id - pool_.num_blocks());
+  } else if (pool_.Release(id) && prefix_.contains(id)) {
+    ++num_cached_free_;
+  }
+}
+
+int32_t KvCacheManager::PrimaryRefCount(BlockId id) const {
+  return IsTail(id) ? tail_pool_.ref_count(id - pool_.num_blocks()) : pool_.ref_count(id);
+}
+
+void KvCacheManager::AddRefPrimary(BlockId id) {
+  if (IsTail(id)) {
+    tail_pool_.AddRef(id - pool_.num_blocks());
+  } else {
+    pool_.AddRef(id);
+  }
+}
+
+void KvCacheManager::AddRefHost(BlockId id) {
+  if (IsHostTail(id)) {
+    swap_tail_pool_.AddRef(id - swap_pool_.num_blocks());
+  } else {
+    swap_pool_.AddRef(id);
+  }
+}
+
+void KvCacheManager::ReleaseHost(BlockId id) {
+  if (IsHostTail(id)) {
+    swap_tail_pool_.Release(id - swap_pool_.num_blocks());
+  } else {
+    swap_pool_.Release(id);
+  }
+}
+
+BlockId KvCacheManager::AllocateTail() {
+  std::optional<BlockId> id = tail_pool_.Allocate();
+  if (!id) Die("tail allocation from an empty tail pool (capacity was checked)");
+  return pool_.num_blocks() + *id;
+}
+
+BlockId KvCacheManager::AllocateHostTail() {
+  std::optional<BlockId> id = swap_tail_pool_.Allocate();
+  if (!id) Die("host tail allocation from an empty pool (capacity was checked)");
+  return swap_pool_.num_blocks() + *id;
+}
+
+int32_t KvCacheManager::TailsForAppend(const SeqState& s, int32_t num_new_tokens) const {
+  const int32_t after = s.table.num_tokens() + num_new_tokens;
+  if (!NeedsTail(s.num_computed, after)) return 0;
+  if (s.tail == kNoBlock) return 1;
+  return SeqRefs(s.tail) > 1 && num_new_tokens > 0 ? 1 : 0;  // copy-on-write
 }
 
 void KvCacheManager::PinPrimary(BlockId id) {
   if (primary_pinned_[id]) return;
   primary_pinned_[id] = 1;
-  pool_.AddRef(id);
+  AddRefPrimary(id);
   pinned_primary_list_.push_back(id);
 }
 
 void KvCacheManager::PinHost(BlockId id) {
   if (host_pinned_[id]) return;
   host_pinned_[id] = 1;
-  swap_pool_.AddRef(id);
+  AddRefHost(id);
   pinned_host_list_.push_back(id);
 }
 
@@ -185,7 +242,9 @@ bool KvCacheManager::CanAllocate(std::span<const int32_t> prompt, std::string_vi
           ? FindCachedPrefix(prompt, HashCacheSalt(cache_salt), &hit_scratch_, &hash_scratch_)
           : (hit_scratch_.clear(), 0);
   const int32_t total = BlocksFor(prompt.size());
-  return total - static_cast<int32_t>(hit_scratch_.size()) + hit_free <= pool_.num_free();
+  const int32_t tails = has_tails() ? 1 : 0;  // a prompt always has tokens to compute
+  return total - static_cast<int32_t>(hit_scratch_.size()) + hit_free <= pool_.num_free() &&
+         tails <= tail_pool_.num_free();
 }
 
 absl::StatusOr<AllocateResult> KvCacheManager::Allocate(SeqId seq, std::span<const int32_t> prompt,
@@ -211,6 +270,12 @@ absl::StatusOr<AllocateResult> KvCacheManager::Allocate(SeqId seq, std::span<con
         "prompt of ", prompt.size(), " tokens needs ", Blocks(total), " (", num_hits, " cached, ",
         needed, " to take); ", pool_.num_free(), " of ", pool_.num_blocks(), " blocks are free"));
   }
+  const bool tail = NeedsTail(num_hits * config_.block_size, static_cast<int32_t>(prompt.size()));
+  if (tail && tail_pool_.num_free() == 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("prompt of ", prompt.size(),
+                                                     " tokens needs a tail block; all ",
+                                                     tail_pool_.num_blocks(), " are taken"));
+  }
 
   SeqState state(config_.block_size);
   // Hits first: taking them off the free list keeps the allocations below
@@ -231,6 +296,7 @@ absl::StatusOr<AllocateResult> KvCacheManager::Allocate(SeqId seq, std::span<con
   state.extra_key = extra_key;
   state.num_computed = num_hits * config_.block_size;
   state.files = use_prefix_cache;
+  if (tail) state.tail = AllocateTail();
   seqs_.emplace(seq, std::move(state));
 
   if (config_.enable_prefix_caching && use_prefix_cache) {
@@ -251,7 +317,7 @@ bool KvCacheManager::CanAppend(SeqId seq, int32_t num_new_tokens) const {
   const bool cow = cur % config_.block_size != 0 && SeqRefs(s.table.blocks().back()) > 1;
   const int32_t needed =
       BlocksFor(static_cast<size_t>(cur) + num_new_tokens) - s.table.num_blocks() + (cow ? 1 : 0);
-  return needed <= pool_.num_free();
+  return needed <= pool_.num_free() && TailsForAppend(s, num_new_tokens) <= tail_pool_.num_free();
 }
 
 absl::Status KvCacheManager::Append(SeqId seq, std::span<const int32_t> new_token_ids) {
@@ -266,15 +332,34 @@ absl::Status KvCacheManager::Append(SeqId seq, std::span<const int32_t> new_toke
         "sequence ", seq, " needs ", Blocks(needed, "more "), cow ? " (one copy-on-write)" : "",
         "; ", pool_.num_free(), " of ", pool_.num_blocks(), " blocks are free"));
   }
+  const int32_t new_tokens = static_cast<int32_t>(new_token_ids.size());
+  if (TailsForAppend(s, new_tokens) > tail_pool_.num_free()) {
+    return absl::ResourceExhaustedError(absl::StrCat("sequence ", seq, " needs a tail block; all ",
+                                                     tail_pool_.num_blocks(), " are taken"));
+  }
   if (cow) {
     const int32_t last = s.table.num_blocks() - 1;
     const BlockId shared = s.table.blocks()[last];
     const BlockId copy = AllocateFresh();
-    RecordCow(shared, copy);
+    // With tails the partial block's rows are in the tail, not in it.
+    if (!has_tails()) RecordCow(shared, copy);
     ReleasePrimary(shared);
     s.table.SetBlock(last, copy);
   }
   for (int32_t i = 0; i < new_blocks; ++i) s.table.AppendBlock(AllocateFresh());
+  const int32_t after = cur + new_tokens;
+  if (!NeedsTail(s.num_computed, after)) {
+    if (s.tail != kNoBlock) ReleasePrimary(s.tail);
+    s.tail = kNoBlock;
+  } else if (s.tail == kNoBlock) {
+    s.tail = AllocateTail();
+  } else if (SeqRefs(s.tail) > 1) {
+    // Copy-on-write of the tail; its rows matter only when it holds computed ones.
+    const BlockId copy = AllocateTail();
+    if (s.num_computed % config_.block_size != 0) RecordCow(s.tail, copy);
+    ReleasePrimary(s.tail);
+    s.tail = copy;
+  }
   s.tokens.insert(s.tokens.end(), new_token_ids.begin(), new_token_ids.end());
   s.table.set_num_tokens(static_cast<int32_t>(s.tokens.size()));
   return absl::OkStatus();
@@ -287,6 +372,10 @@ void KvCacheManager::MarkComputed(SeqId seq, int32_t num_computed_tokens) {
                      " computed of ", s.table.num_tokens(), " reserved"));
   }
   s.num_computed = num_computed_tokens;
+  if (s.tail != kNoBlock && !NeedsTail(s.num_computed, s.table.num_tokens())) {
+    ReleasePrimary(s.tail);
+    s.tail = kNoBlock;
+  }
   if (!config_.enable_prefix_caching || s.evicted || !s.files) return;
   const int32_t bs = config_.block_size;
   const int32_t full = num_computed_tokens / bs;
@@ -421,6 +510,7 @@ void KvCacheManager::Fork(SeqId parent, SeqId child) {
   }
   SeqState copy = p;
   for (BlockId id : copy.table.blocks()) pool_.AddRef(id);
+  if (copy.tail != kNoBlock) AddRefPrimary(copy.tail);
   // Pending slot moves write blocks the child now shares: it waits for them
   // too.
   if (copy.moves_pending) moves_pending_seqs_.push_back(child);
@@ -440,31 +530,40 @@ void KvCacheManager::Free(SeqId seq) {
       ReleasePrimary(*b);
     }
   }
+  if (s.tail != kNoBlock) {
+    if (s.swapped) {
+      ReleaseHost(s.tail);
+    } else {
+      ReleasePrimary(s.tail);
+    }
+  }
   if (s.swapped) --num_swapped_seqs_;
   seqs_.erase(it);
 }
 
 // ---- Swap -------------------------------------------------------------------
 
-int32_t KvCacheManager::CountSwapOutBlocks(std::span<const SeqId> seqs) const {
+KvCacheManager::SwapNeed KvCacheManager::CountSwapOut(std::span<const SeqId> seqs) const {
   NextMarkEpoch();
-  int32_t count = 0;
+  SwapNeed need;
   for (SeqId seq : seqs) {
     const SeqState& s = Get(seq);
     if (s.swapped) Die(absl::StrCat("SwapOut of swapped-out sequence ", seq));
-    for (BlockId id : s.table.blocks()) {
-      if (primary_mark_[id] == mark_epoch_) continue;
+    auto count = [&](BlockId id) {
+      if (primary_mark_[id] == mark_epoch_) return;
       primary_mark_[id] = mark_epoch_;
       // A block still arriving from the host goes back to that host block.
-      if (origin_[id] != Origin::kSwapIn) ++count;
-    }
+      if (origin_[id] != Origin::kSwapIn) ++(IsTail(id) ? need.tails : need.blocks);
+    };
+    for (BlockId id : s.table.blocks()) count(id);
+    if (s.tail != kNoBlock) count(s.tail);
   }
-  return count;
+  return need;
 }
 
-int32_t KvCacheManager::CountSwapInBlocks(std::span<const SeqId> seqs) const {
+KvCacheManager::SwapNeed KvCacheManager::CountSwapIn(std::span<const SeqId> seqs) const {
   NextMarkEpoch();
-  int32_t count = 0;
+  SwapNeed need;
   for (SeqId seq : seqs) {
     const SeqState& s = Get(seq);
     if (!s.swapped) Die(absl::StrCat("SwapIn of resident sequence ", seq));
@@ -473,59 +572,77 @@ int32_t KvCacheManager::CountSwapInBlocks(std::span<const SeqId> seqs) const {
       if (host_mark_[h] == mark_epoch_) continue;
       host_mark_[h] = mark_epoch_;
       const BlockId cached = FindCachedBlock(s, i);
-      if (cached == kNoBlock || pool_.is_free(cached)) ++count;
+      if (cached == kNoBlock || pool_.is_free(cached)) ++need.blocks;
+    }
+    if (s.tail != kNoBlock && host_mark_[s.tail] != mark_epoch_) {
+      host_mark_[s.tail] = mark_epoch_;
+      ++need.tails;
     }
   }
-  return count;
+  return need;
 }
 
 bool KvCacheManager::CanSwapOut(std::span<const SeqId> seqs) const {
   CheckNoDuplicates(seqs, "CanSwapOut");
-  return CountSwapOutBlocks(seqs) <= swap_pool_.num_free();
+  const SwapNeed need = CountSwapOut(seqs);
+  return need.blocks <= swap_pool_.num_free() && need.tails <= swap_tail_pool_.num_free();
 }
 
 bool KvCacheManager::CanSwapIn(std::span<const SeqId> seqs) const {
   CheckNoDuplicates(seqs, "CanSwapIn");
-  return CountSwapInBlocks(seqs) <= pool_.num_free();
+  const SwapNeed need = CountSwapIn(seqs);
+  return need.blocks <= pool_.num_free() && need.tails <= tail_pool_.num_free();
 }
 
 absl::Status KvCacheManager::SwapOut(std::span<const SeqId> seqs) {
   CheckNoDuplicates(seqs, "SwapOut");
-  const int32_t needed = CountSwapOutBlocks(seqs);
-  if (needed > swap_pool_.num_free()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("swap-out of ", seqs.size(), " sequence(s) needs ", Blocks(needed, "host "),
-                     "; ", swap_pool_.num_free(), " of ", swap_pool_.num_blocks(), " are free"));
+  const SwapNeed need = CountSwapOut(seqs);
+  if (need.blocks > swap_pool_.num_free() || need.tails > swap_tail_pool_.num_free()) {
+    std::string tails;
+    if (has_tails()) {
+      tails = absl::StrCat(" (and ", need.tails, " of ", swap_tail_pool_.num_free(), " free of ",
+                           swap_tail_pool_.num_blocks(), " host tails)");
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "swap-out of ", seqs.size(), " sequence(s) needs ", Blocks(need.blocks, "host "), "; ",
+        swap_pool_.num_free(), " of ", swap_pool_.num_blocks(), " are free", tails));
   }
   NextMarkEpoch();
+  // The host id that primary block (or tail) p goes to.
+  auto swap_out = [&](BlockId p) {
+    BlockId h;
+    if (primary_mark_[p] == mark_epoch_) {
+      h = primary_map_[p];  // shared inside the group: copied once
+      AddRefHost(h);
+    } else if (origin_[p] == Origin::kSwapIn) {
+      h = origin_src_[p];  // pinned, still holds exactly what p will hold
+      AddRefHost(h);
+    } else {
+      h = IsTail(p) ? AllocateHostTail() : *swap_pool_.Allocate();
+      const BlockId from = origin_[p] == Origin::kCow ? origin_src_[p] : p;
+      pending_.swap_out.push_back({from, h});
+      PinHost(h);
+      ++counters_.swapped_out_blocks;
+    }
+    primary_mark_[p] = mark_epoch_;
+    primary_map_[p] = h;
+    return h;
+  };
   std::vector<BlockId>& host_ids = hit_scratch_;
   for (SeqId seq : seqs) {
     SeqState& s = GetResident(seq, "SwapOut");
     if (s.moves_pending) Die(absl::StrCat("SwapOut of sequence ", seq, " with slot moves pending"));
     host_ids.clear();
-    for (BlockId p : s.table.blocks()) {
-      BlockId h;
-      if (primary_mark_[p] == mark_epoch_) {
-        h = primary_map_[p];  // shared inside the group: copied once
-        swap_pool_.AddRef(h);
-      } else if (origin_[p] == Origin::kSwapIn) {
-        h = origin_src_[p];  // pinned, still holds exactly what p will hold
-        swap_pool_.AddRef(h);
-      } else {
-        h = *swap_pool_.Allocate();
-        const BlockId from = origin_[p] == Origin::kCow ? origin_src_[p] : p;
-        pending_.swap_out.push_back({from, h});
-        PinHost(h);
-        ++counters_.swapped_out_blocks;
-      }
-      primary_mark_[p] = mark_epoch_;
-      primary_map_[p] = h;
-      host_ids.push_back(h);
-    }
+    for (BlockId p : s.table.blocks()) host_ids.push_back(swap_out(p));
     // Tail first, like Free: cached blocks among them are evicted tail first.
     for (int32_t i = s.table.num_blocks() - 1; i >= 0; --i) {
       ReleasePrimary(s.table.blocks()[i]);
       s.table.SetBlock(i, host_ids[i]);
+    }
+    if (s.tail != kNoBlock) {
+      const BlockId h = swap_out(s.tail);
+      ReleasePrimary(s.tail);
+      s.tail = h;
     }
     s.swapped = true;
     ++num_swapped_seqs_;
@@ -535,13 +652,27 @@ absl::Status KvCacheManager::SwapOut(std::span<const SeqId> seqs) {
 
 absl::Status KvCacheManager::SwapIn(std::span<const SeqId> seqs) {
   CheckNoDuplicates(seqs, "SwapIn");
-  const int32_t needed = CountSwapInBlocks(seqs);
-  if (needed > pool_.num_free()) {
+  const SwapNeed need = CountSwapIn(seqs);
+  if (need.blocks > pool_.num_free() || need.tails > tail_pool_.num_free()) {
+    std::string tails;
+    if (has_tails()) {
+      tails = absl::StrCat(" (and ", need.tails, " of ", tail_pool_.num_free(), " free of ",
+                           tail_pool_.num_blocks(), " tails)");
+    }
     return absl::ResourceExhaustedError(
-        absl::StrCat("swap-in of ", seqs.size(), " sequence(s) needs ", Blocks(needed), "; ",
-                     pool_.num_free(), " of ", pool_.num_blocks(), " are free"));
+        absl::StrCat("swap-in of ", seqs.size(), " sequence(s) needs ", Blocks(need.blocks), "; ",
+                     pool_.num_free(), " of ", pool_.num_blocks(), " are free", tails));
   }
   NextMarkEpoch();
+  // A fresh primary block (or tail) that host block h is copied into.
+  auto copy_in = [&](BlockId h, BlockId p) {
+    pending_.swap_in.push_back({h, p});
+    PinPrimary(p);
+    PinHost(h);
+    origin_[p] = Origin::kSwapIn;
+    origin_src_[p] = h;
+    ++counters_.swapped_in_blocks;
+  };
   std::vector<BlockId>& primary_ids = hit_scratch_;
   for (SeqId seq : seqs) {
     SeqState& s = seqs_.find(seq)->second;
@@ -562,12 +693,7 @@ absl::Status KvCacheManager::SwapIn(std::span<const SeqId> seqs) {
         }
       } else {
         p = AllocateFresh();
-        pending_.swap_in.push_back({h, p});
-        PinPrimary(p);
-        PinHost(h);
-        origin_[p] = Origin::kSwapIn;
-        origin_src_[p] = h;
-        ++counters_.swapped_in_blocks;
+        copy_in(h, p);
         // File it again (its content lands before the forward pass that
         // could read it), unless the hash has another block by now or the
         // sequence has evicted (it files nothing).
@@ -586,6 +712,21 @@ absl::Status KvCacheManager::SwapIn(std::span<const SeqId> seqs) {
     for (int32_t i = s.table.num_blocks() - 1; i >= 0; --i) {
       swap_pool_.Release(s.table.blocks()[i]);
       s.table.SetBlock(i, primary_ids[i]);
+    }
+    if (s.tail != kNoBlock) {
+      const BlockId h = s.tail;
+      BlockId p;
+      if (host_mark_[h] == mark_epoch_) {
+        p = host_map_[h];  // a tail the group shares
+        AddRefPrimary(p);
+      } else {
+        p = AllocateTail();
+        copy_in(h, p);
+        host_mark_[h] = mark_epoch_;
+        host_map_[h] = p;
+      }
+      ReleaseHost(h);
+      s.tail = p;
     }
     s.swapped = false;
     --num_swapped_seqs_;
@@ -606,7 +747,7 @@ StepCopies KvCacheManager::TakePendingCopies() {
   pinned_primary_list_.clear();
   for (BlockId id : pinned_host_list_) {
     host_pinned_[id] = 0;
-    swap_pool_.Release(id);
+    ReleaseHost(id);
   }
   pinned_host_list_.clear();
   for (SeqId seq : moves_pending_seqs_) {
@@ -629,6 +770,12 @@ void KvCacheManager::AppendSlotMapping(SeqId seq, int32_t begin, int32_t end,
   for (int32_t i = begin; i < end; ++i) slots->push_back(s.table.SlotOf(i));
 }
 
+int32_t KvCacheManager::tail_id(SeqId seq) const {
+  const SeqState& s = Get(seq);
+  if (s.swapped) Die(absl::StrCat("tail_id of swapped-out sequence ", seq));
+  return s.tail == kNoBlock ? -1 : s.tail - pool_.num_blocks();
+}
+
 KvCacheStats KvCacheManager::Stats() const {
   KvCacheStats st = counters_;
   st.num_blocks = pool_.num_blocks();
@@ -640,6 +787,8 @@ KvCacheStats KvCacheManager::Stats() const {
   st.usage_with_cached = (st.num_active_blocks + st.num_cached_blocks) / total;
   st.num_swap_blocks = swap_pool_.num_blocks();
   st.num_swap_free_blocks = swap_pool_.num_free();
+  st.num_tail_blocks = tail_pool_.num_blocks();
+  st.num_free_tail_blocks = tail_pool_.num_free();
   st.num_sequences = static_cast<int32_t>(seqs_.size());
   st.num_swapped_sequences = num_swapped_seqs_;
   return st;
@@ -647,8 +796,9 @@ KvCacheStats KvCacheManager::Stats() const {
 
 absl::Status KvCacheManager::CheckInvariants() const {
   const int32_t bs = config_.block_size;
-  std::vector<int32_t> refs(pool_.num_blocks(), 0);
-  std::vector<int32_t> host_refs(swap_pool_.num_blocks(), 0);
+  // Extended ids: blocks, then tails.
+  std::vector<int32_t> refs(primary_pinned_.size(), 0);
+  std::vector<int32_t> host_refs(host_pinned_.size(), 0);
   int32_t swapped = 0;
   for (const auto& [seq, s] : seqs_) {
     const BlockTable& t = s.table;
@@ -666,6 +816,18 @@ absl::Status KvCacheManager::CheckInvariants() const {
                                               " block hashes"));
     }
     if (s.swapped) ++swapped;
+    if ((s.tail != kNoBlock) != NeedsTail(s.num_computed, t.num_tokens())) {
+      return absl::InternalError(
+          absl::StrCat("sequence ", seq, " with ", s.num_computed, " computed of ", t.num_tokens(),
+                       " tokens ", s.tail == kNoBlock ? "has no" : "holds a", " tail block"));
+    }
+    if (s.tail != kNoBlock) {
+      const bool ok = s.swapped
+                          ? IsHostTail(s.tail) && s.tail < static_cast<int32_t>(host_refs.size())
+                          : IsTail(s.tail) && s.tail < static_cast<int32_t>(refs.size());
+      if (!ok) return absl::InternalError(absl::StrCat("sequence ", seq, " names tail ", s.tail));
+      ++(s.swapped ? host_refs : refs)[s.tail];
+    }
     for (int32_t i = 0; i < t.num_blocks(); ++i) {
       const BlockId id = t.blocks()[i];
       const int32_t limit = s.swapped ? swap_pool_.num_blocks() : pool_.num_blocks();
@@ -692,15 +854,17 @@ absl::Status KvCacheManager::CheckInvariants() const {
         absl::StrCat(swapped, " sequences are swapped out, counted ", num_swapped_seqs_));
   }
 
+  // `base`: the pool's first extended id.
   auto check_pool = [](const BlockPool& pool, const std::vector<int32_t>& refs,
-                       const std::vector<uint8_t>& pinned, const char* name) -> absl::Status {
+                       const std::vector<uint8_t>& pinned, int32_t base,
+                       const char* name) -> absl::Status {
     int32_t zero = 0;
     for (BlockId id = 0; id < pool.num_blocks(); ++id) {
-      const int32_t expected = refs[id] + pinned[id];
+      const int32_t expected = refs[base + id] + pinned[base + id];
       if (pool.ref_count(id) != expected) {
-        return absl::InternalError(absl::StrCat(name, " block ", id, " has ref count ",
-                                                pool.ref_count(id), "; tables hold ", refs[id],
-                                                pinned[id] ? " plus a pin" : ""));
+        return absl::InternalError(absl::StrCat(
+            name, " block ", id, " has ref count ", pool.ref_count(id), "; tables hold ",
+            refs[base + id], pinned[base + id] ? " plus a pin" : ""));
       }
       if (expected == 0) ++zero;
     }
@@ -718,12 +882,25 @@ absl::Status KvCacheManager::CheckInvariants() const {
     }
     return absl::OkStatus();
   };
-  if (absl::Status s = check_pool(pool_, refs, primary_pinned_, "primary"); !s.ok()) return s;
-  if (absl::Status s = check_pool(swap_pool_, host_refs, host_pinned_, "host"); !s.ok()) return s;
+  if (absl::Status s = check_pool(pool_, refs, primary_pinned_, 0, "primary"); !s.ok()) return s;
+  if (absl::Status s = check_pool(swap_pool_, host_refs, host_pinned_, 0, "host"); !s.ok())
+    return s;
+  if (absl::Status s =
+          check_pool(tail_pool_, refs, primary_pinned_, pool_.num_blocks(), "primary tail");
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = check_pool(swap_tail_pool_, host_refs, host_pinned_, swap_pool_.num_blocks(),
+                                  "host tail");
+      !s.ok()) {
+    return s;
+  }
 
   int32_t cached_free = 0;
   for (BlockId id = 0; id < pool_.num_blocks(); ++id) {
     if (pool_.is_free(id) && prefix_.contains(id)) ++cached_free;
+  }
+  for (BlockId id = 0; id < static_cast<BlockId>(primary_pinned_.size()); ++id) {
     if (!primary_pinned_[id] && origin_[id] != Origin::kNone) {
       return absl::InternalError(absl::StrCat("unpinned block ", id, " has a pending origin"));
     }

@@ -44,6 +44,23 @@
 //   * So inside each batch no block is written twice or both read and
 //     written, and the forward pass only writes blocks after every copy.
 //
+// Tail blocks (int4_kc, KvCacheConfig::num_tail_blocks > 0): a sequence's
+// partial last block is not written into its block until it fills; its rows
+// live in full precision in a tail block from a separate tail pool
+// (cache/kv_layout.h has the kernels' contract). A resident or swapped
+// sequence holds a tail exactly when it has uncomputed tokens (a step may end
+// inside a block, whatever the chunking) or its computed or reserved token
+// count is not a multiple of block_size (the tail then holds, or may
+// receive, rows of a partial block). Tails follow blocks' rules: Fork shares
+// the tail (ref count + 1); Append to a sequence whose tail is shared first
+// moves it to a private copy (copied only when it holds computed rows); swap
+// moves it to a host tail and back; Free releases it.
+// Tails never enter the prefix cache (only full, quantized blocks are
+// filed). Copies name tails with extended ids: primary ids from num_blocks
+// up are tail (id - num_blocks), host ids from num_swap_blocks up are host
+// tail (id - num_swap_blocks); the same pins and copy order apply. A partial
+// last block that copy-on-write moves is not copied (it holds nothing yet).
+//
 // Eviction (Evict; which entries is cache/eviction_policy.h's business): a
 // sequence keeps a bounded number of entries by dropping some after a
 // forward pass. A hole below the new length is refilled by moving a later
@@ -103,6 +120,10 @@ struct KvCacheConfig {
   int32_t num_swap_blocks = 0;  // host pool for swapped-out sequences; 0: no swap
   bool enable_prefix_caching = true;
   uint64_t hash_seed = 0;  // seeds every hash chain (block_hash.h)
+  // int4_kc: full-precision tail blocks for partial blocks (0: the format
+  // keeps none), and host tails for swapped-out sequences.
+  int32_t num_tail_blocks = 0;
+  int32_t num_swap_tail_blocks = 0;
 
   // Names the bad field ("cache.block_size must be positive, got 0").
   absl::Status Validate() const;
@@ -222,6 +243,13 @@ class KvCacheManager {
   // Appends the slots (block_id * block_size + offset) of token indices
   // [begin, end) of a resident sequence: BatchInput::slot_mapping.
   void AppendSlotMapping(SeqId seq, int32_t begin, int32_t end, std::vector<int64_t>* slots) const;
+  // The tail a resident sequence's partial block lives in (0-based, for
+  // BatchInput::tail_ids), or -1.
+  int32_t tail_id(SeqId seq) const;
+  // The sequence's tail as an extended id (primary, or host while swapped),
+  // or kNoBlock.
+  BlockId tail_block(SeqId seq) const { return Get(seq).tail; }
+  bool has_tails() const { return config_.num_tail_blocks > 0; }
   int32_t num_sequences() const { return static_cast<int32_t>(seqs_.size()); }
   int32_t num_free_blocks() const { return pool_.num_free(); }
   // Whether a primary block is filed in the prefix cache.
@@ -230,6 +258,8 @@ class KvCacheManager {
   }
   const BlockPool& pool() const { return pool_; }
   const BlockPool& swap_pool() const { return swap_pool_; }
+  const BlockPool& tail_pool() const { return tail_pool_; }
+  const BlockPool& swap_tail_pool() const { return swap_tail_pool_; }
   KvCacheStats Stats() const;
 
   // Full self-check, O(blocks + tokens): ref counts equal table references
@@ -246,6 +276,7 @@ class KvCacheManager {
     uint64_t extra_key = 0;
     int32_t num_computed = 0;
     bool swapped = false;
+    BlockId tail = kNoBlock;  // extended id (primary, or host while swapped)
     bool evicted = false;       // has evicted: files no more blocks
     bool files = true;          // Allocate's use_prefix_cache
     bool moves_pending = false;  // slot moves recorded, not yet taken
@@ -258,34 +289,58 @@ class KvCacheManager {
   int32_t BlocksFor(size_t num_tokens) const {
     return static_cast<int32_t>((num_tokens + config_.block_size - 1) / config_.block_size);
   }
-  int32_t SeqRefs(BlockId id) const { return pool_.ref_count(id) - primary_pinned_[id]; }
+  int32_t SeqRefs(BlockId id) const { return PrimaryRefCount(id) - primary_pinned_[id]; }
   std::span<const int32_t> BlockTokens(const SeqState& s, int32_t index) const;
   // The cached block holding block `index` of s (a computed full block), or kNoBlock.
   BlockId FindCachedBlock(const SeqState& s, int32_t index) const;
   int32_t FindCachedPrefix(std::span<const int32_t> prompt, uint64_t extra_key,
                            std::vector<BlockId>* hits, std::vector<BlockHash>* hashes) const;
   BlockId AllocateFresh();
+  // Extended ids: tails after the blocks in both the primary and host space.
+  bool IsTail(BlockId id) const { return id >= pool_.num_blocks(); }
+  bool IsHostTail(BlockId id) const { return id >= swap_pool_.num_blocks(); }
+  int32_t PrimaryRefCount(BlockId id) const;
+  void AddRefPrimary(BlockId id);
+  void AddRefHost(BlockId id);
+  void ReleaseHost(BlockId id);
+  BlockId AllocateTail();
+  BlockId AllocateHostTail();
+  // Whether a sequence with these token counts holds a tail.
+  bool NeedsTail(int32_t num_computed, int32_t num_tokens) const {
+    return has_tails() && (num_computed < num_tokens || num_computed % config_.block_size != 0 ||
+                           num_tokens % config_.block_size != 0);
+  }
+  // Tails an Append of num_new_tokens needs from the pool (0 or 1).
+  int32_t TailsForAppend(const SeqState& s, int32_t num_new_tokens) const;
   void ReleasePrimary(BlockId id);
   void PinPrimary(BlockId id);
   void PinHost(BlockId id);
   void RecordCow(BlockId src, BlockId dst);
-  int32_t CountSwapOutBlocks(std::span<const SeqId> seqs) const;
-  int32_t CountSwapInBlocks(std::span<const SeqId> seqs) const;
+  // Blocks and tails the swap needs from the target pools.
+  struct SwapNeed {
+    int32_t blocks = 0;
+    int32_t tails = 0;
+  };
+  SwapNeed CountSwapOut(std::span<const SeqId> seqs) const;
+  SwapNeed CountSwapIn(std::span<const SeqId> seqs) const;
   void NextMarkEpoch() const;
 
   KvCacheConfig config_;
   BlockPool pool_;
   BlockPool swap_pool_;
+  BlockPool tail_pool_;
+  BlockPool swap_tail_pool_;
   PrefixCache prefix_;
   absl::flat_hash_map<SeqId, SeqState> seqs_;
   int32_t num_swapped_seqs_ = 0;
   int32_t num_cached_free_ = 0;  // free primary blocks filed in the prefix cache
 
+  // Per-id arrays span the extended ids (blocks, then tails).
   StepCopies pending_;
-  std::vector<uint8_t> primary_pinned_;  // [num_blocks] 0/1
-  std::vector<uint8_t> host_pinned_;     // [num_swap_blocks] 0/1
-  std::vector<Origin> origin_;           // [num_blocks], kNone unless pinned
-  std::vector<BlockId> origin_src_;      // [num_blocks]
+  std::vector<uint8_t> primary_pinned_;  // [num_blocks + num_tails] 0/1
+  std::vector<uint8_t> host_pinned_;     // [num_swap_blocks + num_swap_tails] 0/1
+  std::vector<Origin> origin_;           // [num_blocks + num_tails], kNone unless pinned
+  std::vector<BlockId> origin_src_;      // [num_blocks + num_tails]
   std::vector<BlockId> pinned_primary_list_;
   std::vector<BlockId> pinned_host_list_;
   std::vector<SeqId> moves_pending_seqs_;  // sequences with moves in pending_

@@ -21,6 +21,8 @@ struct KvCacheStats {
   double usage_with_cached = 0;   // (num_active_blocks + num_cached_blocks) / num_blocks
   int32_t num_swap_blocks = 0;
   int32_t num_swap_free_blocks = 0;
+  int32_t num_tail_blocks = 0;  // int4_kc: full-precision tails for partial blocks
+  int32_t num_free_tail_blocks = 0;
   int32_t num_sequences = 0;  // resident and swapped
   int32_t num_swapped_sequences = 0;
 

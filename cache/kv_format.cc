@@ -26,6 +26,10 @@ KvPartLayout PartFor(KvElem elem, int head_dim, int group_size) {
       p.group_size = group_size;
       p.meta_bytes = (head_dim / group_size) * 4;
       break;
+    case KvElem::kInt4Channel:
+      p.row_bytes = head_dim / 2;
+      p.meta_bytes = kInt4ChannelHeader + 2 * head_dim;  // per head per block
+      break;
   }
   return p;
 }
@@ -41,6 +45,7 @@ std::string_view KvDtypeName(KvDtype dtype) {
     case KvDtype::kInt8: return "int8";
     case KvDtype::kInt4: return "int4";
     case KvDtype::kK8V4: return "k8v4";
+    case KvDtype::kInt4Kc: return "int4_kc";
   }
   return "?";
 }
@@ -54,13 +59,15 @@ absl::StatusOr<KvDtype> ParseKvDtype(std::string_view name) {
   if (n == "int8") return KvDtype::kInt8;
   if (n == "int4") return KvDtype::kInt4;
   if (n == "k8v4") return KvDtype::kK8V4;
+  if (n == "int4_kc") return KvDtype::kInt4Kc;
   return absl::InvalidArgumentError(absl::StrCat(
       "kv_dtype: unknown KV cache dtype '", std::string(name),
-      "' (expected fp32, fp16, bf16, fp8_e4m3, int8, int4 or k8v4)"));
+      "' (expected fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4 or int4_kc)"));
 }
 
 absl::StatusOr<KvFormat> KvFormat::Create(KvDtype dtype, int num_kv_heads, int head_dim,
-                                          int block_size, int int4_group_size) {
+                                          int block_size, int int4_group_size,
+                                          KvElem tail_elem) {
   if (num_kv_heads <= 0) return absl::InvalidArgumentError("num_kv_heads must be > 0");
   if (head_dim <= 0 || head_dim % 2 != 0) {
     return absl::InvalidArgumentError(
@@ -69,6 +76,14 @@ absl::StatusOr<KvFormat> KvFormat::Create(KvDtype dtype, int num_kv_heads, int h
   if (block_size <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("cache.block_size must be > 0, got ", block_size));
+  }
+  if (dtype == KvDtype::kInt4Kc && block_size < kInt4KcMinBlockSize) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cache.block_size must be at least ", kInt4KcMinBlockSize,
+        " for kv_dtype int4_kc (K ranges are per channel over a block), got ", block_size));
+  }
+  if (dtype == KvDtype::kInt4Kc && tail_elem != KvElem::kFp32 && tail_elem != KvElem::kFp16) {
+    return absl::InvalidArgumentError("int4_kc tails hold fp32 or fp16 rows");
   }
   int group = std::min(int4_group_size, head_dim);
   if (group <= 0 || group % 2 != 0 || head_dim % group != 0) {
@@ -85,6 +100,7 @@ absl::StatusOr<KvFormat> KvFormat::Create(KvDtype dtype, int num_kv_heads, int h
     case KvDtype::kInt8: ke = ve = KvElem::kInt8; break;
     case KvDtype::kInt4: ke = ve = KvElem::kInt4; break;
     case KvDtype::kK8V4: ke = KvElem::kInt8; ve = KvElem::kInt4; break;
+    case KvDtype::kInt4Kc: ke = KvElem::kInt4Channel; ve = KvElem::kInt4; break;
   }
   KvFormat f;
   KvPageLayout& l = f.layout_;
@@ -97,17 +113,32 @@ absl::StatusOr<KvFormat> KvFormat::Create(KvDtype dtype, int num_kv_heads, int h
   const int64_t rows = static_cast<int64_t>(num_kv_heads) * block_size;
   int64_t off = 0;
   for (KvPartLayout* p : {&l.k, &l.v}) {
+    const int64_t meta_rows = p->elem == KvElem::kInt4Channel ? num_kv_heads : rows;
     p->data_offset = off;
     off = AlignUp(off + rows * p->row_bytes, 16);
     p->meta_offset = off;
-    off = AlignUp(off + rows * p->meta_bytes, 16);
+    off = AlignUp(off + meta_rows * p->meta_bytes, 16);
   }
   l.block_bytes = AlignUp(off, 64);
+  if (dtype == KvDtype::kInt4Kc) {
+    KvTailLayout& t = l.tail;
+    t.elem = tail_elem;
+    t.row_bytes = head_dim * (tail_elem == KvElem::kFp32 ? 4 : 2);
+    t.k_offset = 0;
+    t.v_offset = AlignUp(rows * t.row_bytes, 16);
+    t.block_bytes = AlignUp(t.v_offset + rows * t.row_bytes, 64);
+  }
   return f;
 }
 
 int64_t KvFormat::bytes_per_token_per_layer() const {
   const KvPageLayout& l = layout_;
+  if (l.k.elem == KvElem::kInt4Channel) {
+    const int64_t block = static_cast<int64_t>(l.num_kv_heads) *
+                          (l.block_size * (l.k.row_bytes + l.v.row_bytes + l.v.meta_bytes) +
+                           l.k.meta_bytes);
+    return (block + l.block_size - 1) / l.block_size;
+  }
   return static_cast<int64_t>(l.num_kv_heads) *
          (l.k.row_bytes + l.k.meta_bytes + l.v.row_bytes + l.v.meta_bytes);
 }

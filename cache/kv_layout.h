@@ -7,17 +7,69 @@
 // Block layout (one layer; a block id names the same slot in every layer):
 //   [K data][K meta][V data][V meta]        each region 16-byte aligned
 //   K/V data: [num_kv_heads][block_size][row_bytes]
-//   K/V meta: [num_kv_heads][block_size][meta_bytes]
-// row_bytes = head_dim * bits / 8. meta_bytes per token per head:
+//   K/V meta: [num_kv_heads][block_size][meta_bytes]   (per token), except
+//             kInt4Channel: [num_kv_heads][meta_bytes] (per block)
+// row_bytes = head_dim * bits / 8. meta_bytes:
 //   fp32/fp16/bf16: 0
 //   fp8_e4m3, int8: 4  (one fp32 scale; value = q * scale)
 //   int4: (head_dim / group_size) * 4  (fp16 scale, fp16 zero per group,
 //         stored as [scale, zero] pairs, group 0 first;
 //         value = q * scale + zero, q in [0, 15], two values per byte,
 //         channel 2i in the low nibble, 2i+1 in the high nibble)
+//   int4_channel (K of int4_kc): 8 + 2 * head_dim bytes per head per BLOCK,
+//         see "int4_kc" below.
 // How values are quantized into this layout: kernels/cpu/kv_quant.h (the CUDA
 // kernels follow it bit for bit). block_bytes is rounded up to 64 bytes so
 // every block starts on a cache line.
+//
+// int4_kc (KIVI-style: K per channel over a full block, V per token):
+//   * K data: int4 codes exactly as int4 ([head][slot][head_dim / 2], channel
+//     2i low nibble), but the scales are per channel of the whole block. The
+//     meta of head h (at BlockMetaOffset(k, h)) is
+//        float lo; float unit; uint8 {cmin_d, cmax_d} for d = 0 .. head_dim-1
+//     and channel d of every row of the block decodes as (IEEE fp32, round
+//     to nearest even, every operation rounded separately):
+//        scale_d = float(cmax_d - cmin_d) * unit
+//        zero_d  = fmaf(float(15 * cmin_d), unit, lo)
+//        value   = fmaf(float(q), scale_d, zero_d)
+//     i.e. each channel's [min, max] is stored as two 8-bit codes on the
+//     head's range [lo, lo + 3825 * unit] (255 steps of 15 units), so a
+//     channel's 16 levels cover its own range while its meta costs 2 bytes.
+//     The encoder (kernels/cpu/kv_quant.h, QuantizeBlockKChannel) needs all
+//     block_size rows at once, so a block is quantized only when full.
+//   * V: int4 per token, as the int4 format (group_size channels per group).
+//   * Tails: a sequence's last, partial block is not in its block yet: its
+//     rows live in full precision in a tail block (KvTailLayout below; fp32
+//     on the CPU, fp16 on the GPU) from a small tail pool (tail ids are
+//     0 .. num_tails-1 and, like block ids, name the same slot in every
+//     layer). BatchInput::tail_ids names each sequence's tail. The kernels'
+//     contract for a step (b = a sequence, first = its first new cache
+//     index, ctx = context_len[b], bs = block_size; see
+//     kernels/cpu/paged_attention.h):
+//       - before the step the tail holds rows [first - first % bs, first) at
+//         slots i % bs; blocks below first / bs are quantized;
+//       - flush (before attention): every block k the step completes,
+//         first / bs <= k < ctx / bs, is quantized in one go into
+//         block_table[b][k] from its rows (the tail's for i < first, this
+//         step's K/V for the others). A block is never requantized;
+//       - attention: a row at cache index i reads every key of an earlier
+//         block (j / bs < i / bs) from its quantized block and the keys of
+//         its own block (j / bs == i / bs) in full precision: from the tail
+//         for j < first, from this step's K/V for j >= first. So what a row
+//         sees depends on its index only, never on how the sequence was cut
+//         into steps (prefill chunks, decode, recompute after preemption);
+//       - after attention: this step's rows of the final partial block
+//         (ctx / bs * bs <= i < ctx, none when ctx % bs == 0) are written to
+//         the tail at slot i % bs.
+//     With fp16 tails, a step's own new rows are rounded to fp16 wherever
+//     they are read (attention, and the flush's input), so they match what
+//     the tail holds for them in later steps.
+//     block_size must be at least 16 for int4_kc (KvFormat refuses less):
+//     per-channel ranges need enough tokens to amortise their meta.
+//
+// Tail block layout (one layer, when tail.block_bytes > 0):
+//   [K rows][V rows]   each [num_kv_heads][block_size][tail.row_bytes],
+//   16-byte aligned; tail.row_bytes = head_dim * 4 (fp32) or * 2 (fp16).
 //
 // This header has no dependencies beyond <cstdint> so that nvcc device code
 // can include it. Thread-safety: plain values.
@@ -33,16 +85,34 @@
 
 namespace kvserve {
 
-// What one half (K or V) of a block stores.
-enum class KvElem : uint8_t { kFp32, kFp16, kBf16, kFp8E4m3, kInt8, kInt4 };
+// What one half (K or V) of a block stores. kInt4Channel is int4_kc's K:
+// int4 codes per token, scales per channel per block.
+enum class KvElem : uint8_t { kFp32, kFp16, kBf16, kFp8E4m3, kInt8, kInt4, kInt4Channel };
+
+// int4_kc: codes of a channel's range on the head's range (0 .. 255), in
+// steps of kInt4ChannelLevels units.
+inline constexpr int kInt4ChannelCodes = 255;
+inline constexpr int kInt4ChannelLevels = 15;
+// Bytes before the per-channel codes in a head's int4_kc K meta (lo, unit).
+inline constexpr int kInt4ChannelHeader = 8;
 
 struct KvPartLayout {
   KvElem elem = KvElem::kFp32;
   int32_t row_bytes = 0;   // bytes of one token's head_dim values
-  int32_t meta_bytes = 0;  // bytes of one token's scale/zero for one head
+  int32_t meta_bytes = 0;  // scale/zero bytes of one token for one head
+                           // (kInt4Channel: of the whole block for one head)
   int32_t group_size = 0;  // int4 channels per scale group; head_dim otherwise
   int64_t data_offset = 0; // from the block start
   int64_t meta_offset = 0; // from the block start
+};
+
+// Where a layer's tails keep a partial block in full precision (int4_kc).
+struct KvTailLayout {
+  KvElem elem = KvElem::kFp32;  // kFp32 (CPU) or kFp16 (CUDA)
+  int32_t row_bytes = 0;        // one token's head_dim values
+  int64_t k_offset = 0;         // from the tail block start
+  int64_t v_offset = 0;
+  int64_t block_bytes = 0;      // one tail block of one layer; 0: no tails
 };
 
 struct KvPageLayout {
@@ -52,13 +122,28 @@ struct KvPageLayout {
   int64_t block_bytes = 0;  // one block of one layer, padded to 64
   KvPartLayout k;
   KvPartLayout v;
+  KvTailLayout tail;
+
+  // Whether a sequence's partial last block lives in a tail (int4_kc).
+  KV_HOST_DEVICE bool has_tails() const { return tail.block_bytes > 0; }
 
   // Byte offset, inside a block, of the row of (head, slot) in a part.
   KV_HOST_DEVICE int64_t RowOffset(const KvPartLayout& part, int head, int slot) const {
     return part.data_offset + (static_cast<int64_t>(head) * block_size + slot) * part.row_bytes;
   }
+  // Per-token meta of (head, slot); not for kInt4Channel parts.
   KV_HOST_DEVICE int64_t MetaOffset(const KvPartLayout& part, int head, int slot) const {
     return part.meta_offset + (static_cast<int64_t>(head) * block_size + slot) * part.meta_bytes;
+  }
+  // Per-block meta of a head (kInt4Channel parts).
+  KV_HOST_DEVICE int64_t BlockMetaOffset(const KvPartLayout& part, int head) const {
+    return part.meta_offset + static_cast<int64_t>(head) * part.meta_bytes;
+  }
+  // Byte offset, inside a tail block, of the K (v = false) or V row of
+  // (head, slot).
+  KV_HOST_DEVICE int64_t TailRowOffset(bool v, int head, int slot) const {
+    return (v ? tail.v_offset : tail.k_offset) +
+           (static_cast<int64_t>(head) * block_size + slot) * tail.row_bytes;
   }
 };
 

@@ -12,7 +12,9 @@
 // i % block_size; slot_mapping[t] names where row t's K/V is written.
 // positions[t] is the RoPE position of row t (its token's position in the
 // sequence; with eviction it exceeds the cache index, see
-// cache/eviction_policy.h).
+// cache/eviction_policy.h). tail_ids[b] names sequence b's tail (int4_kc
+// keeps a partial last block there in full precision, cache/kv_layout.h), -1
+// when it has none; empty when the cache keeps no tails.
 #pragma once
 
 #include <cstdint>
@@ -29,6 +31,7 @@ struct BatchInput {
   std::vector<int32_t> block_table;    // [B][max_blocks_per_seq], row-major
   int32_t max_blocks_per_seq = 0;
   std::vector<int32_t> logits_rows;    // rows of [T] whose logits are wanted, ascending
+  std::vector<int32_t> tail_ids;       // [B] or empty (no tails)
   // KV eviction (cache/eviction_policy.h); each is empty unless a sequence of
   // the step needs it. num_sinks[b] > 0: streaming attention sinks, keys at
   // cache indices below it are scored with the row's query rotated at its
@@ -53,6 +56,7 @@ struct BatchInput {
     block_table.clear();
     max_blocks_per_seq = 0;
     logits_rows.clear();
+    tail_ids.clear();
     num_sinks.clear();
     attention_stats.clear();
   }

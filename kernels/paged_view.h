@@ -36,9 +36,16 @@ struct PagedKvView {
   uint8_t* pages = nullptr;  // [num_blocks][layout.block_bytes]
   int32_t num_blocks = 0;
   KvPageLayout layout;
+  // int4_kc: [num_tails][layout.tail.block_bytes] (cache/kv_layout.h); null
+  // and 0 when the layout keeps no tails.
+  uint8_t* tails = nullptr;
+  int32_t num_tails = 0;
 
   KV_HOST_DEVICE uint8_t* Block(int32_t id) const {
     return pages + static_cast<int64_t>(id) * layout.block_bytes;
+  }
+  KV_HOST_DEVICE uint8_t* Tail(int32_t id) const {
+    return tails + static_cast<int64_t>(id) * layout.tail.block_bytes;
   }
   // The block and in-block offset of a flat slot (block_id * block_size + offset).
   KV_HOST_DEVICE uint8_t* BlockOfSlot(int64_t slot) const {
@@ -54,6 +61,7 @@ struct BatchView {
   const int32_t* context_len = nullptr;   // [num_seqs]
   const int32_t* block_table = nullptr;   // [num_seqs][max_blocks_per_seq]
   const int32_t* logits_rows = nullptr;   // [num_logits_rows], ascending
+  const int32_t* tail_ids = nullptr;      // [num_seqs] or null (no tails); -1: none
   int32_t num_tokens = 0;
   int32_t num_seqs = 0;
   int32_t max_blocks_per_seq = 0;
@@ -113,6 +121,7 @@ inline BatchView ViewOf(const BatchInput& batch) {
   v.context_len = batch.context_len.data();
   v.block_table = batch.block_table.data();
   v.logits_rows = batch.logits_rows.data();
+  v.tail_ids = batch.tail_ids.empty() ? nullptr : batch.tail_ids.data();
   v.num_tokens = batch.num_tokens();
   v.num_seqs = batch.num_seqs();
   v.max_blocks_per_seq = batch.max_blocks_per_seq;
@@ -126,7 +135,9 @@ inline PagedKvView LayerView(const HostKvPages& kv, int layer) {
   PagedKvView v;
   v.pages = const_cast<uint8_t*>(kv.layer(layer));
   v.num_blocks = kv.num_blocks();
-  v.layout = kv.format().layout();
+  v.layout = kv.format(layer).layout();
+  v.tails = const_cast<uint8_t*>(kv.tails(layer));
+  v.num_tails = v.tails != nullptr ? kv.num_tails() : 0;
   return v;
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -10,6 +11,36 @@ namespace {
 
 absl::Status BadBatch(const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat("BatchInput: ", what));
+}
+
+// int4_kc: a step that reads or writes a partial block needs its sequence's
+// tail (cache/kv_layout.h), and tails that are written are not shared.
+absl::Status ValidateTails(const BatchInput& batch, const BatchLimits& limits) {
+  const int32_t B = batch.num_seqs(), bs = limits.block_size;
+  if (static_cast<int32_t>(batch.tail_ids.size()) != B) {
+    return BadBatch(absl::StrCat("tail_ids has ", batch.tail_ids.size(),
+                                 " entries, want one per sequence (", B, ") with an int4_kc cache"));
+  }
+  std::vector<int32_t> used;
+  for (int32_t b = 0; b < B; ++b) {
+    const int32_t q_len = batch.query_start[b + 1] - batch.query_start[b];
+    const int32_t ctx = batch.context_len[b];
+    if (q_len == 0) continue;
+    const int32_t t = batch.tail_ids[b];
+    const bool needed = (ctx - q_len) % bs != 0 || ctx % bs != 0;
+    if (t == -1 && !needed) continue;
+    if (t < 0 || t >= limits.num_tails) {
+      return BadBatch(absl::StrCat("tail_ids[", b, "] = ", t, " is not a tail (the pool has ",
+                                   limits.num_tails, ")",
+                                   needed ? "; its step reads or writes a partial block" : ""));
+    }
+    used.push_back(t);
+  }
+  std::sort(used.begin(), used.end());
+  if (std::adjacent_find(used.begin(), used.end()) != used.end()) {
+    return BadBatch("two sequences of the step name the same tail");
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -100,6 +131,7 @@ absl::Status ValidateBatch(const BatchInput& batch, const BatchLimits& limits) {
     }
     prev = r;
   }
+  if (limits.num_tails > 0) return ValidateTails(batch, limits);
   return absl::OkStatus();
 }
 

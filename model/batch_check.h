@@ -10,8 +10,11 @@
 // read), token ids inside the vocabulary, positions inside [0,
 // max_positions), slots inside the pool (negative: not written), logits_rows
 // ascending inside [0, num_tokens), num_sinks and attention_stats empty or
-// one per sequence (num_sinks not negative). InvalidArgument names the field
-// ("BatchInput: token_ids[3] = 600 is outside the vocabulary of 512").
+// one per sequence (num_sinks not negative); with an int4_kc cache
+// (num_tails > 0, cache/kv_layout.h) one tail id per sequence, inside the
+// tail pool for every sequence whose step reads or writes a partial block,
+// and no two such sequences naming the same tail. InvalidArgument names the
+// field ("BatchInput: token_ids[3] = 600 is outside the vocabulary of 512").
 //
 // Thread-safety: a pure function.
 #pragma once
@@ -29,6 +32,7 @@ struct BatchLimits {
   int32_t num_blocks = 0;     // primary pool
   int32_t block_size = 0;
   int32_t sliding_window = 0;  // 0: full attention
+  int32_t num_tails = 0;       // int4_kc tail pool; 0: no tails (tail_ids not read)
 };
 
 absl::Status ValidateBatch(const BatchInput& batch, const BatchLimits& limits);

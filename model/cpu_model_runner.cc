@@ -27,9 +27,24 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("cache.num_swap_blocks must be >= 0, got ", options.num_swap_blocks));
   }
-  KV_ASSIGN_OR_RETURN(KvFormat format,
-                      KvFormat::Create(options.kv_dtype, c.num_kv_heads, c.head_dim,
-                                       options.block_size, options.int4_group_size));
+  if (options.num_tail_blocks < 0 || options.num_swap_tail_blocks < 0) {
+    return absl::InvalidArgumentError("cache tail blocks must be >= 0");
+  }
+  KV_ASSIGN_OR_RETURN(std::vector<KvDtype> dtypes, options.kv_dtype.Resolve(c.num_layers));
+  std::vector<KvFormat> formats;
+  bool tails = false;
+  for (KvDtype dtype : dtypes) {
+    KV_ASSIGN_OR_RETURN(KvFormat f, KvFormat::Create(dtype, c.num_kv_heads, c.head_dim,
+                                                     options.block_size, options.int4_group_size));
+    tails |= f.has_tails();
+    formats.push_back(f);
+  }
+  const int32_t num_tails = !tails                        ? 0
+                            : options.num_tail_blocks > 0 ? options.num_tail_blocks
+                                                          : kDefaultTailBlocks;
+  const int32_t num_swap_tails = !tails || options.num_swap_blocks == 0 ? 0
+                                 : options.num_swap_tail_blocks > 0 ? options.num_swap_tail_blocks
+                                                                    : num_tails;
   const int32_t num_blocks =
       options.num_blocks > 0
           ? options.num_blocks
@@ -37,25 +52,26 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
   KV_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model,
                       LlamaModel::Create(std::move(weights), options.num_threads));
   return std::unique_ptr<CpuModelRunner>(
-      new CpuModelRunner(std::move(model), format, num_blocks, options.num_swap_blocks,
-                         options.pool_sized_from));
+      new CpuModelRunner(std::move(model), formats, num_blocks, options.num_swap_blocks, num_tails,
+                         num_swap_tails, options.pool_sized_from));
 }
 
-CpuModelRunner::CpuModelRunner(std::unique_ptr<LlamaModel> model, const KvFormat& format,
-                               int32_t num_blocks, int32_t num_swap_blocks,
+CpuModelRunner::CpuModelRunner(std::unique_ptr<LlamaModel> model,
+                               const std::vector<KvFormat>& formats, int32_t num_blocks,
+                               int32_t num_swap_blocks, int32_t num_tails, int32_t num_swap_tails,
                                const std::string& pool_sized_from)
     : model_(std::move(model)),
-      primary_(format, model_->config().num_layers, num_blocks),
-      swap_(format, model_->config().num_layers, num_swap_blocks) {
+      primary_(formats, num_blocks, num_tails),
+      swap_(formats, num_swap_blocks, num_swap_tails) {
   const ModelConfig& c = model_->config();
   RunnerMemoryInfo& m = memory_info_;
   m.device = "cpu";
   m.weight_dtype = "fp32";
   m.weight_bytes = c.NumParams() * int64_t{sizeof(float)};
-  m.kv_bytes_per_block = format.block_bytes() * c.num_layers;
+  m.kv_bytes_per_block = primary_.bytes_per_block();
   m.num_blocks = num_blocks;
-  m.kv_pool_bytes = primary_.total_bytes();
-  m.kv_pool_tokens = int64_t{num_blocks} * format.block_size();
+  m.kv_pool_bytes = primary_.total_bytes();  // int4_kc tails included
+  m.kv_pool_tokens = int64_t{num_blocks} * primary_.format().block_size();
   m.num_swap_blocks = num_swap_blocks;
   m.pool_sized_from = pool_sized_from;
 }
@@ -83,15 +99,28 @@ absl::Status CpuModelRunner::ReadLogits(std::span<float> logits) {
 
 void CpuModelRunner::CopyAcross(const HostKvPages& from, HostKvPages& to,
                                 std::span<const BlockCopy> copies, const char* what) {
-  const int64_t bytes = from.format().block_bytes();
   for (const BlockCopy& cp : copies) {
-    if (cp.src < 0 || cp.src >= from.num_blocks() || cp.dst < 0 || cp.dst >= to.num_blocks()) {
-      std::fprintf(stderr, "CpuModelRunner::%s: block copy %d -> %d outside the pools (%d, %d)\n",
-                   what, cp.src, cp.dst, from.num_blocks(), to.num_blocks());
+    // Ids past a pool's blocks name its tails (cache/block_copy.h).
+    const bool tail = cp.src >= from.num_blocks();
+    const int32_t src = tail ? cp.src - from.num_blocks() : cp.src;
+    const int32_t dst = tail ? cp.dst - to.num_blocks() : cp.dst;
+    const int32_t src_limit = tail ? from.num_tails() : from.num_blocks();
+    const int32_t dst_limit = tail ? to.num_tails() : to.num_blocks();
+    if (src < 0 || src >= src_limit || dst < 0 || dst >= dst_limit) {
+      std::fprintf(stderr,
+                   "CpuModelRunner::%s: %s copy %d -> %d outside the pools (%d + %d tails, %d + "
+                   "%d tails)\n",
+                   what, tail ? "tail" : "block", cp.src, cp.dst, from.num_blocks(),
+                   from.num_tails(), to.num_blocks(), to.num_tails());
       std::abort();
     }
     for (int l = 0; l < from.num_layers(); ++l) {
-      std::memmove(to.block(l, cp.dst), from.block(l, cp.src), bytes);
+      if (tail) {
+        const int64_t bytes = from.format(l).tail_block_bytes();
+        if (bytes > 0) std::memmove(to.tail(l, dst), from.tail(l, src), bytes);
+      } else {
+        std::memmove(to.block(l, dst), from.block(l, src), from.format(l).block_bytes());
+      }
     }
   }
 }
@@ -112,8 +141,10 @@ absl::Status CpuModelRunner::SwapIn(std::span<const BlockCopy> copies) {
 }
 
 absl::Status CpuModelRunner::MoveSlots(std::span<const SlotMove> moves) {
-  const KvPageLayout& lay = primary_.format().layout();
-  const int bs = lay.block_size;
+  if (primary_.has_tails()) {
+    return absl::UnimplementedError("KV slot moves need a format without tails (not int4_kc)");
+  }
+  const int bs = primary_.format().block_size();
   const int64_t num_slots = int64_t{primary_.num_blocks()} * bs;
   for (const SlotMove& m : moves) {
     if (m.src < 0 || m.src >= num_slots || m.dst < 0 || m.dst >= num_slots) {
@@ -125,6 +156,7 @@ absl::Status CpuModelRunner::MoveSlots(std::span<const SlotMove> moves) {
     const int32_t sb = static_cast<int32_t>(m.src / bs), so = static_cast<int32_t>(m.src % bs);
     const int32_t db = static_cast<int32_t>(m.dst / bs), dof = static_cast<int32_t>(m.dst % bs);
     for (int l = 0; l < primary_.num_layers(); ++l) {
+      const KvPageLayout& lay = primary_.format(l).layout();
       const uint8_t* src = primary_.block(l, sb);
       uint8_t* dst = primary_.block(l, db);
       for (int h = 0; h < lay.num_kv_heads; ++h) {

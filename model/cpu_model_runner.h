@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cache/kv_dtype_spec.h"
 #include "cache/kv_format.h"
 #include "cache/kv_pages.h"
 #include "model/llama_model.h"
@@ -32,13 +33,18 @@
 namespace kvserve {
 
 struct CpuRunnerOptions {
-  KvDtype kv_dtype = KvDtype::kFp32;
+  // One dtype, or one per layer (kv_dtype_spec.h).
+  KvDtypeSpec kv_dtype = KvDtype::kFp32;
   int block_size = 16;
   // Primary pool size; 0 means enough blocks for one sequence of
   // max_position_embeddings tokens.
   int32_t num_blocks = 0;
   int32_t num_swap_blocks = 0;
   int int4_group_size = 64;
+  // int4_kc tails (fp32 on the CPU): 0 means kDefaultTailBlocks when a layer
+  // keeps tails; swap tails, 0: as many as tails when num_swap_blocks > 0.
+  int32_t num_tail_blocks = 0;
+  int32_t num_swap_tail_blocks = 0;
   // Threads of the forward pass, the caller included; <= 0: one per hardware thread.
   int num_threads = 0;
   // For memory_info(): which setting the pool size came from.
@@ -47,6 +53,8 @@ struct CpuRunnerOptions {
 
 class CpuModelRunner final : public ModelRunner {
  public:
+  static constexpr int32_t kDefaultTailBlocks = 128;
+
   // Takes the weights (their storage stays alive with the runner). Copying a
   // LlamaWeights is cheap (its tensors are views on shared storage), so
   // several runners may share one loaded model.
@@ -57,6 +65,8 @@ class CpuModelRunner final : public ModelRunner {
   const KvFormat& kv_format() const override { return primary_.format(); }
   int32_t num_blocks() const override { return primary_.num_blocks(); }
   int32_t num_swap_blocks() const override { return swap_.num_blocks(); }
+  int32_t num_tail_blocks() const override { return primary_.num_tails(); }
+  int32_t num_swap_tail_blocks() const override { return swap_.num_tails(); }
   const RunnerMemoryInfo& memory_info() const override { return memory_info_; }
 
   using ModelRunner::Forward;
@@ -69,7 +79,8 @@ class CpuModelRunner final : public ModelRunner {
   absl::Status CopyBlocks(std::span<const BlockCopy> copies) override;
   absl::Status SwapOut(std::span<const BlockCopy> copies) override;
   absl::Status SwapIn(std::span<const BlockCopy> copies) override;
-  bool supports_eviction() const override { return true; }
+  // Eviction moves single token rows: not with int4_kc's per-block K scales.
+  bool supports_eviction() const override { return !primary_.has_tails(); }
   // Host memcpy of each token's rows; aborts on a slot outside the pool.
   absl::Status MoveSlots(std::span<const SlotMove> moves) override;
   absl::Status ReadAttentionStats(std::span<float> out) override;
@@ -80,8 +91,9 @@ class CpuModelRunner final : public ModelRunner {
   int num_threads() const { return model_->num_threads(); }
 
  private:
-  CpuModelRunner(std::unique_ptr<LlamaModel> model, const KvFormat& format, int32_t num_blocks,
-                 int32_t num_swap_blocks, const std::string& pool_sized_from);
+  CpuModelRunner(std::unique_ptr<LlamaModel> model, const std::vector<KvFormat>& formats,
+                 int32_t num_blocks, int32_t num_swap_blocks, int32_t num_tails,
+                 int32_t num_swap_tails, const std::string& pool_sized_from);
 
   static void CopyAcross(const HostKvPages& from, HostKvPages& to,
                          std::span<const BlockCopy> copies, const char* what);

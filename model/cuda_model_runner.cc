@@ -286,8 +286,15 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
         absl::StrCat("model.device: ", options.device, ": the device sampler takes a vocabulary of "
                      "at most ", kMaxSampleVocab, "; the model has ", c.vocab_size));
   }
-  absl::StatusOr<KvFormat> format = KvFormat::Create(options.kv_dtype, c.num_kv_heads, c.head_dim,
-                                                     options.block_size, options.int4_group_size);
+  // int4_kc (tails, per-channel K) and per-layer lists run on the CPU backend only so far.
+  if (!options.kv_dtype.is_uniform() || options.kv_dtype.Uses(KvDtype::kInt4Kc)) {
+    return absl::UnimplementedError(absl::StrCat(
+        "cache.kv_dtype: ", options.kv_dtype.ToString(), ": the CUDA runner keeps one per-token "
+        "dtype in every layer (int4_kc and per-layer lists run on model.device: cpu)"));
+  }
+  absl::StatusOr<KvFormat> format =
+      KvFormat::Create(options.kv_dtype.first_dtype(), c.num_kv_heads, c.head_dim,
+                       options.block_size, options.int4_group_size);
   if (!format.ok()) {
     return absl::Status(format.status().code(),
                         absl::StrCat("cache: ", std::string(format.status().message())));

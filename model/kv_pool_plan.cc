@@ -50,15 +50,18 @@ absl::StatusOr<KvPoolPlan> PlanKvPool(const KvPoolRequest& r) {
   } else if (r.memory_bytes > 0) {
     plan.sized_from = "cache.memory_bytes";
     plan.budget_bytes = r.memory_bytes;
-    plan.num_blocks = ClampBlocks(r.memory_bytes / r.bytes_per_block);
+    plan.num_blocks =
+        ClampBlocks(std::max<int64_t>(0, r.memory_bytes - r.fixed_bytes) / r.bytes_per_block);
   } else if (fraction > 0) {
     plan.sized_from = r.memory_fraction > 0 ? "cache.memory_fraction" : "default";
     plan.budget_bytes = static_cast<int64_t>(std::floor(fraction * static_cast<double>(usable)));
-    plan.num_blocks = ClampBlocks(plan.budget_bytes / r.bytes_per_block);
+    plan.num_blocks =
+        ClampBlocks(std::max<int64_t>(0, plan.budget_bytes - r.fixed_bytes) / r.bytes_per_block);
   } else {
     plan.sized_from = "default";
     const int64_t wanted = int64_t{std::max(1, r.max_num_seqs)} * seq_blocks;
-    const int64_t affordable = std::max<int64_t>(r.default_bytes / r.bytes_per_block, seq_blocks);
+    const int64_t affordable = std::max<int64_t>(
+        std::max<int64_t>(0, r.default_bytes - r.fixed_bytes) / r.bytes_per_block, seq_blocks);
     plan.num_blocks = ClampBlocks(std::min(wanted, affordable));
     plan.budget_bytes = plan.num_blocks * r.bytes_per_block;
   }
@@ -66,7 +69,7 @@ absl::StatusOr<KvPoolPlan> PlanKvPool(const KvPoolRequest& r) {
   plan.num_tokens = int64_t{plan.num_blocks} * r.block_size;
 
   const std::string key = plan.sized_from == "default" ? "cache.memory_fraction" : plan.sized_from;
-  if (r.enforce_available && plan.pool_bytes > usable) {
+  if (r.enforce_available && plan.pool_bytes + r.fixed_bytes > usable) {
     return absl::ResourceExhaustedError(absl::StrCat(
         key, ": a pool of ", plan.num_blocks, " blocks needs ", GiB(plan.pool_bytes), " but only ",
         GiB(usable), " are left after ", GiB(r.weight_bytes), " of weights, ",

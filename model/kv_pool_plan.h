@@ -51,6 +51,9 @@ struct KvPoolRequest {
   // For messages and the log only.
   int64_t weight_bytes = 0;
   int64_t activation_bytes = 0;
+  // Bytes the pool holds besides its blocks (int4_kc tails), taken off a
+  // byte budget (memory_bytes, a fraction, the CPU default) first.
+  int64_t fixed_bytes = 0;
   // The pool's shape.
   int64_t bytes_per_block = 0;  // one block id, all layers
   int32_t block_size = 0;

@@ -34,6 +34,8 @@ class OneSequence {
     batch_.Clear();
     batch_.max_blocks_per_seq = (runner.config().max_position_embeddings + bs - 1) / bs;
     batch_.block_table.assign(batch_.max_blocks_per_seq, kNoBlock);
+    // int4_kc: the one sequence keeps its partial block in tail 0.
+    if (runner.num_tail_blocks() > 0) batch_.tail_ids.assign(1, 0);
   }
   ~OneSequence() { Reset(); }
   OneSequence(const OneSequence&) = delete;
@@ -146,7 +148,7 @@ std::vector<std::vector<int32_t>> TokenizeStories(std::string_view text, const T
   return stories;
 }
 
-const KvFormatQuality* KvQualityReport::Find(KvDtype dtype) const {
+const KvFormatQuality* KvQualityReport::Find(const KvDtypeSpec& dtype) const {
   for (const KvFormatQuality& f : formats) {
     if (f.dtype == dtype) return &f;
   }
@@ -190,16 +192,15 @@ absl::StatusOr<KvQualityReport> EvaluateKvQuality(const std::vector<std::vector<
         "greedy agreement needs num_prompts >= 0, prompt_tokens >= 1, continuation >= 0; got ",
         options.num_prompts, ", ", options.prompt_tokens, ", ", options.continuation));
   }
-  std::vector<KvDtype> dtypes = {KvDtype::kFp32};
-  for (KvDtype d : options.dtypes) {
+  std::vector<KvDtypeSpec> dtypes = {KvDtype::kFp32};
+  for (const KvDtypeSpec& d : options.dtypes) {
     if (std::find(dtypes.begin(), dtypes.end(), d) == dtypes.end()) dtypes.push_back(d);
   }
   std::vector<std::unique_ptr<ModelRunner>> runners;
-  for (KvDtype d : dtypes) {
+  for (const KvDtypeSpec& d : dtypes) {
     KV_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> r, make_runner(d));
-    if (r->kv_format().dtype() != d) {
-      return absl::InternalError(absl::StrCat("the runner made for ", std::string(KvDtypeName(d)),
-                                              " stores ",
+    if (d.is_uniform() && r->kv_format().dtype() != d.first_dtype()) {
+      return absl::InternalError(absl::StrCat("the runner made for ", d.ToString(), " stores ",
                                               std::string(KvDtypeName(r->kv_format().dtype()))));
     }
     runners.push_back(std::move(r));
@@ -329,12 +330,17 @@ absl::StatusOr<KvQualityReport> EvaluateKvQuality(const std::vector<std::vector<
   const double fp16_bytes =
       static_cast<double>(fp16.bytes_per_token_per_layer()) * config.num_layers;
   for (int f = 0; f < num_formats; ++f) {
-    const KvFormat& fmt = runners[f]->kv_format();
-    if (fmt.v().elem == KvElem::kInt4) report.int4_group_size = fmt.v().group_size;
     const Totals& acc = totals[f];
     KvFormatQuality q;
     q.dtype = dtypes[f];
-    q.bytes_per_token = fmt.bytes_per_token_per_layer() * config.num_layers;
+    KV_ASSIGN_OR_RETURN(std::vector<KvDtype> layers, dtypes[f].Resolve(config.num_layers));
+    for (KvDtype d : layers) {
+      KV_ASSIGN_OR_RETURN(
+          KvFormat fmt, KvFormat::Create(d, config.num_kv_heads, config.head_dim, report.block_size,
+                                         options.int4_group_size));
+      if (fmt.v().elem == KvElem::kInt4) report.int4_group_size = fmt.v().group_size;
+      q.bytes_per_token += fmt.bytes_per_token_per_layer();
+    }
     q.bytes_vs_fp16 = q.bytes_per_token / fp16_bytes;
     q.perplexity = std::exp(acc.nll / static_cast<double>(predictions));
     q.mean_kl = acc.kl / static_cast<double>(predictions);
@@ -356,14 +362,18 @@ absl::StatusOr<KvQualityReport> EvaluateKvQuality(const std::vector<std::vector<
 }
 
 std::string KvQualityTable(const KvQualityReport& report) {
+  int width = 9;
+  for (const KvFormatQuality& q : report.formats) {
+    width = std::max(width, static_cast<int>(q.dtype.ToString().size()));
+  }
   // "Δ" is two bytes but one column, hence its field is a byte wider.
   std::string out =
-      absl::StrFormat("%-9s %11s %8s %9s %10s %10s %11s %16s\n", "format", "bytes/token", "vs fp16",
-                      "ppl", "Δppl%", "mean KL", "top-1 agree", "greedy agree len");
+      absl::StrFormat("%-*s %11s %8s %9s %10s %10s %11s %16s\n", width, "format", "bytes/token",
+                      "vs fp16", "ppl", "Δppl%", "mean KL", "top-1 agree", "greedy agree len");
   for (const KvFormatQuality& q : report.formats) {
-    absl::StrAppendFormat(&out, "%-9s %11d %7.3fx %9.4f %+8.3f%% %10.2e %10.2f%% %16.1f\n",
-                          std::string(KvDtypeName(q.dtype)), q.bytes_per_token, q.bytes_vs_fp16,
-                          q.perplexity, q.delta_ppl_percent, q.mean_kl, q.top1_agreement * 100.0,
+    absl::StrAppendFormat(&out, "%-*s %11d %7.3fx %9.4f %+8.3f%% %10.2e %10.2f%% %16.1f\n", width,
+                          q.dtype.ToString(), q.bytes_per_token, q.bytes_vs_fp16, q.perplexity,
+                          q.delta_ppl_percent, q.mean_kl, q.top1_agreement * 100.0,
                           q.mean_greedy_agreement);
   }
   return out;
@@ -383,7 +393,7 @@ std::string KvQualityJson(const KvQualityReport& report) {
   j["seconds"] = report.seconds;
   nlohmann::json formats = nlohmann::json::array();
   for (const KvFormatQuality& q : report.formats) {
-    formats.push_back({{"kv_dtype", std::string(KvDtypeName(q.dtype))},
+    formats.push_back({{"kv_dtype", q.dtype.ToString()},
                        {"bytes_per_token", q.bytes_per_token},
                        {"bytes_vs_fp16", q.bytes_vs_fp16},
                        {"perplexity", q.perplexity},

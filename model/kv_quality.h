@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cache/kv_dtype_spec.h"
 #include "cache/kv_format.h"
 #include "model/model_runner.h"
 #include "model/tokenizer.h"
@@ -50,14 +51,18 @@ namespace kvserve {
 std::vector<std::vector<int32_t>> TokenizeStories(std::string_view text, const Tokenizer& tokenizer,
                                                   int32_t max_tokens, int32_t max_stories = 0);
 
-// Makes the runner for one KV format; called once per format, fp32 first.
-// Each runner must hold at least one sequence of the longest story.
-using KvRunnerFactory = std::function<absl::StatusOr<std::unique_ptr<ModelRunner>>(KvDtype)>;
+// Makes the runner for one KV format (one dtype, or one per layer); called
+// once per format, fp32 first. Each runner must hold at least one sequence of
+// the longest story (and, for int4_kc, have a tail block).
+using KvRunnerFactory =
+    std::function<absl::StatusOr<std::unique_ptr<ModelRunner>>(const KvDtypeSpec&)>;
 
 struct KvQualityOptions {
-  // Formats to report; fp32 (the reference) is always evaluated and always
-  // the first row, and duplicates are dropped.
-  std::vector<KvDtype> dtypes;
+  // Formats to report (a dtype converts to a spec); fp32 (the reference) is
+  // always evaluated and always the first row, and duplicates are dropped.
+  std::vector<KvDtypeSpec> dtypes;
+  // The int4 group size the factory's runners use (for bytes per token).
+  int int4_group_size = 64;
   // Rows per prefill step of the teacher-forced pass (>= 1).
   int32_t chunk_tokens = 64;
   // Greedy agreement: prompts (the first stories long enough), their length
@@ -70,7 +75,7 @@ struct KvQualityOptions {
 };
 
 struct KvFormatQuality {
-  KvDtype dtype = KvDtype::kFp32;
+  KvDtypeSpec dtype = KvDtype::kFp32;  // one dtype or one per layer
   int64_t bytes_per_token = 0;  // all layers, K + V, scales included
   double bytes_vs_fp16 = 0;     // bytes_per_token / fp16's
   double perplexity = 0;
@@ -96,7 +101,7 @@ struct KvQualityReport {
   double seconds = 0;                    // wall time of the evaluation
   std::vector<KvFormatQuality> formats;  // fp32 first, then options.dtypes' order
 
-  const KvFormatQuality* Find(KvDtype dtype) const;
+  const KvFormatQuality* Find(const KvDtypeSpec& dtype) const;
 };
 
 // Runs the evaluation over `stories` (each BOS + tokens, at least 2 tokens

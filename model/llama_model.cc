@@ -149,6 +149,7 @@ absl::Status LlamaModel::Validate(const BatchInput& batch, const HostKvPages& kv
   limits.num_blocks = kv.num_blocks();
   limits.block_size = f.block_size();
   limits.sliding_window = c.sliding_window;
+  limits.num_tails = kv.has_tails() ? kv.num_tails() : 0;
   KV_RETURN_IF_ERROR(ValidateBatch(batch, limits));
   const size_t want = batch.logits_rows.size() * static_cast<size_t>(c.vocab_size);
   if (logits.size() < want) {
@@ -308,6 +309,7 @@ void LlamaModel::AttentionInput(int layer, const BatchInput& batch, HostKvPages&
     cpu::ApplyRope(q + i * q_dim_, c.num_heads, c.head_dim, cs, sn, interleaved);
     cpu::ApplyRope(k + i * kv_dim_, c.num_kv_heads, c.head_dim, cs, sn, interleaved);
   }
+  if (kv.format(layer).has_tails()) return;  // int4_kc: FlushKvBlocks / WriteKvTails
   cpu::KvWriteParams wp;
   wp.k = k;
   wp.v = v;
@@ -380,8 +382,27 @@ absl::Status LlamaModel::Forward(const BatchInput& batch, HostKvPages& kv,
     cpu::SplitRange(T, chunks, ch, &r0, &r1);
     AttentionInput(0, batch, kv, r0, r1);
   });
+  // int4_kc layers write around attention (kernels/cpu/paged_attention.h):
+  // blocks the step completes before it, partial blocks' rows into tails after.
+  cpu::KvBlockWriteParams tp;
+  tp.k = k_.data();
+  tp.v = v_.data();
+  tp.batch = ap.batch;
+  ap.new_k = k_.data();
+  ap.new_v = v_.data();
   for (int l = 0; l < c.num_layers; ++l) {
     ap.kv = LayerView(kv, l);
+    const bool tails = kv.format(l).has_tails();
+    if (tails) {
+      tp.kv = ap.kv;
+      const int64_t B = batch.num_seqs();
+      const int flush_chunks = static_cast<int>(std::min<int64_t>(chunks, B));
+      pool_.Run(flush_chunks, [&](int ch) {
+        int64_t b0, b1;
+        cpu::SplitRange(B, flush_chunks, ch, &b0, &b1);
+        cpu::FlushKvBlocks(tp, static_cast<int32_t>(b0), static_cast<int32_t>(b1));
+      });
+    }
     pool_.Run(attn_chunks, [&](int ch) {
       if (attn_split_[ch] < attn_split_[ch + 1]) {
         cpu::PagedAttention(ap, attn_split_[ch], attn_split_[ch + 1]);
@@ -391,6 +412,8 @@ absl::Status LlamaModel::Forward(const BatchInput& batch, HostKvPages& kv,
     pool_.Run(chunks, [&](int ch) {
       int64_t r0, r1;
       cpu::SplitRange(T, chunks, ch, &r0, &r1);
+      // Before the next layer's K/V overwrite these rows.
+      if (tails) cpu::WriteKvTails(tp, static_cast<int32_t>(r0), static_cast<int32_t>(r1));
       AttentionOutputAndMlp(l, r0, r1);
       if (l + 1 < c.num_layers) AttentionInput(l + 1, batch, kv, r0, r1);
     });

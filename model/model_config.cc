@@ -64,6 +64,14 @@ int64_t ModelConfig::NumParams() const {
   return per_layer * num_layers + dim + embed * (tie_word_embeddings ? 1 : 2);
 }
 
+SamplingParams ModelConfig::DefaultSampling() const {
+  SamplingParams p;
+  if (default_temperature) p.temperature = *default_temperature;
+  if (default_top_p) p.top_p = *default_top_p;
+  if (default_top_k) p.top_k = *default_top_k;
+  return p;
+}
+
 std::vector<float> ModelConfig::RopeInvFreq() const {
   const int half = head_dim / 2;
   std::vector<float> inv(half);

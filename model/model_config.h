@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "model/sampling_params.h"
 
 namespace kvserve {
 
@@ -71,11 +72,14 @@ struct ModelConfig {
   // EOS when it differs. Never holds eos_id itself.
   std::vector<int32_t> stop_ids;
   // Sampling defaults the checkpoint recommends (generation_config.json's
-  // temperature, top_p, top_k); unset when it names none. Requests do not
-  // use them yet.
+  // temperature, top_p, top_k); unset when it names none. A request that
+  // does not set a parameter gets these (DefaultSampling), as vLLM does.
   std::optional<float> default_temperature;
   std::optional<float> default_top_p;
   std::optional<int32_t> default_top_k;
+
+  // SamplingParams' defaults with the checkpoint's recommendations applied.
+  SamplingParams DefaultSampling() const;
 
   // Adds `id` to stop_ids unless it is eos_id or already there.
   void AddStopId(int32_t id);

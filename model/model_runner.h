@@ -97,6 +97,12 @@ class ModelRunner {
   // Blocks in the device (primary) pool and in the host swap pool.
   virtual int32_t num_blocks() const = 0;
   virtual int32_t num_swap_blocks() const = 0;
+  // int4_kc: full-precision tail blocks for partial blocks, in the primary
+  // and in the swap pool (0: no layer keeps tails). Copies name them with
+  // extended ids (cache/block_copy.h); BatchInput::tail_ids names a
+  // sequence's tail.
+  virtual int32_t num_tail_blocks() const { return 0; }
+  virtual int32_t num_swap_tail_blocks() const { return 0; }
   virtual const RunnerMemoryInfo& memory_info() const = 0;
 
   // Writes the K/V of every row of `batch` into its slot and computes the

@@ -1,9 +1,11 @@
 #include "model/runner_factory.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -44,12 +46,22 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(LlamaWeights weight
   }
   const ModelConfig& mc = weights.config;
   KV_RETURN_IF_ERROR(mc.Validate());
-  absl::StatusOr<KvFormat> format = KvFormat::Create(o.kv_dtype, mc.num_kv_heads, mc.head_dim,
-                                                     o.block_size, o.int4_group_size);
-  if (!format.ok()) {
-    return absl::Status(format.status().code(),
-                        absl::StrCat("cache: ", std::string(format.status().message())));
+  // One format per layer; int4_kc layers also keep full-precision tails, a
+  // tail per running sequence twice over (one freed while a pending copy
+  // reads it is reused a step later), taken off the budget first.
+  KV_ASSIGN_OR_RETURN(std::vector<KvDtype> layers, o.kv_dtype.Resolve(mc.num_layers));
+  int64_t bytes_per_block = 0, bytes_per_tail = 0;
+  for (KvDtype d : layers) {
+    absl::StatusOr<KvFormat> format =
+        KvFormat::Create(d, mc.num_kv_heads, mc.head_dim, o.block_size, o.int4_group_size);
+    if (!format.ok()) {
+      return absl::Status(format.status().code(),
+                          absl::StrCat("cache: ", std::string(format.status().message())));
+    }
+    bytes_per_block += format->block_bytes();
+    bytes_per_tail += format->tail_block_bytes();
   }
+  const int32_t num_tails = bytes_per_tail > 0 ? 2 * std::max(1, o.max_num_seqs) : 0;
   KvPoolRequest pool;
   pool.num_blocks = o.num_blocks;
   pool.memory_bytes = o.memory_bytes;
@@ -57,7 +69,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(LlamaWeights weight
   pool.default_bytes = kDefaultCpuKvBudget;
   if (o.memory_fraction > 0) pool.available_bytes = HostMemAvailable();
   pool.weight_bytes = mc.NumParams() * int64_t{sizeof(float)};
-  pool.bytes_per_block = format->block_bytes() * mc.num_layers;
+  pool.bytes_per_block = bytes_per_block;
+  pool.fixed_bytes = bytes_per_tail * num_tails;
   pool.block_size = o.block_size;
   pool.max_model_len = o.max_model_len > 0 ? o.max_model_len : mc.max_position_embeddings;
   pool.max_num_seqs = o.max_num_seqs;
@@ -71,6 +84,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(LlamaWeights weight
   ro.int4_group_size = o.int4_group_size;
   ro.num_threads = o.num_threads;
   ro.pool_sized_from = plan.sized_from;
+  ro.num_tail_blocks = num_tails;
   absl::StatusOr<std::unique_ptr<CpuModelRunner>> runner =
       CpuModelRunner::Create(std::move(weights), ro);
   if (!runner.ok()) {

@@ -27,6 +27,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "cache/kv_dtype_spec.h"
 #include "cache/kv_format.h"
 #include "model/llama_weights.h"
 #include "model/model_runner.h"
@@ -58,7 +59,7 @@ struct RunnerOptions {
   std::string dtype = "auto";  // model.dtype
   bool cuda_graphs = true;     // model.cuda_graphs
   // cache.*
-  KvDtype kv_dtype = KvDtype::kFp32;
+  KvDtypeSpec kv_dtype = KvDtype::kFp32;  // one dtype or one per layer
   int32_t block_size = 16;
   int32_t num_blocks = 0;
   int64_t memory_bytes = 0;

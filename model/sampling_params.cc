@@ -3,12 +3,13 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
+#include "model/field_status.h"
 
 namespace kvserve {
 
 absl::Status SamplingParams::Validate() const {
   auto bad = [](const char* field, double v, const char* rule) {
-    return absl::InvalidArgumentError(absl::StrCat(field, " must be ", rule, ", got ", v));
+    return FieldError(field, absl::StrCat(field, " must be ", rule, ", got ", v));
   };
   if (!(temperature >= 0.0f) || !std::isfinite(temperature)) {
     return bad("temperature", temperature, ">= 0");

@@ -7,6 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache/status_macros.h"
+#include "model/field_status.h"
+#include "scheduler/request_validation.h"
 #include "spdlog/spdlog.h"
 
 namespace kvserve {
@@ -20,6 +22,13 @@ static_assert(std::size(kAllEvictionPolicies) == kNumEvictionPolicies);
 
 // Policies that keep every relative position within the budget, so their
 // sequences may run past max_model_len.
+// An InvalidArgument whose message starts with the field it names
+// ("kv_policy.budget must ...") as a FieldError.
+absl::Status NamedFieldError(const absl::Status& s) {
+  const std::string message(s.message());
+  return FieldError(message.substr(0, message.find(' ')), message);
+}
+
 bool Unbounded(EvictionPolicyKind k) {
   return k == EvictionPolicyKind::kStreaming || k == EvictionPolicyKind::kSlidingWindow;
 }
@@ -67,7 +76,8 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
     if (!runner->supports_eviction()) {
       return Invalid(absl::StrCat("cache.eviction_policy ",
                                   std::string(EvictionPolicyName(eviction.policy)),
-                                  " needs a backend with KV eviction (the CPU runner)"));
+                                  " needs KV eviction, which the CPU runner has for every "
+                                  "cache.kv_dtype but int4_kc"));
     }
     if (window > 0 && eviction.budget > window) {
       return Invalid(absl::StrCat("cache.eviction_budget (", eviction.budget,
@@ -86,6 +96,8 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
   kv_config.block_size = runner->kv_format().block_size();
   kv_config.num_blocks = runner->num_blocks();
   kv_config.num_swap_blocks = runner->num_swap_blocks();
+  kv_config.num_tail_blocks = runner->num_tail_blocks();
+  kv_config.num_swap_tail_blocks = runner->num_swap_tail_blocks();
   kv_config.enable_prefix_caching = config.prefix_caching;
   kv_config.hash_seed = std::random_device{}();
   KV_RETURN_IF_ERROR(kv_config.Validate());
@@ -156,7 +168,9 @@ EngineImpl::~EngineImpl() {
 absl::Status EngineImpl::ResolveEviction(const KvPolicyOverride& o, RequestState* req) const {
   EvictionParams p = default_eviction_;
   if (!o.policy.empty()) {
-    KV_ASSIGN_OR_RETURN(p.policy, ParseEvictionPolicy(o.policy, "kv_policy.policy"));
+    absl::StatusOr<EvictionPolicyKind> kind = ParseEvictionPolicy(o.policy, "kv_policy.policy");
+    if (!kind.ok()) return NamedFieldError(kind.status());
+    p.policy = *kind;
     if (o.budget == 0 && p.policy != default_eviction_.policy) {
       // Another policy than the default: the default budget still applies,
       // or the model's window for sliding_window.
@@ -172,23 +186,28 @@ absl::Status EngineImpl::ResolveEviction(const KvPolicyOverride& o, RequestState
   if (!p.evicts()) return absl::OkStatus();
   const std::string name(EvictionPolicyName(p.policy));
   if (p.budget == 0) {
-    return Invalid(absl::StrCat("kv_policy.budget must be set for ", name,
-                                " (the server has no cache.eviction_budget)"));
+    return FieldError("kv_policy.budget",
+                      absl::StrCat("kv_policy.budget must be set for ", name,
+                                   " (the server has no cache.eviction_budget)"));
   }
-  KV_RETURN_IF_ERROR(p.Validate(kEvictionRequestFields));
+  if (absl::Status v = p.Validate(kEvictionRequestFields); !v.ok()) return NamedFieldError(v);
   if (!runner_->supports_eviction()) {
-    return Invalid(absl::StrCat("kv_policy.policy \"", name,
-                                "\" needs a backend with KV eviction (the CPU runner)"));
+    return FieldError("kv_policy.policy",
+                      absl::StrCat("kv_policy.policy \"", name,
+                                   "\" needs KV eviction, which the CPU runner has for "
+                                   "every cache.kv_dtype but int4_kc"));
   }
   const int32_t window = model_config_.sliding_window;
   if (window > 0 && p.budget > window) {
-    return Invalid(absl::StrCat("kv_policy.budget (", p.budget,
-                                ") exceeds the model's sliding_window (", window, ")"));
+    return FieldError("kv_policy.budget",
+                      absl::StrCat("kv_policy.budget (", p.budget,
+                                   ") exceeds the model's sliding_window (", window, ")"));
   }
   req->policy = policies_[static_cast<int>(p.policy)];
   if (req->policy == nullptr) {
-    return Invalid(absl::StrCat("kv_policy.policy \"", name,
-                                "\" needs cache.evictor_model (kvserve train-evictor)"));
+    return FieldError("kv_policy.policy",
+                      absl::StrCat("kv_policy.policy \"", name,
+                                   "\" needs cache.evictor_model (kvserve train-evictor)"));
   }
   // A model's own window cuts attention by cache index: the cache must
   // never hold more than the window, so prompts past it go one token a step.
@@ -198,55 +217,33 @@ absl::Status EngineImpl::ResolveEviction(const KvPolicyOverride& o, RequestState
 
 absl::Status EngineImpl::Validate(GenerateRequest& r, RequestState* req) const {
   std::vector<int32_t>* prompt_ids = &req->prompt_ids;
+  RequestLimits limits = kDefaultRequestLimits;
+  limits.max_samples = std::min(limits.max_samples, config_.max_num_seqs);
+  limits.vocab_size = vocab_size_;
+  KV_RETURN_IF_ERROR(ValidateRequestParams(r, limits));
   KV_RETURN_IF_ERROR(ResolveEviction(r.kv_policy, req));
   const bool evicting = req->eviction.evicts();
   const bool unbounded = evicting && Unbounded(req->eviction.policy);
-  KV_RETURN_IF_ERROR(r.sampling.Validate());
-  if (r.max_tokens < 1) return Invalid(absl::StrCat("max_tokens must be >= 1, got ", r.max_tokens));
-  const int32_t max_n = std::min(kMaxSamplesPerRequest, config_.max_num_seqs);
-  if (r.n < 1 || r.n > max_n) {
-    return Invalid(absl::StrCat("n must be in [1, ", max_n, "], got ", r.n));
-  }
-  if (r.logprobs < -1 || r.logprobs > kMaxLogprobs) {
-    return Invalid(
-        absl::StrCat("logprobs must be -1 (off) or in [0, ", kMaxLogprobs, "], got ", r.logprobs));
-  }
-  for (size_t i = 0; i < r.stop.size(); ++i) {
-    if (r.stop[i].empty()) return Invalid(absl::StrCat("stop[", i, "] must not be empty"));
-  }
-  for (size_t i = 0; i < r.stop_token_ids.size(); ++i) {
-    const int32_t id = r.stop_token_ids[i];
-    if (id < 0 || id >= vocab_size_) {
-      return Invalid(absl::StrCat("stop_token_ids[", i, "] = ", id,
-                                  " is outside the vocabulary [0, ", vocab_size_, ")"));
-    }
-  }
   if (!r.prompt_token_ids.empty()) {
     *prompt_ids = std::move(r.prompt_token_ids);
     r.prompt_token_ids.clear();
-    for (size_t i = 0; i < prompt_ids->size(); ++i) {
-      const int32_t id = (*prompt_ids)[i];
-      if (id < 0 || id >= vocab_size_) {
-        return Invalid(absl::StrCat("prompt_token_ids[", i, "] = ", id,
-                                    " is outside the vocabulary [0, ", vocab_size_, ")"));
-      }
-    }
   } else {
     *prompt_ids = tokenizer_->Encode(r.prompt, r.add_bos);
   }
   r.prompt.clear();
   r.prompt.shrink_to_fit();
   const int64_t prompt_len = static_cast<int64_t>(prompt_ids->size());
-  if (prompt_len == 0) return Invalid("prompt must not be empty (it has no tokens)");
+  if (prompt_len == 0) return FieldError("prompt", "prompt must not be empty (it has no tokens)");
   if (unbounded) {
     // Positions may grow past the model's; keep them within int32.
     constexpr int64_t kMaxStream = int64_t{1} << 30;
     if (prompt_len + r.max_tokens > kMaxStream) {
-      return Invalid(absl::StrCat("max_tokens (", r.max_tokens, ") + prompt (", prompt_len,
-                                  " tokens) exceeds ", kMaxStream, " tokens"));
+      return FieldError("max_tokens", absl::StrCat("max_tokens (", r.max_tokens, ") + prompt (",
+                                                   prompt_len, " tokens) exceeds ", kMaxStream,
+                                                   " tokens"));
     }
   } else if (prompt_len >= max_model_len_) {
-    return Invalid(absl::StrCat("prompt has ", prompt_len,
+    return FieldError("prompt", absl::StrCat("prompt has ", prompt_len,
                                 " tokens, which leaves no room to generate within max_model_len (",
                                 max_model_len_, ")"));
   }
@@ -254,19 +251,20 @@ absl::Status EngineImpl::Validate(GenerateRequest& r, RequestState* req) const {
   if (evicting) {
     const int64_t blocks = (req->hold_limit + block_size_ - 1) / block_size_;
     if (blocks > num_blocks_) {
-      return Invalid(absl::StrCat("kv_policy.budget: ", req->hold_limit, " tokens held need ",
-                                  blocks, " KV blocks, but the whole pool has ", num_blocks_));
+      return FieldError("kv_policy.budget",
+                        absl::StrCat("kv_policy.budget: ", req->hold_limit, " tokens held need ",
+                                     blocks, " KV blocks, but the whole pool has ", num_blocks_));
     }
     if (unbounded) return absl::OkStatus();
   }
   if (total > max_model_len_) {
-    return Invalid(absl::StrCat("max_tokens (", r.max_tokens, ") + prompt (", prompt_len,
+    return FieldError("max_tokens", absl::StrCat("max_tokens (", r.max_tokens, ") + prompt (", prompt_len,
                                 " tokens) = ", total, " exceeds max_model_len (", max_model_len_,
                                 "); lower max_tokens to at most ", max_model_len_ - prompt_len));
   }
   const int64_t blocks = (total + block_size_ - 1) / block_size_;
   if (blocks > num_blocks_) {
-    return Invalid(absl::StrCat("max_tokens: prompt + max_tokens = ", total, " tokens need ",
+    return FieldError("max_tokens", absl::StrCat("max_tokens: prompt + max_tokens = ", total, " tokens need ",
                                 blocks, " KV blocks, but the whole pool has ", num_blocks_));
   }
   return absl::OkStatus();
@@ -443,6 +441,7 @@ void EngineImpl::BuildBatch(const StepPlan& plan) {
         stats_total += int64_t{model_config_.num_layers} * (end - offset);
       }
     }
+    if (kv_.has_tails()) batch_.tail_ids.push_back(kv_.tail_id(seq->id));
     const std::vector<BlockId>& blocks = kv_.block_table(seq->id).blocks();
     std::copy(blocks.begin(), blocks.end(), table_row);
     table_row += max_blocks;

@@ -70,12 +70,6 @@
 
 namespace kvserve {
 
-// At most this many parallel samples per request (also capped by
-// scheduler.max_num_seqs).
-inline constexpr int32_t kMaxSamplesPerRequest = 64;
-// At most this many alternatives per token (OpenAI's top_logprobs limit).
-inline constexpr int32_t kMaxLogprobs = 20;
-
 class EngineImpl final : public Engine {
  public:
   static absl::StatusOr<std::unique_ptr<EngineImpl>> Create(

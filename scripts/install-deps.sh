@@ -9,7 +9,8 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev nlohmann-json3-dev libsentencepiece-dev catch2
   libyaml-cpp-dev libcpp-httplib-dev prometheus-cpp-dev libpcre2-dev libutf8proc-dev
-  libbenchmark-dev python3 python3-grpcio python3-numpy nodejs npm prometheus nginx gnuplot-nox
+  libbenchmark-dev python3 python3-grpcio python3-numpy nodejs npm prometheus nginx
+  gnuplot-nox
 )
 if [[ "${KVSERVE_DEPS_EXTRA:-}" != "" ]]; then
   read -r -a extra <<<"${KVSERVE_DEPS_EXTRA}"

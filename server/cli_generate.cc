@@ -9,12 +9,16 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "cache/kv_dtype_spec.h"
 #include "cache/kv_format.h"
+#include "model/cpu_threads.h"
 #include "model/model_loader.h"
 #include "model/runner_factory.h"
 #include "model/sampling_params.h"
@@ -42,10 +46,11 @@ constexpr char kUsage[] =
     "  --repetition-penalty R   > 0, 1 is off (default 1)\n"
     "  --seed S             random seed (default: a fresh one)\n"
     "  --block-size B       KV cache block size in tokens (default 16)\n"
-    "  --kv-dtype D         KV cache dtype: fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4\n"
+    "  --kv-dtype D         KV cache dtype: fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4,\n"
+    "                       int4_kc, or one per layer (int8,int4_kc*,int8)\n"
     "                       (default fp32)\n"
     "  --num-blocks N       KV blocks (default: enough for the model's whole context)\n"
-    "  --threads N          CPU threads, 0 = all (default 0)\n"
+    "  --threads N          CPU threads, 0 = what the cgroup and affinity allow (default 0)\n"
     "  --device D           cpu, cuda or cuda:N (default cpu)\n"
     "  --dtype D            weights and activations: auto, fp32, fp16, bf16 (default auto:\n"
     "                       fp32 on cpu, bf16 on cuda)\n";
@@ -57,7 +62,7 @@ struct Options {
   int32_t max_tokens = 256;
   SamplingParams sampling;
   int block_size = 16;
-  KvDtype kv_dtype = KvDtype::kFp32;
+  KvDtypeSpec kv_dtype = KvDtype::kFp32;
   int32_t num_blocks = 0;
   int threads = 0;
   std::string device = "cpu";
@@ -108,7 +113,7 @@ int ParseFlags(int argc, char** argv, Options* o) {
         return bad("an integer in [1, 65536]");
       o->block_size = static_cast<int>(n);
     } else if (name == "--kv-dtype") {
-      absl::StatusOr<KvDtype> d = ParseKvDtype(value);
+      absl::StatusOr<KvDtypeSpec> d = KvDtypeSpec::Parse(value, "--kv-dtype");
       if (!d.ok()) return flags.UsageError(std::string(d.status().message()));
       o->kv_dtype = *d;
     } else if (name == "--num-blocks") {
@@ -152,7 +157,7 @@ int RunGenerate(int argc, char** argv) {
   ro.dtype = opt.dtype;
   ro.kv_dtype = opt.kv_dtype;
   ro.block_size = opt.block_size;
-  ro.num_threads = opt.threads;
+  ro.num_threads = opt.threads > 0 ? opt.threads : DefaultCpuThreads();
   ro.max_num_seqs = 1;
   if (absl::Status device = CheckRunnerDevice(ro); !device.ok()) return Fail(device);
   absl::StatusOr<LoadedModel> loaded =
@@ -182,6 +187,15 @@ int RunGenerate(int argc, char** argv) {
   ec.max_model_len = max_len;
   ec.max_num_batched_tokens = max_len;
   ec.prefix_caching = false;
+  // The engine's own timestamps of the first and later tokens: this thread
+  // reads the stream late whenever the OS schedules it late, and would then
+  // count tokens decoded long before as if they came at once.
+  std::mutex metrics_mu;
+  std::optional<RequestMetrics> metrics;
+  ec.on_request_finished = [&](const RequestMetrics& m) {
+    std::lock_guard<std::mutex> lock(metrics_mu);
+    metrics = m;
+  };
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(ec, *std::move(runner), tok);
   if (!engine.ok()) return Fail(engine.status());
 
@@ -207,15 +221,21 @@ int RunGenerate(int argc, char** argv) {
     if (out.finish_reason == FinishReason::kError) {
       return Fail(absl::InternalError(out.error));
     }
-    if (out.request_finished) break;
-  }
+  }  // until the stream closes, after the engine reported the request's metrics
   std::fputc('\n', stdout);
   std::fflush(stdout);
 
   const auto t_end = Clock::now();
-  const double prefill_s = std::chrono::duration<double>(t_first - t0).count();
+  double prefill_s = std::chrono::duration<double>(t_first - t0).count();
   const double total_s = std::chrono::duration<double>(t_end - t0).count();
-  const double decode_s = total_s - prefill_s;
+  double decode_s = total_s - prefill_s;
+  {
+    std::lock_guard<std::mutex> lock(metrics_mu);
+    if (metrics.has_value() && metrics->ttft_s > 0) {
+      prefill_s = metrics->ttft_s;
+      decode_s = metrics->tpot_s * (generated - 1);
+    }
+  }
   std::fprintf(stderr,
                "kvserve generate: %d tokens in %.1f ms, %.0f tokens/s (prompt: %d tokens in "
                "%.1f ms; decode: %.0f tokens/s)\n",

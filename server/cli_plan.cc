@@ -2,6 +2,7 @@
 // cache format, for a model given as a preset name or a path. The numbers
 // come from cache/capacity_plan.h (exact page layouts), so they match the
 // pools the engine builds. Prints a table; --json also writes it as JSON.
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cache/capacity_plan.h"
+#include "cache/kv_dtype_spec.h"
 #include "cache/kv_format.h"
 #include "model/dummy_model.h"
 #include "model/hf_loader.h"
@@ -38,6 +40,10 @@ constexpr char kUsage[] =
     "  --batch N           also show what N sequences of --context tokens need (default 0)\n"
     "  --weight-dtype D    weight storage: fp32, fp16, bf16, fp8, int8, int4 (default fp16)\n"
     "  --int4-group-size G channels per int4 scale group (default 64)\n"
+    "  --kv-dtype D        also plan D: a dtype or one per layer (int8,int4_kc*,int8: NAME*N\n"
+    "                      is N layers, NAME* the layers left); repeatable\n"
+    "  --max-seqs N        running sequences (scheduler.max_num_seqs) whose int4_kc tails\n"
+    "                      are reserved, two fp16 tail blocks each (default 64)\n"
     "  --json FILE         also write the plan as JSON\n"
     "exit status: 0 when at least one KV format holds a sequence of --context tokens,\n"
     "3 when none does, 1 on other errors, 2 on bad flags.\n";
@@ -54,6 +60,8 @@ struct Options {
   std::string weight_dtype = "fp16";
   double weight_bytes_per_param = 2.0;
   int int4_group_size = 64;
+  std::vector<KvDtypeSpec> extra_dtypes;
+  int64_t max_seqs = 64;
   std::string json_path;
 };
 
@@ -105,6 +113,13 @@ int ParseFlags(int argc, char** argv, Options* o) {
       if (!absl::SimpleAtoi(value, &n) || n < 2 || n > (1 << 20))
         return bad("an even integer >= 2");
       o->int4_group_size = static_cast<int>(n);
+    } else if (name == "--kv-dtype") {
+      absl::StatusOr<KvDtypeSpec> d = KvDtypeSpec::Parse(value, "--kv-dtype");
+      if (!d.ok()) return flags.UsageError(std::string(d.status().message()));
+      o->extra_dtypes.push_back(*d);
+    } else if (name == "--max-seqs") {
+      if (!absl::SimpleAtoi(value, &n) || n < 0 || n > (1 << 24)) return bad("an integer >= 0");
+      o->max_seqs = n;
     } else if (name == "--json") {
       o->json_path = value;
     } else {
@@ -164,6 +179,13 @@ int RunPlan(int argc, char** argv) {
   req.block_size = o.block_size;
   req.int4_group_size = o.int4_group_size;
   req.batch = o.batch;
+  req.max_seqs = o.max_seqs;
+  req.dtypes = DefaultPlanDtypes(o.block_size);
+  for (const KvDtypeSpec& d : o.extra_dtypes) {
+    if (std::find(req.dtypes.begin(), req.dtypes.end(), d) == req.dtypes.end()) {
+      req.dtypes.push_back(d);
+    }
+  }
   absl::StatusOr<std::vector<KvFormatCapacity>> plan = PlanCapacity(req);
   if (!plan.ok()) {
     std::fprintf(stderr, "kvserve plan: %s\n", std::string(plan.status().message()).c_str());
@@ -187,7 +209,11 @@ int RunPlan(int argc, char** argv) {
               o.block_size);
   const std::string batch_header =
       o.batch > 0 ? absl::StrCat("  ", o.batch, " x ", o.context, " needs") : "";
-  std::printf("%-9s %12s %8s %16s %14s%s\n", "kv_dtype", "bytes/token", "vs fp16", "tokens",
+  int width = 9;
+  for (const KvFormatCapacity& f : *plan) {
+    width = std::max(width, static_cast<int>(f.spec.ToString().size()));
+  }
+  std::printf("%-*s %12s %8s %16s %14s%s\n", width, "kv_dtype", "bytes/token", "vs fp16", "tokens",
               absl::StrCat("seqs@", o.context).c_str(), batch_header.c_str());
   for (const KvFormatCapacity& f : *plan) {
     std::string batch_col;
@@ -195,13 +221,22 @@ int RunPlan(int argc, char** argv) {
       batch_col = absl::StrCat("  ", FormatBytes(f.batch_bytes),
                                f.batch_fits ? "" : ", more than the budget");
     }
-    std::printf("%-9s %12s %7.2fx %16s %14s%s\n", std::string(KvDtypeName(f.dtype)).c_str(),
+    std::printf("%-*s %12s %7.2fx %16s %14s%s\n", width, f.spec.ToString().c_str(),
                 WithCommas(f.bytes_per_token).c_str(), f.tokens_vs_fp16,
                 WithCommas(f.num_tokens).c_str(), WithCommas(f.max_seqs).c_str(),
                 batch_col.c_str());
   }
   std::printf("\nbytes/token: all %d layers, K and V, scales included (int4 groups of %d).\n",
               c.num_layers, std::min(o.int4_group_size, c.head_dim));
+  for (const KvFormatCapacity& f : *plan) {
+    if (f.num_tail_blocks == 0) continue;
+    std::printf(
+        "%s: %s fp16 tail blocks (2 x --max-seqs %s running sequences) take %s of the budget; "
+        "it holds %.2fx the tokens of fp16 in these bytes, tails included.\n",
+        f.spec.ToString().c_str(), WithCommas(f.num_tail_blocks).c_str(),
+        WithCommas(o.max_seqs).c_str(), FormatBytes(f.tail_bytes).c_str(),
+        f.tokens_vs_fp16_in_budget);
+  }
 
   if (!o.json_path.empty()) {
     nlohmann::json j;
@@ -219,9 +254,10 @@ int RunPlan(int argc, char** argv) {
     j["block_size"] = o.block_size;
     j["batch"] = o.batch;
     j["int4_group_size"] = std::min(o.int4_group_size, c.head_dim);
+    j["max_seqs"] = o.max_seqs;
     nlohmann::json formats = nlohmann::json::array();
     for (const KvFormatCapacity& f : *plan) {
-      formats.push_back({{"kv_dtype", std::string(KvDtypeName(f.dtype))},
+      formats.push_back({{"kv_dtype", f.spec.ToString()},
                          {"bytes_per_token", f.bytes_per_token},
                          {"block_bytes", f.block_bytes},
                          {"num_blocks", f.num_blocks},
@@ -229,7 +265,10 @@ int RunPlan(int argc, char** argv) {
                          {"max_seqs", f.max_seqs},
                          {"batch_bytes", f.batch_bytes},
                          {"batch_fits", f.batch_fits},
-                         {"tokens_vs_fp16", f.tokens_vs_fp16}});
+                         {"tokens_vs_fp16", f.tokens_vs_fp16},
+                         {"num_tail_blocks", f.num_tail_blocks},
+                         {"tail_bytes", f.tail_bytes},
+                         {"tokens_vs_fp16_in_budget", f.tokens_vs_fp16_in_budget}});
     }
     j["formats"] = formats;
     std::ofstream out(o.json_path);

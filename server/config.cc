@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "cache/capacity_plan.h"
+#include "cache/kv_dtype_spec.h"
 #include "cache/kv_format.h"
 #include "cache/status_macros.h"
 #include "model/runner_factory.h"
@@ -209,6 +210,8 @@ const std::vector<Field>& Fields() {
          c.model.device = std::string(absl::StripAsciiWhitespace(text));
          return absl::OkStatus();
        }},
+      Int("model.threads", 0, 4096, "an integer in [0, 4096] (0: what the cgroup allows)",
+          [](ServeConfig& c, int64_t v) { c.model.threads = static_cast<int32_t>(v); }),
       {"model.dtype",
        [](ServeConfig& c, const std::string& text, Source, const std::string&) {
          if (!ResolveWeightDtype(text, DeviceSpec{}).ok()) {
@@ -240,8 +243,11 @@ const std::vector<Field>& Fields() {
           "cache.kv_dtype",
           [](ServeConfig& c, const std::string& text, Source, const std::string&) {
             std::string t(absl::StripAsciiWhitespace(text));
-            if (!ParseKvDtype(t).ok()) {
-              return Bad("cache.kv_dtype", "one of fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4",
+            if (!KvDtypeSpec::Parse(t).ok()) {
+              return Bad("cache.kv_dtype",
+                         "one of fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4, int4_kc, or one "
+                         "per layer (e.g. int8,int4_kc*,int8: NAME*N for N layers, NAME* for "
+                         "the rest)",
                          text);
             }
             c.cache.kv_dtype = t;
@@ -545,6 +551,8 @@ std::string ServeConfigKeyHelp(const std::string& key) {
        "beside a llama2.c checkpoint"},
       {"model.name", "the served model name (OpenAI `model`); empty: from the model"},
       {"model.device", "cpu, cuda (device 0) or cuda:N"},
+      {"model.threads",
+       "CPU forward-pass threads; 0: what the cgroup CPU quota and the affinity mask allow"},
       {"model.dtype",
        "weights and activations: auto (fp32 on cpu, bf16 on cuda), fp32, fp16 or bf16; the CPU "
        "backend computes in fp32 only"},

@@ -33,6 +33,7 @@ struct ServeConfig {
     std::string tokenizer;       // "" = found beside the model
     std::string name;            // the served name (OpenAI `model`); "" = from the model
     std::string device = "cpu";  // cpu | cuda | cuda:N
+    int32_t threads = 0;         // CPU forward-pass threads; 0 = what the cgroup allows
     std::string dtype = "auto";  // auto | fp32 | fp16 | bf16 (auto: fp32 cpu, bf16 cuda)
     bool cuda_graphs = true;     // CUDA: replay decode steps from captured graphs
     // auto (the checkpoint's own template, else plain), a built-in name or a
@@ -40,7 +41,7 @@ struct ServeConfig {
     ChatTemplate chat_template = ChatTemplate::Auto();
   } model;
   struct Cache {
-    std::string kv_dtype = "fp32";
+    std::string kv_dtype = "fp32";  // one dtype or one per layer (cache/kv_dtype_spec.h)
     int32_t block_size = 16;
     int32_t num_blocks = 0;        // 0: from memory_bytes / memory_fraction / a default
     int64_t memory_bytes = 0;      // KV budget in bytes (accepts KiB/MiB/GiB suffixes)

@@ -5,7 +5,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cache/kv_dtype_spec.h"
 #include "cache/kv_format.h"
+#include "model/cpu_threads.h"
 #include "model/model_loader.h"
 #include "model/runner_factory.h"
 #include "spdlog/spdlog.h"
@@ -25,8 +27,9 @@ absl::StatusOr<BuiltEngine> BuildEngine(
   ro.device = config.model.device;
   ro.dtype = config.model.dtype;
   ro.cuda_graphs = config.model.cuda_graphs;
-  absl::StatusOr<KvDtype> kv_dtype = ParseKvDtype(config.cache.kv_dtype);
-  if (!kv_dtype.ok()) return WithKey("cache.kv_dtype", kv_dtype.status());
+  // One dtype, or one per layer (cache/kv_dtype_spec.h); errors name cache.kv_dtype.
+  absl::StatusOr<KvDtypeSpec> kv_dtype = KvDtypeSpec::Parse(config.cache.kv_dtype);
+  if (!kv_dtype.ok()) return kv_dtype.status();
   ro.kv_dtype = *kv_dtype;
   ro.block_size = config.cache.block_size;
   ro.num_blocks = config.cache.num_blocks;
@@ -34,6 +37,7 @@ absl::StatusOr<BuiltEngine> BuildEngine(
   ro.memory_fraction = config.cache.memory_fraction;
   ro.num_swap_blocks = config.cache.num_swap_blocks;
   ro.int4_group_size = config.cache.int4_group_size;
+  ro.num_threads = config.model.threads > 0 ? config.model.threads : DefaultCpuThreads();
   ro.max_num_seqs = config.scheduler.max_num_seqs;
   ro.max_num_batched_tokens = config.scheduler.max_num_batched_tokens;
   ro.max_model_len = config.scheduler.max_model_len;
@@ -83,6 +87,10 @@ absl::StatusOr<BuiltEngine> BuildEngine(
       memory.num_blocks, info.block_size, static_cast<double>(memory.kv_bytes_per_block) / 1024,
       static_cast<double>(memory.kv_pool_bytes) / (1 << 20), memory.kv_pool_tokens,
       memory.pool_sized_from, memory.num_swap_blocks);
+  if (memory.device == "cpu") {
+    spdlog::info("CPU forward pass on {} threads (model.threads: {})", ro.num_threads,
+                 config.model.threads > 0 ? "as set" : "0, what the cgroup and affinity allow");
+  }
   return out;
 }
 

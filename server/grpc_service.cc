@@ -8,6 +8,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "proto/kvserve.grpc.pb.h"
+#include "model/field_status.h"
+#include "scheduler/request_validation.h"
 #include "server/logging.h"
 #include "server/reflection_v1.h"
 
@@ -16,15 +18,16 @@ namespace {
 
 namespace v1 = ::kvserve::v1;
 
-constexpr int kMaxN = 64;
-constexpr int kMaxLogprobs = 20;
+// The trailing metadata key that names the request field an
+// INVALID_ARGUMENT is about (what HTTP puts in the error's "param").
+constexpr char kFieldTrailer[] = "kvserve-field";
 
-grpc::Status ToGrpc(const absl::Status& s) {
+// ctx (when given) gets the kvserve-field trailer of a FieldError.
+grpc::Status ToGrpc(const absl::Status& s, grpc::CallbackServerContext* ctx = nullptr) {
+  if (const std::string field = ErrorField(s); ctx != nullptr && !field.empty()) {
+    ctx->AddTrailingMetadata(kFieldTrailer, field);
+  }
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
-
-grpc::Status Invalid(const std::string& message) {
-  return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, message);
 }
 
 // Refuses calls the daemon cannot take: no model yet, draining, wrong key.
@@ -49,28 +52,17 @@ grpc::Status Admit(const ServingState& state, const grpc::CallbackServerContext&
   return grpc::Status::OK;
 }
 
-grpc::Status CheckTokenIds(const google::protobuf::RepeatedField<int32_t>& ids, int vocab,
-                           const char* field, std::vector<int32_t>* out) {
-  for (int32_t id : ids) {
-    if (id < 0 || id >= vocab) {
-      return Invalid(
-          absl::StrCat(field, ": token id ", id, " is outside the vocabulary [0, ", vocab, ")"));
-    }
-  }
-  out->assign(ids.begin(), ids.end());
-  return grpc::Status::OK;
-}
-
-// Applies the proto's defaults and the checks the engine does not make.
-grpc::Status FromProto(const v1::GenerateRequest& p, int vocab, GenerateRequest* g) {
+// Applies the proto's defaults, then the one request validator
+// (scheduler/request_validation.h) that HTTP and the engine use too.
+absl::Status FromProto(const v1::GenerateRequest& p, int vocab, const SamplingParams& defaults,
+                       GenerateRequest* g) {
+  g->sampling = defaults;
   if (!p.request_id().empty() && !IsAcceptableRequestId(p.request_id())) {
-    return Invalid("request_id: use 1-128 characters of [A-Za-z0-9._:-]");
+    return FieldError("request_id", "request_id: use 1-128 characters of [A-Za-z0-9._:-]");
   }
   g->request_id = p.request_id().empty() ? NewRequestId() : p.request_id();
   g->prompt = p.prompt();
-  grpc::Status st =
-      CheckTokenIds(p.prompt_token_ids(), vocab, "prompt_token_ids", &g->prompt_token_ids);
-  if (!st.ok()) return st;
+  g->prompt_token_ids.assign(p.prompt_token_ids().begin(), p.prompt_token_ids().end());
   g->add_bos = p.has_add_bos() ? p.add_bos() : true;
   const v1::SamplingParams& s = p.sampling();
   if (s.has_temperature()) g->sampling.temperature = s.temperature();
@@ -81,21 +73,20 @@ grpc::Status FromProto(const v1::GenerateRequest& p, int vocab, GenerateRequest*
   if (s.has_presence_penalty()) g->sampling.presence_penalty = s.presence_penalty();
   if (s.has_frequency_penalty()) g->sampling.frequency_penalty = s.frequency_penalty();
   if (s.has_seed()) g->sampling.seed = s.seed();
-  if (absl::Status v = g->sampling.Validate(); !v.ok()) return ToGrpc(v);
   g->max_tokens = p.has_max_tokens() ? p.max_tokens() : 16;
-  if (g->max_tokens < 1)
-    return Invalid(absl::StrCat("max_tokens must be >= 1, got ", g->max_tokens));
   g->n = p.has_n() ? p.n() : 1;
-  if (g->n < 1 || g->n > kMaxN) {
-    return Invalid(absl::StrCat("n must be in [1, ", kMaxN, "], got ", g->n));
+  // Counted before copying: 100,000 stop strings are refused, not copied.
+  if (p.stop_size() > kDefaultRequestLimits.max_stop_strings) {
+    return FieldError("stop", absl::StrCat("stop has ", p.stop_size(), " strings, at most ",
+                                           kDefaultRequestLimits.max_stop_strings,
+                                           " are allowed"));
   }
   g->stop.assign(p.stop().begin(), p.stop().end());
-  st = CheckTokenIds(p.stop_token_ids(), vocab, "stop_token_ids", &g->stop_token_ids);
-  if (!st.ok()) return st;
+  g->stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
   g->ignore_eos = p.ignore_eos();
   g->logprobs = p.has_logprobs() ? p.logprobs() : -1;
-  if (p.has_logprobs() && (p.logprobs() < 0 || p.logprobs() > kMaxLogprobs)) {
-    return Invalid(absl::StrCat("logprobs must be in [0, ", kMaxLogprobs, "], got ", p.logprobs()));
+  if (p.has_logprobs() && p.logprobs() < 0) {
+    return FieldError("logprobs", absl::StrCat("logprobs must be >= 0, got ", p.logprobs()));
   }
   g->cache_salt = p.cache_salt();
   g->priority = p.priority();
@@ -106,7 +97,9 @@ grpc::Status FromProto(const v1::GenerateRequest& p, int vocab, GenerateRequest*
     if (k.has_sink_tokens()) g->kv_policy.sink_tokens = k.sink_tokens();
     if (k.has_recent_tokens()) g->kv_policy.recent_tokens = k.recent_tokens();
   }
-  return grpc::Status::OK;
+  RequestLimits limits = kDefaultRequestLimits;
+  limits.vocab_size = vocab;
+  return ValidateRequestParams(*g, limits);
 }
 
 v1::FinishReason ToProto(FinishReason r) {
@@ -163,7 +156,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
                   const v1::GenerateRequest* request)
       : state_(state), link_(std::make_shared<Link>()) {
     link_->reactor = this;
-    grpc::Status st = Begin(*ctx, *request);
+    grpc::Status st = Begin(ctx, *request);
     if (!st.ok()) {
       {
         absl::MutexLock lock(&mu_);
@@ -228,20 +221,23 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     GenerateReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
   };
 
-  grpc::Status Begin(const grpc::CallbackServerContext& ctx, const v1::GenerateRequest& p) {
-    grpc::Status st = Admit(*state_, ctx, /*needs_ready=*/true);
+  grpc::Status Begin(grpc::CallbackServerContext* ctx, const v1::GenerateRequest& p) {
+    grpc::Status st = Admit(*state_, *ctx, /*needs_ready=*/true);
     if (!st.ok()) return st;
     Engine* engine = state_->engine();
     tokenizer_ = &engine->tokenizer();
     GenerateRequest g;
-    st = FromProto(p, tokenizer_->vocab_size(), &g);
-    if (!st.ok()) return st;
+    if (absl::Status v =
+            FromProto(p, tokenizer_->vocab_size(), engine->model_config().DefaultSampling(), &g);
+        !v.ok()) {
+      return ToGrpc(v, ctx);
+    }
     request_id_ = g.request_id;
     absl::StatusOr<std::shared_ptr<RequestStream>> s = engine->Submit(std::move(g));
     if (!s.ok()) {
       LogRequest(spdlog::level::info, request_id_, "grpc Generate refused: {}",
                  std::string(s.status().message()));
-      return ToGrpc(s.status());
+      return ToGrpc(s.status(), ctx);
     }
     LogRequest(spdlog::level::info, request_id_, "grpc Generate max_tokens={}",
                p.has_max_tokens() ? p.max_tokens() : 16);

@@ -224,6 +224,7 @@ void HttpService::HandleGenerate(bool chat, const httplib::Request& req, httplib
   ctx.chat_template = &state_->chat_template();
   ctx.model_name = state_->info().name;
   ctx.max_model_len = state_->info().max_model_len;
+  ctx.default_sampling = engine->model_config().DefaultSampling();
   ApiRequest api;
   if (std::optional<ApiError> e = ParseApiRequest(kind, req.body, ctx, &api)) {
     spdlog::info("http {} rejected: {} (param {})", req.path, e->message, e->param);

@@ -6,7 +6,9 @@
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 #include <prometheus/text_serializer.h>
+#include <sys/resource.h>
 
+#include <algorithm>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
@@ -84,6 +86,7 @@ struct ServerMetrics::Handles {
   Gauge* pool_bytes;
   Gauge* pool_tokens;
   Gauge* swap_blocks;
+  Counter* cpu_seconds;
   prometheus::Family<Counter>* http_responses;
   absl::Mutex http_mu;
   absl::flat_hash_map<int, Counter*> http_by_code ABSL_GUARDED_BY(http_mu);
@@ -203,6 +206,8 @@ ServerMetrics::ServerMetrics()
       &NewGauge(r, "kvserve_kv_pool_tokens", "Tokens the primary KV pool holds (blocks x block size).");
   h_->swap_blocks =
       &NewGauge(r, "kvserve_kv_swap_blocks_capacity", "KV blocks in the host swap pool.");
+  h_->cpu_seconds = &NewCounter(r, "process_cpu_seconds_total",
+                                "Total user and system CPU time spent in seconds.");
   h_->http_responses = &prometheus::BuildCounter()
                             .Name("kvserve_http_responses_total")
                             .Help("HTTP responses by status code.")
@@ -280,6 +285,15 @@ void ServerMetrics::UpdateLocked(const EngineStats& s) {
   last_ = s;
 }
 
+void ServerMetrics::UpdateCpuLocked() {
+  rusage u{};
+  if (getrusage(RUSAGE_SELF, &u) != 0) return;
+  const double now = static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+                     1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+  if (now > last_cpu_s_) h_->cpu_seconds->Increment(now - last_cpu_s_);
+  last_cpu_s_ = std::max(last_cpu_s_, now);
+}
+
 std::string ServerMetrics::Serialize() const {
   return prometheus::TextSerializer().Serialize(registry_->Collect());
 }
@@ -287,11 +301,13 @@ std::string ServerMetrics::Serialize() const {
 std::string ServerMetrics::Scrape(const EngineStats& stats) {
   absl::MutexLock lock(&mu_);
   UpdateLocked(stats);
+  UpdateCpuLocked();
   return Serialize();
 }
 
 std::string ServerMetrics::Scrape() {
   absl::MutexLock lock(&mu_);
+  UpdateCpuLocked();
   return Serialize();
 }
 

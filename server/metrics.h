@@ -4,7 +4,9 @@
 //
 // Gauges and counters mirror Engine::GetStats(): they are refreshed when
 // scraped, counters by the growth since the previous scrape, so the engine
-// keeps one source of truth. Latency histograms are observed per finished
+// keeps one source of truth. process_cpu_seconds_total (the standard
+// Prometheus name) is the daemon's user + system CPU time, so a benchmark
+// can divide work by CPU spent on a machine it shares. Latency histograms are observed per finished
 // request from EngineConfig::on_request_finished (engine thread).
 //
 // Thread-safety: every method is safe from any thread; ObserveRequest only
@@ -58,10 +60,14 @@ class ServerMetrics {
   void UpdateLocked(const EngineStats& stats) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string Serialize() const;
 
+  // process_cpu_seconds_total from getrusage, advanced at each scrape.
+  void UpdateCpuLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<Handles> h_;
   absl::Mutex mu_;
   EngineStats last_ ABSL_GUARDED_BY(mu_);
+  double last_cpu_s_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvserve

@@ -5,16 +5,15 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "model/field_status.h"
 #include "scheduler/detokenizer.h"
+#include "scheduler/request_validation.h"
 
 namespace kvserve {
 namespace {
 
 using json = nlohmann::json;
 
-constexpr int kMaxN = 64;
-constexpr int kMaxLogprobs = 20;
-constexpr int kMaxStops = 16;
 
 #define API_TRY(expr)                                               \
   do {                                                              \
@@ -122,8 +121,9 @@ std::optional<ApiError> GetTokenIds(const json& arr, const std::string& param, i
       return InvalidRequest(
           param, absl::StrCat("'", param, "' token ids must be integers, got ", TypeName(t)));
     }
+    // The vocabulary range is ValidateRequestParams'; here only what fits.
     int64_t id = t.get<int64_t>();
-    if (id < 0 || id >= vocab) {
+    if (id < std::numeric_limits<int32_t>::min() || id > std::numeric_limits<int32_t>::max()) {
       return InvalidRequest(param, absl::StrCat("'", param, "' token id ", id,
                                                 " is outside the vocabulary [0, ", vocab, ")"));
     }
@@ -137,42 +137,26 @@ std::optional<ApiError> ParseSampling(const json& body, ApiRequest* r) {
   std::optional<double> d;
   std::optional<int64_t> i;
 
-  API_TRY(GetNumber(body, "temperature", &d));
-  if (d) {
-    if (*d < 0) return OutOfRange("temperature", ">= 0", Num(*d));
-    s.temperature = static_cast<float>(*d);
-  }
-  d.reset();
-  API_TRY(GetNumber(body, "top_p", &d));
-  if (d) {
-    if (!(*d > 0 && *d <= 1)) return OutOfRange("top_p", "in (0, 1]", Num(*d));
-    s.top_p = static_cast<float>(*d);
-  }
-  d.reset();
-  API_TRY(GetNumber(body, "min_p", &d));
-  if (d) {
-    if (!(*d >= 0 && *d < 1)) return OutOfRange("min_p", "in [0, 1)", Num(*d));
-    s.min_p = static_cast<float>(*d);
-  }
-  d.reset();
-  API_TRY(GetNumber(body, "repetition_penalty", &d));
-  if (d) {
-    if (!(*d > 0)) return OutOfRange("repetition_penalty", "> 0", Num(*d));
-    s.repetition_penalty = static_cast<float>(*d);
-  }
-  for (const char* name : {"presence_penalty", "frequency_penalty"}) {
+  // Types only: ranges are checked by ValidateRequestParams once the whole
+  // request is read (scheduler/request_validation.h, shared with gRPC and
+  // the engine).
+  struct NumberParam {
+    const char* name;
+    float* dest;
+  };
+  for (const NumberParam& p : {NumberParam{"temperature", &s.temperature},
+                               NumberParam{"top_p", &s.top_p}, NumberParam{"min_p", &s.min_p},
+                               NumberParam{"repetition_penalty", &s.repetition_penalty},
+                               NumberParam{"presence_penalty", &s.presence_penalty},
+                               NumberParam{"frequency_penalty", &s.frequency_penalty}}) {
     d.reset();
-    API_TRY(GetNumber(body, name, &d));
-    if (d) {
-      if (!(*d >= -2 && *d <= 2)) return OutOfRange(name, "in [-2, 2]", Num(*d));
-      (std::string_view(name) == "presence_penalty" ? s.presence_penalty : s.frequency_penalty) =
-          static_cast<float>(*d);
-    }
+    API_TRY(GetNumber(body, p.name, &d));
+    if (d) *p.dest = static_cast<float>(*d);
   }
   API_TRY(GetInt(body, "top_k", &i));
   if (i) {
-    if (*i < -1 || *i > std::numeric_limits<int32_t>::max()) {
-      return OutOfRange("top_k", "-1, 0 (off) or a positive integer", Num(*i));
+    if (*i < std::numeric_limits<int32_t>::min() || *i > std::numeric_limits<int32_t>::max()) {
+      return OutOfRange("top_k", "a 32-bit integer", Num(*i));
     }
     s.top_k = static_cast<int32_t>(*i);
   }
@@ -232,9 +216,9 @@ std::optional<ApiError> ParseStops(const json& body, int vocab, GenerateRequest*
     if (stop->is_string()) {
       if (!stop->get<std::string>().empty()) g->stop.push_back(stop->get<std::string>());
     } else if (stop->is_array()) {
-      if (stop->size() > kMaxStops) {
-        return OutOfRange("stop", absl::StrCat("at most ", kMaxStops, " strings"),
-                          Num(stop->size()));
+      // The count is ValidateRequestParams'; this bound only caps the parse.
+      if (stop->size() > 1024) {
+        return OutOfRange("stop", "at most 1024 strings", Num(stop->size()));
       }
       for (const json& s : *stop) {
         if (!s.is_string()) {
@@ -393,43 +377,8 @@ ApiError ApiErrorFromStatus(const absl::Status& status, const std::string& promp
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kOutOfRange: {
       e.http_status = 400;
-      // Engine messages start with the field they are about.
-      size_t n = 0;
-      while (n < e.message.size() &&
-             (std::isalnum(static_cast<unsigned char>(e.message[n])) || e.message[n] == '_' ||
-              e.message[n] == '.')) {
-        ++n;
-      }
-      std::string field = e.message.substr(0, n);
-      if (field.rfind("kv_policy.", 0) == 0) {
-        e.param = field;  // kv_policy.budget, ...
-        break;
-      }
-      field = field.substr(0, field.find('.'));
-      static const char* kKnown[] = {"temperature",
-                                     "top_p",
-                                     "top_k",
-                                     "min_p",
-                                     "repetition_penalty",
-                                     "presence_penalty",
-                                     "frequency_penalty",
-                                     "max_tokens",
-                                     "n",
-                                     "stop",
-                                     "stop_token_ids",
-                                     "logprobs",
-                                     "seed",
-                                     "priority",
-                                     "cache_salt",
-                                     "kv_policy",
-                                     "ignore_eos"};
-      if (field == "prompt" || field == "prompt_token_ids") {
-        e.param = prompt_param;
-      } else {
-        for (const char* k : kKnown) {
-          if (field == k) e.param = field;
-        }
-      }
+      const std::string field = ErrorField(status);
+      e.param = field == "prompt" || field == "prompt_token_ids" ? prompt_param : field;
       break;
     }
     case absl::StatusCode::kResourceExhausted:
@@ -460,6 +409,7 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
   if (!j.is_object()) return InvalidRequest("", "the request body must be a JSON object");
 
   ApiRequest r;
+  r.request.sampling = ctx.default_sampling;
   r.kind = kind;
   GenerateRequest& g = r.request;
   const std::string prompt_param = kind == ApiKind::kChat ? "messages" : "prompt";
@@ -491,7 +441,9 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
   std::optional<int64_t> i;
   API_TRY(GetInt(j, "n", &i));
   if (i) {
-    if (*i < 1 || *i > kMaxN) return OutOfRange("n", absl::StrCat("in [1, ", kMaxN, "]"), Num(*i));
+    if (*i < std::numeric_limits<int32_t>::min() || *i > std::numeric_limits<int32_t>::max()) {
+      return OutOfRange("n", "a 32-bit integer", Num(*i));
+    }
     g.n = static_cast<int32_t>(*i);
   }
   i.reset();
@@ -512,7 +464,7 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
     }
   }
   if (max_tokens && (*max_tokens < 1 || *max_tokens > std::numeric_limits<int32_t>::max())) {
-    return OutOfRange(max_tokens_param, ">= 1", Num(*max_tokens));
+    return OutOfRange(max_tokens_param, "in [1, 2^31)", Num(*max_tokens));
   }
 
   API_TRY(ParseStops(j, ctx.tokenizer->vocab_size(), &g));
@@ -541,8 +493,8 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
     i.reset();
     API_TRY(GetInt(j, "logprobs", &i));
     if (i) {
-      if (*i < 0 || *i > kMaxLogprobs) {
-        return OutOfRange("logprobs", absl::StrCat("in [0, ", kMaxLogprobs, "]"), Num(*i));
+      if (*i < 0 || *i > std::numeric_limits<int32_t>::max()) {
+        return OutOfRange("logprobs", "a non-negative integer", Num(*i));
       }
       g.logprobs = static_cast<int32_t>(*i);
     }
@@ -557,8 +509,8 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
     API_TRY(GetBool(j, "logprobs", &b));
     i.reset();
     API_TRY(GetInt(j, "top_logprobs", &i));
-    if (i && (*i < 0 || *i > kMaxLogprobs)) {
-      return OutOfRange("top_logprobs", absl::StrCat("in [0, ", kMaxLogprobs, "]"), Num(*i));
+    if (i && (*i < 0 || *i > std::numeric_limits<int32_t>::max())) {
+      return OutOfRange("top_logprobs", "a non-negative integer", Num(*i));
     }
     if (i && !b.value_or(false)) {
       return InvalidRequest("top_logprobs", "'top_logprobs' requires 'logprobs': true");
@@ -593,6 +545,15 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
     return e;
   }
   g.max_tokens = static_cast<int32_t>(*max_tokens);
+  RequestLimits limits = kDefaultRequestLimits;
+  limits.vocab_size = ctx.tokenizer->vocab_size();
+  if (absl::Status v = ValidateRequestParams(g, limits); !v.ok()) {
+    ApiError e = ApiErrorFromStatus(v, prompt_param);
+    // The engine's field names, as this request spelled them.
+    if (e.param == "max_tokens") e.param = max_tokens_param;
+    if (e.param == "logprobs" && kind == ApiKind::kChat) e.param = "top_logprobs";
+    return e;
+  }
   *out = std::move(r);
   return std::nullopt;
 }

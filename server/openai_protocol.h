@@ -68,6 +68,9 @@ struct ApiContext {
   const ChatTemplate* chat_template = nullptr;
   std::string model_name;  // the one served model; a different `model` is 404
   int32_t max_model_len = 0;
+  // What a request that sets no sampling parameter gets (the checkpoint's
+  // generation_config.json recommendations).
+  SamplingParams default_sampling;
 };
 
 struct ApiRequest {

@@ -100,4 +100,25 @@ std::string MakeTempDir(const std::string& prefix) {
   return tmpl;
 }
 
+NpmWorkdir::NpmWorkdir(const std::string& src, const std::vector<std::string>& files,
+                       const std::string& prefix) {
+  std::string out;
+  has_node_ = RunShell("command -v node && command -v npm 2>&1", &out) == 0;
+  dir_ = MakeTempDir(prefix);
+  for (const std::string& f : files) {
+    fs::copy_file(fs::path(KVSERVE_SOURCE_DIR) / src / f, fs::path(dir_) / f);
+  }
+}
+
+NpmWorkdir::~NpmWorkdir() {
+  std::error_code ec;
+  fs::remove_all(dir_, ec);  // node_modules can hold hundreds of MB
+}
+
+bool NpmWorkdir::Install() {
+  log_.clear();
+  return RunShell("cd " + ShellQuote(dir_) + " && npm ci --no-audit --no-fund --loglevel=error 2>&1",
+                  &log_) == 0;
+}
+
 }  // namespace kvserve::testing

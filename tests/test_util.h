@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace kvserve::testing {
 
@@ -19,6 +20,33 @@ std::string GoldenGreedyText();
 // python3, /usr/bin/python3: a pyenv or venv python3 on PATH may lack
 // Debian's python3-* packages); empty when none can.
 std::string PythonWithModule(const std::string& module);
+// A scratch copy of an npm test folder with its pinned packages installed
+// (`npm ci`, never in the source tree); removed with everything npm wrote
+// when the object dies.
+//   NpmWorkdir npm("tests/model/node", {"package.json", "package-lock.json"}, "bpe");
+//   if (!npm.has_node()) { WARN(...); return; }
+//   REQUIRE(npm.Install());  // npm.log() says why not
+class NpmWorkdir {
+ public:
+  // src: a folder relative to the source tree; files: what to copy from it.
+  NpmWorkdir(const std::string& src, const std::vector<std::string>& files,
+             const std::string& prefix);
+  ~NpmWorkdir();
+  NpmWorkdir(const NpmWorkdir&) = delete;
+  NpmWorkdir& operator=(const NpmWorkdir&) = delete;
+
+  // node and npm are on PATH (Debian packages nodejs, npm).
+  bool has_node() const { return has_node_; }
+  // Runs npm ci; false on failure, with its output in log().
+  bool Install();
+  const std::string& dir() const { return dir_; }
+  const std::string& log() const { return log_; }
+
+ private:
+  std::string dir_;
+  std::string log_;
+  bool has_node_ = false;
+};
 // The build's kvserve binary.
 std::string KvserveBinary();
 // A fresh empty directory under the build tree's test scratch area.

@@ -11,6 +11,8 @@
 #include <immintrin.h>
 #endif
 
+#include "kernels/cpu/kv_quant_internal.h"
+
 namespace kvserve::cpu {
 namespace {
 
@@ -33,16 +35,8 @@ float Saturate(float x, float limit) {
   return x;
 }
 
-// x clamped to [lo, hi]; NaN goes to lo (as the AVX2 integer clamp sends it).
-float ClampF(float x, float lo, float hi) { return x > lo ? (x < hi ? x : hi) : lo; }
-
-// Round to nearest, ties to even, for |x| < 2^22: adding 1.5 * 2^23 leaves no
-// fraction bits, so the FPU's own rounding (nearest even by default) does
-// the work. Inline and exact, unlike a libm call.
-float RoundEven(float x) {
-  constexpr float kMagic = 12582912.0f;
-  return (x + kMagic) - kMagic;
-}
+using internal::ClampF;
+using internal::RoundEven;
 
 float Int8Code(float x, float scale) {
   return ClampF(RoundEven(ClampF(x / scale, -256.0f, 256.0f)), -kInt8Max, kInt8Max);
@@ -468,6 +462,10 @@ void QuantizeRow(const KvPartLayout& part, int head_dim, const float* x, uint8_t
       if (avx2) return QuantizeInt4Avx2(x, head_dim, part.group_size, data, meta);
 #endif
       return QuantizeInt4Scalar(x, head_dim, part.group_size, data, meta);
+    case KvElem::kInt4Channel:
+      std::fprintf(stderr,
+                   "QuantizeRow: int4_kc K is quantized per block (QuantizeBlockKChannel)\n");
+      std::abort();
   }
   std::fprintf(stderr, "QuantizeRow: unknown element type %d\n", static_cast<int>(part.elem));
   std::abort();
@@ -512,6 +510,14 @@ void DequantizeRow(const KvPartLayout& part, int head_dim, const uint8_t* data, 
       }
       return;
     }
+    case KvElem::kInt4Channel:
+      for (int i = 0; i < head_dim; ++i) {
+        float scale, zero;
+        internal::Int4ChannelAffineAt(meta, i, &scale, &zero);
+        const int q = (data[i / 2] >> ((i & 1) * 4)) & 0xf;
+        out[i] = std::fma(static_cast<float>(q), scale, zero);
+      }
+      return;
   }
   std::fprintf(stderr, "DequantizeRow: unknown element type %d\n", static_cast<int>(part.elem));
   std::abort();

@@ -23,6 +23,22 @@
 // A row whose scale would be 0 (all zeros; for int4 a constant group) stores
 // q = 0 and scale 0, and decodes exactly to 0 (int4: to zero).
 //
+// int4_kc K (kInt4Channel; layout and decoding in cache/kv_layout.h) is
+// quantized per block, one kv head at a time, once all block_size rows are
+// known: per channel d, min_d and max_d over the block's rows; the head's
+// lo = min_d min_d, hi = max_d max_d, unit = (hi - lo) / 3825 (fp32);
+// cmin_d = floor((min_d - lo) / (15 * unit)) and cmax_d = ceil((max_d - lo) /
+// (15 * unit)), clamped to [0, 255], then widened one code at a time while
+// the decoded zero_d is above min_d or zero_d + 15 * scale_d is below max_d
+// (float rounding), so every channel's levels cover its values; q =
+// round((x - zero_d) / scale_d) (nearest, ties to even) clamped to [0, 15],
+// against the decoded scale_d and zero_d. Hence |x - value| <= scale_d / 2,
+// and scale_d <= (max_d - min_d) / 15 + 2 * unit (+ rounding): each channel
+// is quantized on its own range, whatever the other channels' magnitudes.
+// A block whose values are all equal (or not finite) stores unit 0 and
+// codes 0 and decodes to lo (0 when not finite). A channel with scale_d 0
+// stores q = 0.
+//
 // Thread-safety: pure functions.
 #pragma once
 
@@ -53,8 +69,21 @@ float Fp8E4m3ToFloat(uint8_t b);
 void QuantizeRow(const KvPartLayout& part, int head_dim, const float* x, uint8_t* data,
                  uint8_t* meta, CpuIsa isa = CpuIsa::kAuto);
 
-// Decodes one row written by QuantizeRow into out[0, head_dim).
+// Decodes one row written by QuantizeRow into out[0, head_dim). For
+// kInt4Channel, data is the row's codes and meta the head's block meta.
 void DequantizeRow(const KvPartLayout& part, int head_dim, const uint8_t* data, const uint8_t* meta,
                    float* out);
+
+// int4_kc K: quantizes one kv head's rows of a full block. rows[j] (j <
+// block_size) points at row j's head_dim floats; row j's codes go to codes +
+// j * part.row_bytes, the head's block meta (part.meta_bytes) to meta.
+// head_dim must be even. The AVX2 and scalar paths produce identical bytes.
+void QuantizeBlockKChannel(const KvPartLayout& part, int head_dim, int block_size,
+                           const float* const* rows, uint8_t* codes, uint8_t* meta,
+                           CpuIsa isa = CpuIsa::kAuto);
+
+// The per-channel scale_d and zero_d that a head's int4_kc K meta encodes
+// (cache/kv_layout.h), for d < head_dim.
+void Int4ChannelAffine(const uint8_t* meta, int head_dim, float* scale, float* zero);
 
 }  // namespace kvserve::cpu

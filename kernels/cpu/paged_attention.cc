@@ -12,6 +12,7 @@
 
 #include "kernels/cpu/kv_quant.h"
 #include "kernels/cpu/paged_attention_avx2.h"
+#include "kernels/cpu/paged_attention_kc.h"
 
 namespace kvserve::cpu {
 namespace {
@@ -96,6 +97,10 @@ void PagedAttentionScalar(const PagedAttentionParams& p, int32_t row_begin, int3
 
 void WriteKv(const KvWriteParams& p) {
   const KvPageLayout& f = p.kv.layout;
+  if (f.has_tails()) {
+    std::fprintf(stderr, "WriteKv: an int4_kc layer is written by FlushKvBlocks/WriteKvTails\n");
+    std::abort();
+  }
   const int hkv = f.num_kv_heads, hd = f.head_dim, bs = f.block_size;
   const CpuIsa isa = ResolveCpuIsa(p.isa);
   for (int32_t t = 0; t < p.num_tokens; ++t) {
@@ -116,6 +121,14 @@ void WriteKv(const KvWriteParams& p) {
 void PagedAttention(const PagedAttentionParams& p, int32_t row_begin, int32_t row_end) {
   if (row_begin >= row_end) return;
   CheckHeads(p);
+  if (p.kv.layout.has_tails()) {
+    if (ResolveCpuIsa(p.isa) == CpuIsa::kAvx2 && internal::Avx2KcAttentionSupports(p.kv.layout)) {
+      internal::PagedAttentionKcAvx2(p, row_begin, row_end);
+    } else {
+      internal::PagedAttentionKcScalar(p, row_begin, row_end);
+    }
+    return;
+  }
   if (ResolveCpuIsa(p.isa) == CpuIsa::kAvx2 && internal::Avx2AttentionSupports(p.kv.layout)) {
     internal::PagedAttentionAvx2(p, row_begin, row_end);
   } else {

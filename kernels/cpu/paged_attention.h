@@ -13,8 +13,18 @@
 // to 256 keys in a stack tile and merges tiles with an online softmax (running max, rescaled sums),
 // so long contexts need no heap buffer and short ones do one pass.
 //
+// int4_kc (a layout with tails, cache/kv_layout.h) writes in two calls
+// around attention instead of WriteKv: FlushKvBlocks before it (quantizes
+// each block the step completes), WriteKvTails after it (the step's rows of
+// each sequence's final partial block into its tail); attention reads each
+// row's own block in full precision from the tail and from new_k/new_v.
+// Per layer:
+//   int4_kc:  FlushKvBlocks -> PagedAttention -> WriteKvTails
+//   others:   WriteKv -> PagedAttention
+//
 // Thread-safety: the functions are reentrant; PagedAttention may be called on
-// disjoint row ranges from several threads.
+// disjoint row ranges from several threads, FlushKvBlocks on disjoint
+// sequence ranges, WriteKvTails on disjoint row ranges.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +44,29 @@ struct KvWriteParams {
 };
 
 // Quantizes (per the format) and stores each row's K and V at its slot.
+// Not for layouts with tails (aborts: see FlushKvBlocks).
 void WriteKv(const KvWriteParams& p);
+
+// int4_kc: this step's K/V and where they go: the blocks named by the block
+// table and the tails named by batch.tail_ids (slot_mapping is not read).
+struct KvBlockWriteParams {
+  const float* k = nullptr;  // [T][num_kv_heads][head_dim], this step's rows
+  const float* v = nullptr;  // [T][num_kv_heads][head_dim]
+  BatchView batch;           // query_start, context_len, block_table, tail_ids
+  PagedKvView kv;            // one layer with tails, written
+  CpuIsa isa = CpuIsa::kAuto;
+};
+
+// Before attention: for sequences [seq_begin, seq_end), quantizes every block
+// the step completes (first / bs <= k < context_len / bs) in one go from its
+// rows (the tail's before the step's first new index, the step's after) into
+// block_table[b][k]. Tails are only read.
+void FlushKvBlocks(const KvBlockWriteParams& p, int32_t seq_begin, int32_t seq_end);
+
+// After attention: writes rows [row_begin, row_end) that fall in their
+// sequence's final partial block (context_len / bs * bs <= index) into its
+// tail at slot index % bs.
+void WriteKvTails(const KvBlockWriteParams& p, int32_t row_begin, int32_t row_end);
 
 struct PagedAttentionParams {
   const float* q = nullptr;           // [T][num_heads][head_dim], RoPE applied
@@ -45,6 +77,10 @@ struct PagedAttentionParams {
   float scale = 0.0f;                 // usually 1 / sqrt(head_dim)
   int32_t sliding_window = 0;         // 0: full causal attention
   CpuIsa isa = CpuIsa::kAuto;         // kAuto: the process default
+  // int4_kc only: this step's K and V, [T][num_kv_heads][head_dim] (RoPE
+  // applied), from which rows read their own block's new keys.
+  const float* new_k = nullptr;
+  const float* new_v = nullptr;
 
   // Optional, for KV eviction (cache/eviction_policy.h); null: off.
   // Streaming attention sinks: a row of sequence b scores the keys at cache
@@ -64,6 +100,9 @@ struct PagedAttentionParams {
 // must already hold this step's rows). Computes rows [row_begin, row_end).
 // Row r of sequence b sits at cache index i = batch.CacheIndex(b, r) and
 // attends to indices [KeyBegin(i, sliding_window), i] (kernels/paged_view.h).
+// With int4_kc, keys of earlier blocks come from their quantized blocks and
+// keys of the row's own block in full precision (tail, new_k/new_v), after
+// FlushKvBlocks and before WriteKvTails.
 // num_heads must be a multiple of the layout's num_kv_heads (aborts
 // otherwise).
 void PagedAttention(const PagedAttentionParams& p, int32_t row_begin, int32_t row_end);

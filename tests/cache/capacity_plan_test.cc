@@ -116,6 +116,54 @@ TEST_CASE("padded pages: block bytes round up, bytes per token do not", "[cache]
   REQUIRE(int8.num_tokens == (1 << 20) / 640);
 }
 
+TEST_CASE("int4_kc at head_dim 128, block 16 holds >= 3.3x the tokens of fp16, tails included",
+          "[cache]") {
+  // Llama-3-8B's KV shape: 32 layers, 8 kv heads of 128.
+  CapacityPlanRequest req;
+  req.num_layers = 32;
+  req.num_kv_heads = 8;
+  req.head_dim = 128;
+  req.context_tokens = 4096;
+  req.block_size = 16;
+  req.memory_bytes = 64 * kGiB;
+  req.max_seqs = 64;  // scheduler.max_num_seqs: 128 fp16 tails reserved
+  const auto plan = ByDtype(*PlanCapacity(req));
+  const KvFormatCapacity& fp16 = plan.at(KvDtype::kFp16);
+  const KvFormatCapacity& kc = plan.at(KvDtype::kInt4Kc);
+  // Per layer per head per token: 64 code bytes + (8 + 2 x 128) / 16 K meta
+  // + 64 V codes + 2 x 4 V scale/zero = 152.5 bytes.
+  REQUIRE(kc.bytes_per_token == 32 * 8 * 1525 / 10);
+  REQUIRE(kc.block_bytes == 32 * 19520);
+  REQUIRE(kc.num_tail_blocks == 128);
+  REQUIRE(kc.tail_bytes == 128 * 32 * (2 * 8 * 16 * 128 * 2));  // 256 MiB
+  REQUIRE(kc.num_blocks == (64 * kGiB - kc.tail_bytes) / kc.block_bytes);
+  REQUIRE(fp16.num_tail_blocks == 0);
+  const double ratio = static_cast<double>(kc.num_tokens) / fp16.num_tokens;
+  INFO("int4_kc holds " << ratio << "x the tokens of fp16 (bytes alone: " << kc.tokens_vs_fp16
+                        << "x)");
+  REQUIRE(ratio >= 3.3);
+  REQUIRE(kc.tokens_vs_fp16_in_budget == Approx(ratio));
+  REQUIRE(kc.tokens_vs_fp16 == Approx(512.0 / 152.5));
+  SECTION("a per-layer mix sums its layers") {
+    req.dtypes = {KvDtype::kFp16, *KvDtypeSpec::Parse("int8,int4_kc*,int8")};
+    const auto mix = *PlanCapacity(req);
+    REQUIRE(mix.size() == 2);
+    REQUIRE(mix[1].spec.ToString() == "int8,int4_kc*,int8");
+    REQUIRE(mix[1].bytes_per_token ==
+            2 * plan.at(KvDtype::kInt8).bytes_per_token / 32 + 30 * kc.bytes_per_token / 32);
+    REQUIRE(mix[1].num_tail_blocks == 128);
+    REQUIRE(mix[1].tail_bytes == kc.tail_bytes / 32 * 30);  // the int4_kc layers' tails only
+  }
+  SECTION("blocks under 16 tokens leave int4_kc out, unless asked for") {
+    req.block_size = 8;
+    const auto small = *PlanCapacity(req);
+    REQUIRE(small.size() == 7);
+    req.dtypes = {KvDtype::kInt4Kc};
+    const auto refused = PlanCapacity(req);
+    REQUIRE(std::string(refused.status().message()).find("cache.block_size") != std::string::npos);
+  }
+}
+
 TEST_CASE("bad plans name the field", "[cache]") {
   CapacityPlanRequest req = Llama2_70b();
   req.memory_bytes = kGiB;

@@ -9,7 +9,12 @@
 //   * inside each batch of pending copies no block (slot, for eviction's
 //     slot moves) is written twice or both read and written, so a backend
 //     may run a batch in parallel; slot moves pin the blocks they touch;
-//   * the prefix cache's map and per-block records agree.
+//   * the prefix cache's map and per-block records agree;
+//   * tails (int4_kc): a sequence holds one exactly when it has uncomputed
+//     tokens or its computed or reserved token count is not a multiple of
+//     block_size, and tail pools
+//     obey the same ref-count rules (copies name tails with extended ids:
+//     past the pool's blocks).
 #pragma once
 
 #include <catch2/catch.hpp>
@@ -50,14 +55,34 @@ inline void CheckBatchIndependent(const std::vector<BlockCopy>& batch, const cha
 inline void CheckKvCache(const KvCacheManager& kv, std::span<const SeqId> live) {
   const BlockPool& pool = kv.pool();
   const BlockPool& host = kv.swap_pool();
+  const BlockPool& tails = kv.tail_pool();
+  const BlockPool& host_tails = kv.swap_tail_pool();
   REQUIRE(kv.num_sequences() == static_cast<int32_t>(live.size()));
 
-  std::vector<int32_t> refs(pool.num_blocks(), 0), host_refs(host.num_blocks(), 0);
+  // Extended ids: blocks, then tails.
+  std::vector<int32_t> refs(pool.num_blocks() + tails.num_blocks(), 0),
+      host_refs(host.num_blocks() + host_tails.num_blocks(), 0);
+  const int32_t bs = kv.block_size();
   for (SeqId seq : live) {
     REQUIRE(kv.Contains(seq));
     const BlockTable& t = kv.block_table(seq);
     REQUIRE(t.num_blocks() == t.BlocksFor(t.num_tokens()));
     for (BlockId id : t.blocks()) ++(kv.IsSwapped(seq) ? host_refs : refs)[id];
+    const BlockId tail = kv.tail_block(seq);
+    const int32_t computed = kv.num_computed_tokens(seq);
+    const bool partial =
+        computed < t.num_tokens() || computed % bs != 0 || t.num_tokens() % bs != 0;
+    INFO("sequence " << seq << " tail " << tail);
+    REQUIRE((tail != kNoBlock) == (kv.has_tails() && partial));
+    if (tail == kNoBlock) continue;
+    if (kv.IsSwapped(seq)) {
+      REQUIRE(tail >= host.num_blocks());
+      ++host_refs.at(tail);
+    } else {
+      REQUIRE(tail >= pool.num_blocks());
+      REQUIRE(kv.tail_id(seq) == tail - pool.num_blocks());
+      ++refs.at(tail);
+    }
   }
 
   const StepCopies& pending = kv.pending_copies();
@@ -92,12 +117,14 @@ inline void CheckKvCache(const KvCacheManager& kv, std::span<const SeqId> live) 
     for (const BlockCopy& s : pending.swap_in) REQUIRE(c.dst != s.dst);
   }
 
+  // `base`: the pool's first extended id.
   auto check_pool = [](const BlockPool& p, const std::vector<int32_t>& r,
-                       const std::set<BlockId>& pins, const char* name) {
+                       const std::set<BlockId>& pins, int32_t base, const char* name) {
     int32_t used = 0;
     for (BlockId id = 0; id < p.num_blocks(); ++id) {
-      INFO(name << " block " << id << ": tables hold " << r[id] << ", pinned " << pins.count(id));
-      REQUIRE(p.ref_count(id) == r[id] + static_cast<int32_t>(pins.count(id)));
+      const BlockId x = base + id;
+      INFO(name << " block " << id << ": tables hold " << r[x] << ", pinned " << pins.count(x));
+      REQUIRE(p.ref_count(id) == r[x] + static_cast<int32_t>(pins.count(x)));
       if (p.ref_count(id) > 0) ++used;
     }
     const std::vector<BlockId> free_list = p.FreeListInOrder();
@@ -108,8 +135,20 @@ inline void CheckKvCache(const KvCacheManager& kv, std::span<const SeqId> live) 
     REQUIRE(distinct.size() == free_list.size());
     for (BlockId id : free_list) REQUIRE(p.ref_count(id) == 0);
   };
-  check_pool(pool, refs, pinned, "primary");
-  check_pool(host, host_refs, host_pinned, "host");
+  check_pool(pool, refs, pinned, 0, "primary");
+  check_pool(host, host_refs, host_pinned, 0, "host");
+  check_pool(tails, refs, pinned, pool.num_blocks(), "tail");
+  check_pool(host_tails, host_refs, host_pinned, host.num_blocks(), "host tail");
+  // A copy moves a block to a block or a tail to a tail.
+  for (const auto* batch : {&pending.swap_out, &pending.copies, &pending.swap_in}) {
+    for (const BlockCopy& c : *batch) {
+      const bool src_tail =
+          batch == &pending.swap_in ? c.src >= host.num_blocks() : c.src >= pool.num_blocks();
+      const bool dst_tail =
+          batch == &pending.swap_out ? c.dst >= host.num_blocks() : c.dst >= pool.num_blocks();
+      REQUIRE(src_tail == dst_tail);
+    }
+  }
 
   int32_t cached_free = 0;
   for (BlockId id = 0; id < pool.num_blocks(); ++id) {

@@ -7,12 +7,20 @@
 // computed token of every sequence reads back its own value. That catches
 // wrong prefix hits, lost copy-on-write, bad swap copies and unsafe copy
 // ordering, not just bookkeeping errors.
+//
+// With tail blocks (int4_kc) the simulated backend follows that format's
+// contract (cache/kv_layout.h): a block is written only by the step that
+// completes it, from the rows its sequence's tail held before the step plus
+// the step's own; the rows of a partial block live in the tail. So a lost
+// or stale tail, a tail written while shared, or a bad tail copy shows up as
+// a wrong value in a completed block or in the tail itself.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <map>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cache/kv_cache_manager.h"
@@ -43,7 +51,7 @@ std::vector<uint64_t> SlotValues(const SimSeq& s) {
 }
 
 struct Snapshot {
-  int32_t free, swap_free, seqs;
+  int32_t free, swap_free, tails_free, swap_tails_free, seqs;
   size_t swap_out, copies, swap_in;
   int64_t cow, evicted, out, in;
   bool operator==(const Snapshot&) const = default;
@@ -55,8 +63,12 @@ class Simulation {
       : kv_(config),
         bs_(config.block_size),
         rng_(seed),
-        mem_(static_cast<size_t>(config.num_blocks) * config.block_size, 0),
-        host_mem_(static_cast<size_t>(config.num_swap_blocks) * config.block_size, 0) {
+        // Blocks, then tails (extended ids), one value per slot.
+        mem_(static_cast<size_t>(config.num_blocks + config.num_tail_blocks) * config.block_size,
+             0),
+        host_mem_(static_cast<size_t>(config.num_swap_blocks + config.num_swap_tail_blocks) *
+                      config.block_size,
+                  0) {
     for (auto& base : bases_) {
       base.resize(24);
       for (int32_t& t : base) t = Uniform(0, 49);
@@ -96,6 +108,8 @@ class Simulation {
     CheckAll();
     REQUIRE(kv_.pool().num_free() == kv_.pool().num_blocks());
     REQUIRE(kv_.swap_pool().num_free() == kv_.swap_pool().num_blocks());
+    REQUIRE(kv_.tail_pool().num_free() == kv_.tail_pool().num_blocks());
+    REQUIRE(kv_.swap_tail_pool().num_free() == kv_.swap_tail_pool().num_blocks());
     REQUIRE(kv_.Stats().num_active_blocks == 0);
   }
 
@@ -120,11 +134,18 @@ class Simulation {
   Snapshot Snap() const {
     const KvCacheStats st = kv_.Stats();
     const StepCopies& p = kv_.pending_copies();
-    return {kv_.pool().num_free(), kv_.swap_pool().num_free(),
-            kv_.num_sequences(),   p.swap_out.size(),
-            p.copies.size(),       p.swap_in.size(),
-            st.cow_copies,         st.evicted_cached_blocks,
-            st.swapped_out_blocks, st.swapped_in_blocks};
+    return {kv_.pool().num_free(),
+            kv_.swap_pool().num_free(),
+            kv_.tail_pool().num_free(),
+            kv_.swap_tail_pool().num_free(),
+            kv_.num_sequences(),
+            p.swap_out.size(),
+            p.copies.size(),
+            p.swap_in.size(),
+            st.cow_copies,
+            st.evicted_cached_blocks,
+            st.swapped_out_blocks,
+            st.swapped_in_blocks};
   }
 
   void Allocate() {
@@ -231,12 +252,16 @@ class Simulation {
       const int32_t target = Uniform(0, 1) ? n : std::min(n, s.computed + Uniform(1, 2 * bs_));
       const std::vector<uint64_t> values = SlotValues(s);
       const BlockTable& t = kv_.block_table(id);
-      for (int32_t i = s.computed; i < target; ++i) {
-        const BlockId b = t.blocks()[i / bs_];
-        INFO("sequence " << id << " writes token " << i << " into block " << b);
-        REQUIRE(table_refs[b] == 1);          // never into a shared block
-        REQUIRE_FALSE(kv_.IsCachedBlock(b));  // never into a cached block
-        mem_[t.SlotOf(i)] = values[i];
+      if (kv_.has_tails()) {
+        WriteWithTail(id, s, values, target, table_refs);
+      } else {
+        for (int32_t i = s.computed; i < target; ++i) {
+          const BlockId b = t.blocks()[i / bs_];
+          INFO("sequence " << id << " writes token " << i << " into block " << b);
+          REQUIRE(table_refs[b] == 1);          // never into a shared block
+          REQUIRE_FALSE(kv_.IsCachedBlock(b));  // never into a cached block
+          mem_[t.SlotOf(i)] = values[i];
+        }
       }
       kv_.MarkComputed(id, target);
       s.computed = target;
@@ -244,15 +269,55 @@ class Simulation {
     CheckContents();
   }
 
+  // The int4_kc step of one sequence: flush the blocks it completes (rows
+  // before `computed` from the tail), then its partial block's rows into
+  // the tail.
+  void WriteWithTail(SeqId id, const SimSeq& s, const std::vector<uint64_t>& values, int32_t target,
+                     const std::vector<int32_t>& table_refs) {
+    const BlockTable& t = kv_.block_table(id);
+    const int32_t first = s.computed;
+    const int32_t tail = kv_.tail_id(id);
+    const bool partial = first % bs_ != 0 || target % bs_ != 0;
+    INFO("sequence " << id << " computes [" << first << ", " << target << ") with tail " << tail);
+    if (partial) REQUIRE(tail >= 0);
+    if (tail >= 0) REQUIRE(kv_.tail_pool().ref_count(tail) == 1);  // never a shared tail
+    const size_t tail_base = static_cast<size_t>(kv_.pool().num_blocks() + tail) * bs_;
+    for (int32_t k = first / bs_; k < target / bs_; ++k) {
+      const BlockId b = t.blocks()[k];
+      REQUIRE(table_refs[b] == 1);
+      REQUIRE_FALSE(kv_.IsCachedBlock(b));
+      for (int32_t j = 0; j < bs_; ++j) {
+        const int32_t i = k * bs_ + j;
+        if (i < first) {
+          INFO("token " << i << " from the tail");
+          REQUIRE(mem_[tail_base + j] == values[i]);
+        }
+        mem_[static_cast<size_t>(b) * bs_ + j] = values[i];
+      }
+    }
+    for (int32_t i = std::max(first, target / bs_ * bs_); i < target; ++i) {
+      mem_[tail_base + i % bs_] = values[i];
+    }
+  }
+
   void CheckContents() const {
     for (const auto& [id, s] : seqs_) {
       const std::vector<uint64_t> values = SlotValues(s);
       const BlockTable& t = kv_.block_table(id);
       const std::vector<uint64_t>& m = s.swapped ? host_mem_ : mem_;
-      for (int32_t i = 0; i < s.computed; ++i) {
+      // With tails, a partial block's computed rows are in the tail.
+      const int32_t in_blocks = kv_.has_tails() ? s.computed / bs_ * bs_ : s.computed;
+      for (int32_t i = 0; i < in_blocks; ++i) {
         INFO("sequence " << id << (s.swapped ? " (swapped)" : "") << " token " << i << " in block "
                          << t.blocks()[i / bs_]);
         REQUIRE(m[t.SlotOf(i)] == values[i]);
+      }
+      for (int32_t i = in_blocks; i < s.computed; ++i) {
+        const BlockId tail = kv_.tail_block(id);  // extended id
+        INFO("sequence " << id << (s.swapped ? " (swapped)" : "") << " token " << i << " in tail "
+                         << tail);
+        REQUIRE(tail != kNoBlock);
+        REQUIRE(m[static_cast<size_t>(tail) * bs_ + i % bs_] == values[i]);
       }
     }
   }
@@ -278,6 +343,40 @@ class Simulation {
   SeqId next_id_ = 1;
   int steps_ = 0;
 };
+
+TEST_CASE("KvCacheManager with int4_kc tail blocks survives thousands of random operations",
+          "[cache]") {
+  const bool caching = GENERATE(true, false);
+  const auto [block_size, num_blocks, num_tails] =
+      GENERATE(std::tuple<int32_t, int32_t, int32_t>{4, 40, 6},
+               std::tuple<int32_t, int32_t, int32_t>{16, 12, 3},
+               std::tuple<int32_t, int32_t, int32_t>{4, 64, 40});
+  const uint64_t seed = GENERATE(1, 2, 3);
+  INFO("prefix caching " << caching << ", block_size " << block_size << ", " << num_tails
+                         << " tails, seed " << seed);
+  KvCacheConfig config;
+  config.block_size = block_size;
+  config.num_blocks = num_blocks;
+  config.num_swap_blocks = num_blocks / 2;
+  config.num_tail_blocks = num_tails;
+  config.num_swap_tail_blocks = num_tails / 2 + 1;
+  config.enable_prefix_caching = caching;
+  config.hash_seed = seed;
+  Simulation sim(config, seed);
+  sim.Run(3000);
+
+  const KvCacheStats st = sim.kv().Stats();
+  CHECK(st.cow_copies > 0);  // tails copied on write (partial blocks are not copied)
+  CHECK(st.swapped_out_blocks > 0);
+  CHECK(st.swapped_in_blocks > 0);
+  CHECK(sim.steps() > 100);
+  CHECK(st.num_tail_blocks == num_tails);
+  if (caching) {
+    CHECK(st.prefix_hit_tokens > 0);
+    CHECK(st.evicted_cached_blocks > 0);
+  }
+  sim.FreeEverything();
+}
 
 TEST_CASE("KvCacheManager survives thousands of random operations", "[cache]") {
   const bool caching = GENERATE(true, false);

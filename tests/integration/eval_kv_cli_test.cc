@@ -55,7 +55,7 @@ std::string TableRow(const std::string& out, const std::string& format) {
 TEST_CASE("kvserve eval-kv reports fp32 and int8 as a table and JSON", "[integration]") {
   const std::string json_path = testing::MakeTempDir("eval-kv") + "/report.json";
   RunResult r =
-      RunKvserve(absl::StrCat(BaseArgs(), " --kv-dtype fp32,int8 --max-stories 5",
+      RunKvserve(absl::StrCat(BaseArgs(), " --kv-dtype fp32 --kv-dtype int8 --max-stories 5",
                               " --prompts 3 --continuation 32 --json ", Quote(json_path)));
   REQUIRE(r.exit_code == 0);
   INFO(r.out);
@@ -111,6 +111,28 @@ TEST_CASE("kvserve eval-kv reports fp32 and int8 as a table and JSON", "[integra
     REQUIRE(formats[1]["bytes_vs_fp16"] == 0.75);
     REQUIRE(formats[1]["mean_kl"].get<double>() > 0.0);
     REQUIRE(formats[1]["delta_ppl_percent"].get<double>() <= 0.5);
+  }
+}
+
+TEST_CASE("kvserve eval-kv takes int4_kc and per-layer lists, one format per --kv-dtype",
+          "[integration]") {
+  RunResult r = RunKvserve(absl::StrCat(BaseArgs(),
+                                        " --kv-dtype int4_kc --kv-dtype int8,int4_kc*,int8"
+                                        " --max-stories 3 --prompts 2 --continuation 16"));
+  REQUIRE(r.exit_code == 0);
+  INFO(r.out);
+  // 5 layers of 4 kv heads x 8: int4_kc 54 bytes per layer, int8 96.
+  const std::string kc = TableRow(r.out, "int4_kc");
+  const std::string mix = TableRow(r.out, "int8,int4_kc*,int8");
+  REQUIRE(kc.find(" 270 ") != std::string::npos);
+  REQUIRE(mix.find(" 354 ") != std::string::npos);
+  REQUIRE(r.out.find("format             bytes/token") != std::string::npos);  // widened
+  SECTION("a list that does not fit the model's 5 layers is an error naming --kv-dtype") {
+    RunResult bad = RunKvserve(absl::StrCat(BaseArgs(), " --kv-dtype fp32,int8 --max-stories 1"),
+                               /*both_streams=*/true);
+    REQUIRE(bad.exit_code == 2);
+    REQUIRE(bad.out.find("--kv-dtype: 'fp32,int8' names 2 layers but the model has 5") !=
+            std::string::npos);
   }
 }
 

@@ -9,8 +9,8 @@ namespace kvserve {
 namespace {
 
 int RunPlan(const std::string& args, std::string* out) {
-  return testing::RunShell(testing::ShellQuote(testing::KvserveBinary()) + " plan " + args + " 2>&1",
-                           out);
+  return testing::RunShell(
+      testing::ShellQuote(testing::KvserveBinary()) + " plan " + args + " 2>&1", out);
 }
 
 TEST_CASE("kvserve plan: sizes need a unit, and the exit status says whether anything fits",
@@ -27,11 +27,25 @@ TEST_CASE("kvserve plan: sizes need a unit, and the exit status says whether any
     REQUIRE(RunPlan("--model llama-3-8b --memory 80GB --context 4096", &out) == 0);
     REQUIRE(out.find("memory 74.51 GiB (80.00 GB)") != std::string::npos);
   }
+  SECTION("int4_kc and per-layer lists: tails reserved, 3.3x fp16's tokens at head_dim 128") {
+    REQUIRE(RunPlan("--model llama-3-8b --memory 80GiB --context 4096 --kv-dtype "
+                    "int8,int4_kc*,int8 --max-seqs 64",
+                    &out) == 0);
+    INFO(out);
+    REQUIRE(out.find("int4_kc                  39,040    3.36x") != std::string::npos);
+    REQUIRE(out.find("int8,int4_kc*,int8       40,824    3.21x") != std::string::npos);
+    REQUIRE(out.find("int4_kc: 128 fp16 tail blocks (2 x --max-seqs 64 running sequences) take "
+                     "256.00 MiB (268.44 MB) of the budget; it holds 3.34x the tokens of fp16") !=
+            std::string::npos);
+    out.clear();
+    REQUIRE(RunPlan("--model llama-3-8b --memory 80GiB --context 4096 --kv-dtype int8*3", &out) ==
+            2);
+    REQUIRE(out.find("'int8*3' names 3 layers but the model has 32") != std::string::npos);
+  }
   SECTION("nothing fits: exit 3 with the reason") {
     REQUIRE(RunPlan("--model llama-2-70b --memory 100GiB --context 4096", &out) == 3);
     REQUIRE(out.find("the weights alone exceed --memory") != std::string::npos);
-    REQUIRE(out.find("not one sequence of 4096 tokens fits in any KV format") !=
-            std::string::npos);
+    REQUIRE(out.find("not one sequence of 4096 tokens fits in any KV format") != std::string::npos);
   }
 }
 

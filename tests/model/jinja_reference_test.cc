@@ -22,40 +22,29 @@ namespace {
 namespace fs = std::filesystem;
 using ojson = nlohmann::ordered_json;
 
-struct RemoveOnExit {
-  fs::path dir;
-  ~RemoveOnExit() {
-    std::error_code ec;
-    fs::remove_all(dir, ec);  // node_modules holds ~0.5 GB of tokenizers
-  }
-};
-
 TEST_CASE("Chat templates of real checkpoints render as @huggingface/jinja renders them",
           "[model][jinja][node]") {
-  std::string out;
-  if (testing::RunShell("command -v node && command -v npm", &out) != 0) {
+  const fs::path src = fs::path(KVSERVE_SOURCE_DIR) / "tests/model/jinja_node";
+  testing::NpmWorkdir npm(
+      "tests/model/jinja_node",
+      {"package.json", "package-lock.json", "render_reference.mjs", "conversations.json"},
+      "jinja-reference");  // node_modules holds ~0.5 GB of tokenizers
+  if (!npm.has_node()) {
     WARN("node/npm not installed (Debian packages nodejs, npm): skipping");
     return;
   }
-  const fs::path src = fs::path(KVSERVE_SOURCE_DIR) / "tests/model/jinja_node";
-  const RemoveOnExit work{testing::MakeTempDir("jinja-reference")};
-  for (const char* f :
-       {"package.json", "package-lock.json", "render_reference.mjs", "conversations.json"}) {
-    fs::copy_file(src / f, work.dir / f);
-  }
-  out.clear();
-  const std::string cd = "cd " + testing::ShellQuote(work.dir.string()) + " && ";
-  int rc = testing::RunShell(cd + "npm ci --no-audit --no-fund --loglevel=error 2>&1", &out);
-  INFO("npm ci:\n" << out);
-  REQUIRE(rc == 0);
-  out.clear();
-  rc = testing::RunShell(cd + "node render_reference.mjs conversations.json reference.json 2>&1",
-                         &out);
+  INFO("npm ci:\n" << npm.log());
+  REQUIRE(npm.Install());
+  const fs::path work_dir = npm.dir();
+  std::string out;
+  const std::string cd = "cd " + testing::ShellQuote(npm.dir()) + " && ";
+  int rc = testing::RunShell(cd + "node render_reference.mjs conversations.json reference.json 2>&1",
+                             &out);
   INFO("node:\n" << out);
   REQUIRE(rc == 0);
 
   const ojson reference =
-      ojson::parse(testing::ReadFileOrDie((work.dir / "reference.json").string()));
+      ojson::parse(testing::ReadFileOrDie((work_dir / "reference.json").string()));
   const ojson conversations =
       ojson::parse(testing::ReadFileOrDie((src / "conversations.json").string()));
   std::map<std::string, const ojson*> cases;

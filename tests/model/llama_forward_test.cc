@@ -350,10 +350,13 @@ TEST_CASE("Malformed batches are rejected before any K/V is written", "[model]")
     bad.token_ids[1] = 512;
     expect_error(bad, "token_ids[1]");
   }
-  SECTION("position past the RoPE table") {
+  SECTION("a negative position (past the RoPE table is fine: it is computed)") {
     BatchInput bad = b;
-    bad.positions[0] = 512;
+    bad.positions[0] = -1;
     expect_error(bad, "positions[0]");
+    BatchInput far = b;
+    far.positions = {5000, 5001};
+    REQUIRE(runner->Forward(far, logits).ok());
   }
   SECTION("slot past the pool") {
     BatchInput bad = b;

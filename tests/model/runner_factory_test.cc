@@ -87,6 +87,43 @@ TEST_CASE("The CPU runner: pool sized by the plan, fp32 only", "[model]") {
   }
 }
 
+TEST_CASE("The CPU runner with int4_kc: per-layer formats, tails off the budget first",
+          "[model]") {
+  RunnerOptions o;
+  o.kv_dtype = *KvDtypeSpec::Parse("int8,int4_kc*,int8");
+  o.max_num_seqs = 3;
+  o.num_swap_blocks = 4;
+  SECTION("two tails per running sequence, in the pool and in the swap pool") {
+    absl::StatusOr<std::unique_ptr<ModelRunner>> r = CreateModelRunner(Stories260k(), o);
+    REQUIRE(r.ok());
+    REQUIRE((*r)->num_tail_blocks() == 6);
+    REQUIRE((*r)->num_swap_tail_blocks() == 6);
+    const RunnerMemoryInfo& m = (*r)->memory_info();
+    // stories260K, block 16: int8 1536 bytes per layer, int4_kc 896 (K 256 + 96, V 256 + 256).
+    REQUIRE(m.kv_bytes_per_block == 2 * 1536 + 3 * 896);
+    // 6 fp32 tails x 3 int4_kc layers x 2 x 4 heads x 16 x 8 x 4 bytes, beside the blocks.
+    REQUIRE(m.kv_pool_bytes == m.kv_bytes_per_block * m.num_blocks + 6 * 3 * 4096);
+  }
+  SECTION("cache.memory_bytes pays for the tails before the blocks") {
+    o.memory_bytes = 6 * 3 * 4096 + 40 * (2 * 1536 + 3 * 896) + 100;
+    absl::StatusOr<std::unique_ptr<ModelRunner>> r = CreateModelRunner(Stories260k(), o);
+    REQUIRE(r.ok());
+    REQUIRE((*r)->num_blocks() == 40);
+  }
+  SECTION("a list that does not fit the model names cache.kv_dtype") {
+    o.kv_dtype = *KvDtypeSpec::Parse("int8*4");
+    REQUIRE(Message(CreateModelRunner(Stories260k(), o).status()) ==
+            "cache.kv_dtype: 'int8*4' names 4 layers but the model has 5 (NAME* fills the layers "
+            "left)");
+  }
+  SECTION("int4_kc blocks under 16 tokens name cache.block_size") {
+    o.kv_dtype = KvDtype::kInt4Kc;
+    o.block_size = 8;
+    REQUIRE(Message(CreateModelRunner(Stories260k(), o).status())
+                .starts_with("cache: cache.block_size must be at least 16"));
+  }
+}
+
 TEST_CASE("model.device: cuda without a device or without CUDA names the key", "[model]") {
   RunnerOptions o;
   o.device = "cuda:7";

@@ -4,6 +4,8 @@
 //
 // The reference for every batched run is the same request run alone on the
 // same kind of engine: continuous batching must not change a single token.
+// That holds for int4_kc too (its partial blocks live in full-precision
+// tails, forked, copied on write, swapped and recomputed with the sequence).
 #include "scheduler/engine.h"
 
 #include <algorithm>
@@ -14,6 +16,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "cache/kv_dtype_spec.h"
 #include "model/cpu_model_runner.h"
 #include "model/model_loader.h"
 #include "scheduler/detokenizer.h"
@@ -38,6 +41,7 @@ const Model& Stories() {
 }
 
 struct Setup {
+  KvDtypeSpec kv_dtype = KvDtype::kFp32;
   int block_size = 16;
   int32_t num_blocks = 2048;
   int32_t num_swap_blocks = 0;
@@ -52,9 +56,11 @@ struct Setup {
 
 std::unique_ptr<Engine> MakeEngine(const Setup& s) {
   CpuRunnerOptions opt;
+  opt.kv_dtype = s.kv_dtype;
   opt.block_size = s.block_size;
   opt.num_blocks = s.num_blocks;
   opt.num_swap_blocks = s.num_swap_blocks;
+  opt.num_tail_blocks = 2 * s.max_num_seqs;  // as the runner factory reserves them
   LlamaWeights weights = Stories().weights;  // views: a cheap copy
   weights.config.stop_ids = s.model_stop_ids;
   auto runner = CpuModelRunner::Create(std::move(weights), opt);
@@ -130,6 +136,140 @@ TEST_CASE("64 concurrent requests produce exactly their solo greedy tokens", "[s
         RequireAllBlocksFree(*engine);
       }
     }
+  }
+}
+
+TEST_CASE("64 concurrent requests with an int4_kc cache produce exactly their solo tokens",
+          "[scheduler]") {
+  struct Variant {
+    const char* dtype;
+    int block_size;
+    bool prefix;
+  };
+  for (Variant v : {Variant{"int4_kc", 16, false}, Variant{"int4_kc", 16, true},
+                    Variant{"int8,int4_kc*,int8", 32, true}}) {
+    DYNAMIC_SECTION(v.dtype << ", block_size " << v.block_size << ", prefix caching " << v.prefix) {
+      Setup setup;
+      setup.kv_dtype = *KvDtypeSpec::Parse(v.dtype);
+      setup.block_size = v.block_size;
+      setup.num_blocks = 64 * 512 / v.block_size;
+      setup.prefix_caching = v.prefix;
+      setup.max_num_batched_tokens = 256;  // long prompts are chunked, at any row
+      auto engine = MakeEngine(setup);
+      std::mt19937 rng(2000 + v.block_size + v.prefix);
+      std::vector<GenerateRequest> reqs;
+      for (int i = 0; i < 64; ++i) {
+        reqs.push_back(Greedy(RandomSnippet(rng, 400), 1 + rng() % 80));
+        reqs.back().ignore_eos = rng() % 4 == 0;
+      }
+      std::vector<Result> solo;
+      for (const GenerateRequest& r : reqs) solo.push_back(RunOne(*engine, r));
+      const EngineStats solo_stats = engine->GetStats();
+      std::vector<Result> together = RunConcurrently(*engine, reqs);
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        INFO("request " << i << ": " << reqs[i].prompt);
+        REQUIRE(together[i].tokens[0] == solo[i].tokens[0]);
+        REQUIRE(together[i].text[0] == solo[i].text[0]);
+      }
+      const EngineStats st = engine->GetStats();
+      REQUIRE(st.preemptions == 0);
+      REQUIRE(st.batched_seqs - solo_stats.batched_seqs > 8 * (st.steps - solo_stats.steps));
+      if (v.prefix) REQUIRE(st.prefix_hits_tokens > 0);
+      RequireAllBlocksFree(*engine);
+    }
+  }
+}
+
+TEST_CASE("int4_kc: preemption (recompute and swap), forks and prefix hits keep every token",
+          "[scheduler]") {
+  const KvDtypeSpec kc = KvDtype::kInt4Kc;
+  for (PreemptionMode mode : {PreemptionMode::kRecompute, PreemptionMode::kSwap}) {
+    DYNAMIC_SECTION((mode == PreemptionMode::kSwap ? "swap" : "recompute")) {
+      Setup setup;
+      setup.kv_dtype = kc;
+      setup.max_model_len = 192;
+      setup.num_blocks = 2 * 192 / 16;  // two long sequences at most
+      setup.num_swap_blocks = mode == PreemptionMode::kSwap ? 6 * 192 / 16 : 0;
+      setup.mode = mode;
+      setup.max_num_seqs = 16;
+      auto engine = MakeEngine(setup);
+      std::mt19937 rng(17);
+      std::vector<GenerateRequest> reqs;
+      for (int i = 0; i < 16; ++i) {
+        reqs.push_back(Greedy(RandomSnippet(rng, 120), 40 + rng() % 100));
+        reqs.back().ignore_eos = true;
+      }
+      std::vector<Result> solo;
+      for (const GenerateRequest& r : reqs) solo.push_back(RunOne(*engine, r));
+      REQUIRE(engine->GetStats().preemptions == 0);
+      std::vector<Result> together = RunConcurrently(*engine, reqs);
+      for (size_t i = 0; i < reqs.size(); ++i) {
+        INFO("request " << i);
+        REQUIRE(together[i].tokens[0] == solo[i].tokens[0]);
+      }
+      const EngineStats st = engine->GetStats();
+      REQUIRE(st.preemptions > 0);
+      if (mode == PreemptionMode::kSwap) REQUIRE(st.swap_in_blocks > 0);
+      RequireAllBlocksFree(*engine);
+    }
+  }
+  SECTION("n = 4 samples fork the prompt's tail and match separate seeded runs") {
+    Setup setup;
+    setup.kv_dtype = kc;
+    setup.num_blocks = 512;
+    setup.max_num_batched_tokens = 16;  // the prompt ends mid-block after chunks
+    setup.max_num_seqs = 16;
+    auto engine = MakeEngine(setup);
+    std::vector<int32_t> prompt = Stories().tokenizer->Encode(DevStories()[3], true);
+    prompt.resize(100);  // 6 full blocks and 4 rows in the tail
+    GenerateRequest req;
+    req.prompt_token_ids = prompt;
+    req.max_tokens = 40;
+    req.ignore_eos = true;
+    req.sampling.temperature = 1.0f;
+    req.sampling.top_k = 40;
+    req.sampling.seed = 99;
+    req.n = 4;
+    const Result together = RunOne(*engine, req);
+    const EngineStats st = engine->GetStats();
+    REQUIRE(st.cow_copies == 3);  // three samples copy the shared tail once each
+    for (int i = 0; i < 4; ++i) {
+      GenerateRequest one = req;
+      one.n = 1;
+      one.sampling.seed = 99 + i;
+      INFO("sample " << i);
+      REQUIRE(RunOne(*engine, one).tokens[0] == together.tokens[i]);
+    }
+    RequireAllBlocksFree(*engine);
+  }
+  SECTION("a prefix hit gives the tokens computing the prefix gives") {
+    std::vector<int32_t> prefix = Stories().tokenizer->Encode(DevStories()[10], true);
+    prefix.resize(100);
+    std::mt19937 rng(5);
+    std::vector<GenerateRequest> reqs;
+    for (int i = 0; i < 8; ++i) {
+      GenerateRequest r;
+      r.sampling.temperature = 0.0f;
+      r.prompt_token_ids = prefix;
+      std::vector<int32_t> more = Stories().tokenizer->Encode(" " + RandomSnippet(rng, 60), false);
+      r.prompt_token_ids.insert(r.prompt_token_ids.end(), more.begin(), more.end());
+      r.max_tokens = 30;
+      reqs.push_back(r);
+    }
+    std::vector<std::vector<int32_t>> runs[2];
+    for (bool prefix_caching : {false, true}) {
+      Setup setup;
+      setup.kv_dtype = kc;
+      setup.prefix_caching = prefix_caching;
+      setup.max_num_seqs = 8;
+      setup.max_num_batched_tokens = 48;  // prompts are chunked at rows that split blocks
+      auto engine = MakeEngine(setup);
+      runs[prefix_caching].push_back(RunOne(*engine, reqs[0]).tokens[0]);
+      std::vector<GenerateRequest> rest(reqs.begin() + 1, reqs.end());
+      for (Result& r : RunConcurrently(*engine, rest)) runs[prefix_caching].push_back(r.tokens[0]);
+      REQUIRE(engine->GetStats().prefix_hits_tokens == (prefix_caching ? 7 * 96 : 0));
+    }
+    REQUIRE(runs[1] == runs[0]);
   }
 }
 

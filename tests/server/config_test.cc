@@ -19,6 +19,7 @@ TEST_CASE("A minimal config takes every default", "[server]") {
   REQUIRE(c.ok());
   REQUIRE(c->model.path == "dummy:tiny");
   REQUIRE(c->model.device == "cpu");
+  REQUIRE(c->model.threads == 0);
   REQUIRE(c->model.dtype == "auto");
   REQUIRE(c->model.cuda_graphs);
   REQUIRE(c->model.chat_template.name() == "plain");
@@ -45,6 +46,7 @@ model:
   tokenizer: /abs/tok.model
   name: tiny
   device: cuda:1
+  threads: 3
   dtype: BF16
   cuda_graphs: false
   chat_template: chatml
@@ -90,6 +92,7 @@ logging:
   SECTION("values keep their types") {
     REQUIRE(c->model.name == "tiny");
     REQUIRE(c->model.device == "cuda:1");
+    REQUIRE(c->model.threads == 3);
     REQUIRE(c->model.dtype == "bf16");
     REQUIRE_FALSE(c->model.cuda_graphs);
     REQUIRE(c->model.chat_template.name() == "chatml");
@@ -143,8 +146,18 @@ TEST_CASE("Bad values stop with the key path and the reason", "[server]") {
   REQUIRE(Error(parse("cache:\n  block_size: 16.5\n")) ==
           "cache.block_size: expected a positive integer, got '16.5'");
   REQUIRE(Error(parse("cache:\n  kv_dtype: int3\n")) ==
-          "cache.kv_dtype: expected one of fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4, got "
-          "'int3'");
+          "cache.kv_dtype: expected one of fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4, int4_kc, "
+          "or one per layer (e.g. int8,int4_kc*,int8: NAME*N for N layers, NAME* for the rest), "
+          "got 'int3'");
+  REQUIRE(Error(parse("cache:\n  kv_dtype: int8,int4_kc**,int8\n")).rfind("cache.kv_dtype: ", 0) ==
+          0);
+  {
+    // One dtype per layer: parsed here, checked against the model's layers when it loads.
+    absl::StatusOr<ServeConfig> c = parse("cache:\n  kv_dtype: int8,int4_kc*,int8\n");
+    REQUIRE(c.ok());
+    REQUIRE(c->cache.kv_dtype == "int8,int4_kc*,int8");
+    REQUIRE(parse("cache:\n  kv_dtype: int4_kc\n").ok());
+  }
   REQUIRE(Error(parse("cache:\n  prefix_caching: maybe\n")) ==
           "cache.prefix_caching: expected true or false, got 'maybe'");
   REQUIRE(Error(parse("cache:\n  memory_fraction: 1.5\n")) ==
@@ -178,6 +191,8 @@ TEST_CASE("Bad values stop with the key path and the reason", "[server]") {
           "model.dtype: expected one of auto, fp32, fp16, bf16, got 'int8'");
   REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  cuda_graphs: sometimes\n", "")) ==
           "model.cuda_graphs: expected true or false, got 'sometimes'");
+  REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  threads: -1\n", "")) ==
+          "model.threads: expected an integer in [0, 4096] (0: what the cgroup allows), got '-1'");
 }
 
 TEST_CASE("Every key has one line of --help", "[server]") {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "model/field_status.h"
 #include "scheduler/engine.h"
 
 namespace kvserve::testing {
@@ -42,7 +43,7 @@ class FakeEngine final : public Engine {
   absl::StatusOr<std::shared_ptr<RequestStream>> Submit(GenerateRequest request) override {
     if (draining_) return absl::UnavailableError("draining");
     if (queue_full) return absl::ResourceExhaustedError("queue full (1 waiting)");
-    if (request.max_tokens == 77) return absl::InvalidArgumentError("max_tokens (77) is cursed");
+    if (request.max_tokens == 77) return FieldError("max_tokens", "max_tokens (77) is cursed");
     auto stream = std::make_shared<RequestStream>(request.request_id);
     absl::MutexLock lock(&mu_);
     last_request_ = request;

@@ -45,14 +45,20 @@ struct GrpcFixture {
   std::unique_ptr<v1::Generation::Stub> stub;
 };
 
+// field: when given, the kvserve-field trailer ("" when absent).
 std::vector<v1::GenerateResponse> Generate(GrpcFixture& f, const v1::GenerateRequest& req,
-                                           grpc::Status* status) {
+                                           grpc::Status* status, std::string* field = nullptr) {
   grpc::ClientContext ctx;
   auto reader = f.stub->Generate(&ctx, req);
   std::vector<v1::GenerateResponse> out;
   v1::GenerateResponse r;
   while (reader->Read(&r)) out.push_back(r);
   *status = reader->Finish();
+  if (field != nullptr) {
+    const auto& trailers = ctx.GetServerTrailingMetadata();
+    auto it = trailers.find("kvserve-field");
+    *field = it == trailers.end() ? "" : std::string(it->second.data(), it->second.size());
+  }
   return out;
 }
 
@@ -114,16 +120,24 @@ TEST_CASE("gRPC errors carry the status code and name the field", "[server]") {
   grpc::Status st;
   v1::GenerateRequest req;
   req.mutable_sampling()->set_temperature(-1);
-  Generate(f, req, &st);
+  std::string field;
+  Generate(f, req, &st, &field);
   REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-  REQUIRE(st.error_message().rfind("temperature", 0) == 0);
+  REQUIRE(st.error_message() == "temperature must be >= 0, got -1");
+  REQUIRE(field == "temperature");  // the same field HTTP names in "param"
 
   req.Clear();
   req.add_prompt_token_ids(9999);
   Generate(f, req, &st);
   REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-  REQUIRE(st.error_message() ==
-          "prompt_token_ids: token id 9999 is outside the vocabulary [0, 512)");
+  REQUIRE(st.error_message() == "prompt_token_ids[0] = 9999 is outside the vocabulary [0, 512)");
+
+  // 100,000 stop strings are refused by count, naming the field.
+  req.Clear();
+  for (int i = 0; i < 100000; ++i) req.add_stop("x");
+  Generate(f, req, &st);
+  REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  REQUIRE(st.error_message() == "stop has 100000 strings, at most 16 are allowed");
 
   req.Clear();
   f.engine.queue_full = true;

@@ -2,6 +2,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "model/field_status.h"
+
 namespace kvserve {
 namespace {
 
@@ -208,29 +210,34 @@ TEST_CASE("Bad requests name the field, OpenAI style", "[server]") {
   const ApiKind C = ApiKind::kCompletion, H = ApiKind::kChat;
   const Case cases[] = {
       {C, R"({"prompt": "a", "temperature": -1})", "temperature",
-       "'temperature' must be >= 0, got -1"},
+       "temperature must be >= 0, got -1"},
       {C, R"({"prompt": "a", "temperature": "hot"})", "temperature",
        "'temperature' must be a number, got a string"},
-      {C, R"({"prompt": "a", "top_p": 0})", "top_p", "'top_p' must be in (0, 1], got 0"},
-      {C, R"({"prompt": "a", "top_p": 1.5})", "top_p", "'top_p' must be in (0, 1], got 1.5"},
-      {C, R"({"prompt": "a", "max_tokens": 0})", "max_tokens", "'max_tokens' must be >= 1, got 0"},
+      {C, R"({"prompt": "a", "top_p": 0})", "top_p", "top_p must be in (0, 1], got 0"},
+      {C, R"({"prompt": "a", "top_p": 1.5})", "top_p", "top_p must be in (0, 1], got 1.5"},
+      {C, R"({"prompt": "a", "max_tokens": 0})", "max_tokens",
+       "'max_tokens' must be in [1, 2^31), got 0"},
       {C, R"({"prompt": "a", "max_tokens": 2.5})", "max_tokens",
        "'max_tokens' must be an integer, got a number"},
-      {C, R"({"prompt": "a", "n": 0})", "n", "'n' must be in [1, 64], got 0"},
+      {C, R"({"prompt": "a", "n": 0})", "n", "n must be in [1, 64], got 0"},
+      {C, R"({"prompt": "a", "stop": ["1","2","3","4","5","6","7","8","9","10","11","12","13",
+          "14","15","16","17"]})", "stop", "stop has 17 strings, at most 16 are allowed"},
       {C, R"({"prompt": "a", "stop": 5})", "stop",
        "'stop' must be a string or an array of strings, got an integer"},
       {C, R"({"prompt": "a", "stop": ["x", 1]})", "stop",
        "'stop' entries must be strings, got an integer"},
       {C, R"({"prompt": "a", "logprobs": 21})", "logprobs",
-       "'logprobs' must be in [0, 20], got 21"},
+       "logprobs must be -1 (off) or in [0, 20], got 21"},
+      {H, R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true,
+          "top_logprobs": 21})", "top_logprobs", "logprobs must be -1 (off) or in [0, 20], got 21"},
       {C, R"({"prompt": "a", "presence_penalty": 3})", "presence_penalty",
-       "'presence_penalty' must be in [-2, 2], got 3"},
+       "presence_penalty must be in [-2, 2], got 3"},
       {C, R"({"prompt": "a", "top_k": -2})", "top_k",
-       "'top_k' must be -1, 0 (off) or a positive integer, got -2"},
+       "top_k must be -1, 0 (off) or positive, got -2"},
       {C, R"({"prompt": "a", "stream": "yes"})", "stream",
        "'stream' must be a boolean, got a string"},
       {C, R"({"prompt": "a", "stop_token_ids": [600]})", "stop_token_ids",
-       "'stop_token_ids' token id 600 is outside the vocabulary [0, 512)"},
+       "stop_token_ids[0] = 600 is outside the vocabulary [0, 512)"},
       {C, R"({"prompt": "a", "logit_bias": {"5": 1}})", "logit_bias",
        "'logit_bias' is not supported"},
       {C, R"({"max_tokens": 3})", "prompt", "'prompt' is required"},
@@ -239,7 +246,7 @@ TEST_CASE("Bad requests name the field, OpenAI style", "[server]") {
        "integer"},
       {C, R"({"prompt": []})", "prompt", "'prompt' must not be empty"},
       {C, R"({"prompt": [1, -4]})", "prompt",
-       "'prompt' token id -4 is outside the vocabulary [0, 512)"},
+       "prompt_token_ids[1] = -4 is outside the vocabulary [0, 512)"},
       {C, R"({"prompt": ["a", "b"]})", "prompt",
        "batched prompts are not supported: send one prompt per request"},
       {C, R"({"prompt": "a", "max_tokens": 63})", "max_tokens",
@@ -259,7 +266,7 @@ TEST_CASE("Bad requests name the field, OpenAI style", "[server]") {
       {H, R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", "top_logprobs",
        "'top_logprobs' requires 'logprobs': true"},
       {H, R"({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": -1})",
-       "max_completion_tokens", "'max_completion_tokens' must be >= 1, got -1"},
+       "max_completion_tokens", "'max_completion_tokens' must be in [1, 2^31), got -1"},
   };
   for (const Case& c : cases) {
     ApiError e = ParseError(c.kind, c.body);
@@ -335,17 +342,18 @@ TEST_CASE("kv_policy is a policy name or an object; bad fields are named", "[ser
   }
   // The engine's own checks come back naming the kv_policy field.
   const ApiError e = ApiErrorFromStatus(
-      absl::InvalidArgumentError("kv_policy.budget must be >= 2 for h2o, got 1"), "prompt");
+      FieldError("kv_policy.budget", "kv_policy.budget must be >= 2 for h2o, got 1"), "prompt");
   REQUIRE(e.http_status == 400);
   REQUIRE(e.param == "kv_policy.budget");
 }
 
 TEST_CASE("Engine statuses map to HTTP codes and params", "[server]") {
-  ApiError e =
-      ApiErrorFromStatus(absl::InvalidArgumentError("top_p must be in (0, 1], got 2"), "prompt");
+  // The field is the status' payload, not a guess from the message.
+  ApiError e = ApiErrorFromStatus(FieldError("top_p", "top_p must be in (0, 1], got 2"), "prompt");
   REQUIRE(e.http_status == 400);
   REQUIRE(e.param == "top_p");
-  e = ApiErrorFromStatus(absl::InvalidArgumentError("prompt_token_ids: too long"), "messages");
+  REQUIRE(ApiErrorFromStatus(absl::InvalidArgumentError("top_p is wrong"), "prompt").param == "");
+  e = ApiErrorFromStatus(FieldError("prompt_token_ids", "too long"), "messages");
   REQUIRE(e.param == "messages");
   e = ApiErrorFromStatus(absl::InvalidArgumentError("something odd"), "prompt");
   REQUIRE(e.param.empty());
@@ -499,6 +507,31 @@ TEST_CASE("Streams are SSE chunks ending with [DONE]", "[server]") {
     REQUIRE(ev[0]["error"]["message"] == "boom");
     REQUIRE(ev[0]["error"]["type"] == "server_error");
   }
+}
+
+}  // namespace
+}  // namespace kvserve
+
+namespace kvserve {
+namespace {
+
+TEST_CASE("The checkpoint's sampling defaults apply where a request sets nothing",
+          "[server]") {
+  Fixture f;
+  ApiContext ctx = f.ctx();
+  ctx.default_sampling.temperature = 0.6f;  // as generation_config.json recommends
+  ctx.default_sampling.top_p = 0.9f;
+  ApiRequest r;
+  REQUIRE_FALSE(ParseApiRequest(ApiKind::kCompletion, R"({"prompt": "a"})", ctx, &r).has_value());
+  REQUIRE(r.request.sampling.temperature == 0.6f);
+  REQUIRE(r.request.sampling.top_p == 0.9f);
+  REQUIRE(r.request.sampling.top_k == 0);
+  ApiRequest s;
+  REQUIRE_FALSE(ParseApiRequest(ApiKind::kCompletion, R"({"prompt": "a", "temperature": 0})", ctx,
+                                &s)
+                    .has_value());
+  REQUIRE(s.request.sampling.temperature == 0.0f);
+  REQUIRE(s.request.sampling.top_p == 0.9f);
 }
 
 }  // namespace

@@ -1,8 +1,11 @@
 // Memory the [gpu] tests own: DeviceBuffer (cudaMalloc) and PinnedBuffer
 // (cudaHostAlloc, mapped), with typed upload/download, plus REQUIRE_CUDA and
-// RequireOk for one-line checks.
+// RequireOk for one-line checks, and the activation-type conversions
+// (FromF, ToF, SameBits) every kernel test needs.
 #pragma once
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <catch2/catch.hpp>
@@ -27,6 +30,30 @@ inline void RequireBadField(const absl::Status& status, const std::string& field
   INFO(std::string(status.message()));
   REQUIRE(status.code() == absl::StatusCode::kInvalidArgument);
   REQUIRE(std::string(status.message()).find(field) != std::string::npos);
+}
+
+// fp32 <-> an activation storage type, rounding to nearest.
+template <typename T>
+T FromF(float v);
+template <>
+inline float FromF<float>(float v) {
+  return v;
+}
+template <>
+inline __half FromF<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+inline __nv_bfloat16 FromF<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+inline float ToF(float v) { return v; }
+inline float ToF(__half v) { return __half2float(v); }
+inline float ToF(__nv_bfloat16 v) { return __bfloat162float(v); }
+
+template <typename T>
+bool SameBits(T a, T b) {
+  return std::memcmp(&a, &b, sizeof(T)) == 0;
 }
 
 class DeviceBuffer {

@@ -20,27 +20,13 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "tests/kernels/cuda/device_buffer.h"
 
 namespace kvserve::cuda {
 namespace {
 
-float ToF(float v) { return v; }
-float ToF(__half v) { return __half2float(v); }
-float ToF(__nv_bfloat16 v) { return __bfloat162float(v); }
-template <typename T>
-T FromF(float v);
-template <>
-float FromF<float>(float v) {
-  return v;
-}
-template <>
-__half FromF<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__nv_bfloat16 FromF<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
+using ::kvserve::testing::FromF;
+using ::kvserve::testing::ToF;
 
 template <typename T>
 struct Traits;

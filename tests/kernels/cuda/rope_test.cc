@@ -20,31 +20,13 @@ namespace kvserve::cuda {
 namespace {
 
 using ::kvserve::testing::DeviceBuffer;
+using ::kvserve::testing::FromF;
+using ::kvserve::testing::SameBits;
+using ::kvserve::testing::ToF;
 using ::kvserve::testing::RequireBadField;
 using ::kvserve::testing::RequireOk;
 
-template <typename T>
-T FromF(float v);
-template <>
-float FromF<float>(float v) {
-  return v;
-}
-template <>
-__half FromF<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__nv_bfloat16 FromF<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-float ToF(float v) { return v; }
-float ToF(__half v) { return __half2float(v); }
-float ToF(__nv_bfloat16 v) { return __bfloat162float(v); }
 
-template <typename T>
-bool SameBits(T a, T b) {
-  return std::memcmp(&a, &b, sizeof(T)) == 0;
-}
 
 template <typename T>
 void RunCase(ActDtype dtype, RopeStyle style, int head_dim, float theta, uint64_t seed) {

@@ -1,0 +1,57 @@
+#include "scheduler/request_validation.h"
+
+#include "absl/strings/str_cat.h"
+#include "cache/status_macros.h"
+#include "model/field_status.h"
+
+namespace kvserve {
+namespace {
+
+absl::Status CheckIds(const std::vector<int32_t>& ids, const char* field, int32_t vocab) {
+  if (vocab <= 0) return absl::OkStatus();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab) {
+      return FieldError(field, absl::StrCat(field, "[", i, "] = ", ids[i],
+                                            " is outside the vocabulary [0, ", vocab, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateRequestParams(const GenerateRequest& r, const RequestLimits& limits) {
+  KV_RETURN_IF_ERROR(r.sampling.Validate());
+  if (r.max_tokens < 1) {
+    return FieldError("max_tokens", absl::StrCat("max_tokens must be >= 1, got ", r.max_tokens));
+  }
+  if (r.n < 1 || r.n > limits.max_samples) {
+    return FieldError("n", absl::StrCat("n must be in [1, ", limits.max_samples, "], got ", r.n));
+  }
+  if (r.logprobs < -1 || r.logprobs > limits.max_logprobs) {
+    return FieldError("logprobs", absl::StrCat("logprobs must be -1 (off) or in [0, ",
+                                               limits.max_logprobs, "], got ", r.logprobs));
+  }
+  if (static_cast<int64_t>(r.stop.size()) > limits.max_stop_strings) {
+    return FieldError("stop", absl::StrCat("stop has ", r.stop.size(), " strings, at most ",
+                                           limits.max_stop_strings, " are allowed"));
+  }
+  for (size_t i = 0; i < r.stop.size(); ++i) {
+    if (r.stop[i].empty()) return FieldError("stop", absl::StrCat("stop[", i, "] must not be empty"));
+    if (static_cast<int64_t>(r.stop[i].size()) > limits.max_stop_string_bytes) {
+      return FieldError("stop", absl::StrCat("stop[", i, "] has ", r.stop[i].size(),
+                                             " bytes, at most ", limits.max_stop_string_bytes,
+                                             " are allowed"));
+    }
+  }
+  if (static_cast<int64_t>(r.stop_token_ids.size()) > limits.max_stop_token_ids) {
+    return FieldError("stop_token_ids",
+                      absl::StrCat("stop_token_ids has ", r.stop_token_ids.size(), " ids, at most ",
+                                   limits.max_stop_token_ids, " are allowed"));
+  }
+  KV_RETURN_IF_ERROR(CheckIds(r.stop_token_ids, "stop_token_ids", limits.vocab_size));
+  KV_RETURN_IF_ERROR(CheckIds(r.prompt_token_ids, "prompt_token_ids", limits.vocab_size));
+  return absl::OkStatus();
+}
+
+}  // namespace kvserve
