@@ -9,5 +9,6 @@ int RunConvert(int argc, char** argv);   // server/cli_convert.cc
 int RunServe(int argc, char** argv);     // server/cli_serve.cc
 int RunEvalKv(int argc, char** argv);    // server/cli_eval_kv.cc
 int RunPlan(int argc, char** argv);      // server/cli_plan.cc
+int RunTrainEvictor(int argc, char** argv);  // server/cli_train_evictor.cc
 
 }  // namespace kvserve::cli

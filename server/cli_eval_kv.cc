@@ -1,4 +1,5 @@
-// `kvserve eval-kv`: the KV cache quality report. Runs real text through the
+// `kvserve eval-kv`: the KV cache quality report, and with --policy the KV
+// eviction study (model/eviction_study.h). Runs real text through the
 // CPU backend once per KV format (model/kv_quality.h does the work) and
 // prints, per format, KV bytes per token, perplexity and its change against
 // the fp32 cache, mean KL divergence and top-1 agreement with fp32, and the
@@ -19,7 +20,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cache/kv_format.h"
+#include "cache/eviction_policy.h"
+#include "cache/learned_evictor.h"
+#include "cache/status_macros.h"
 #include "model/cpu_model_runner.h"
+#include "model/eviction_study.h"
+#include "model/evictor_training.h"
 #include "model/kv_quality.h"
 #include "model/model_loader.h"
 #include "server/cli.h"
@@ -38,8 +44,11 @@ constexpr char kUsage[] =
     "  --model PATH           llama2.c checkpoint, HF directory or dummy:<preset> (required)\n"
     "  --tokenizer FILE       SentencePiece .model (default: beside the model)\n"
     "  --text FILE            the text (required)\n"
-    "  --kv-dtype LIST        'all' or a comma list of fp32, fp16, bf16, fp8_e4m3, int8, int4,\n"
-    "                         k8v4 (default all; fp32 always runs as the reference)\n"
+    "  --kv-dtype D           a format to report: fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4,\n"
+    "                         int4_kc, or one per layer (int8,int4_kc*,int8: NAME*N is N\n"
+    "                         layers, NAME* the layers left); repeat the flag for several;\n"
+    "                         'all' is every dtype and int8,int4_kc*,int8 (default all; fp32\n"
+    "                         always runs as the reference)\n"
     "  --block-size B         KV block size in tokens (default 16)\n"
     "  --int4-group-size G    int4 channels per scale group: 32, 64 or 128, clamped to\n"
     "                         head_dim (default 64)\n"
@@ -50,13 +59,30 @@ constexpr char kUsage[] =
     "  --prompt-tokens N      prompt length in tokens, BOS included (default 16)\n"
     "  --continuation N       greedy tokens per prompt, 0 = skip (default 128)\n"
     "  --threads N            CPU threads per format, 0 = all (default 0)\n"
-    "  --json FILE            also write the report as JSON\n";
+    "  --json FILE            also write the report as JSON\n"
+    "KV eviction study (with --policy): the stories joined by newlines into one stream\n"
+    "with a single BOS, teacher-forced under each policy; perplexity per window, against\n"
+    "dense attention (none) and the recompute baseline; --kv-dtype defaults to fp32 and\n"
+    "int8 there.\n"
+    "  --policy LIST          'all' or a comma list of none, sliding_window, streaming, h2o,\n"
+    "                         scissorhands, learned\n"
+    "  --budget N             KV entries a sequence keeps (default 256)\n"
+    "  --stream-tokens N      stream length (default 4000)\n"
+    "  --sink-tokens N        streaming's sinks (default 4; a 0-sink run is added)\n"
+    "  --recent-tokens N      h2o, scissorhands, learned: recent tokens kept (default budget/2)\n"
+    "  --window N             positions per perplexity window (default 256; sweep 128)\n"
+    "  --recompute yes|no     run the recompute baseline (default yes)\n"
+    "  --sweep N              instead: the budget sweep over N streams of the model's context\n"
+    "                         (10/20/30/50/70% budgets against none)\n"
+    "  --evictor-model FILE   for learned (default: trained here on 8 streams of the text\n"
+    "                         past what the study reads)\n"
+    "  --png FILE             also plot perplexity (gnuplot), one line per run\n";
 
 struct Options {
   std::string model;
   std::string tokenizer;
   std::string text;
-  std::vector<KvDtype> dtypes{std::begin(kAllKvDtypes), std::end(kAllKvDtypes)};
+  std::vector<KvDtypeSpec> dtypes;  // empty: all
   int block_size = 16;
   int int4_group_size = 64;
   int32_t max_stories = 0;
@@ -64,7 +90,25 @@ struct Options {
   int threads = 0;
   std::string json;
   KvQualityOptions eval;
+  // The eviction study.
+  std::vector<EvictionPolicyKind> policies;  // non-empty: the study
+  int32_t budget = 256;
+  int32_t stream_tokens = 4000;
+  int32_t sink_tokens = 4;
+  int32_t recent_tokens = 0;
+  int32_t window = 0;  // 0: 256, or 128 for the sweep
+  bool recompute = true;
+  int32_t sweep = 0;
+  std::string evictor_model;
+  std::string png;
 };
+
+// 'all': every dtype, then int4_kc with int8 first and last layers.
+std::vector<KvDtypeSpec> AllFormats() {
+  std::vector<KvDtypeSpec> out(std::begin(kCpuKvDtypes), std::end(kCpuKvDtypes));
+  out.push_back(*KvDtypeSpec::Parse("int8,int4_kc*,int8"));
+  return out;
+}
 
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "kvserve eval-kv: %s\n", std::string(s.message()).c_str());
@@ -97,16 +141,12 @@ int ParseFlags(int argc, char** argv, Options* o) {
       o->json = value;
     } else if (name == "--kv-dtype") {
       if (value == "all") {
-        o->dtypes.assign(std::begin(kAllKvDtypes), std::end(kAllKvDtypes));
+        for (const KvDtypeSpec& d : AllFormats()) o->dtypes.push_back(d);
         continue;
       }
-      o->dtypes.clear();
-      for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-        absl::StatusOr<KvDtype> d = ParseKvDtype(std::string(part));
-        if (!d.ok()) return flags.UsageError(std::string(d.status().message()));
-        o->dtypes.push_back(*d);
-      }
-      if (o->dtypes.empty()) return bad("a list of KV dtypes");
+      absl::StatusOr<KvDtypeSpec> d = KvDtypeSpec::Parse(value, "--kv-dtype");
+      if (!d.ok()) return flags.UsageError(std::string(d.status().message()));
+      o->dtypes.push_back(*d);
     } else if (name == "--block-size") {
       if (!int_flag(1, 65536, &o->block_size)) return bad("an integer in [1, 65536]");
     } else if (name == "--int4-group-size") {
@@ -128,12 +168,48 @@ int ParseFlags(int argc, char** argv, Options* o) {
       if (!int_flag(0, 1 << 20, &o->eval.continuation)) return bad("an integer >= 0");
     } else if (name == "--threads") {
       if (!int_flag(0, 1024, &o->threads)) return bad("an integer >= 0");
+    } else if (name == "--policy") {
+      o->policies.clear();
+      if (value == "all") {
+        o->policies.assign(std::begin(kAllEvictionPolicies), std::end(kAllEvictionPolicies));
+        continue;
+      }
+      for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+        absl::StatusOr<EvictionPolicyKind> k = ParseEvictionPolicy(std::string(part), "--policy");
+        if (!k.ok()) return flags.UsageError(std::string(k.status().message()));
+        if (std::find(o->policies.begin(), o->policies.end(), *k) == o->policies.end()) {
+          o->policies.push_back(*k);
+        }
+      }
+      if (o->policies.empty()) return bad("'all' or a list of policies");
+    } else if (name == "--budget") {
+      if (!int_flag(2, 1 << 24, &o->budget)) return bad("an integer >= 2");
+    } else if (name == "--stream-tokens") {
+      if (!int_flag(2, 1 << 24, &o->stream_tokens)) return bad("an integer >= 2");
+    } else if (name == "--sink-tokens") {
+      if (!int_flag(0, 1 << 20, &o->sink_tokens)) return bad("an integer >= 0");
+    } else if (name == "--recent-tokens") {
+      if (!int_flag(0, 1 << 24, &o->recent_tokens)) return bad("an integer >= 0");
+    } else if (name == "--window") {
+      if (!int_flag(1, 1 << 24, &o->window)) return bad("an integer >= 1");
+    } else if (name == "--recompute") {
+      if (value != "yes" && value != "no") return bad("yes or no");
+      o->recompute = value == "yes";
+    } else if (name == "--sweep") {
+      if (!int_flag(1, 1 << 16, &o->sweep)) return bad("a number of streams >= 1");
+    } else if (name == "--evictor-model") {
+      o->evictor_model = value;
+    } else if (name == "--png") {
+      o->png = value;
     } else {
       return flags.UsageError(absl::StrCat("unknown flag '", name, "'"));
     }
   }
   if (o->model.empty()) return flags.UsageError("--model is required");
   if (o->text.empty()) return flags.UsageError("--text is required");
+  if (o->sweep > 0 && o->policies.empty()) {
+    return flags.UsageError("--sweep needs --policy (the policies to sweep)");
+  }
   return -1;
 }
 
@@ -158,6 +234,152 @@ class ProgressBar {
   int last_percent_ = -1;
 };
 
+// Writes `body` to `path`; false with a message on failure.
+bool WriteFile(const std::string& path, const std::string& body, const char* flag) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << body;
+  out.close();
+  if (!out) {
+    Fail(absl::InternalError(absl::StrCat("cannot write ", flag, " ", path)));
+    return false;
+  }
+  return true;
+}
+
+// Plots with gnuplot (the script is fed on stdin).
+bool Plot(const std::string& script) {
+  FILE* p = popen("gnuplot", "w");
+  if (p == nullptr) {
+    Fail(absl::UnavailableError("cannot run gnuplot for --png (Debian: gnuplot-nox)"));
+    return false;
+  }
+  std::fputs(script.c_str(), p);
+  if (pclose(p) != 0) {
+    Fail(absl::InternalError("gnuplot failed to draw --png (Debian: gnuplot-nox)"));
+    return false;
+  }
+  return true;
+}
+
+// The eviction study (--policy): long text, or the budget sweep.
+int RunStudy(const Options& opt, const LoadedModel& loaded, const std::string& text) {
+  const ModelConfig& config = loaded.weights.config;
+  std::vector<KvDtypeSpec> dtypes = opt.dtypes;
+  if (dtypes.empty()) dtypes = {KvDtype::kFp32, KvDtype::kInt8};
+  StudyRunnerFactory make_runner = [&](const KvDtypeSpec& dtype, int32_t num_blocks)
+      -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
+    CpuRunnerOptions ro;
+    ro.kv_dtype = dtype;
+    ro.block_size = opt.block_size;
+    ro.int4_group_size = opt.int4_group_size;
+    ro.num_threads = opt.threads;
+    ro.num_blocks = num_blocks;
+    absl::StatusOr<std::unique_ptr<CpuModelRunner>> r = CpuModelRunner::Create(loaded.weights, ro);
+    if (!r.ok()) return r.status();
+    if (!(*r)->supports_eviction()) {
+      return absl::InvalidArgumentError(absl::StrCat("--kv-dtype ", dtype.ToString(),
+                                                     ": KV eviction needs a format without tails"));
+    }
+    return std::unique_ptr<ModelRunner>(std::move(*r));
+  };
+  const int32_t ctx = config.max_position_embeddings;
+  const bool learned = std::find(opt.policies.begin(), opt.policies.end(),
+                                 EvictionPolicyKind::kLearned) != opt.policies.end();
+  // Streams of the model's context, BOS first, from the joined text after
+  // its first `skip` tokens: the sweep's, and the learned predictor's
+  // training streams (taken past what the study reads).
+  auto context_streams = [&](int32_t count, int32_t skip)
+      -> absl::StatusOr<std::vector<std::vector<int32_t>>> {
+    const int32_t body = ctx - 1;
+    KV_ASSIGN_OR_RETURN(std::vector<int32_t> all,
+                        BuildTokenStream(text, *loaded.tokenizer, 1 + skip + body * count));
+    std::vector<std::vector<int32_t>> out;
+    for (int32_t k = 0; k < count; ++k) {
+      std::vector<int32_t> s = {config.bos_id};
+      const size_t first = 1 + static_cast<size_t>(skip) + static_cast<size_t>(k) * body;
+      s.insert(s.end(), all.begin() + first, all.begin() + first + body);
+      out.push_back(std::move(s));
+    }
+    return out;
+  };
+  std::shared_ptr<const EvictorModel> evictor;
+  if (learned) {
+    if (!opt.evictor_model.empty()) {
+      absl::StatusOr<EvictorModel> m = EvictorModel::Load(opt.evictor_model);
+      if (!m.ok()) return Fail(m.status());
+      evictor = std::make_shared<const EvictorModel>(*m);
+    } else {
+      std::fprintf(stderr, "kvserve eval-kv: training the learned evictor on 8 streams...\n");
+      const int32_t skip = std::max(opt.stream_tokens, opt.sweep * (ctx - 1));
+      absl::StatusOr<std::vector<std::vector<int32_t>>> train = context_streams(8, skip);
+      if (!train.ok()) return Fail(train.status());
+      absl::StatusOr<std::unique_ptr<ModelRunner>> r =
+          make_runner(KvDtype::kFp32, (ctx + opt.block_size - 1) / opt.block_size + 1);
+      if (!r.ok()) return Fail(r.status());
+      absl::StatusOr<EvictorTrainingResult> t = TrainEvictor(*train, **r, {});
+      if (!t.ok()) return Fail(t.status());
+      evictor = std::make_shared<const EvictorModel>(t->model);
+    }
+  }
+  ProgressBar bar;
+  std::function<void(int64_t, int64_t)> progress;
+  if (isatty(STDERR_FILENO)) {
+    progress = [&bar](int64_t done, int64_t total) { bar.Update(done, total); };
+  }
+  absl::StatusOr<EvictionStudyReport> report;
+  if (opt.sweep > 0) {
+    absl::StatusOr<std::vector<std::vector<int32_t>>> streams = context_streams(opt.sweep, 0);
+    if (!streams.ok()) return Fail(streams.status());
+    BudgetSweepOptions so;
+    so.policies = opt.policies;
+    so.dtype = dtypes[0];
+    so.window = opt.window > 0 ? opt.window : 128;
+    so.sink_tokens = opt.sink_tokens;
+    so.learned = evictor;
+    so.progress = progress;
+    report = RunBudgetSweep(*streams, make_runner, so);
+  } else {
+    absl::StatusOr<std::vector<int32_t>> stream =
+        BuildTokenStream(text, *loaded.tokenizer, opt.stream_tokens);
+    if (!stream.ok()) return Fail(stream.status());
+    EvictionStudyOptions so;
+    so.policies = opt.policies;
+    so.dtypes = dtypes;
+    so.budget = opt.budget;
+    so.sink_tokens = opt.sink_tokens;
+    so.recent_tokens = opt.recent_tokens;
+    so.window = opt.window > 0 ? opt.window : 256;
+    so.recompute = opt.recompute;
+    so.learned = evictor;
+    so.progress = progress;
+    report = RunLongTextStudy(*stream, make_runner, so);
+  }
+  bar.Finish();
+  if (!report.ok()) return Fail(report.status());
+  report->model = opt.model;
+  report->text = opt.text;
+  if (report->kind == "sweep") {
+    std::printf("KV eviction budget sweep: %s on %s, %d streams of %d tokens (BOS first), "
+                "KV %s, block size %d\n\n",
+                opt.model.c_str(), opt.text.c_str(), opt.sweep, ctx, dtypes[0].ToString().c_str(),
+                report->block_size);
+  } else {
+    std::printf("KV eviction on long text: %s on %s, one stream of %d tokens (one BOS), budget "
+                "%d, block size %d; the model was trained on %d positions\n\n",
+                opt.model.c_str(), opt.text.c_str(), opt.stream_tokens, opt.budget,
+                report->block_size, ctx);
+  }
+  std::fputs(EvictionStudyTable(*report).c_str(), stdout);
+  std::printf("\n%.1f s\n", report->seconds);
+  std::fflush(stdout);
+  if (!opt.json.empty() && !WriteFile(opt.json, EvictionStudyJson(*report), "--json")) return 1;
+  if (!opt.png.empty() &&
+      !Plot(EvictionStudyGnuplot(*report, dtypes[0].ToString(), opt.png))) {
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int RunEvalKv(int argc, char** argv) {
@@ -171,14 +393,22 @@ int RunEvalKv(int argc, char** argv) {
 
   absl::StatusOr<LoadedModel> loaded = LoadModel(opt.model, opt.tokenizer);
   if (!loaded.ok()) return Fail(loaded.status());
+  if (!opt.policies.empty()) return RunStudy(opt, *loaded, text.str());
   const ModelConfig& config = loaded->weights.config;
   const int32_t max_len = opt.context > 0 ? std::min(opt.context, config.max_position_embeddings)
                                           : config.max_position_embeddings;
   const std::vector<std::vector<int32_t>> stories =
       TokenizeStories(text.str(), *loaded->tokenizer, max_len, opt.max_stories);
 
+  for (const KvDtypeSpec& d : opt.dtypes) {
+    if (absl::Status s = d.Resolve(config.num_layers, "--kv-dtype").status(); !s.ok()) {
+      std::fprintf(stderr, "kvserve eval-kv: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
   const LlamaWeights& weights = loaded->weights;
-  KvRunnerFactory make_runner = [&](KvDtype dtype) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
+  KvRunnerFactory make_runner =
+      [&](const KvDtypeSpec& dtype) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
     CpuRunnerOptions ro;
     ro.kv_dtype = dtype;
     ro.block_size = opt.block_size;
@@ -193,7 +423,8 @@ int RunEvalKv(int argc, char** argv) {
   if (isatty(STDERR_FILENO)) {
     opt.eval.progress = [&bar](int64_t done, int64_t total) { bar.Update(done, total); };
   }
-  opt.eval.dtypes = opt.dtypes;
+  opt.eval.dtypes = opt.dtypes.empty() ? AllFormats() : opt.dtypes;
+  opt.eval.int4_group_size = opt.int4_group_size;
   absl::StatusOr<KvQualityReport> report = EvaluateKvQuality(stories, make_runner, opt.eval);
   bar.Finish();
   if (!report.ok()) return Fail(report.status());

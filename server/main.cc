@@ -15,6 +15,8 @@ constexpr char kUsage[] =
     "  generate  generate text offline from a prompt               kvserve generate --model PATH\n"
     "  convert   write a llama2.c checkpoint as an HF directory    kvserve convert --llama2c CKPT\n"
     "  eval-kv   KV cache quality report per format                kvserve eval-kv --model PATH\n"
+    "            (or KV eviction study)                            kvserve eval-kv --policy all\n"
+    "  train-evictor  train the learned KV eviction policy        kvserve train-evictor --out F\n"
     "  plan      KV capacity planner                               kvserve plan --model PRESET\n"
     "Run 'kvserve <command> --help' for the options of a command.\n";
 
@@ -34,6 +36,7 @@ int main(int argc, char** argv) {
   if (cmd == "convert") return kvserve::cli::RunConvert(argc - 1, argv + 1);
   if (cmd == "eval-kv") return kvserve::cli::RunEvalKv(argc - 1, argv + 1);
   if (cmd == "plan") return kvserve::cli::RunPlan(argc - 1, argv + 1);
+  if (cmd == "train-evictor") return kvserve::cli::RunTrainEvictor(argc - 1, argv + 1);
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
     std::fputs(kUsage, stdout);
     return 0;

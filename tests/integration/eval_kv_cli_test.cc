@@ -172,3 +172,78 @@ TEST_CASE("kvserve eval-kv rejects bad flags with exit code 2", "[integration]")
 
 }  // namespace
 }  // namespace kvserve
+
+namespace kvserve {
+namespace {
+
+TEST_CASE("kvserve eval-kv --policy runs the eviction study: table, JSON and PNG",
+          "[integration][eviction]") {
+  const std::string dir = testing::MakeTempDir("eval-kv-policy");
+  RunResult r = RunKvserve(absl::StrCat(BaseArgs(),
+                                        " --policy all --budget 64 --stream-tokens 700"
+                                        " --kv-dtype fp32 --json ",
+                                        Quote(dir + "/study.json"), " --png ",
+                                        Quote(dir + "/study.png")));
+  REQUIRE(r.exit_code == 0);
+  INFO(r.out);
+  for (const char* run : {"recompute", "none (dense)", "streaming (4 sinks)",
+                          "streaming (0 sinks)", "sliding_window", "h2o", "scissorhands",
+                          "learned"}) {
+    REQUIRE_FALSE(TableRow(r.out, run).empty());
+  }
+  const nlohmann::json j =
+      nlohmann::json::parse(testing::ReadFileOrDie(dir + "/study.json"));
+  REQUIRE(j["runs"].size() == 8);
+  for (const auto& run : j["runs"]) {
+    for (const char* key : {"policy", "kv_dtype", "budget", "stream_tokens", "ppl", "windows"}) {
+      REQUIRE(run.contains(key));
+    }
+    REQUIRE(run["stream_tokens"] == 700);
+    REQUIRE(run["windows"].size() == 3);  // [0, 256), [256, 512), [512, 700)
+  }
+  const std::string png = testing::ReadFileOrDie(dir + "/study.png");
+  REQUIRE(png.substr(1, 3) == "PNG");
+
+  SECTION("the budget sweep") {
+    RunResult s = RunKvserve(absl::StrCat(BaseArgs(), " --policy h2o,sliding_window --sweep 2",
+                                          " --json ", Quote(dir + "/sweep.json")));
+    REQUIRE(s.exit_code == 0);
+    const nlohmann::json sj = nlohmann::json::parse(testing::ReadFileOrDie(dir + "/sweep.json"));
+    REQUIRE(sj["kind"] == "sweep");
+    REQUIRE(sj["runs"].size() == 11);  // none + 2 policies x 5 budgets
+    REQUIRE(sj["runs"][1]["budget"] == 51);
+    REQUIRE(sj["runs"][1]["streams"] == 2);
+  }
+  SECTION("bad study flags exit 2 naming the flag") {
+    RunResult bad = RunKvserve(absl::StrCat(BaseArgs(), " --policy lru"), true);
+    REQUIRE(bad.exit_code == 2);
+    REQUIRE(bad.out.find("--policy \"lru\" is not a policy") != std::string::npos);
+    bad = RunKvserve(absl::StrCat(BaseArgs(), " --sweep 4"), true);
+    REQUIRE(bad.exit_code == 2);
+    REQUIRE(bad.out.find("--sweep needs --policy") != std::string::npos);
+  }
+}
+
+TEST_CASE("kvserve train-evictor writes a model eval-kv and the engine load",
+          "[integration][eviction]") {
+  const std::string dir = testing::MakeTempDir("train-evictor");
+  RunResult r = RunKvserve(absl::StrCat(
+      "train-evictor --model ", Quote(testing::Stories260kCheckpoint()), " --text ",
+      Quote(DevText()), " --streams 2 --out ", Quote(dir + "/evictor.txt")));
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(r.out.find("trained on ") == 0);
+  const std::string model = testing::ReadFileOrDie(dir + "/evictor.txt");
+  REQUIRE(model.rfind("kvserve-evictor 1\n", 0) == 0);
+  RunResult e = RunKvserve(absl::StrCat(BaseArgs(),
+                                        " --policy learned --budget 64 --stream-tokens 300"
+                                        " --recompute no --evictor-model ",
+                                        Quote(dir + "/evictor.txt")));
+  REQUIRE(e.exit_code == 0);
+  REQUIRE_FALSE(TableRow(e.out, "learned").empty());
+  RunResult missing = RunKvserve("train-evictor --model x --text y", true);
+  REQUIRE(missing.exit_code == 2);
+  REQUIRE(missing.out.find("--out is required") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvserve
