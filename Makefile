@@ -5,7 +5,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 CONFIG ?= configs/default.yaml
 
-.PHONY: all deps build build-daemon run test bench clean format
+.PHONY: all deps build build-daemon run test bench bench-eviction clean format
 
 all: build
 
@@ -31,6 +31,10 @@ test: build
 
 bench: build
 	@bash bench/run.sh $(BUILD_DIR)
+
+# The KV eviction study the README reports (long text and budget sweep).
+bench-eviction: build
+	@bash bench/eviction_study.sh $(BUILD_DIR)
 
 format:
 	git ls-files '*.cc' '*.h' '*.cu' '*.cuh' | xargs clang-format -i

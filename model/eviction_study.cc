@@ -496,7 +496,7 @@ std::string EvictionStudyTable(const EvictionStudyReport& r) {
 std::string EvictionStudyGnuplot(const EvictionStudyReport& r, const std::string& kv_dtype,
                                  const std::string& png_path) {
   std::string out = absl::StrCat("set terminal pngcairo size 1100,650 font 'sans,11'\nset output '",
-                                 png_path, "'\nset key outside right\nset grid\n");
+                                 png_path, "'\nset termoption noenhanced\nset key outside right\nset grid\n");
   // Titles go in double quotes (labels have apostrophes).
   std::vector<const StudyRun*> runs;
   if (r.kind == "sweep") {
