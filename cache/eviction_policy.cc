@@ -124,8 +124,8 @@ absl::Status EvictionParams::Validate(const EvictionFieldNames& names) const {
   switch (policy) {
     case EvictionPolicyKind::kStreaming:
       if (sink_tokens < 0 || sink_tokens > budget - 1) {
-        return Invalid(absl::StrCat(names.sink_tokens, " must be in [0, ", names.budget, " - 1 = ",
-                                    budget - 1, "], got ", sink_tokens));
+        return Invalid(absl::StrCat(names.sink_tokens, " must be in [0, ", names.budget,
+                                    " - 1 = ", budget - 1, "], got ", sink_tokens));
       }
       if (recent_tokens != 0 && recent_tokens != budget - sink_tokens) {
         return Invalid(absl::StrCat(names.recent_tokens, " (", recent_tokens, ") + ",
@@ -138,13 +138,12 @@ absl::Status EvictionParams::Validate(const EvictionFieldNames& names) const {
     case EvictionPolicyKind::kLearned:
       if (recent_tokens < 0 || recent_tokens > budget - 1) {
         return Invalid(absl::StrCat(names.recent_tokens, " must be in [0, ", names.budget,
-                                    " - 1 = ", budget - 1, "] for ", name, " (0: ",
-                                    names.budget, " / 2), got ", recent_tokens));
+                                    " - 1 = ", budget - 1, "] for ", name, " (0: ", names.budget,
+                                    " / 2), got ", recent_tokens));
       }
-      if (policy == EvictionPolicyKind::kScissorhands &&
-          (history < 1 || history > kMaxHistory)) {
-        return Invalid(absl::StrCat(names.history, " must be in [1, ", kMaxHistory, "], got ",
-                                    history));
+      if (policy == EvictionPolicyKind::kScissorhands && (history < 1 || history > kMaxHistory)) {
+        return Invalid(
+            absl::StrCat(names.history, " must be in [1, ", kMaxHistory, "], got ", history));
       }
       break;
     default:

@@ -79,9 +79,8 @@ enum class EvictionPolicyKind : uint8_t {
 };
 
 inline constexpr EvictionPolicyKind kAllEvictionPolicies[] = {
-    EvictionPolicyKind::kNone,         EvictionPolicyKind::kSlidingWindow,
-    EvictionPolicyKind::kStreaming,    EvictionPolicyKind::kH2o,
-    EvictionPolicyKind::kScissorhands, EvictionPolicyKind::kLearned};
+    EvictionPolicyKind::kNone, EvictionPolicyKind::kSlidingWindow, EvictionPolicyKind::kStreaming,
+    EvictionPolicyKind::kH2o,  EvictionPolicyKind::kScissorhands,  EvictionPolicyKind::kLearned};
 
 // "none", "sliding_window", "streaming", "h2o", "scissorhands", "learned".
 std::string_view EvictionPolicyName(EvictionPolicyKind kind);

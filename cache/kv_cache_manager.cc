@@ -237,10 +237,9 @@ int32_t KvCacheManager::FindCachedPrefix(std::span<const int32_t> prompt, uint64
 bool KvCacheManager::CanAllocate(std::span<const int32_t> prompt, std::string_view cache_salt,
                                  bool use_prefix_cache) const {
   if (prompt.empty()) return false;
-  const int32_t hit_free =
-      use_prefix_cache
-          ? FindCachedPrefix(prompt, HashCacheSalt(cache_salt), &hit_scratch_, &hash_scratch_)
-          : (hit_scratch_.clear(), 0);
+  const int32_t hit_free = use_prefix_cache ? FindCachedPrefix(prompt, HashCacheSalt(cache_salt),
+                                                               &hit_scratch_, &hash_scratch_)
+                                            : (hit_scratch_.clear(), 0);
   const int32_t total = BlocksFor(prompt.size());
   const int32_t tails = has_tails() ? 1 : 0;  // a prompt always has tokens to compute
   return total - static_cast<int32_t>(hit_scratch_.size()) + hit_free <= pool_.num_free() &&
@@ -445,9 +444,9 @@ absl::StatusOr<EvictResult> KvCacheManager::Evict(SeqId seq, std::span<const int
   int32_t must_copy = 0;
   for (int32_t b : written) must_copy += SeqRefs(s.table.blocks()[b]) > 1 ? 1 : 0;
   if (must_copy > pool_.num_free()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "eviction in sequence ", seq, " must copy ", Blocks(must_copy, "shared "), "; ",
-        pool_.num_free(), " of ", pool_.num_blocks(), " blocks are free"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("eviction in sequence ", seq, " must copy ", Blocks(must_copy, "shared "),
+                     "; ", pool_.num_free(), " of ", pool_.num_blocks(), " blocks are free"));
   }
   int32_t spare = pool_.num_free() - must_copy;
   for (int32_t b : written) {
@@ -842,8 +841,8 @@ absl::Status KvCacheManager::CheckInvariants() const {
       // After an eviction, blocks past the kept hashes may still be filed:
       // they were never written since (Evict copies or unfiles first).
       const bool past_chain = i >= static_cast<int32_t>(s.hashes.size());
-      if (prefix_.contains(id) && ((past_chain && !s.evicted) ||
-                                   (!past_chain && prefix_.hash(id) != s.hashes[i]))) {
+      if (prefix_.contains(id) &&
+          ((past_chain && !s.evicted) || (!past_chain && prefix_.hash(id) != s.hashes[i]))) {
         return absl::InternalError(absl::StrCat("sequence ", seq, " holds cached block ", id,
                                                 " at index ", i, " under another hash"));
       }

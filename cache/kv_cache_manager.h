@@ -277,8 +277,8 @@ class KvCacheManager {
     int32_t num_computed = 0;
     bool swapped = false;
     BlockId tail = kNoBlock;  // extended id (primary, or host while swapped)
-    bool evicted = false;       // has evicted: files no more blocks
-    bool files = true;          // Allocate's use_prefix_cache
+    bool evicted = false;     // has evicted: files no more blocks
+    bool files = true;        // Allocate's use_prefix_cache
     bool moves_pending = false;  // slot moves recorded, not yet taken
   };
   // What a pinned primary block will hold once this step's copies ran.

@@ -35,8 +35,8 @@ struct KvCacheStats {
   int64_t swapped_in_blocks = 0;      // host -> primary block copies
   int64_t evicted_cached_blocks = 0;  // cached blocks handed out for new content (LRU)
   // KV eviction (KvCacheManager::Evict; not the prefix cache's LRU above).
-  int64_t kv_evictions = 0;          // Evict calls that dropped at least one entry
-  int64_t kv_evicted_tokens = 0;     // entries dropped
+  int64_t kv_evictions = 0;              // Evict calls that dropped at least one entry
+  int64_t kv_evicted_tokens = 0;         // entries dropped
   int64_t kv_eviction_freed_blocks = 0;  // blocks Evict took out of sequences
   int64_t kv_eviction_slot_moves = 0;    // entries moved to refill holes
 

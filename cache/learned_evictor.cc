@@ -90,9 +90,10 @@ absl::StatusOr<EvictorModel> EvictorModel::Parse(const std::string& text, const 
   std::vector<std::string> lines = absl::StrSplit(text, '\n', absl::SkipWhitespace());
   const char* keys[] = {"", "features", "horizon", "mean", "scale", "weights", "bias"};
   if (lines.size() != 7) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        what, ": an evictor model has 7 lines (", kMagic, ", features, horizon, mean, scale, "
-        "weights, bias), found ", lines.size()));
+    return absl::InvalidArgumentError(absl::StrCat(what, ": an evictor model has 7 lines (", kMagic,
+                                                   ", features, horizon, mean, scale, "
+                                                   "weights, bias), found ",
+                                                   lines.size()));
   }
   EvictorModel m;
   for (int l = 0; l < 7; ++l) {
@@ -101,12 +102,16 @@ absl::StatusOr<EvictorModel> EvictorModel::Parse(const std::string& text, const 
     if (l == 0) {
       int version = 0;
       if (tok.size() != 2 || tok[0] != kMagic || !absl::SimpleAtoi(tok[1], &version)) {
-        return Bad(what, line, absl::StrCat("not a kvserve evictor model (want '", kMagic,
-                                            " ", kEvictorFileVersion, "')"));
+        return Bad(what, line,
+                   absl::StrCat("not a kvserve evictor model (want '", kMagic, " ",
+                                kEvictorFileVersion, "')"));
       }
       if (version != kEvictorFileVersion) {
-        return Bad(what, line, absl::StrCat("version ", version, " is not supported (this kvserve "
-                                            "reads version ", kEvictorFileVersion, ")"));
+        return Bad(what, line,
+                   absl::StrCat("version ", version,
+                                " is not supported (this kvserve "
+                                "reads version ",
+                                kEvictorFileVersion, ")"));
       }
       continue;
     }
@@ -119,8 +124,8 @@ absl::StatusOr<EvictorModel> EvictorModel::Parse(const std::string& text, const 
       if (!ok) {
         std::string want = absl::StrCat("features ", kEvictorFeatures);
         for (const char* n : kEvictorFeatureNames) absl::StrAppend(&want, " ", n);
-        return Bad(what, line, absl::StrCat("features differ from this kvserve's: want '", want,
-                                            "'"));
+        return Bad(what, line,
+                   absl::StrCat("features differ from this kvserve's: want '", want, "'"));
       }
       continue;
     }
@@ -132,11 +137,13 @@ absl::StatusOr<EvictorModel> EvictorModel::Parse(const std::string& text, const 
     }
     const size_t want = l == 6 ? 1 : kEvictorFeatures;
     if (tok.size() != want + 1) {
-      return Bad(what, line, absl::StrCat("'", keys[l], "' needs ", want, " numbers, found ",
-                                          tok.size() - 1));
+      return Bad(what, line,
+                 absl::StrCat("'", keys[l], "' needs ", want, " numbers, found ", tok.size() - 1));
     }
-    float* dst = l == 3 ? m.mean.data() : l == 4 ? m.scale.data() : l == 5 ? m.weights.data()
-                                                                          : &m.bias;
+    float* dst = l == 3   ? m.mean.data()
+                 : l == 4 ? m.scale.data()
+                 : l == 5 ? m.weights.data()
+                          : &m.bias;
     for (size_t k = 0; k < want; ++k) {
       if (!absl::SimpleAtof(tok[1 + k], &dst[k]) || !std::isfinite(dst[k])) {
         return Bad(what, line, absl::StrCat("'", tok[1 + k], "' is not a finite number"));
@@ -165,8 +172,8 @@ absl::StatusOr<EvictorModel> FitEvictorModel(std::span<const EvictorFeatures> x,
   size_t positives = 0;
   for (uint8_t v : y) positives += v ? 1 : 0;
   if (n == 0 || y.size() != n || positives == 0 || positives == n) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "training needs samples of both labels; got ", n, " samples, ", positives, " positive"));
+    return absl::InvalidArgumentError(absl::StrCat("training needs samples of both labels; got ", n,
+                                                   " samples, ", positives, " positive"));
   }
   EvictorModel m;
   m.horizon = horizon;

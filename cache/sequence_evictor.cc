@@ -24,8 +24,7 @@ SequenceEvictor::SequenceEvictor(std::shared_ptr<const EvictionPolicy> policy,
   if (policy_ == nullptr || !params_.evicts() || policy_->kind() != params_.policy ||
       !params_.Validate(kEvictionConfigFields).ok() || hold_limit_ < params_.budget) {
     Die(absl::StrCat("SequenceEvictor for ", std::string(EvictionPolicyName(params_.policy)),
-                     ", budget ",
-                     params_.budget, ", hold limit ", hold_limit_));
+                     ", budget ", params_.budget, ", hold limit ", hold_limit_));
   }
 }
 

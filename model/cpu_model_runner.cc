@@ -148,9 +148,11 @@ absl::Status CpuModelRunner::MoveSlots(std::span<const SlotMove> moves) {
   const int64_t num_slots = int64_t{primary_.num_blocks()} * bs;
   for (const SlotMove& m : moves) {
     if (m.src < 0 || m.src >= num_slots || m.dst < 0 || m.dst >= num_slots) {
-      std::fprintf(stderr, "CpuModelRunner::MoveSlots: slot move %lld -> %lld outside the pool (%lld slots)\n",
-                   static_cast<long long>(m.src), static_cast<long long>(m.dst),
-                   static_cast<long long>(num_slots));
+      std::fprintf(
+          stderr,
+          "CpuModelRunner::MoveSlots: slot move %lld -> %lld outside the pool (%lld slots)\n",
+          static_cast<long long>(m.src), static_cast<long long>(m.dst),
+          static_cast<long long>(num_slots));
       std::abort();
     }
     const int32_t sb = static_cast<int32_t>(m.src / bs), so = static_cast<int32_t>(m.src % bs);

@@ -70,8 +70,8 @@ struct Progress {
   }
 };
 
-std::shared_ptr<const EvictionPolicy> PolicyFor(EvictionPolicyKind kind,
-                                                const std::shared_ptr<const EvictorModel>& learned) {
+std::shared_ptr<const EvictionPolicy> PolicyFor(
+    EvictionPolicyKind kind, const std::shared_ptr<const EvictorModel>& learned) {
   if (kind == EvictionPolicyKind::kNone) return nullptr;
   if (kind == EvictionPolicyKind::kLearned) return MakeLearnedPolicy(learned);
   return MakeEvictionPolicy(kind);
@@ -108,15 +108,14 @@ absl::Status Recompute(ModelRunner& runner, std::span<const int32_t> stream, int
   {
     EvictingSequence dense(runner, nullptr, EvictionParams{}, 0);
     const int32_t head = std::min(n, budget + 1);
-    KV_RETURN_IF_ERROR(
-        RunStream(dense, stream.first(head), dense_chunk, vocab, acc, progress));
+    KV_RETURN_IF_ERROR(RunStream(dense, stream.first(head), dense_chunk, vocab, acc, progress));
   }
   const int32_t bs = runner.kv_format().block_size();
   const int32_t blocks_per = (budget + bs - 1) / bs;
   if (int64_t{blocks_per} * batch_windows > runner.num_blocks()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "recompute needs ", int64_t{blocks_per} * batch_windows, " blocks, the runner has ",
-        runner.num_blocks()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("recompute needs ", int64_t{blocks_per} * batch_windows,
+                     " blocks, the runner has ", runner.num_blocks()));
   }
   BatchInput batch;
   std::vector<float> logits;
@@ -140,8 +139,8 @@ absl::Status Recompute(ModelRunner& runner, std::span<const int32_t> stream, int
     logits.resize(static_cast<size_t>(w) * vocab);
     KV_RETURN_IF_ERROR(runner.Forward(batch, logits));
     for (int32_t k = 0; k < w; ++k) {
-      acc->Add(first + k, Nll(logits.data() + static_cast<size_t>(k) * vocab, vocab,
-                              stream[first + k]));
+      acc->Add(first + k,
+               Nll(logits.data() + static_cast<size_t>(k) * vocab, vocab, stream[first + k]));
     }
     progress->Advance(w);
   }
@@ -152,8 +151,8 @@ absl::StatusOr<FirstTokenAttention> MeasureFirstToken(ModelRunner& runner,
                                                       std::span<const int32_t> stream) {
   const ModelConfig& c = runner.config();
   const int32_t bs = runner.kv_format().block_size();
-  const int32_t n = std::min<int32_t>({static_cast<int32_t>(stream.size()),
-                                        c.max_position_embeddings, runner.num_blocks() * bs});
+  const int32_t n = std::min<int32_t>(
+      {static_cast<int32_t>(stream.size()), c.max_position_embeddings, runner.num_blocks() * bs});
   BatchInput b;
   b.Clear();
   for (int32_t i = 0; i < n; ++i) {
@@ -246,12 +245,11 @@ absl::StatusOr<std::vector<int32_t>> BuildTokenStream(std::string_view text,
     }
     chars *= 2;
   }
-  return absl::NotFoundError(absl::StrCat("the text has only ", ids.size(), " tokens; ", tokens,
-                                          " were asked for"));
+  return absl::NotFoundError(
+      absl::StrCat("the text has only ", ids.size(), " tokens; ", tokens, " were asked for"));
 }
 
-const StudyRun* EvictionStudyReport::Find(std::string_view label,
-                                          std::string_view kv_dtype) const {
+const StudyRun* EvictionStudyReport::Find(std::string_view label, std::string_view kv_dtype) const {
   for (const StudyRun& r : runs) {
     if (r.label == label && r.kv_dtype == kv_dtype) return &r;
   }
@@ -286,16 +284,15 @@ absl::StatusOr<EvictionStudyReport> RunLongTextStudy(std::span<const int32_t> st
       plans.push_back({k, 0, false});
     }
   }
-  Progress progress{o.progress, 0,
-                    static_cast<int64_t>(plans.size() * o.dtypes.size()) * (n - 1)};
+  Progress progress{o.progress, 0, static_cast<int64_t>(plans.size() * o.dtypes.size()) * (n - 1)};
   EvictionStudyReport report;
   report.kind = "long_text";
   for (const KvDtypeSpec& dtype : o.dtypes) {
     const int32_t probe_blocks = 1;
     KV_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> probe, make_runner(dtype, probe_blocks));
     const int32_t bs = probe->kv_format().block_size();
-    const int32_t blocks = std::max((n + bs - 1) / bs + 1,
-                                    o.recompute_batch * ((o.budget + bs - 1) / bs) + 1);
+    const int32_t blocks =
+        std::max((n + bs - 1) / bs + 1, o.recompute_batch * ((o.budget + bs - 1) / bs) + 1);
     probe.reset();
     KV_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, make_runner(dtype, blocks));
     const ModelConfig& c = runner->config();
@@ -340,9 +337,9 @@ absl::StatusOr<EvictionStudyReport> RunLongTextStudy(std::span<const int32_t> st
   return report;
 }
 
-absl::StatusOr<EvictionStudyReport> RunBudgetSweep(
-    const std::vector<std::vector<int32_t>>& streams, const StudyRunnerFactory& make_runner,
-    const BudgetSweepOptions& o) {
+absl::StatusOr<EvictionStudyReport> RunBudgetSweep(const std::vector<std::vector<int32_t>>& streams,
+                                                   const StudyRunnerFactory& make_runner,
+                                                   const BudgetSweepOptions& o) {
   const auto t0 = std::chrono::steady_clock::now();
   if (streams.empty() || o.fractions.empty() || o.window < 1) {
     return absl::InvalidArgumentError("the sweep needs streams, budget fractions and a window");
@@ -386,9 +383,8 @@ absl::StatusOr<EvictionStudyReport> RunBudgetSweep(
     run.budget = p.budget;
     run.stream_tokens = n;
     run.num_streams = static_cast<int32_t>(streams.size());
-    run.label = p.kind == EvictionPolicyKind::kNone
-                    ? "none (dense)"
-                    : absl::StrCat(run.policy, " @ ", p.budget);
+    run.label = p.kind == EvictionPolicyKind::kNone ? "none (dense)"
+                                                    : absl::StrCat(run.policy, " @ ", p.budget);
     EvictionParams params;
     params.policy = p.kind;
     if (p.kind != EvictionPolicyKind::kNone) {
@@ -483,8 +479,7 @@ std::string EvictionStudyTable(const EvictionStudyReport& r) {
                           run.windows.empty() ? 0.0 : run.windows.back().ppl, worst);
   }
   if (r.first_token.rows > 0) {
-    absl::StrAppendFormat(&out,
-                          "\nattention on the first token (dense, first %d rows), per layer:",
+    absl::StrAppendFormat(&out, "\nattention on the first token (dense, first %d rows), per layer:",
                           r.first_token.rows);
     for (double s : r.first_token.share) absl::StrAppendFormat(&out, " %.1f%%", 100 * s);
     absl::StrAppendFormat(&out, " (uniform attention: %.1f%%)\n",
@@ -495,8 +490,9 @@ std::string EvictionStudyTable(const EvictionStudyReport& r) {
 
 std::string EvictionStudyGnuplot(const EvictionStudyReport& r, const std::string& kv_dtype,
                                  const std::string& png_path) {
-  std::string out = absl::StrCat("set terminal pngcairo size 1100,650 font 'sans,11'\nset output '",
-                                 png_path, "'\nset termoption noenhanced\nset key outside right\nset grid\n");
+  std::string out =
+      absl::StrCat("set terminal pngcairo size 1100,650 font 'sans,11'\nset output '", png_path,
+                   "'\nset termoption noenhanced\nset key outside right\nset grid\n");
   // Titles go in double quotes (labels have apostrophes).
   std::vector<const StudyRun*> runs;
   if (r.kind == "sweep") {
@@ -517,8 +513,8 @@ std::string EvictionStudyGnuplot(const EvictionStudyReport& r, const std::string
     std::string plot = "plot ";
     std::string data;
     for (size_t i = 0; i < policies.size(); ++i) {
-      absl::StrAppend(&plot, i ? ", " : "", "$d", i, " with linespoints lw 2 title \"",
-                      policies[i], "\"");
+      absl::StrAppend(&plot, i ? ", " : "", "$d", i, " with linespoints lw 2 title \"", policies[i],
+                      "\"");
       absl::StrAppend(&data, "$d", i, " << EOD\n");
       for (const StudyRun& run : r.runs) {
         if (run.policy == policies[i]) {

@@ -63,11 +63,11 @@ struct EvictionStudyOptions {
   std::vector<KvDtypeSpec> dtypes;  // each policy runs with each
   int32_t budget = 256;
   int32_t sink_tokens = 4;
-  int32_t recent_tokens = 0;   // 0: derived (EvictionParams)
-  int32_t window = 256;        // perplexity window, positions
-  bool recompute = true;       // the gold baseline, per dtype
-  bool sinkless = true;        // streaming with 0 sinks too, when streaming runs
-  int32_t dense_chunk = 256;   // rows per step of dense passes
+  int32_t recent_tokens = 0;     // 0: derived (EvictionParams)
+  int32_t window = 256;          // perplexity window, positions
+  bool recompute = true;         // the gold baseline, per dtype
+  bool sinkless = true;          // streaming with 0 sinks too, when streaming runs
+  int32_t dense_chunk = 256;     // rows per step of dense passes
   int32_t recompute_batch = 32;  // recompute windows per forward pass
   // Policy learned (required when it is asked).
   std::shared_ptr<const EvictorModel> learned;
@@ -85,7 +85,7 @@ struct StudyRun {
   std::string policy;  // a policy name, or "recompute"
   std::string label;   // e.g. "streaming (4 sinks)"
   std::string kv_dtype;
-  int32_t budget = 0;       // 0 for none
+  int32_t budget = 0;        // 0 for none
   int32_t sink_tokens = -1;  // streaming only
   int32_t stream_tokens = 0;
   int32_t num_streams = 1;
@@ -134,9 +134,9 @@ struct BudgetSweepOptions {
 };
 
 // The sweep over `streams` (each BOS first, all the same length).
-absl::StatusOr<EvictionStudyReport> RunBudgetSweep(
-    const std::vector<std::vector<int32_t>>& streams, const StudyRunnerFactory& make_runner,
-    const BudgetSweepOptions& options);
+absl::StatusOr<EvictionStudyReport> RunBudgetSweep(const std::vector<std::vector<int32_t>>& streams,
+                                                   const StudyRunnerFactory& make_runner,
+                                                   const BudgetSweepOptions& options);
 
 std::string EvictionStudyJson(const EvictionStudyReport& report);
 // Long text: one row per run (overall and selected windows, the worst

@@ -15,8 +15,8 @@ absl::StatusOr<EvictorTrainingResult> TrainEvictor(const std::vector<std::vector
                                                    ModelRunner& runner,
                                                    const EvictorTrainingOptions& o) {
   if (o.horizon < 1 || o.samples_per_step < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("horizon and samples per step must be >= 1, got ",
-                                                   o.horizon, " and ", o.samples_per_step));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "horizon and samples per step must be >= 1, got ", o.horizon, " and ", o.samples_per_step));
   }
   int64_t total = 0;
   for (const auto& s : streams) total += static_cast<int64_t>(s.size());

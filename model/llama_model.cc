@@ -10,8 +10,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache/status_macros.h"
-#include "kernels/cpu/gemm.h"
 #include "kernels/attention_plan.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/paged_attention.h"
 #include "model/batch_check.h"
 

@@ -238,9 +238,9 @@ absl::Status EngineImpl::Validate(GenerateRequest& r, RequestState* req) const {
     // Positions may grow past the model's; keep them within int32.
     constexpr int64_t kMaxStream = int64_t{1} << 30;
     if (prompt_len + r.max_tokens > kMaxStream) {
-      return FieldError("max_tokens", absl::StrCat("max_tokens (", r.max_tokens, ") + prompt (",
-                                                   prompt_len, " tokens) exceeds ", kMaxStream,
-                                                   " tokens"));
+      return FieldError("max_tokens",
+                        absl::StrCat("max_tokens (", r.max_tokens, ") + prompt (", prompt_len,
+                                     " tokens) exceeds ", kMaxStream, " tokens"));
     }
   } else if (prompt_len >= max_model_len_) {
     return FieldError("prompt", absl::StrCat("prompt has ", prompt_len,
@@ -467,8 +467,8 @@ absl::Status EngineImpl::ObserveStep(const StepPlan& plan) {
     for (int32_t i = e.state().size(); i < len; ++i) evict_positions_.push_back(i + offset);
     std::span<const float> mass;
     if (b < stats_offset_.size() && stats_offset_[b] >= 0) {
-      mass = std::span<const float>(attn_stats_).subspan(
-          stats_offset_[b], static_cast<size_t>(model_config_.num_layers) * len);
+      mass = std::span<const float>(attn_stats_)
+                 .subspan(stats_offset_[b], static_cast<size_t>(model_config_.num_layers) * len);
     }
     e.Observe(evict_positions_, mass, model_config_.num_layers, model_config_.num_heads,
               plan.seqs[b].num_new_tokens);

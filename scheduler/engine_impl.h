@@ -63,10 +63,10 @@
 #include "cache/kv_cache_manager.h"
 #include "cache/learned_evictor.h"
 #include "kernels/batch_input.h"
+#include "model/model_runner.h"
 #include "scheduler/engine.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/sequence.h"
-#include "model/model_runner.h"
 
 namespace kvserve {
 

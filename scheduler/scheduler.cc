@@ -121,7 +121,7 @@ bool Scheduler::ReserveRows(Sequence* seq, int32_t rows) {
     if (victim == seq) return false;
   }
   CheckOk(kv_->Append(seq->id, std::span<const int32_t>(seq->tokens.data() + reserved,
-                                                         static_cast<size_t>(need))),
+                                                        static_cast<size_t>(need))),
           "Append after CanAppend");
   return true;
 }
@@ -155,7 +155,7 @@ const StepPlan& Scheduler::Schedule() {
     Sequence* seq = running_[i];
     if (seq->evictor) {
       const int32_t rows = EvictingRows(seq);
-      if (rows > budget_) continue;  // whole steps only
+      if (rows > budget_) continue;        // whole steps only
       if (!ReserveRows(seq, rows)) break;  // it was the last one left
       Plan(seq, rows);
       continue;
@@ -180,9 +180,8 @@ const StepPlan& Scheduler::Schedule() {
     if (rows > budget_) break;
     CheckOk(kv_->SwapIn(id), "SwapIn after CanSwapIn");
     const int32_t reserved = kv_->num_tokens(id) + seq->cache_offset();
-    const int32_t unslotted = seq->evictor
-                                  ? seq->num_computed + rows - reserved
-                                  : static_cast<int32_t>(seq->tokens.size()) - reserved;
+    const int32_t unslotted = seq->evictor ? seq->num_computed + rows - reserved
+                                           : static_cast<int32_t>(seq->tokens.size()) - reserved;
     if (unslotted > 0 && !kv_->CanAppend(id, unslotted)) {
       // Its next slot does not fit yet: back to the host blocks it came from.
       CheckOk(kv_->SwapOut(id), "SwapOut of a sequence just swapped in");
@@ -226,8 +225,7 @@ const StepPlan& Scheduler::Schedule() {
     waiting_.pop_front();
     InsertRunning(seq);
     seq_slots += slots;
-    Plan(seq, seq->evictor ? rows - seq->num_computed
-                           : std::min(seq->num_uncomputed(), budget_));
+    Plan(seq, seq->evictor ? rows - seq->num_computed : std::min(seq->num_uncomputed(), budget_));
   }
   return plan_;
 }

@@ -19,8 +19,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "cache/kv_format.h"
 #include "cache/eviction_policy.h"
+#include "cache/kv_format.h"
 #include "cache/learned_evictor.h"
 #include "cache/status_macros.h"
 #include "model/cpu_model_runner.h"
@@ -266,8 +266,9 @@ int RunStudy(const Options& opt, const LoadedModel& loaded, const std::string& t
   const ModelConfig& config = loaded.weights.config;
   std::vector<KvDtypeSpec> dtypes = opt.dtypes;
   if (dtypes.empty()) dtypes = {KvDtype::kFp32, KvDtype::kInt8};
-  StudyRunnerFactory make_runner = [&](const KvDtypeSpec& dtype, int32_t num_blocks)
-      -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
+  StudyRunnerFactory make_runner =
+      [&](const KvDtypeSpec& dtype,
+          int32_t num_blocks) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
     CpuRunnerOptions ro;
     ro.kv_dtype = dtype;
     ro.block_size = opt.block_size;
@@ -288,8 +289,8 @@ int RunStudy(const Options& opt, const LoadedModel& loaded, const std::string& t
   // Streams of the model's context, BOS first, from the joined text after
   // its first `skip` tokens: the sweep's, and the learned predictor's
   // training streams (taken past what the study reads).
-  auto context_streams = [&](int32_t count, int32_t skip)
-      -> absl::StatusOr<std::vector<std::vector<int32_t>>> {
+  auto context_streams = [&](int32_t count,
+                             int32_t skip) -> absl::StatusOr<std::vector<std::vector<int32_t>>> {
     const int32_t body = ctx - 1;
     KV_ASSIGN_OR_RETURN(std::vector<int32_t> all,
                         BuildTokenStream(text, *loaded.tokenizer, 1 + skip + body * count));
@@ -359,22 +360,23 @@ int RunStudy(const Options& opt, const LoadedModel& loaded, const std::string& t
   report->model = opt.model;
   report->text = opt.text;
   if (report->kind == "sweep") {
-    std::printf("KV eviction budget sweep: %s on %s, %d streams of %d tokens (BOS first), "
-                "KV %s, block size %d\n\n",
-                opt.model.c_str(), opt.text.c_str(), opt.sweep, ctx, dtypes[0].ToString().c_str(),
-                report->block_size);
+    std::printf(
+        "KV eviction budget sweep: %s on %s, %d streams of %d tokens (BOS first), "
+        "KV %s, block size %d\n\n",
+        opt.model.c_str(), opt.text.c_str(), opt.sweep, ctx, dtypes[0].ToString().c_str(),
+        report->block_size);
   } else {
-    std::printf("KV eviction on long text: %s on %s, one stream of %d tokens (one BOS), budget "
-                "%d, block size %d; the model was trained on %d positions\n\n",
-                opt.model.c_str(), opt.text.c_str(), opt.stream_tokens, opt.budget,
-                report->block_size, ctx);
+    std::printf(
+        "KV eviction on long text: %s on %s, one stream of %d tokens (one BOS), budget "
+        "%d, block size %d; the model was trained on %d positions\n\n",
+        opt.model.c_str(), opt.text.c_str(), opt.stream_tokens, opt.budget, report->block_size,
+        ctx);
   }
   std::fputs(EvictionStudyTable(*report).c_str(), stdout);
   std::printf("\n%.1f s\n", report->seconds);
   std::fflush(stdout);
   if (!opt.json.empty() && !WriteFile(opt.json, EvictionStudyJson(*report), "--json")) return 1;
-  if (!opt.png.empty() &&
-      !Plot(EvictionStudyGnuplot(*report, dtypes[0].ToString(), opt.png))) {
+  if (!opt.png.empty() && !Plot(EvictionStudyGnuplot(*report, dtypes[0].ToString(), opt.png))) {
     return 1;
   }
   return 0;

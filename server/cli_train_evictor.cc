@@ -128,10 +128,11 @@ int RunTrainEvictor(int argc, char** argv) {
   file << r->model.Serialize();
   file.close();
   if (!file) return Fail(absl::InternalError(absl::StrCat("cannot write --out ", out)));
-  std::printf("trained on %lld examples from %d streams of %d tokens (%.1f%% needed in the next "
-              "%d steps); training accuracy %.1f%%\nweights:",
-              static_cast<long long>(r->examples), streams, body + 1, 100 * r->positive_rate,
-              to.horizon, 100 * r->train_accuracy);
+  std::printf(
+      "trained on %lld examples from %d streams of %d tokens (%.1f%% needed in the next "
+      "%d steps); training accuracy %.1f%%\nweights:",
+      static_cast<long long>(r->examples), streams, body + 1, 100 * r->positive_rate, to.horizon,
+      100 * r->train_accuracy);
   for (int k = 0; k < kEvictorFeatures; ++k) {
     std::printf(" %s %+.3f", kEvictorFeatureNames[k], r->model.weights[k]);
   }

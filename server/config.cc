@@ -197,139 +197,164 @@ Field Path(std::string key, std::function<void(ServeConfig&, std::string)> assig
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
 const std::vector<Field>& Fields() {
-  static const std::vector<Field>* fields = new std::vector<Field>{
-      // model
-      Path("model.path", [](ServeConfig& c, std::string v) { c.model.path = std::move(v); }),
-      Path("model.tokenizer",
-           [](ServeConfig& c, std::string v) { c.model.tokenizer = std::move(v); }),
-      Str("model.name", [](ServeConfig& c, std::string v) { c.model.name = std::move(v); }),
-      {"model.device",
-       [](ServeConfig& c, const std::string& text, Source, const std::string&) {
-         absl::StatusOr<DeviceSpec> d = ParseDevice(text);
-         if (!d.ok()) return Bad("model.device", "cpu, cuda or cuda:N", text);
-         c.model.device = std::string(absl::StripAsciiWhitespace(text));
-         return absl::OkStatus();
-       }},
-      Int("model.threads", 0, 4096, "an integer in [0, 4096] (0: what the cgroup allows)",
-          [](ServeConfig& c, int64_t v) { c.model.threads = static_cast<int32_t>(v); }),
-      {"model.dtype",
-       [](ServeConfig& c, const std::string& text, Source, const std::string&) {
-         if (!ResolveWeightDtype(text, DeviceSpec{}).ok()) {
-           return Bad("model.dtype", "one of auto, fp32, fp16, bf16", text);
-         }
-         c.model.dtype = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
-         return absl::OkStatus();
-       }},
-      Bool("model.cuda_graphs", [](ServeConfig& c, bool v) { c.model.cuda_graphs = v; }),
-      {"model.chat_template",
-       [](ServeConfig& c, const std::string& text, Source, const std::string&) {
-         const std::string name(absl::StripAsciiWhitespace(text));
-         if (name == "auto") {
-           c.model.chat_template = ChatTemplate::Auto();
-           return absl::OkStatus();
-         }
-         absl::StatusOr<ChatTemplate> t = ChatTemplate::Builtin(name);
-         if (!t.ok()) {
-           return Bad("model.chat_template",
-                      "auto, a built-in template (plain, chatml, llama3) or a map of role "
-                      "patterns",
-                      text);
-         }
-         c.model.chat_template = *std::move(t);
-         return absl::OkStatus();
-       }},
-      // cache
-      {
-          "cache.kv_dtype",
-          [](ServeConfig& c, const std::string& text, Source, const std::string&) {
-            std::string t(absl::StripAsciiWhitespace(text));
-            if (!KvDtypeSpec::Parse(t).ok()) {
-              return Bad("cache.kv_dtype",
-                         "one of fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4, int4_kc, or one "
-                         "per layer (e.g. int8,int4_kc*,int8: NAME*N for N layers, NAME* for "
-                         "the rest)",
-                         text);
-            }
-            c.cache.kv_dtype = t;
-            return absl::OkStatus();
-          }},
-      Int("cache.block_size", 1, 4096, "a positive integer",
-          [](ServeConfig& c, int64_t v) { c.cache.block_size = static_cast<int32_t>(v); }),
-      Int("cache.num_blocks", 0, kMaxInt32, "an integer >= 0 (0: from the memory budget)",
-          [](ServeConfig& c, int64_t v) { c.cache.num_blocks = static_cast<int32_t>(v); }),
-      {"cache.memory_bytes",
-       [](ServeConfig& c, const std::string& text, Source, const std::string&) {
-         KV_ASSIGN_OR_RETURN(c.cache.memory_bytes, ParseBytes("cache.memory_bytes", text));
-         return absl::OkStatus();
-       }},
-      {"cache.memory_fraction",
-       [](ServeConfig& c, const std::string& text, Source, const std::string&) {
-         const std::string expected = "a number in (0, 1]";
-         KV_ASSIGN_OR_RETURN(double v, ParseDouble("cache.memory_fraction", text, expected));
-         if (!(v > 0 && v <= 1)) return Bad("cache.memory_fraction", expected, text);
-         c.cache.memory_fraction = v;
-         return absl::OkStatus();
-       }},
-      Int("cache.num_swap_blocks", 0, kMaxInt32, "an integer >= 0",
-          [](ServeConfig& c, int64_t v) { c.cache.num_swap_blocks = static_cast<int32_t>(v); }),
-      Int("cache.int4_group_size", 1, 4096, "a positive integer",
-          [](ServeConfig& c, int64_t v) { c.cache.int4_group_size = static_cast<int32_t>(v); }),
-      Bool("cache.prefix_caching", [](ServeConfig& c, bool v) { c.cache.prefix_caching = v; }),
-      Enum("cache.eviction_policy",
-           {"none", "sliding_window", "streaming", "h2o", "scissorhands", "learned"},
-           [](ServeConfig& c, std::string v) { c.cache.eviction_policy = std::move(v); }),
-      Int("cache.eviction_budget", 0, kMaxInt32, "an integer >= 0",
-          [](ServeConfig& c, int64_t v) { c.cache.eviction_budget = static_cast<int32_t>(v); }),
-      Int("cache.sink_tokens", 0, kMaxInt32, "an integer >= 0",
-          [](ServeConfig& c, int64_t v) { c.cache.sink_tokens = static_cast<int32_t>(v); }),
-      Int("cache.recent_tokens", 0, kMaxInt32, "an integer >= 0",
-          [](ServeConfig& c, int64_t v) { c.cache.recent_tokens = static_cast<int32_t>(v); }),
-      Int("cache.eviction_history", 1, 64, "an integer in [1, 64]",
-          [](ServeConfig& c, int64_t v) { c.cache.eviction_history = static_cast<int32_t>(v); }),
-      Path("cache.evictor_model",
-           [](ServeConfig& c, std::string v) { c.cache.evictor_model = std::move(v); }),
-      // scheduler
-      Int("scheduler.max_num_seqs", 1, kMaxInt32, "a positive integer",
-          [](ServeConfig& c, int64_t v) { c.scheduler.max_num_seqs = static_cast<int32_t>(v); }),
-      Int("scheduler.max_num_batched_tokens", 1, kMaxInt32, "a positive integer",
-          [](ServeConfig& c, int64_t v) {
-            c.scheduler.max_num_batched_tokens = static_cast<int32_t>(v);
-          }),
-      Int("scheduler.max_model_len", 0, kMaxInt32, "an integer >= 0 (0: the model's)",
-          [](ServeConfig& c, int64_t v) { c.scheduler.max_model_len = static_cast<int32_t>(v); }),
-      Enum("scheduler.preemption_mode", {"recompute", "swap"},
-           [](ServeConfig& c, std::string v) { c.scheduler.preemption_mode = std::move(v); }),
-      // server
-      Str("server.host", [](ServeConfig& c, std::string v) { c.server.host = std::move(v); }),
-      Int("server.http_port", 0, 65535, "a port number in [0, 65535]",
-          [](ServeConfig& c, int64_t v) { c.server.http_port = static_cast<int32_t>(v); }),
-      Int("server.grpc_port", 0, 65535, "a port number in [0, 65535]",
-          [](ServeConfig& c, int64_t v) { c.server.grpc_port = static_cast<int32_t>(v); }),
-      {"server.shutdown_timeout",
-       [](ServeConfig& c, const std::string& text, Source, const std::string&) {
-         KV_ASSIGN_OR_RETURN(c.server.shutdown_timeout,
-                             ParseSeconds("server.shutdown_timeout", text));
-         return absl::OkStatus();
-       }},
-      {"server.max_body_bytes",
-       [](ServeConfig& c, const std::string& text, Source, const std::string&) {
-         KV_ASSIGN_OR_RETURN(int64_t v, ParseBytes("server.max_body_bytes", text));
-         if (v < 1) return Bad("server.max_body_bytes", "a positive byte count", text);
-         c.server.max_body_bytes = v;
-         return absl::OkStatus();
-       }},
-      Int("server.max_queue", 1, kMaxInt32, "a positive integer",
-          [](ServeConfig& c, int64_t v) { c.server.max_queue = static_cast<int32_t>(v); }),
-      Str("server.api_key", [](ServeConfig& c, std::string v) { c.server.api_key = std::move(v); }),
-      Int("server.http_threads", 1, 4096, "an integer in [1, 4096]",
-          [](ServeConfig& c, int64_t v) { c.server.http_threads = static_cast<int32_t>(v); }),
-      Bool("server.reuse_port", [](ServeConfig& c, bool v) { c.server.reuse_port = v; }),
-      // logging
-      Enum("logging.level", {"trace", "debug", "info", "warn", "error", "critical", "off"},
-           [](ServeConfig& c, std::string v) { c.logging.level = std::move(v); }),
-      Enum("logging.format", {"text", "json"},
-           [](ServeConfig& c, std::string v) { c.logging.format = std::move(v); }),
-  };
+  static const std::vector<Field>*
+      fields =
+          new std::vector<Field>{
+              // model
+              Path("model.path",
+                   [](ServeConfig& c, std::string v) { c.model.path = std::move(v); }),
+              Path("model.tokenizer",
+                   [](ServeConfig& c, std::string v) { c.model.tokenizer = std::move(v); }),
+              Str("model.name", [](ServeConfig& c, std::string v) { c.model.name = std::move(v); }),
+              {"model.device",
+               [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+                 absl::StatusOr<DeviceSpec> d = ParseDevice(text);
+                 if (!d.ok()) return Bad("model.device", "cpu, cuda or cuda:N", text);
+                 c.model.device = std::string(absl::StripAsciiWhitespace(text));
+                 return absl::OkStatus();
+               }},
+              Int("model.threads", 0, 4096, "an integer in [0, 4096] (0: what the cgroup allows)",
+                  [](ServeConfig& c, int64_t v) { c.model.threads = static_cast<int32_t>(v); }),
+              {"model.dtype",
+               [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+                 if (!ResolveWeightDtype(text, DeviceSpec{}).ok()) {
+                   return Bad("model.dtype", "one of auto, fp32, fp16, bf16", text);
+                 }
+                 c.model.dtype = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+                 return absl::OkStatus();
+               }},
+              Bool("model.cuda_graphs", [](ServeConfig& c, bool v) { c.model.cuda_graphs = v; }),
+              {"model.chat_template",
+               [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+                 const std::string name(absl::StripAsciiWhitespace(text));
+                 if (name == "auto") {
+                   c.model.chat_template = ChatTemplate::Auto();
+                   return absl::OkStatus();
+                 }
+                 absl::StatusOr<ChatTemplate> t = ChatTemplate::Builtin(name);
+                 if (!t.ok()) {
+                   return Bad("model.chat_template",
+                              "auto, a built-in template (plain, chatml, llama3) or a map of role "
+                              "patterns",
+                              text);
+                 }
+                 c.model.chat_template = *std::move(t);
+                 return absl::OkStatus();
+               }},
+              // cache
+              {"cache.kv_dtype",
+               [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+                 std::string t(absl::StripAsciiWhitespace(text));
+                 if (!KvDtypeSpec::Parse(t).ok()) {
+                   return Bad(
+                       "cache.kv_dtype",
+                       "one of fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4, int4_kc, or one "
+                       "per layer (e.g. int8,int4_kc*,int8: NAME*N for N layers, NAME* for "
+                       "the rest)",
+                       text);
+                 }
+                 c.cache.kv_dtype = t;
+                 return absl::OkStatus();
+               }},
+              Int("cache.block_size", 1, 4096, "a positive integer",
+                  [](ServeConfig& c, int64_t v) { c.cache.block_size = static_cast<int32_t>(v); }),
+              Int("cache.num_blocks", 0, kMaxInt32, "an integer >= 0 (0: from the memory budget)",
+                  [](ServeConfig& c, int64_t v) { c.cache.num_blocks = static_cast<int32_t>(v); }),
+              {"cache.memory_bytes",
+               [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+                 KV_ASSIGN_OR_RETURN(c.cache.memory_bytes, ParseBytes("cache.memory_bytes", text));
+                 return absl::OkStatus();
+               }},
+              {"cache.memory_fraction",
+               [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+                 const std::string expected = "a number in (0, 1]";
+                 KV_ASSIGN_OR_RETURN(double v,
+                                     ParseDouble("cache.memory_fraction", text, expected));
+                 if (!(v > 0 && v <= 1)) return Bad("cache.memory_fraction", expected, text);
+                 c.cache.memory_fraction = v;
+                 return absl::OkStatus();
+               }},
+              Int("cache.num_swap_blocks", 0, kMaxInt32, "an integer >= 0",
+                  [](ServeConfig& c, int64_t v) {
+                    c.cache.num_swap_blocks = static_cast<int32_t>(v);
+                  }),
+              Int("cache.int4_group_size", 1, 4096, "a positive integer",
+                  [](ServeConfig& c, int64_t v) {
+                    c.cache.int4_group_size = static_cast<int32_t>(v);
+                  }),
+              Bool("cache.prefix_caching",
+                   [](ServeConfig& c, bool v) { c.cache.prefix_caching = v; }),
+              Enum("cache.eviction_policy",
+                   {"none", "sliding_window", "streaming", "h2o", "scissorhands", "learned"},
+                   [](ServeConfig& c, std::string v) { c.cache.eviction_policy = std::move(v); }),
+              Int("cache.eviction_budget", 0, kMaxInt32, "an integer >= 0",
+                  [](ServeConfig& c, int64_t v) {
+                    c.cache.eviction_budget = static_cast<int32_t>(v);
+                  }),
+              Int("cache.sink_tokens", 0, kMaxInt32, "an integer >= 0",
+                  [](ServeConfig& c, int64_t v) { c.cache.sink_tokens = static_cast<int32_t>(v); }),
+              Int("cache.recent_tokens", 0, kMaxInt32, "an integer >= 0",
+                  [](ServeConfig& c, int64_t v) {
+                    c.cache.recent_tokens = static_cast<int32_t>(v);
+                  }),
+              Int("cache.eviction_history", 1, 64, "an integer in [1, 64]",
+                  [](ServeConfig& c, int64_t v) {
+                    c.cache.eviction_history = static_cast<int32_t>(v);
+                  }),
+              Path("cache.evictor_model",
+                   [](ServeConfig& c, std::string v) { c.cache.evictor_model = std::move(v); }),
+              // scheduler
+              Int("scheduler.max_num_seqs", 1, kMaxInt32, "a positive integer",
+                  [](ServeConfig& c, int64_t v) {
+                    c.scheduler.max_num_seqs = static_cast<int32_t>(v);
+                  }),
+              Int("scheduler.max_num_batched_tokens", 1, kMaxInt32, "a positive integer",
+                  [](ServeConfig& c, int64_t v) {
+                    c.scheduler.max_num_batched_tokens = static_cast<int32_t>(v);
+                  }),
+              Int("scheduler.max_model_len", 0, kMaxInt32, "an integer >= 0 (0: the model's)",
+                  [](ServeConfig& c, int64_t v) {
+                    c.scheduler.max_model_len = static_cast<int32_t>(v);
+                  }),
+              Enum("scheduler.preemption_mode", {"recompute", "swap"},
+                   [](ServeConfig& c, std::string v) {
+                     c.scheduler.preemption_mode = std::move(v);
+                   }),
+              // server
+              Str("server.host",
+                  [](ServeConfig& c, std::string v) { c.server.host = std::move(v); }),
+              Int("server.http_port", 0, 65535, "a port number in [0, 65535]",
+                  [](ServeConfig& c, int64_t v) { c.server.http_port = static_cast<int32_t>(v); }),
+              Int("server.grpc_port", 0, 65535, "a port number in [0, 65535]",
+                  [](ServeConfig& c, int64_t v) { c.server.grpc_port = static_cast<int32_t>(v); }),
+              {"server.shutdown_timeout",
+               [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+                 KV_ASSIGN_OR_RETURN(c.server.shutdown_timeout,
+                                     ParseSeconds("server.shutdown_timeout", text));
+                 return absl::OkStatus();
+               }},
+              {"server.max_body_bytes",
+               [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+                 KV_ASSIGN_OR_RETURN(int64_t v, ParseBytes("server.max_body_bytes", text));
+                 if (v < 1) return Bad("server.max_body_bytes", "a positive byte count", text);
+                 c.server.max_body_bytes = v;
+                 return absl::OkStatus();
+               }},
+              Int("server.max_queue", 1, kMaxInt32, "a positive integer",
+                  [](ServeConfig& c, int64_t v) { c.server.max_queue = static_cast<int32_t>(v); }),
+              Str("server.api_key",
+                  [](ServeConfig& c, std::string v) { c.server.api_key = std::move(v); }),
+              Int("server.http_threads", 1, 4096, "an integer in [1, 4096]",
+                  [](ServeConfig& c, int64_t v) {
+                    c.server.http_threads = static_cast<int32_t>(v);
+                  }),
+              Bool("server.reuse_port", [](ServeConfig& c, bool v) { c.server.reuse_port = v; }),
+              // logging
+              Enum("logging.level", {"trace", "debug", "info", "warn", "error", "critical", "off"},
+                   [](ServeConfig& c, std::string v) { c.logging.level = std::move(v); }),
+              Enum("logging.format", {"text", "json"},
+                   [](ServeConfig& c, std::string v) { c.logging.format = std::move(v); }),
+          };
   return *fields;
 }
 
@@ -487,9 +512,8 @@ EngineConfig ServeConfig::ToEngineConfig() const {
       scheduler.preemption_mode == "swap" ? PreemptionMode::kSwap : PreemptionMode::kRecompute;
   e.prefix_caching = cache.prefix_caching;
   // The enum parser only lets policy names through.
-  e.eviction.policy =
-      ParseEvictionPolicy(cache.eviction_policy, "cache.eviction_policy").value_or(
-          EvictionPolicyKind::kNone);
+  e.eviction.policy = ParseEvictionPolicy(cache.eviction_policy, "cache.eviction_policy")
+                          .value_or(EvictionPolicyKind::kNone);
   e.eviction.budget = cache.eviction_budget;
   e.eviction.sink_tokens = cache.sink_tokens;
   e.eviction.recent_tokens = cache.recent_tokens;
@@ -545,7 +569,8 @@ absl::StatusOr<ServeConfig> LoadServeConfig(const std::string& path,
 
 std::string ServeConfigKeyHelp(const std::string& key) {
   static const std::map<std::string, std::string>* help = new std::map<std::string, std::string>{
-      {"model.path", "llama2.c checkpoint, HF directory (config.json + *.safetensors) or dummy:<preset>"},
+      {"model.path",
+       "llama2.c checkpoint, HF directory (config.json + *.safetensors) or dummy:<preset>"},
       {"model.tokenizer",
        "tokenizer.json or SentencePiece .model; empty: the HF directory's own, or the .model "
        "beside a llama2.c checkpoint"},
@@ -562,7 +587,8 @@ std::string ServeConfigKeyHelp(const std::string& key) {
        "role patterns"},
       {"cache.kv_dtype", "KV page format: fp32, fp16, bf16, fp8_e4m3, int8, int4 or k8v4"},
       {"cache.block_size", "tokens per KV block (16)"},
-      {"cache.num_blocks", "KV blocks in the pool; 0: from memory_bytes / memory_fraction / default"},
+      {"cache.num_blocks",
+       "KV blocks in the pool; 0: from memory_bytes / memory_fraction / default"},
       {"cache.memory_bytes", "KV pool budget in bytes (e.g. 40GiB); 0: not set"},
       {"cache.memory_fraction",
        "KV pool share of the memory left after the weights (CUDA: and the measured activation "

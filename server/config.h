@@ -53,11 +53,11 @@ struct ServeConfig {
     bool prefix_caching = true;
     // KV eviction defaults (requests may override with kv_policy).
     std::string eviction_policy = "none";
-    int32_t eviction_budget = 0;   // entries per sequence; 0: the model's sliding window
-    int32_t sink_tokens = 4;       // streaming
-    int32_t recent_tokens = 0;     // 0: derived (streaming: budget - sinks; others: budget / 2)
-    int32_t eviction_history = 16; // scissorhands
-    std::string evictor_model;     // policy learned: the file `kvserve train-evictor` wrote
+    int32_t eviction_budget = 0;    // entries per sequence; 0: the model's sliding window
+    int32_t sink_tokens = 4;        // streaming
+    int32_t recent_tokens = 0;      // 0: derived (streaming: budget - sinks; others: budget / 2)
+    int32_t eviction_history = 16;  // scissorhands
+    std::string evictor_model;      // policy learned: the file `kvserve train-evictor` wrote
   } cache;
   struct Scheduler {
     int32_t max_num_seqs = 64;

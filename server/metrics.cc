@@ -145,8 +145,9 @@ ServerMetrics::ServerMetrics()
   {
     auto& evictions = prometheus::BuildCounter()
                           .Name("kvserve_kv_evictions_total")
-                          .Help("KV evictions (steps in which a sequence dropped entries), by "
-                                "policy.")
+                          .Help(
+                              "KV evictions (steps in which a sequence dropped entries), by "
+                              "policy.")
                           .Register(r);
     auto& tokens = prometheus::BuildCounter()
                        .Name("kvserve_kv_evicted_tokens_total")

@@ -192,10 +192,10 @@ std::optional<ApiError> ParseKvPolicy(const json& body, KvPolicyOverride* out) {
     int64_t min;
     int32_t* dst;
   };
-  for (const IntField& f : {IntField{"budget", "kv_policy.budget", 2, &out->budget},
-                            IntField{"sink_tokens", "kv_policy.sink_tokens", 0, &out->sink_tokens},
-                            IntField{"recent_tokens", "kv_policy.recent_tokens", 0,
-                                     &out->recent_tokens}}) {
+  for (const IntField& f :
+       {IntField{"budget", "kv_policy.budget", 2, &out->budget},
+        IntField{"sink_tokens", "kv_policy.sink_tokens", 0, &out->sink_tokens},
+        IntField{"recent_tokens", "kv_policy.recent_tokens", 0, &out->recent_tokens}}) {
     std::optional<int64_t> i;
     if (std::optional<ApiError> e = GetInt(*v, f.name, &i)) {
       e->param = f.param;

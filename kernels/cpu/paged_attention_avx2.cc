@@ -411,7 +411,8 @@ KV_AVX2 void AttendHeads(const HeadJob& job) {
       }
       if (job.mass != nullptr) {
         for (int h = 0; h < G; ++h) {
-          std::copy_n(p[h] + ci * 8, c.n, raw.data() + static_cast<size_t>(h) * job.num_keys + key_off);
+          std::copy_n(p[h] + ci * 8, c.n,
+                      raw.data() + static_cast<size_t>(h) * job.num_keys + key_off);
         }
         key_off += c.n;
       }

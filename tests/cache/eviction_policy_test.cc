@@ -34,9 +34,7 @@ EvictionParams Params(EvictionPolicyKind kind, int32_t budget, int32_t recent = 
 }
 
 // One layer, one head, one row: mass[i] is entry i's weight.
-void ObserveOneRow(EvictionState& s, const std::vector<float>& mass) {
-  s.Observe(mass, 1, 1, 1);
-}
+void ObserveOneRow(EvictionState& s, const std::vector<float>& mass) { s.Observe(mass, 1, 1, 1); }
 
 TEST_CASE("Eviction policy names parse both ways and unknown ones name the field",
           "[cache][eviction]") {

@@ -138,8 +138,7 @@ class EvictionSimulation {
     if (p.policy == EvictionPolicyKind::kStreaming) p.recent_tokens = 0;
     p.history = Uniform(1, 8);
     REQUIRE(p.Validate(kEvictionConfigFields).ok());
-    s.evictor = std::make_shared<SequenceEvictor>(MakeEvictionPolicy(p.policy), p,
-                                                  p.budget + bs_);
+    s.evictor = std::make_shared<SequenceEvictor>(MakeEvictionPolicy(p.policy), p, p.budget + bs_);
     const int32_t first = s.evictor->StepRows(0, s.prompt_len);
     std::span<const int32_t> chunk(s.tokens.data(), first);
     const SeqId id = next_id_++;

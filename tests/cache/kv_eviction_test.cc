@@ -172,7 +172,7 @@ TEST_CASE("Evict copies a new partial last block that is filed", "[cache][evicti
 TEST_CASE("Evict drops the filing of its own block when the pool is full", "[cache][eviction]") {
   KvCacheManager kv(Tiny(true));
   REQUIRE(kv.Allocate(1, Range(0, 8)).ok());
-  kv.MarkComputed(1, 8);  // files 0, 1
+  kv.MarkComputed(1, 8);                        // files 0, 1
   REQUIRE(kv.Allocate(2, Range(50, 24)).ok());  // blocks 2..7: none free
   REQUIRE(kv.num_free_blocks() == 0);
   const EvictResult r = MustEvict(kv, 1, {2});

@@ -179,20 +179,18 @@ namespace {
 TEST_CASE("kvserve eval-kv --policy runs the eviction study: table, JSON and PNG",
           "[integration][eviction]") {
   const std::string dir = testing::MakeTempDir("eval-kv-policy");
-  RunResult r = RunKvserve(absl::StrCat(BaseArgs(),
-                                        " --policy all --budget 64 --stream-tokens 700"
-                                        " --kv-dtype fp32 --json ",
-                                        Quote(dir + "/study.json"), " --png ",
-                                        Quote(dir + "/study.png")));
+  RunResult r =
+      RunKvserve(absl::StrCat(BaseArgs(),
+                              " --policy all --budget 64 --stream-tokens 700"
+                              " --kv-dtype fp32 --json ",
+                              Quote(dir + "/study.json"), " --png ", Quote(dir + "/study.png")));
   REQUIRE(r.exit_code == 0);
   INFO(r.out);
-  for (const char* run : {"recompute", "none (dense)", "streaming (4 sinks)",
-                          "streaming (0 sinks)", "sliding_window", "h2o", "scissorhands",
-                          "learned"}) {
+  for (const char* run : {"recompute", "none (dense)", "streaming (4 sinks)", "streaming (0 sinks)",
+                          "sliding_window", "h2o", "scissorhands", "learned"}) {
     REQUIRE_FALSE(TableRow(r.out, run).empty());
   }
-  const nlohmann::json j =
-      nlohmann::json::parse(testing::ReadFileOrDie(dir + "/study.json"));
+  const nlohmann::json j = nlohmann::json::parse(testing::ReadFileOrDie(dir + "/study.json"));
   REQUIRE(j["runs"].size() == 8);
   for (const auto& run : j["runs"]) {
     for (const char* key : {"policy", "kv_dtype", "budget", "stream_tokens", "ppl", "windows"}) {
@@ -227,9 +225,9 @@ TEST_CASE("kvserve eval-kv --policy runs the eviction study: table, JSON and PNG
 TEST_CASE("kvserve train-evictor writes a model eval-kv and the engine load",
           "[integration][eviction]") {
   const std::string dir = testing::MakeTempDir("train-evictor");
-  RunResult r = RunKvserve(absl::StrCat(
-      "train-evictor --model ", Quote(testing::Stories260kCheckpoint()), " --text ",
-      Quote(DevText()), " --streams 2 --out ", Quote(dir + "/evictor.txt")));
+  RunResult r = RunKvserve(
+      absl::StrCat("train-evictor --model ", Quote(testing::Stories260kCheckpoint()), " --text ",
+                   Quote(DevText()), " --streams 2 --out ", Quote(dir + "/evictor.txt")));
   REQUIRE(r.exit_code == 0);
   REQUIRE(r.out.find("trained on ") == 0);
   const std::string model = testing::ReadFileOrDie(dir + "/evictor.txt");

@@ -104,16 +104,14 @@ TEST_CASE("a streaming sequence attends as StreamingLLM places its cache", "[mod
   REQUIRE(seq.max_blocks_held() == budget / 4);
 }
 
-TEST_CASE("without sinks, streaming and sliding_window are the same window",
-          "[model][eviction]") {
+TEST_CASE("without sinks, streaming and sliding_window are the same window", "[model][eviction]") {
   const ModelConfig c = SmallConfig(3, RopeStyle::kNeox);
   auto a = MakeRunner(c, KvDtype::kInt8, 4, 16);
   auto b = MakeRunner(c, KvDtype::kInt8, 4, 16);
   EvictionParams window;
   window.policy = EvictionPolicyKind::kSlidingWindow;
   window.budget = 10;
-  EvictingSequence s1(*a, MakeEvictionPolicy(EvictionPolicyKind::kStreaming), Streaming(10, 0),
-                      10);
+  EvictingSequence s1(*a, MakeEvictionPolicy(EvictionPolicyKind::kStreaming), Streaming(10, 0), 10);
   EvictingSequence s2(*b, MakeEvictionPolicy(EvictionPolicyKind::kSlidingWindow), window, 10);
   const std::vector<int32_t> stream = RandomTokens(90, c.vocab_size, 5);
   std::vector<float> l1, l2;
@@ -127,12 +125,39 @@ TEST_CASE("without sinks, streaming and sliding_window are the same window",
   }
 }
 
+TEST_CASE("a model's own sliding window: evicting to it computes what the window computes",
+          "[model][eviction]") {
+  ModelConfig c = SmallConfig(3, RopeStyle::kNeox);
+  c.sliding_window = 16;
+  auto a = MakeRunner(c, KvDtype::kFp32, 4, 32);
+  auto b = MakeRunner(c, KvDtype::kFp32, 4, 32);
+  EvictionParams p;
+  p.policy = EvictionPolicyKind::kSlidingWindow;
+  p.budget = 16;
+  // The engine's hold limit for such models is the window itself.
+  EvictingSequence evicting(*a, MakeEvictionPolicy(p.policy), p, 16);
+  EvictingSequence dense(*b, nullptr, EvictionParams{}, 0);
+  const std::vector<int32_t> stream = RandomTokens(60, c.vocab_size, 13);
+  std::vector<float> all, l;
+  REQUIRE(dense.Step(stream, 0, 60, &all).ok());
+  for (int32_t t = 0; t < 60;) {
+    const int32_t rows = evicting.StepRows(60 - t);
+    REQUIRE(evicting.Step(stream, t, t + rows, &l).ok());
+    REQUIRE(evicting.cache_len() <= 15);
+    // Same keys, summed in another order.
+    REQUIRE(MaxAbsDiff(l.data(), all.data() + static_cast<size_t>(t) * c.vocab_size,
+                       rows * c.vocab_size) < 1e-4f);
+    t += rows;
+  }
+  REQUIRE(evicting.max_blocks_held() == 16 / 4);
+}
+
 TEST_CASE("a sequence within its budget computes exactly what policy none computes",
           "[model][eviction]") {
   const ModelConfig c = SmallConfig(2, RopeStyle::kNeox);
   for (EvictionPolicyKind kind :
-       {EvictionPolicyKind::kH2o, EvictionPolicyKind::kScissorhands,
-        EvictionPolicyKind::kStreaming, EvictionPolicyKind::kSlidingWindow}) {
+       {EvictionPolicyKind::kH2o, EvictionPolicyKind::kScissorhands, EvictionPolicyKind::kStreaming,
+        EvictionPolicyKind::kSlidingWindow}) {
     auto a = MakeRunner(c, KvDtype::kFp32, 4, 16);
     auto b = MakeRunner(c, KvDtype::kFp32, 4, 16);
     EvictionParams p;

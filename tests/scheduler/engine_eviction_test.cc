@@ -22,6 +22,7 @@
 namespace kvserve {
 namespace {
 
+using Catch::Matchers::Contains;
 using testing::Collect;
 using testing::Greedy;
 using testing::RandomSnippet;
@@ -29,7 +30,6 @@ using testing::RequireAllBlocksFree;
 using testing::Result;
 using testing::RunConcurrently;
 using testing::RunOne;
-using Catch::Matchers::Contains;
 
 struct Model {
   LlamaWeights weights;
@@ -62,6 +62,7 @@ const std::string& EvictorFile() {
 }
 
 struct Setup {
+  int32_t model_window = 0;  // ModelConfig::sliding_window (a Mistral-style model)
   int block_size = 16;
   int32_t num_blocks = 2048;
   int32_t num_swap_blocks = 0;
@@ -76,7 +77,9 @@ std::unique_ptr<Engine> MakeEngine(const Setup& s) {
   opt.block_size = s.block_size;
   opt.num_blocks = s.num_blocks;
   opt.num_swap_blocks = s.num_swap_blocks;
-  auto runner = CpuModelRunner::Create(Stories().weights, opt);
+  LlamaWeights weights = Stories().weights;  // views: a cheap copy
+  weights.config.sliding_window = s.model_window;
+  auto runner = CpuModelRunner::Create(std::move(weights), opt);
   REQUIRE(runner.ok());
   EngineConfig config;
   config.max_num_batched_tokens = s.max_num_batched_tokens;
@@ -103,10 +106,10 @@ KvPolicyOverride Policy(const char* name, int32_t budget, int32_t sinks = -1) {
 // seeded sampling, a few n > 1.
 std::vector<GenerateRequest> MixedRequests(uint32_t seed, int count) {
   std::mt19937 rng(seed);
-  const KvPolicyOverride policies[] = {
-      Policy("none", 0),          Policy("sliding_window", 32), Policy("streaming", 48, 4),
-      Policy("streaming", 40, 0), Policy("h2o", 40),            Policy("scissorhands", 36),
-      Policy("learned", 44)};
+  const KvPolicyOverride policies[] = {Policy("none", 0),          Policy("sliding_window", 32),
+                                       Policy("streaming", 48, 4), Policy("streaming", 40, 0),
+                                       Policy("h2o", 40),          Policy("scissorhands", 36),
+                                       Policy("learned", 44)};
   std::vector<GenerateRequest> reqs;
   for (int i = 0; i < count; ++i) {
     GenerateRequest r = Greedy(RandomSnippet(rng, 400), 1 + rng() % 80);
@@ -242,6 +245,43 @@ TEST_CASE("An evicting sequence holds at most budget / block_size + 2 blocks",
       RequireAllBlocksFree(*engine);
     }
   }
+}
+
+TEST_CASE("A model's own sliding window: the policy takes it and holds window / block_size + 1",
+          "[scheduler][eviction]") {
+  Setup plain;
+  plain.model_window = 64;
+  Setup evicting = plain;
+  evicting.eviction.policy = EvictionPolicyKind::kSlidingWindow;  // budget 0: the model's
+  auto dense = MakeEngine(plain);
+  auto engine = MakeEngine(evicting);
+  GenerateRequest r = Greedy(testing::DevStories()[5].substr(0, 600), 120);
+  r.ignore_eos = true;
+  auto stream = engine->Submit(r);
+  REQUIRE(stream.ok());
+  GenerateOutput out;
+  int64_t max_active = 0;
+  std::vector<int32_t> tokens;
+  while ((*stream)->Next(&out) == RequestStream::Pop::kOutput) {
+    max_active = std::max(max_active, engine->GetStats().kv_blocks_active);
+    tokens.insert(tokens.end(), out.token_ids.begin(), out.token_ids.end());
+  }
+  REQUIRE(tokens.size() == 120);
+  CHECK(max_active <= 64 / 16 + 1);
+  CHECK(engine->GetStats().kv_evictions[static_cast<int>(EvictionPolicyKind::kSlidingWindow)] >
+        0);
+  // (The model attends only its window anyway, so its logits are those of
+  // keeping everything up to the order of summation; eviction_forward_test
+  // checks that. Greedy tokens may still differ where two are near-tied.)
+  REQUIRE(RunOne(*dense, r).tokens[0].size() == 120);
+  // Budgets past the model's window are refused.
+  GenerateRequest big = r;
+  big.kv_policy = Policy("h2o", 100);
+  auto refused = engine->Submit(big);
+  REQUIRE_FALSE(refused.ok());
+  REQUIRE(std::string(refused.status().message()) ==
+          "kv_policy.budget (100) exceeds the model's sliding_window (64)");
+  RequireAllBlocksFree(*engine);
 }
 
 TEST_CASE("streaming and sliding_window generate past the model's 512 positions",

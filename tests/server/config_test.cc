@@ -230,8 +230,8 @@ TEST_CASE("Eviction settings are checked as a whole, naming the key", "[server]"
               "model: {path: x}\ncache: {eviction_policy: learned, eviction_budget: 64}\n", "")) ==
           "cache.eviction_policy learned needs cache.evictor_model (kvserve train-evictor)");
   // sliding_window may take the model's own window.
-  REQUIRE(ParseServeConfig("model: {path: x}\ncache: {eviction_policy: sliding_window}\n", "")
-              .ok());
+  REQUIRE(
+      ParseServeConfig("model: {path: x}\ncache: {eviction_policy: sliding_window}\n", "").ok());
 }
 
 TEST_CASE("Whole-config rules name the key to fix", "[server]") {
