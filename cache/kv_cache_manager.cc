@@ -400,6 +400,8 @@ absl::StatusOr<EvictResult> KvCacheManager::Evict(SeqId seq, std::span<const int
   const int32_t n = s.table.num_tokens();
   const int32_t bs = config_.block_size;
   if (s.moves_pending) Die(absl::StrCat("Evict of sequence ", seq, " with slot moves pending"));
+  // int4_kc's K scales cover whole blocks: single rows cannot move.
+  if (has_tails()) Die("Evict with tail blocks (int4_kc)");
   if (s.num_computed != n) {
     Die(absl::StrCat("Evict of sequence ", seq, " with ", n - s.num_computed,
                      " uncomputed tokens"));

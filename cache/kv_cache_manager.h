@@ -199,8 +199,9 @@ class KvCacheManager {
   // resident sequence whose reserved tokens are all computed, refilling
   // holes by slot moves (see the top comment). ResourceExhausted (nothing
   // changed) when a block shared with another sequence must be copied and
-  // the pool has no free block. Aborts on an index outside the sequence, or
-  // when its previous moves are still pending.
+  // the pool has no free block. Aborts on an index outside the sequence,
+  // when its previous moves are still pending, or with tails (int4_kc's
+  // per-block K scales; the engine refuses eviction there).
   absl::StatusOr<EvictResult> Evict(SeqId seq, std::span<const int32_t> victims);
   // Whether the sequence has ever evicted (it then files nothing).
   bool HasEvicted(SeqId seq) const { return Get(seq).evicted; }
