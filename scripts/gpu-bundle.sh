@@ -63,7 +63,9 @@ for l in "$out"/lib/*.so*; do
   strip --strip-unneeded "$l" 2>/dev/null || true
 done
 # The glibc the binaries were linked against, for run.sh's version check.
-ldd --version | head -1 | awk '{print $NF}' >"$out/lib/GLIBC_VERSION"
+# (awk reads all of ldd's output: `| head -1` could kill ldd with SIGPIPE,
+# which pipefail + set -e turn into a silent failure under load.)
+ldd --version 2>&1 | awk 'NR == 1 {print $NF}' >"$out/lib/GLIBC_VERSION"
 
 for f in stories260K.bin tok512.model tok512.bin golden_greedy_256.txt; do
   cp "$shared/models/stories260k/$f" "$out/shared/models/stories260k/"

@@ -8,6 +8,7 @@
 #include "server/cli.h"
 #include "server/config.h"
 #include "server/daemon.h"
+#include "server/engine_builder.h"
 
 namespace kvserve::cli {
 namespace {
@@ -86,6 +87,10 @@ int RunServe(int argc, char** argv) {
     return 2;
   }
   if (check) {
+    if (absl::Status s = CheckBeforeLoad(*config); !s.ok()) {
+      std::fprintf(stderr, "kvserve serve: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
     std::printf("config OK: model %s on %s, http %s:%d, grpc %s:%d\n", config->model.path.c_str(),
                 config->model.device.c_str(), config->server.host.c_str(), config->server.http_port,
                 config->server.host.c_str(), config->server.grpc_port);

@@ -7,7 +7,9 @@
 #include "absl/strings/str_cat.h"
 #include "cache/kv_dtype_spec.h"
 #include "cache/kv_format.h"
+#include "cache/status_macros.h"
 #include "model/cpu_threads.h"
+#include "model/dummy_model.h"
 #include "model/model_loader.h"
 #include "model/runner_factory.h"
 #include "spdlog/spdlog.h"
@@ -19,10 +21,7 @@ absl::Status WithKey(const char* key, const absl::Status& s) {
   return absl::Status(s.code(), absl::StrCat(key, ": ", std::string(s.message())));
 }
 
-}  // namespace
-
-absl::StatusOr<BuiltEngine> BuildEngine(
-    const ServeConfig& config, std::function<void(const RequestMetrics&)> on_request_finished) {
+absl::StatusOr<RunnerOptions> RunnerOptionsFor(const ServeConfig& config) {
   RunnerOptions ro;
   ro.device = config.model.device;
   ro.dtype = config.model.dtype;
@@ -41,6 +40,34 @@ absl::StatusOr<BuiltEngine> BuildEngine(
   ro.max_num_seqs = config.scheduler.max_num_seqs;
   ro.max_num_batched_tokens = config.scheduler.max_num_batched_tokens;
   ro.max_model_len = config.scheduler.max_model_len;
+  return ro;
+}
+
+}  // namespace
+
+absl::Status CheckBeforeLoad(const ServeConfig& config) {
+  KV_ASSIGN_OR_RETURN(RunnerOptions ro, RunnerOptionsFor(config));
+  KV_RETURN_IF_ERROR(CheckRunnerDevice(ro));
+  const std::string& path = config.model.path;
+  if (path.rfind(kDummyPrefix, 0) == 0) {
+    return DummyPresetConfig(path).status().ok()
+               ? absl::OkStatus()
+               : WithKey("model.path", DummyPresetConfig(path).status());
+  }
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    return absl::NotFoundError(absl::StrCat("model.path: ", path, " does not exist"));
+  }
+  if (!config.model.tokenizer.empty() && !std::filesystem::exists(config.model.tokenizer, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat("model.tokenizer: ", config.model.tokenizer, " does not exist"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<BuiltEngine> BuildEngine(
+    const ServeConfig& config, std::function<void(const RequestMetrics&)> on_request_finished) {
+  KV_ASSIGN_OR_RETURN(RunnerOptions ro, RunnerOptionsFor(config));
   // Fail on the device before reading gigabytes of weights.
   if (absl::Status device = CheckRunnerDevice(ro); !device.ok()) return device;
 

@@ -23,6 +23,11 @@ struct BuiltEngine {
   ServedModelInfo info;
 };
 
+// What `kvserve serve --check` checks: everything start-up would refuse short
+// of loading the weights (the runner options, the device named by
+// model.device, that model.path and model.tokenizer exist). Errors name the key.
+absl::Status CheckBeforeLoad(const ServeConfig& config);
+
 // on_request_finished goes into the EngineConfig (engine thread; must not block).
 absl::StatusOr<BuiltEngine> BuildEngine(
     const ServeConfig& config, std::function<void(const RequestMetrics&)> on_request_finished);

@@ -258,6 +258,8 @@ KV_HOST_DEVICE void EncodeRow(const Team& team, const KvPartLayout& part, int he
       if (team.rank() == 0) Store32(meta, BitsOf(scale));
       return;
     }
+    case KvElem::kInt4Channel:  // per block, not per row: WriteKv refuses int4_kc pages
+      return;
     case KvElem::kInt4: {
       const int group = part.group_size, num_groups = n / group;
       // Phase 1: one thread per group finds min/max in the CPU's order and

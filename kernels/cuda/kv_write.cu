@@ -83,6 +83,11 @@ absl::Status WriteKv(const KvWriteParams& params, cudaStream_t stream) {
     return Bad(absl::StrCat("kv.layout.block_bytes must be a positive multiple of 16, got ",
                             l.block_bytes));
   }
+  if (l.k.elem == KvElem::kInt4Channel || l.v.elem == KvElem::kInt4Channel) {
+    return absl::UnimplementedError(
+        "WriteKv: int4_kc pages (per-channel K over a block, full-precision tails) have no CUDA "
+        "kernel yet");
+  }
   KV_RETURN_IF_ERROR(CheckPart(l, l.k, "k"));
   KV_RETURN_IF_ERROR(CheckPart(l, l.v, "v"));
   const int64_t row_elems = static_cast<int64_t>(l.num_kv_heads) * l.head_dim;

@@ -88,6 +88,8 @@ KernelFn KernelFor(KvElem k, KvElem v) {
       return AttentionKernel<KvElem::kInt8, KvElem::kInt8>;
     case KvElem::kInt4:
       return AttentionKernel<KvElem::kInt4, KvElem::kInt4>;
+    case KvElem::kInt4Channel:  // int4_kc has no CUDA kernel yet (the runner refuses it)
+      return nullptr;
   }
   return nullptr;
 }

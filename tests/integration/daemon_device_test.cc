@@ -27,7 +27,28 @@ TEST_CASE("Daemon: model.device cuda without a usable device fails naming the ke
     REQUIRE(testing::RunCommand(cmd, &out) == 1);
     INFO(out);
     REQUIRE(out.find(std::string("model.device: ") + device + ": ") != std::string::npos);
+
+    // --check says so too, without starting anything (exit 2, as for a bad config).
+    out.clear();
+    REQUIRE(testing::RunCommand(cmd + " --check", &out) == 2);
+    REQUIRE(out.find(std::string("model.device: ") + device + ": ") != std::string::npos);
+    REQUIRE(out.find("config OK") == std::string::npos);
   }
+}
+
+TEST_CASE("kvserve serve --check refuses a model path that is not there", "[integration]") {
+  const std::string cmd =
+      "timeout 60 " + testing::ShellQuote(testing::KvserveBinary()) + " serve --config " +
+      testing::ShellQuote(std::string(KVSERVE_SOURCE_DIR) + "/configs/default.yaml") +
+      " --set model.path=/no/such/model.bin --check";
+  std::string out;
+  REQUIRE(testing::RunCommand(cmd, &out) == 2);
+  REQUIRE(out.find("model.path: /no/such/model.bin does not exist") != std::string::npos);
+  out.clear();
+  REQUIRE(testing::RunCommand(
+              cmd.substr(0, cmd.find(" --set model.path")) + " --set model.path=dummy:nope --check",
+              &out) == 2);
+  REQUIRE(out.find("model.path: unknown dummy model preset 'nope'") != std::string::npos);
 }
 
 }  // namespace

@@ -77,6 +77,8 @@ double DecodeBound(KvElem elem) {
       return 0.5 / 127 + 1e-6;
     case KvElem::kInt4:
       return 1.05 / 15;  // half a level of a range up to 2 amax, fp16 zero
+    case KvElem::kInt4Channel:  // int4_kc is not written by the CUDA kernels
+      return 0.0;
   }
   return 0.0;
 }
