@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cache/eviction_policy.h"
 #include "server/logging.h"
 #include "server/openai_protocol.h"
 
@@ -225,6 +226,7 @@ void HttpService::HandleGenerate(bool chat, const httplib::Request& req, httplib
   ctx.model_name = state_->info().name;
   ctx.max_model_len = state_->info().max_model_len;
   ctx.default_sampling = engine->model_config().DefaultSampling();
+  ctx.default_kv_policy = std::string(EvictionPolicyName(engine->config().eviction.policy));
   ApiRequest api;
   if (std::optional<ApiError> e = ParseApiRequest(kind, req.body, ctx, &api)) {
     spdlog::info("http {} rejected: {} (param {})", req.path, e->message, e->param);

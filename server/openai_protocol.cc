@@ -524,7 +524,17 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
 
   API_TRY(ParsePrompt(kind, j, body, ctx, &r));
   const int64_t prompt_len = static_cast<int64_t>(g.prompt_token_ids.size());
-  if (prompt_len >= ctx.max_model_len) {
+  const std::string& policy = g.kv_policy.policy.empty() ? ctx.default_kv_policy
+                                                         : g.kv_policy.policy;
+  // These keep every relative position within their budget (the engine
+  // checks the rest).
+  const bool unbounded = policy == "streaming" || policy == "sliding_window";
+  if (unbounded) {
+    if (!max_tokens) {
+      max_tokens = kind == ApiKind::kChat ? std::max<int64_t>(16, ctx.max_model_len - prompt_len)
+                                          : 16;
+    }
+  } else if (prompt_len >= ctx.max_model_len) {
     ApiError e = InvalidRequest(
         prompt_param, absl::StrCat("This model's maximum context length is ", ctx.max_model_len,
                                    " tokens, and the prompt has ", prompt_len,
@@ -535,7 +545,7 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
   if (!max_tokens) {
     max_tokens = kind == ApiKind::kChat ? ctx.max_model_len - prompt_len : 16;
   }
-  if (prompt_len + *max_tokens > ctx.max_model_len) {
+  if (!unbounded && prompt_len + *max_tokens > ctx.max_model_len) {
     ApiError e = InvalidRequest(
         max_tokens_param,
         absl::StrCat("This model's maximum context length is ", ctx.max_model_len, " tokens, but ",

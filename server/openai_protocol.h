@@ -71,6 +71,10 @@ struct ApiContext {
   // What a request that sets no sampling parameter gets (the checkpoint's
   // generation_config.json recommendations).
   SamplingParams default_sampling;
+  // The server's KV eviction policy (cache.eviction_policy): streaming and
+  // sliding_window requests (this default or their kv_policy) may run past
+  // max_model_len, which the engine then checks instead.
+  std::string default_kv_policy = "none";
 };
 
 struct ApiRequest {

@@ -388,3 +388,36 @@ TEST_CASE("Daemon: SIGTERM refuses new work, finishes in-flight streams and exit
 
 }  // namespace
 }  // namespace kvserve
+
+namespace kvserve {
+namespace {
+
+TEST_CASE("Daemon: kv_policy evicts per request; the golden text stays exact beside it",
+          "[integration][eviction]") {
+  DaemonProcess d({"cache.eviction_budget=64"});
+  // streaming runs past the model's 512 positions.
+  auto long_story = PostJson(d, "/v1/completions", R"({"prompt": "Once upon a time",
+      "max_tokens": 700, "temperature": 0, "ignore_eos": true,
+      "kv_policy": {"policy": "streaming", "sink_tokens": 4}})");
+  REQUIRE(long_story);
+  INFO(long_story->body);
+  REQUIRE(long_story->status == 200);
+  const json body = json::parse(long_story->body);
+  REQUIRE(body["usage"]["completion_tokens"] == 700);
+  REQUIRE(body["choices"][0]["finish_reason"] == "length");
+  // The same daemon still gives llama2.c's reference text without eviction.
+  REQUIRE(CompletionText(PostJson(d, "/v1/completions", kGreedyBody)) ==
+          testing::GoldenGreedyText());
+  RequireApiError(PostJson(d, "/v1/completions",
+                           R"({"prompt": "a", "kv_policy": {"policy": "h2o", "budget": 1}})"),
+                  400, "kv_policy.budget");
+  RequireApiError(PostJson(d, "/v1/completions", R"({"prompt": "a", "kv_policy": "lru"})"), 400,
+                  "kv_policy.policy");
+  const std::string metrics = d.Client().Get("/metrics")->body;
+  REQUIRE(MetricValue(metrics, "kvserve_kv_evictions_total{policy=\"streaming\"}") > 600);
+  REQUIRE(MetricValue(metrics, "kvserve_kv_evicted_tokens_total{policy=\"streaming\"}") > 600);
+  REQUIRE(MetricValue(metrics, "kvserve_kv_evictions_total{policy=\"h2o\"}") == 0);
+}
+
+}  // namespace
+}  // namespace kvserve

@@ -340,6 +340,14 @@ TEST_CASE("kv_policy is a policy name or an object; bad fields are named", "[ser
     REQUIRE(e.param == c.param);
     REQUIRE(e.message == c.message);
   }
+  // streaming and sliding_window may run past max_model_len (64 here); the
+  // others may not.
+  REQUIRE(Parse(ApiKind::kCompletion,
+                R"({"prompt": "a", "max_tokens": 100, "kv_policy": "streaming"})")
+              .request.max_tokens == 100);
+  const ApiError bounded = ParseError(
+      ApiKind::kCompletion, R"({"prompt": "a", "max_tokens": 100, "kv_policy": "h2o"})");
+  REQUIRE(bounded.code == "context_length_exceeded");
   // The engine's own checks come back naming the kv_policy field.
   const ApiError e = ApiErrorFromStatus(
       FieldError("kv_policy.budget", "kv_policy.budget must be >= 2 for h2o, got 1"), "prompt");
