@@ -11,12 +11,12 @@
 #include "cache/status_macros.h"
 #include "kernels/batch_input.h"
 #include "model/evicting_sequence.h"
+#include "model/kv_quality.h"
 #include "nlohmann/json.hpp"
 
 namespace kvserve {
 namespace {
 
-constexpr std::string_view kStorySeparator = "<|endoftext|>";
 
 // -log p(target) from a row of logits, in double.
 double Nll(const float* row, int vocab, int32_t target) {
@@ -204,28 +204,7 @@ absl::Status CheckStream(std::span<const int32_t> stream, int vocab) {
 
 absl::StatusOr<std::vector<int32_t>> BuildTokenStream(std::string_view text,
                                                       const Tokenizer& tokenizer, int32_t tokens) {
-  std::vector<std::string> stories;
-  std::string story;
-  auto flush = [&] {
-    std::string trimmed(absl::StripAsciiWhitespace(story));
-    story.clear();
-    if (!trimmed.empty()) stories.push_back(std::move(trimmed));
-  };
-  size_t pos = 0;
-  while (pos < text.size()) {
-    size_t eol = text.find('\n', pos);
-    if (eol == std::string_view::npos) eol = text.size();
-    std::string_view line = text.substr(pos, eol - pos);
-    if (absl::StripAsciiWhitespace(absl::string_view(line.data(), line.size())) ==
-        absl::string_view(kStorySeparator.data(), kStorySeparator.size())) {
-      flush();
-    } else {
-      story.append(line.data(), line.size());
-      story.push_back('\n');
-    }
-    pos = eol + 1;
-  }
-  flush();
+  const std::vector<std::string> stories = SplitStories(text);
   // Enough stories for the tokens (a few characters each), grown as needed.
   size_t take = 0;
   size_t chars = 0;

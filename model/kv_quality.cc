@@ -117,18 +117,13 @@ struct Totals {
 
 }  // namespace
 
-std::vector<std::vector<int32_t>> TokenizeStories(std::string_view text, const Tokenizer& tokenizer,
-                                                  int32_t max_tokens, int32_t max_stories) {
-  std::vector<std::vector<int32_t>> stories;
+std::vector<std::string> SplitStories(std::string_view text) {
+  std::vector<std::string> stories;
   std::string story;
   auto flush = [&] {
-    const std::string trimmed(absl::StripAsciiWhitespace(story));
+    std::string trimmed(absl::StripAsciiWhitespace(story));
     story.clear();
-    if (trimmed.empty() || (max_stories > 0 && static_cast<int32_t>(stories.size()) >= max_stories))
-      return;
-    std::vector<int32_t> ids = tokenizer.Encode(trimmed, /*add_bos=*/true);
-    if (max_tokens > 0 && static_cast<int32_t>(ids.size()) > max_tokens) ids.resize(max_tokens);
-    stories.push_back(std::move(ids));
+    if (!trimmed.empty()) stories.push_back(std::move(trimmed));
   };
   size_t pos = 0;
   while (pos < text.size()) {
@@ -145,6 +140,18 @@ std::vector<std::vector<int32_t>> TokenizeStories(std::string_view text, const T
     pos = eol + 1;
   }
   flush();
+  return stories;
+}
+
+std::vector<std::vector<int32_t>> TokenizeStories(std::string_view text, const Tokenizer& tokenizer,
+                                                  int32_t max_tokens, int32_t max_stories) {
+  std::vector<std::vector<int32_t>> stories;
+  for (const std::string& story : SplitStories(text)) {
+    if (max_stories > 0 && static_cast<int32_t>(stories.size()) >= max_stories) break;
+    std::vector<int32_t> ids = tokenizer.Encode(story, /*add_bos=*/true);
+    if (max_tokens > 0 && static_cast<int32_t>(ids.size()) > max_tokens) ids.resize(max_tokens);
+    stories.push_back(std::move(ids));
+  }
   return stories;
 }
 

@@ -46,7 +46,10 @@
 namespace kvserve {
 
 // Splits text at lines that hold only `<|endoftext|>`, strips each story's
-// surrounding whitespace, drops empty ones, and encodes each as BOS + text,
+// surrounding whitespace and drops empty ones (the dev text's format).
+std::vector<std::string> SplitStories(std::string_view text);
+
+// SplitStories, then encodes each story as BOS + text,
 // truncated to max_tokens. Keeps at most max_stories (0: all).
 std::vector<std::vector<int32_t>> TokenizeStories(std::string_view text, const Tokenizer& tokenizer,
                                                   int32_t max_tokens, int32_t max_stories = 0);
