@@ -18,8 +18,6 @@ absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentE
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
-static_assert(std::size(kAllEvictionPolicies) == kNumEvictionPolicies);
-
 // Policies that keep every relative position within the budget, so their
 // sequences may run past max_model_len.
 // An InvalidArgument whose message starts with the field it names
@@ -805,23 +803,11 @@ void EngineImpl::FlushEvents() {
 }
 
 void EngineImpl::PublishStats() {
-  const KvCacheStats kv = kv_.Stats();
   stats_.num_waiting = scheduler_.num_waiting();
   stats_.num_running = scheduler_.num_running();
   stats_.num_swapped = scheduler_.num_swapped();
-  stats_.kv_blocks_total = kv.num_blocks;
-  stats_.kv_blocks_free = kv.num_free_blocks;
-  stats_.kv_blocks_active = kv.num_active_blocks;
-  stats_.kv_blocks_cached = kv.num_cached_blocks;
-  stats_.kv_usage_active = kv.active_usage;
-  stats_.kv_usage_with_cached = kv.usage_with_cached;
+  stats_.kv = kv_.Stats();
   stats_.preemptions = scheduler_.num_preemptions();
-  stats_.prefix_queries_tokens = kv.prefix_query_tokens;
-  stats_.prefix_hits_tokens = kv.prefix_hit_tokens;
-  stats_.cow_copies = kv.cow_copies;
-  stats_.swap_out_blocks = kv.swapped_out_blocks;
-  stats_.swap_in_blocks = kv.swapped_in_blocks;
-  stats_.cached_block_evictions = kv.evicted_cached_blocks;
   num_waiting_.store(scheduler_.num_waiting(), std::memory_order_relaxed);
   absl::MutexLock lock(&stats_mu_);
   published_ = stats_;

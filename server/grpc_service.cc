@@ -12,6 +12,7 @@
 #include "scheduler/request_validation.h"
 #include "server/logging.h"
 #include "server/reflection_v1.h"
+#include "server/stats_proto.h"
 
 namespace kvserve {
 namespace {
@@ -356,32 +357,7 @@ class GrpcService::Impl final : public v1::Generation::CallbackService {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     grpc::Status st = Admit(*state_, *ctx, /*needs_ready=*/false);
     if (st.ok()) {
-      EngineStats s = state_->engine()->GetStats();
-      out->set_num_waiting(s.num_waiting);
-      out->set_num_running(s.num_running);
-      out->set_num_swapped(s.num_swapped);
-      out->set_kv_blocks_total(s.kv_blocks_total);
-      out->set_kv_blocks_free(s.kv_blocks_free);
-      out->set_kv_blocks_active(s.kv_blocks_active);
-      out->set_kv_blocks_cached(s.kv_blocks_cached);
-      out->set_kv_usage_active(s.kv_usage_active);
-      out->set_kv_usage_with_cached(s.kv_usage_with_cached);
-      out->set_steps(s.steps);
-      out->set_batched_tokens(s.batched_tokens);
-      out->set_prompt_tokens(s.prompt_tokens);
-      out->set_generated_tokens(s.generated_tokens);
-      out->set_preemptions(s.preemptions);
-      out->set_prefix_queries_tokens(s.prefix_queries_tokens);
-      out->set_prefix_hits_tokens(s.prefix_hits_tokens);
-      out->set_cow_copies(s.cow_copies);
-      out->set_swap_out_blocks(s.swap_out_blocks);
-      out->set_swap_in_blocks(s.swap_in_blocks);
-      out->set_cached_block_evictions(s.cached_block_evictions);
-      out->set_requests_finished_stop(s.requests_finished_stop);
-      out->set_requests_finished_length(s.requests_finished_length);
-      out->set_requests_finished_cancelled(s.requests_finished_cancelled);
-      out->set_requests_finished_error(s.requests_finished_error);
-      out->set_requests_rejected(s.requests_rejected);
+      ToProto(state_->engine()->GetStats(), out);
     }
     reactor->Finish(st);
     return reactor;

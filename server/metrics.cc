@@ -253,25 +253,25 @@ void ServerMetrics::UpdateLocked(const EngineStats& s) {
   h_->queue_length->Set(static_cast<double>(s.num_waiting));
   h_->running->Set(static_cast<double>(s.num_running));
   h_->swapped->Set(static_cast<double>(s.num_swapped));
-  h_->usage_active->Set(s.kv_usage_active);
-  h_->usage_with_cached->Set(s.kv_usage_with_cached);
-  h_->blocks_active->Set(static_cast<double>(s.kv_blocks_active));
-  h_->blocks_cached->Set(static_cast<double>(s.kv_blocks_cached));
-  h_->blocks_free->Set(static_cast<double>(s.kv_blocks_free - s.kv_blocks_cached));
-  h_->blocks_capacity->Set(static_cast<double>(s.kv_blocks_total));
+  h_->usage_active->Set(s.kv.active_usage);
+  h_->usage_with_cached->Set(s.kv.usage_with_cached);
+  h_->blocks_active->Set(static_cast<double>(s.kv.num_active_blocks));
+  h_->blocks_cached->Set(static_cast<double>(s.kv.num_cached_blocks));
+  h_->blocks_free->Set(static_cast<double>(s.kv.num_free_blocks - s.kv.num_cached_blocks));
+  h_->blocks_capacity->Set(static_cast<double>(s.kv.num_blocks));
 
   Advance(*h_->finished_stop, s.requests_finished_stop, b.requests_finished_stop);
   Advance(*h_->finished_length, s.requests_finished_length, b.requests_finished_length);
   Advance(*h_->finished_cancelled, s.requests_finished_cancelled, b.requests_finished_cancelled);
   Advance(*h_->finished_error, s.requests_finished_error, b.requests_finished_error);
   Advance(*h_->rejected, s.requests_rejected, b.requests_rejected);
-  Advance(*h_->prefix_queries, s.prefix_queries_tokens, b.prefix_queries_tokens);
-  Advance(*h_->prefix_hits, s.prefix_hits_tokens, b.prefix_hits_tokens);
+  Advance(*h_->prefix_queries, s.kv.prefix_query_tokens, b.kv.prefix_query_tokens);
+  Advance(*h_->prefix_hits, s.kv.prefix_hit_tokens, b.kv.prefix_hit_tokens);
   Advance(*h_->preemptions, s.preemptions, b.preemptions);
-  Advance(*h_->swap_out, s.swap_out_blocks, b.swap_out_blocks);
-  Advance(*h_->swap_in, s.swap_in_blocks, b.swap_in_blocks);
-  Advance(*h_->cow_copies, s.cow_copies, b.cow_copies);
-  Advance(*h_->cached_evictions, s.cached_block_evictions, b.cached_block_evictions);
+  Advance(*h_->swap_out, s.kv.swapped_out_blocks, b.kv.swapped_out_blocks);
+  Advance(*h_->swap_in, s.kv.swapped_in_blocks, b.kv.swapped_in_blocks);
+  Advance(*h_->cow_copies, s.kv.cow_copies, b.kv.cow_copies);
+  Advance(*h_->cached_evictions, s.kv.evicted_cached_blocks, b.kv.evicted_cached_blocks);
   for (int i = 0; i < kNumEvictionPolicies; ++i) {
     Advance(*h_->kv_evictions[i], s.kv_evictions[i], b.kv_evictions[i]);
     Advance(*h_->kv_evicted_tokens[i], s.kv_evicted_tokens[i], b.kv_evicted_tokens[i]);

@@ -83,8 +83,8 @@ inline void RequireAllBlocksFree(const Engine& engine) {
   REQUIRE(st.num_running == 0);
   REQUIRE(st.num_waiting == 0);
   REQUIRE(st.num_swapped == 0);
-  REQUIRE(st.kv_blocks_active == 0);
-  REQUIRE(st.kv_blocks_free == st.kv_blocks_total);
+  REQUIRE(st.kv.num_active_blocks == 0);
+  REQUIRE(st.kv.num_free_blocks == st.kv.num_blocks);
 }
 
 inline GenerateRequest Greedy(std::string prompt, int32_t max_tokens) {

@@ -232,11 +232,11 @@ TEST_CASE("An evicting sequence holds at most budget / block_size + 2 blocks",
       auto stream = engine->Submit(r);
       REQUIRE(stream.ok());
       GenerateOutput out;
-      int64_t max_active = 0;
+      int32_t max_active = 0;
       int events = 0;
       while ((*stream)->Next(&out) == RequestStream::Pop::kOutput) {
         // Stats are published before a step's events are pushed.
-        max_active = std::max(max_active, engine->GetStats().kv_blocks_active);
+        max_active = std::max(max_active, engine->GetStats().kv.num_active_blocks);
         ++events;
       }
       REQUIRE(events >= 200);
@@ -260,10 +260,10 @@ TEST_CASE("A model's own sliding window: the policy takes it and holds window / 
   auto stream = engine->Submit(r);
   REQUIRE(stream.ok());
   GenerateOutput out;
-  int64_t max_active = 0;
+  int32_t max_active = 0;
   std::vector<int32_t> tokens;
   while ((*stream)->Next(&out) == RequestStream::Pop::kOutput) {
-    max_active = std::max(max_active, engine->GetStats().kv_blocks_active);
+    max_active = std::max(max_active, engine->GetStats().kv.num_active_blocks);
     tokens.insert(tokens.end(), out.token_ids.begin(), out.token_ids.end());
   }
   REQUIRE(tokens.size() == 120);

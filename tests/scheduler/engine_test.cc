@@ -129,9 +129,9 @@ TEST_CASE("64 concurrent requests produce exactly their solo greedy tokens", "[s
         // The concurrent run really batched: many sequences per step.
         REQUIRE(st.batched_seqs - solo_stats.batched_seqs > 8 * (st.steps - solo_stats.steps));
         if (prefix) {
-          REQUIRE(st.prefix_hits_tokens > 0);
+          REQUIRE(st.kv.prefix_hit_tokens > 0);
         } else {
-          REQUIRE(st.prefix_hits_tokens == 0);
+          REQUIRE(st.kv.prefix_hit_tokens == 0);
         }
         RequireAllBlocksFree(*engine);
       }
@@ -174,7 +174,7 @@ TEST_CASE("64 concurrent requests with an int4_kc cache produce exactly their so
       const EngineStats st = engine->GetStats();
       REQUIRE(st.preemptions == 0);
       REQUIRE(st.batched_seqs - solo_stats.batched_seqs > 8 * (st.steps - solo_stats.steps));
-      if (v.prefix) REQUIRE(st.prefix_hits_tokens > 0);
+      if (v.prefix) REQUIRE(st.kv.prefix_hit_tokens > 0);
       RequireAllBlocksFree(*engine);
     }
   }
@@ -209,7 +209,7 @@ TEST_CASE("int4_kc: preemption (recompute and swap), forks and prefix hits keep 
       }
       const EngineStats st = engine->GetStats();
       REQUIRE(st.preemptions > 0);
-      if (mode == PreemptionMode::kSwap) REQUIRE(st.swap_in_blocks > 0);
+      if (mode == PreemptionMode::kSwap) REQUIRE(st.kv.swapped_in_blocks > 0);
       RequireAllBlocksFree(*engine);
     }
   }
@@ -232,7 +232,7 @@ TEST_CASE("int4_kc: preemption (recompute and swap), forks and prefix hits keep 
     req.n = 4;
     const Result together = RunOne(*engine, req);
     const EngineStats st = engine->GetStats();
-    REQUIRE(st.cow_copies == 3);  // three samples copy the shared tail once each
+    REQUIRE(st.kv.cow_copies == 3);  // three samples copy the shared tail once each
     for (int i = 0; i < 4; ++i) {
       GenerateRequest one = req;
       one.n = 1;
@@ -267,7 +267,7 @@ TEST_CASE("int4_kc: preemption (recompute and swap), forks and prefix hits keep 
       runs[prefix_caching].push_back(RunOne(*engine, reqs[0]).tokens[0]);
       std::vector<GenerateRequest> rest(reqs.begin() + 1, reqs.end());
       for (Result& r : RunConcurrently(*engine, rest)) runs[prefix_caching].push_back(r.tokens[0]);
-      REQUIRE(engine->GetStats().prefix_hits_tokens == (prefix_caching ? 7 * 96 : 0));
+      REQUIRE(engine->GetStats().kv.prefix_hit_tokens == (prefix_caching ? 7 * 96 : 0));
     }
     REQUIRE(runs[1] == runs[0]);
   }
@@ -307,10 +307,10 @@ TEST_CASE("A pool too small forces preemption and every request still finishes e
         const EngineStats st = engine->GetStats();
         REQUIRE(st.preemptions > 0);
         if (mode == PreemptionMode::kSwap) {
-          REQUIRE(st.swap_out_blocks > 0);
-          REQUIRE(st.swap_in_blocks > 0);
+          REQUIRE(st.kv.swapped_out_blocks > 0);
+          REQUIRE(st.kv.swapped_in_blocks > 0);
         } else {
-          REQUIRE(st.swap_out_blocks == 0);
+          REQUIRE(st.kv.swapped_out_blocks == 0);
         }
         RequireAllBlocksFree(*engine);
       }
@@ -337,7 +337,7 @@ TEST_CASE("Swap preemption falls back to recompute when the host pool is full", 
   for (size_t i = 0; i < reqs.size(); ++i) REQUIRE(together[i].tokens[0] == solo[i].tokens[0]);
   const EngineStats st = engine->GetStats();
   REQUIRE(st.preemptions > 0);
-  REQUIRE(st.swap_out_blocks > 0);
+  REQUIRE(st.kv.swapped_out_blocks > 0);
   RequireAllBlocksFree(*engine);
 }
 
@@ -517,12 +517,12 @@ TEST_CASE("n > 1 samples share the prompt and match separate seeded runs", "[sch
       const std::vector<EngineStats>& seen = seen_box->stats;
       REQUIRE(seen.size() >= 8);
       // Fork step: the 7 prompt blocks are held once by all 4 samples.
-      REQUIRE(seen[0].kv_blocks_active == 7);
+      REQUIRE(seen[0].kv.num_active_blocks == 7);
       REQUIRE(seen[0].num_running == 4);
       // Next step: 3 samples copied the shared partial block (copy-on-write),
       // the 4th keeps the original; the 6 full blocks stay shared.
-      REQUIRE(seen[4].kv_blocks_active == 10);
-      REQUIRE(seen[4].cow_copies - seen[0].cow_copies == 3);
+      REQUIRE(seen[4].kv.num_active_blocks == 10);
+      REQUIRE(seen[4].kv.cow_copies - seen[0].kv.cow_copies == 3);
     }
     std::vector<std::vector<int32_t>> distinct;
     for (int i = 0; i < 4; ++i) {
@@ -639,14 +639,14 @@ TEST_CASE("Prefix caching reuses a shared 100-token prefix without changing toke
   auto [off, st_off] = run(false, &usage_off);
   auto [on, st_on] = run(true, &usage_on);
   REQUIRE(on == off);
-  REQUIRE(st_off.prefix_hits_tokens == 0);
+  REQUIRE(st_off.kv.prefix_hit_tokens == 0);
   REQUIRE(usage_on[0].cached_prompt_tokens == 0);
   for (int i = 1; i < 16; ++i) {
     REQUIRE(usage_on[i].cached_prompt_tokens == 96);  // 6 full blocks of 16
     REQUIRE(usage_off[i].cached_prompt_tokens == 0);
   }
-  REQUIRE(st_on.prefix_hits_tokens == 15 * 96);
-  REQUIRE(st_on.kv_blocks_cached > 0);
+  REQUIRE(st_on.kv.prefix_hit_tokens == 15 * 96);
+  REQUIRE(st_on.kv.num_cached_blocks > 0);
 
   SECTION("a different cache salt shares nothing") {
     Setup setup;

@@ -57,7 +57,7 @@ class FakeEngine final : public Engine {
     EngineStats s;
     s.num_running = running_;
     s.requests_finished_cancelled = cancelled_;
-    s.kv_usage_active = running_ > 0 ? 0.5 : 0.0;
+    s.kv.active_usage = running_ > 0 ? 0.5 : 0.0;
     return s;
   }
   void Drain(absl::Time deadline) override {

@@ -249,10 +249,10 @@ TEST_CASE("[gpu] preemption by recompute and by swap on 64 blocks changes no tok
       const EngineStats st = t.engine->GetStats();
       REQUIRE(st.preemptions > 0);
       if (mode == PreemptionMode::kSwap) {
-        REQUIRE(st.swap_out_blocks > 0);
-        REQUIRE(st.swap_in_blocks > 0);
+        REQUIRE(st.kv.swapped_out_blocks > 0);
+        REQUIRE(st.kv.swapped_in_blocks > 0);
       } else {
-        REQUIRE(st.swap_out_blocks == 0);
+        REQUIRE(st.kv.swapped_out_blocks == 0);
       }
       RequireAllBlocksFree(*t.engine);
     }
@@ -314,16 +314,16 @@ TEST_CASE("[gpu] n = 4 forks and prefix caching share blocks exactly as on the C
     const std::vector<EngineStats> gs = StatsPerEvent(*g.engine, req, &on_gpu);
     const std::vector<EngineStats> cs = StatsPerEvent(*c.engine, req, &on_cpu);
     REQUIRE(gs.size() >= 8);
-    REQUIRE(gs[0].kv_blocks_active == 7);  // the fork: 7 prompt blocks, held by 4 samples
+    REQUIRE(gs[0].kv.num_active_blocks == 7);  // the fork: 7 prompt blocks, held by 4 samples
     REQUIRE(gs[0].num_running == 4);
-    REQUIRE(gs[4].kv_blocks_active == 10);  // 3 samples copied the partial block
-    REQUIRE(gs[4].cow_copies - gs[0].cow_copies == 3);
+    REQUIRE(gs[4].kv.num_active_blocks == 10);  // 3 samples copied the partial block
+    REQUIRE(gs[4].kv.cow_copies - gs[0].kv.cow_copies == 3);
     // Block accounting is the cache manager's, whatever the backend.
     REQUIRE(gs.size() == cs.size());
     for (size_t i = 0; i < gs.size(); ++i) {
       INFO("event " << i);
-      REQUIRE(gs[i].kv_blocks_active == cs[i].kv_blocks_active);
-      REQUIRE(gs[i].cow_copies == cs[i].cow_copies);
+      REQUIRE(gs[i].kv.num_active_blocks == cs[i].kv.num_active_blocks);
+      REQUIRE(gs[i].kv.cow_copies == cs[i].kv.cow_copies);
     }
     // Sample i is the request with seed + i (the device draws from Philox,
     // so the tokens are the GPU's own, compared on the GPU).
@@ -382,7 +382,7 @@ TEST_CASE("[gpu] n = 4 forks and prefix caching share blocks exactly as on the C
       REQUIRE(on_gpu[i].tokens[0] == on_cpu[i].tokens[0]);
       REQUIRE(on_gpu[i].usage.cached_prompt_tokens == (i == 0 ? 0 : 96));
     }
-    REQUIRE(g.engine->GetStats().prefix_hits_tokens == 15 * 96);
+    REQUIRE(g.engine->GetStats().kv.prefix_hit_tokens == 15 * 96);
     RequireAllBlocksFree(*g.engine);
   }
 }
