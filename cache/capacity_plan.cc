@@ -9,7 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cache/status_macros.h"
+#include "util/status_macros.h"
 
 namespace kvserve {
 namespace {

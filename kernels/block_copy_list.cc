@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "cache/status_macros.h"
+#include "util/status_macros.h"
 
 namespace kvserve {
 namespace {

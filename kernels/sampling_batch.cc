@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "cache/status_macros.h"
+#include "util/status_macros.h"
 
 namespace kvserve {
 namespace {

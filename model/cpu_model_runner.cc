@@ -1,13 +1,13 @@
 #include "model/cpu_model_runner.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "cache/status_macros.h"
+#include "util/status_macros.h"
 
 namespace kvserve {
 

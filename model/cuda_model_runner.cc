@@ -16,7 +16,6 @@
 #include "absl/types/span.h"
 #include "cache/kv_format.h"
 #include "cache/memory_budget.h"
-#include "cache/status_macros.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/act_dtype.h"
 #include "kernels/cuda/copy_blocks.h"
@@ -41,6 +40,7 @@
 #include "model/graph_buckets.h"
 #include "model/host_sampling.h"
 #include "model/kv_pool_plan.h"
+#include "util/status_macros.h"
 
 namespace kvserve {
 namespace {

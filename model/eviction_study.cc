@@ -8,11 +8,11 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cache/status_macros.h"
 #include "kernels/batch_input.h"
 #include "model/evicting_sequence.h"
-#include "model/kv_quality.h"
+#include "model/kv_eval.h"
 #include "nlohmann/json.hpp"
+#include "util/status_macros.h"
 
 namespace kvserve {
 namespace {

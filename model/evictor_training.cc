@@ -6,8 +6,8 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
-#include "cache/status_macros.h"
 #include "model/evicting_sequence.h"
+#include "util/status_macros.h"
 
 namespace kvserve {
 

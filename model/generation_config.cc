@@ -2,8 +2,8 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "cache/status_macros.h"
 #include "model/json_file.h"
+#include "util/status_macros.h"
 
 namespace kvserve {
 namespace {

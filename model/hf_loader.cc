@@ -13,10 +13,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "cache/status_macros.h"
 #include "model/generation_config.h"
 #include "model/json_file.h"
 #include "model/safetensors.h"
+#include "util/status_macros.h"
 
 namespace kvserve {
 namespace fs = std::filesystem;

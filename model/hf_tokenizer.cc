@@ -10,9 +10,9 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "cache/status_macros.h"
 #include "model/bpe_tokenizer.h"
 #include "model/json_file.h"
+#include "util/status_macros.h"
 
 namespace kvserve {
 namespace fs = std::filesystem;

@@ -12,8 +12,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cache/status_macros.h"
 #include "model/hf_loader.h"
+#include "util/status_macros.h"
 
 namespace kvserve {
 namespace fs = std::filesystem;

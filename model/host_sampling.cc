@@ -4,7 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "cache/status_macros.h"
+#include "util/status_macros.h"
 
 namespace kvserve {
 

@@ -9,11 +9,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "cache/status_macros.h"
 #include "kernels/attention_plan.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/paged_attention.h"
 #include "model/batch_check.h"
+#include "util/status_macros.h"
 
 namespace kvserve {
 namespace {

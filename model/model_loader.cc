@@ -5,11 +5,11 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "cache/status_macros.h"
 #include "model/dummy_model.h"
 #include "model/hf_loader.h"
 #include "model/hf_tokenizer.h"
 #include "model/llama2c_loader.h"
+#include "util/status_macros.h"
 
 namespace kvserve {
 namespace fs = std::filesystem;

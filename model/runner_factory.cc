@@ -10,9 +10,9 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "cache/status_macros.h"
 #include "model/cpu_model_runner.h"
 #include "model/kv_pool_plan.h"
+#include "util/status_macros.h"
 #ifdef KVSERVE_HAVE_CUDA
 #include "model/cuda_model_runner.h"
 #endif

@@ -6,10 +6,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "cache/status_macros.h"
 #include "model/field_status.h"
 #include "scheduler/request_validation.h"
 #include "spdlog/spdlog.h"
+#include "util/status_macros.h"
 
 namespace kvserve {
 namespace {

@@ -1,8 +1,8 @@
 #include "scheduler/request_validation.h"
 
 #include "absl/strings/str_cat.h"
-#include "cache/status_macros.h"
 #include "model/field_status.h"
+#include "util/status_macros.h"
 
 namespace kvserve {
 namespace {

@@ -20,8 +20,8 @@
 #include "cache/capacity_plan.h"
 #include "cache/kv_dtype_spec.h"
 #include "cache/kv_format.h"
-#include "cache/status_macros.h"
 #include "model/runner_factory.h"
+#include "util/status_macros.h"
 
 namespace kvserve {
 namespace {

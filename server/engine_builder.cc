@@ -7,12 +7,12 @@
 #include "absl/strings/str_cat.h"
 #include "cache/kv_dtype_spec.h"
 #include "cache/kv_format.h"
-#include "cache/status_macros.h"
 #include "model/cpu_threads.h"
 #include "model/dummy_model.h"
 #include "model/model_loader.h"
 #include "model/runner_factory.h"
 #include "spdlog/spdlog.h"
+#include "util/status_macros.h"
 
 namespace kvserve {
 namespace {

@@ -15,7 +15,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "cache/status_macros.h"
+#include "util/status_macros.h"
 
 namespace kvserve::cuda {
 

@@ -1,5 +1,6 @@
-// Early-return helpers for absl::Status / absl::StatusOr. Kept in cache/
-// because every other library links it (it is the bottom of the graph).
+// Early-return helpers for absl::Status / absl::StatusOr, used by every
+// folder. util/ holds such general helpers (no kvserve types, Abseil only);
+// it sits below cache/ in the dependency graph.
 //
 //   KV_RETURN_IF_ERROR(file.Validate());
 //   KV_ASSIGN_OR_RETURN(Tensor t, cursor.Next("wq", {dim, dim}));

@@ -4,7 +4,7 @@
 // sanity, exact KV bytes per token, invariance to the prefill chunk and the
 // block size, greedy decoding with int8 and int4_kc caches against
 // llama2.c's reference text, and the errors for bad input.
-#include "model/kv_quality.h"
+#include "model/kv_eval.h"
 
 #include <algorithm>
 #include <catch2/catch.hpp>

@@ -1,6 +1,6 @@
-// KV cache quality: how much a quantized KV format changes what the model
-// predicts, measured on real text against the fp32 cache. This is the
-// library behind `kvserve eval-kv`.
+// KV format evaluation harness, the library behind `kvserve eval-kv`: how
+// much a quantized KV format changes what the model predicts, measured on
+// real text against the fp32 cache.
 //
 // Every number comes from the real paged path: each story is fed through a
 // ModelRunner (teacher forcing, in prefill chunks, one sequence at a time,

@@ -1,4 +1,4 @@
-#include "model/kv_quality.h"
+#include "model/kv_eval.h"
 
 #include <algorithm>
 #include <chrono>
@@ -11,9 +11,9 @@
 #include "absl/strings/str_format.h"
 #include "cache/block_pool.h"
 #include "cache/block_table.h"
-#include "cache/status_macros.h"
 #include "kernels/batch_input.h"
 #include "nlohmann/json.hpp"
+#include "util/status_macros.h"
 
 namespace kvserve {
 namespace {
