@@ -11,8 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
-#include "cache/capacity_plan.h"
 #include "kernels/random_weights.h"
+#include "util/byte_size.h"
 
 namespace kvserve {
 namespace {

@@ -20,7 +20,7 @@
 // parameter of host memory (32 GB for llama-3-8b), for the CUDA runner. Loading refuses (ResourceExhausted)
 // when the fp32 weights would exceed a byte limit, so nobody allocates 280 GB
 // on a laptop by accident: KVSERVE_DUMMY_MAX_BYTES (bytes, or a size with a
-// unit such as 64GiB; see cache/capacity_plan.h), default 8 GiB.
+// unit such as 64GiB; see util/byte_size.h), default 8 GiB.
 //
 // Thread-safety: free functions without shared state.
 #pragma once

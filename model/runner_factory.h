@@ -17,6 +17,10 @@
 //   KV_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> r,
 //                       CreateModelRunner(std::move(m.weights), opt));
 //
+// RunnerOptions names the KV format as a KvDtypeSpec (cache/kv_dtype_spec.h:
+// its parser, KvDtype and the dtype names); front ends reach those through
+// this header rather than including cache/.
+//
 // Thread-safety: a pure function; may take seconds (weights are uploaded,
 // graphs captured).
 #pragma once

@@ -16,8 +16,6 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "cache/kv_dtype_spec.h"
-#include "cache/kv_format.h"
 #include "model/cpu_threads.h"
 #include "model/model_loader.h"
 #include "model/runner_factory.h"

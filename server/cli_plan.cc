@@ -1,6 +1,6 @@
 // `kvserve plan`: how many tokens and sequences fit in a memory budget per KV
 // cache format, for a model given as a preset name or a path. The numbers
-// come from cache/capacity_plan.h (exact page layouts), so they match the
+// come from model/capacity_plan.h (exact page layouts), so they match the
 // pools the engine builds. Prints a table; --json also writes it as JSON.
 #include <algorithm>
 #include <cstdio>
@@ -12,15 +12,14 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "cache/capacity_plan.h"
-#include "cache/kv_dtype_spec.h"
-#include "cache/kv_format.h"
+#include "model/capacity_plan.h"
 #include "model/dummy_model.h"
 #include "model/hf_loader.h"
 #include "model/model_config.h"
 #include "model/model_loader.h"
 #include "server/cli.h"
 #include "server/cli_flags.h"
+#include "util/byte_size.h"
 
 namespace kvserve::cli {
 namespace {

@@ -17,10 +17,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "cache/capacity_plan.h"
-#include "cache/kv_dtype_spec.h"
-#include "cache/kv_format.h"
 #include "model/runner_factory.h"
+#include "util/byte_size.h"
 #include "util/status_macros.h"
 
 namespace kvserve {
@@ -105,7 +103,7 @@ absl::StatusOr<bool> ParseBool(const std::string& key, const std::string& text) 
   return Bad(key, "true or false", text);
 }
 
-// A plain count is bytes; units as cache/capacity_plan.h's ParseByteSize.
+// A plain count is bytes; units as util/byte_size.h's ParseByteSize.
 absl::StatusOr<int64_t> ParseBytes(const std::string& key, const std::string& text) {
   return ParseByteSize(text, key);
 }

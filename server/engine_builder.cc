@@ -5,8 +5,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "cache/kv_dtype_spec.h"
-#include "cache/kv_format.h"
 #include "model/cpu_threads.h"
 #include "model/dummy_model.h"
 #include "model/model_loader.h"

@@ -8,7 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "cache/eviction_policy.h"
+#include "scheduler/engine_config.h"
 #include "server/logging.h"
 #include "server/openai_protocol.h"
 

@@ -13,7 +13,6 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "cache/eviction_policy.h"
 
 namespace kvserve {
 namespace {

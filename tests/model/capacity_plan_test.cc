@@ -1,4 +1,4 @@
-#include "cache/capacity_plan.h"
+#include "model/capacity_plan.h"
 
 #include <catch2/catch.hpp>
 #include <map>
@@ -27,7 +27,7 @@ std::map<KvDtype, KvFormatCapacity> ByDtype(const std::vector<KvFormatCapacity>&
   return m;
 }
 
-TEST_CASE("Llama-2-70B at 4096 tokens x 32 sequences needs 40 GiB of fp16 KV", "[cache]") {
+TEST_CASE("Llama-2-70B at 4096 tokens x 32 sequences needs 40 GiB of fp16 KV", "[model]") {
   CapacityPlanRequest req = Llama2_70b();
   req.memory_bytes = 80 * kGiB;  // weights 0: the whole 80 GiB is KV budget
   const auto plan = ByDtype(*PlanCapacity(req));
@@ -70,7 +70,7 @@ TEST_CASE("Llama-2-70B at 4096 tokens x 32 sequences needs 40 GiB of fp16 KV", "
   }
 }
 
-TEST_CASE("the weights come off the budget first", "[cache]") {
+TEST_CASE("the weights come off the budget first", "[model]") {
   CapacityPlanRequest req = Llama2_70b();
   req.memory_bytes = 80 * kGiB;
   SECTION("what is left is split into whole blocks") {
@@ -98,7 +98,7 @@ TEST_CASE("the weights come off the budget first", "[cache]") {
   }
 }
 
-TEST_CASE("padded pages: block bytes round up, bytes per token do not", "[cache]") {
+TEST_CASE("padded pages: block bytes round up, bytes per token do not", "[model]") {
   // stories260K: 5 layers, 4 kv heads, head_dim 8; int8 regions are 16-byte
   // aligned and blocks 64-byte aligned.
   CapacityPlanRequest req;
@@ -117,7 +117,7 @@ TEST_CASE("padded pages: block bytes round up, bytes per token do not", "[cache]
 }
 
 TEST_CASE("int4_kc at head_dim 128, block 16 holds >= 3.3x the tokens of fp16, tails included",
-          "[cache]") {
+          "[model]") {
   // Llama-3-8B's KV shape: 32 layers, 8 kv heads of 128.
   CapacityPlanRequest req;
   req.num_layers = 32;
@@ -164,7 +164,7 @@ TEST_CASE("int4_kc at head_dim 128, block 16 holds >= 3.3x the tokens of fp16, t
   }
 }
 
-TEST_CASE("bad plans name the field", "[cache]") {
+TEST_CASE("bad plans name the field", "[model]") {
   CapacityPlanRequest req = Llama2_70b();
   req.memory_bytes = kGiB;
   req.context_tokens = 0;
@@ -175,39 +175,6 @@ TEST_CASE("bad plans name the field", "[cache]") {
   req = Llama2_70b();
   req.memory_bytes = -1;
   REQUIRE(PlanCapacity(req).status().message() == "memory must be >= 0, got -1");
-}
-
-TEST_CASE("byte sizes: GiB is 1024^3, GB is 1000^3", "[cache]") {
-  REQUIRE(*ParseByteSize("80GiB") == 80 * kGiB);
-  REQUIRE(*ParseByteSize("80Gi") == 80 * kGiB);
-  // Bare letters are SI, as in Kubernetes quantities.
-  REQUIRE(*ParseByteSize("80G") == 80000000000);
-  REQUIRE(*ParseByteSize("64k") == 64000);
-  REQUIRE(*ParseByteSize("80gib") == 80 * kGiB);
-  REQUIRE(*ParseByteSize("80GB") == 80000000000);
-  REQUIRE(*ParseByteSize("1.5 TiB") == 3 * (int64_t{1} << 39));
-  REQUIRE(*ParseByteSize("512MiB") == 512 << 20);
-  REQUIRE(*ParseByteSize("12345") == 12345);
-  REQUIRE(*ParseByteSize("4kB") == 4000);
-  REQUIRE(*ParseByteSize("1.5KiB") == 1536);
-  REQUIRE(*ParseByteSize("4096B") == 4096);
-  REQUIRE_FALSE(ParseByteSize("80 parsecs").ok());
-  REQUIRE_FALSE(ParseByteSize("1.5").ok());  // half a byte
-  SECTION("a required unit: a plain number is refused, naming the flag") {
-    auto s = ParseByteSize("80", "--memory", ByteSizeUnit::kRequired);
-    REQUIRE(s.status().code() == absl::StatusCode::kInvalidArgument);
-    REQUIRE(s.status().message() ==
-            "--memory: '80' has no unit (e.g. 80GiB = 80 x 1024^3, 80GB = 80 x 1000^3, 4096B)");
-    REQUIRE(*ParseByteSize("80B", "--memory", ByteSizeUnit::kRequired) == 80);
-  }
-  REQUIRE_FALSE(ParseByteSize("GiB").ok());
-  REQUIRE_FALSE(ParseByteSize("-3GB").ok());
-  REQUIRE(ParseByteSize("x", "--memory").status().message() ==
-          "--memory: 'x' is not a byte size (e.g. 80GiB = 80 x 1024^3, 80GB = 80 x 1000^3, or a "
-          "plain byte count)");
-  REQUIRE(FormatBytes(40 * kGiB) == "40.00 GiB (42.95 GB)");
-  REQUIRE(FormatBytes(327680) == "327680 B (320.0 KiB)");
-  REQUIRE(FormatBytes(5 << 20) == "5.00 MiB (5.24 MB)");
 }
 
 }  // namespace
