@@ -54,6 +54,7 @@ class Engine {
 
   // Stops admitting new requests (Submit returns Unavailable), lets in-flight
   // ones finish until `deadline`, then cancels the rest. Returns when idle.
+  // `deadline` is read on EngineConfig::clock (the real clock by default).
   virtual void Drain(absl::Time deadline) = 0;
   virtual bool draining() const = 0;
 

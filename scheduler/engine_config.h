@@ -1,14 +1,18 @@
 // EngineConfig: the scheduler and cache knobs of one engine (from YAML
-// `scheduler.*` and `cache.*`). Validate() names the bad key.
+// `scheduler.*` and `cache.*`). Validate() names the bad key. Its eviction
+// defaults are EvictionParams (cache/eviction_policy.h: the policy kinds,
+// their names and parser), which front ends reach through this header.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "cache/eviction_policy.h"
 #include "scheduler/request.h"
+#include "util/clock.h"
 
 namespace kvserve {
 
@@ -34,6 +38,9 @@ struct EngineConfig {
   // Called on the engine thread once per finished request (metrics); must
   // not block.
   std::function<void(const RequestMetrics&)> on_request_finished;
+  // Where the engine reads the time (request metrics, Drain's deadline);
+  // null: RealClock(). Tests inject a SimulatedClock.
+  std::shared_ptr<const Clock> clock;
 
   absl::Status Validate() const;
 };

@@ -124,6 +124,7 @@ EngineImpl::EngineImpl(const EngineConfig& config, int32_t max_model_len,
                        const EvictionParams& eviction,
                        std::shared_ptr<const EvictorModel> evictor_model)
     : config_(config),
+      clock_(config.clock != nullptr ? config.clock : RealClock()),
       max_model_len_(max_model_len),
       model_config_(runner->config()),
       runner_(std::move(runner)),
@@ -287,7 +288,7 @@ absl::StatusOr<std::shared_ptr<RequestStream>> EngineImpl::Submit(GenerateReques
   req->stop_ids.insert(req->stop_ids.end(), request.stop_token_ids.begin(),
                        request.stop_token_ids.end());
   req->usage.prompt_tokens = static_cast<int32_t>(req->prompt_ids.size());
-  req->submit_time = absl::Now();
+  req->submit_time = clock_->Now();
   req->params = std::move(request);
 
   absl::MutexLock lock(&mu_);
@@ -328,13 +329,14 @@ EngineStats EngineImpl::GetStats() const {
 }
 
 void EngineImpl::Drain(absl::Time deadline) {
-  draining_.store(true, std::memory_order_release);
   absl::MutexLock lock(&mu_);
+  // The engine thread compares the deadline with clock_ at every loop
+  // iteration (it is never asleep while requests are live), so a simulated
+  // clock decides when it has passed.
+  drain_deadline_ = std::min(drain_deadline_, deadline);
+  draining_.store(true, std::memory_order_release);
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return idle_ && inbox_.empty(); };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&idle), deadline)) {
-    cancel_all_ = true;
-    mu_.Await(absl::Condition(&idle));
-  }
+  mu_.Await(absl::Condition(&idle));
 }
 
 // ---- Engine thread -------------------------------------------------------------
@@ -345,18 +347,17 @@ void EngineImpl::Loop() {
     bool cancel_all = false;
     {
       absl::MutexLock lock(&mu_);
-      if (live_.empty() && inbox_.empty() && !stop_ && !cancel_all_) {
+      if (live_.empty() && inbox_.empty() && !stop_) {
         idle_ = true;
         auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return !inbox_.empty() || stop_ || cancel_all_;
+          return !inbox_.empty() || stop_;
         };
         mu_.Await(absl::Condition(&wake));
       }
       idle_ = false;
       incoming_.swap(inbox_);
       stop = stop_;
-      cancel_all = cancel_all_;
-      cancel_all_ = false;
+      cancel_all = draining_.load(std::memory_order_acquire) && clock_->Now() >= drain_deadline_;
     }
     for (std::unique_ptr<RequestState>& req : incoming_) Admit(std::move(req));
     incoming_.clear();
@@ -505,7 +506,7 @@ void EngineImpl::EvictAfterStep() {
 }
 
 void EngineImpl::Step() {
-  step_time_ = absl::Now();
+  step_time_ = clock_->Now();
   const StepPlan& plan = scheduler_.Schedule();
   if (absl::Status copied = RunCopies(); !copied.ok()) {
     // The cache manager already moved the blocks; their bytes are now
@@ -554,7 +555,7 @@ void EngineImpl::Step() {
     FailRequests(seqs, absl::StrCat(what, std::string(st.message())));
   };
   if (!status.ok()) {
-    step_time_ = absl::Now();
+    step_time_ = clock_->Now();
     fail_plan("forward pass failed: ", status);
     return;
   }
@@ -568,7 +569,7 @@ void EngineImpl::Step() {
   }
   // Before forks copy the evictors.
   if (absl::Status observed = ObserveStep(plan); !observed.ok()) {
-    step_time_ = absl::Now();
+    step_time_ = clock_->Now();
     fail_plan("reading attention statistics failed: ", observed);
     return;
   }
@@ -580,7 +581,7 @@ void EngineImpl::Step() {
   if (sampled_.size() < sample_rows_.size()) sampled_.resize(sample_rows_.size());
   const std::span<SampledToken> sampled(sampled_.data(), sample_rows_.size());
   const absl::Status sample_status = runner_->Sample(sample_rows_, sampled);
-  step_time_ = absl::Now();
+  step_time_ = clock_->Now();
   if (!sample_status.ok()) {
     fail_plan("sampling failed: ", sample_status);
     return;
@@ -735,7 +736,7 @@ void EngineImpl::Touch(RequestState* req) {
 }
 
 void EngineImpl::FlushEvents() {
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   for (RequestState* req : touched_) {
     req->in_step = false;
     // Samples 1 .. n-1 of a request that ended before its fork never existed:

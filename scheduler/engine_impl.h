@@ -18,7 +18,9 @@
 //   6. publish the stats snapshot, then push this step's events (so a client
 //      that sees an event sees stats at least as new as its step).
 // When there is nothing to do the thread sleeps on the mutex until a
-// submission, Drain's cancel-all or shutdown arrives.
+// submission or shutdown arrives. Times (request metrics, Drain's deadline)
+// come from EngineConfig::clock: once draining, each loop iteration cancels
+// what is left if the clock has passed the deadline.
 //
 // Request semantics worth knowing:
 //   * Stop tokens (EOS and, for llama2.c stories checkpoints, BOS, unless
@@ -124,6 +126,7 @@ class EngineImpl final : public Engine {
   void PublishStats();
 
   const EngineConfig config_;
+  const std::shared_ptr<const Clock> clock_;  // config_.clock or RealClock()
   const int32_t max_model_len_;
   const ModelConfig model_config_;
   std::unique_ptr<ModelRunner> runner_;
@@ -158,7 +161,8 @@ class EngineImpl final : public Engine {
   mutable absl::Mutex mu_;
   std::vector<std::unique_ptr<RequestState>> inbox_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  bool cancel_all_ ABSL_GUARDED_BY(mu_) = false;
+  // Drain's deadline on clock_: the loop cancels what is left once it passes.
+  absl::Time drain_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool idle_ ABSL_GUARDED_BY(mu_) = true;
   uint64_t next_arrival_ ABSL_GUARDED_BY(mu_) = 0;
   std::mt19937_64 seed_rng_ ABSL_GUARDED_BY(mu_);

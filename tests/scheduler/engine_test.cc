@@ -13,6 +13,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -22,6 +23,7 @@
 #include "scheduler/detokenizer.h"
 #include "tests/engine_harness.h"
 #include "tests/test_util.h"
+#include "util/clock.h"
 
 namespace kvserve {
 namespace {
@@ -52,6 +54,7 @@ struct Setup {
   int32_t max_model_len = 0;
   std::function<void(const RequestMetrics&)> on_finished;
   std::vector<int32_t> model_stop_ids;  // ModelConfig::stop_ids
+  std::shared_ptr<const Clock> clock;    // null: the real clock
 };
 
 std::unique_ptr<Engine> MakeEngine(const Setup& s) {
@@ -73,6 +76,7 @@ std::unique_ptr<Engine> MakeEngine(const Setup& s) {
   config.prefix_caching = s.prefix_caching;
   config.debug_check_invariants = true;
   config.on_request_finished = s.on_finished;
+  config.clock = s.clock;
   auto engine = Engine::Create(config, std::move(*runner), Stories().tokenizer);
   REQUIRE(engine.ok());
   return std::move(*engine);
@@ -86,6 +90,27 @@ using testing::RequireAllBlocksFree;
 using testing::Result;
 using testing::RunConcurrently;
 using testing::RunOne;
+
+// A request that cannot end on its own while a test runs: streaming eviction
+// keeps its positions bounded, so it is not held to max_model_len, and it
+// asks for a billion tokens.
+GenerateRequest Endless() {
+  GenerateRequest r = Greedy("Once", 1 << 29);
+  r.ignore_eos = true;
+  r.kv_policy.policy = "streaming";
+  r.kv_policy.budget = 48;
+  r.kv_policy.sink_tokens = 4;
+  return r;
+}
+
+// Blocks until the stream's first event (so its request is running) and
+// returns its tokens.
+std::vector<int32_t> FirstEvent(RequestStream& stream) {
+  GenerateOutput out;
+  REQUIRE(stream.Next(&out) == RequestStream::Pop::kOutput);
+  REQUIRE(out.finish_reason == FinishReason::kNone);
+  return out.token_ids;
+}
 
 TEST_CASE("Engine reproduces llama2.c's greedy story from BOS", "[scheduler]") {
   auto engine = MakeEngine({});
@@ -777,13 +802,12 @@ TEST_CASE("Chunked prefill, priorities, metrics and drain", "[scheduler]") {
     REQUIRE(refused.status().code() == absl::StatusCode::kUnavailable);
   }
   SECTION("Drain past its deadline cancels what is left") {
-    GenerateRequest long_one = Greedy("Once", 400);
-    long_one.ignore_eos = true;
-    auto a = engine->Submit(long_one);
+    auto a = engine->Submit(Endless());
     REQUIRE(a.ok());
+    FirstEvent(**a);
     engine->Drain(absl::Now());
     Result r = Collect(**a);
-    REQUIRE((r.finish[0] == FinishReason::kCancelled || r.finish[0] == FinishReason::kLength));
+    REQUIRE(r.finish[0] == FinishReason::kCancelled);
     RequireAllBlocksFree(*engine);
   }
 }
@@ -846,14 +870,60 @@ TEST_CASE("Destroying a busy engine cancels its requests", "[scheduler]") {
   std::shared_ptr<RequestStream> stream;
   {
     auto engine = MakeEngine({});
-    GenerateRequest r = Greedy("Once", 400);
-    r.ignore_eos = true;
-    auto s = engine->Submit(r);
+    auto s = engine->Submit(Endless());
     REQUIRE(s.ok());
     stream = *s;
+    FirstEvent(*stream);  // running when the engine goes
   }
+  GenerateOutput out;
   Result r = Collect(*stream);
-  REQUIRE((r.finish[0] == FinishReason::kCancelled || r.finish[0] == FinishReason::kLength));
+  REQUIRE(r.finish[0] == FinishReason::kCancelled);
+  REQUIRE(stream->Next(&out) == RequestStream::Pop::kEnd);
+}
+
+TEST_CASE("Drain's deadline is read on the engine's clock", "[scheduler]") {
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  auto clock = std::make_shared<SimulatedClock>(t0);
+  absl::Mutex mu;
+  std::vector<RequestMetrics> metrics;
+  Setup setup;
+  setup.clock = clock;
+  setup.on_finished = [&](const RequestMetrics& m) {
+    absl::MutexLock lock(&mu);
+    metrics.push_back(m);
+  };
+  auto engine = MakeEngine(setup);
+
+  SECTION("before the deadline in-flight requests finish, however long they take") {
+    GenerateRequest req = Greedy("Once", 400);
+    req.ignore_eos = true;
+    auto a = engine->Submit(req);
+    REQUIRE(a.ok());
+    // The clock stands still: the deadline never comes, real time passes.
+    engine->Drain(t0 + absl::Milliseconds(1));
+    Result r = Collect(**a);
+    REQUIRE(r.finish[0] == FinishReason::kLength);
+    REQUIRE(r.tokens[0].size() == 400);
+    absl::MutexLock lock(&mu);
+    REQUIRE(metrics.size() == 1);
+    REQUIRE(metrics[0].e2e_s == 0.0);  // no simulated time went by
+  }
+  SECTION("once the clock passes the deadline the rest is cancelled") {
+    auto a = engine->Submit(Endless());
+    REQUIRE(a.ok());
+    FirstEvent(**a);  // first token at t0
+    std::thread drain([&] { engine->Drain(t0 + absl::Seconds(5)); });
+    clock->AdvanceTime(absl::Seconds(5));
+    drain.join();  // returns once the engine has cancelled and gone idle
+    Result r = Collect(**a);
+    REQUIRE(r.finish[0] == FinishReason::kCancelled);
+    RequireAllBlocksFree(*engine);
+    absl::MutexLock lock(&mu);
+    REQUIRE(metrics.size() == 1);
+    REQUIRE(metrics[0].finish_reason == FinishReason::kCancelled);
+    REQUIRE(metrics[0].ttft_s == 0.0);
+    REQUIRE(metrics[0].e2e_s == 5.0);  // submitted at t0, cancelled at t0 + 5 s
+  }
 }
 
 }  // namespace
