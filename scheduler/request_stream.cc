@@ -54,6 +54,19 @@ void RequestStream::Close() {
   if (notify) notify();
 }
 
+void RequestStream::Cancel() {
+  // Under mu_ so that AwaitCancelled's condition is re-evaluated.
+  absl::MutexLock lock(&mu_);
+  cancelled_.store(true, std::memory_order_relaxed);
+}
+
+bool RequestStream::AwaitCancelled(absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto cancelled = [this]() { return cancelled_.load(std::memory_order_relaxed); };
+  mu_.AwaitWithTimeout(absl::Condition(&cancelled), timeout);
+  return cancelled_.load(std::memory_order_relaxed);
+}
+
 bool RequestStream::closed() const {
   absl::MutexLock lock(&mu_);
   return closed_;

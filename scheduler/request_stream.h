@@ -40,8 +40,11 @@ class RequestStream {
   void SetNotify(std::function<void()> notify);
 
   // Front end: the client is gone or asked to stop.
-  void Cancel() { cancelled_.store(true, std::memory_order_relaxed); }
+  void Cancel();
   bool cancelled() const { return cancelled_.load(std::memory_order_relaxed); }
+  // Waits until Cancel() or `timeout`; true when cancelled. For a producer
+  // that pauses between outputs and must stop the moment the client goes.
+  bool AwaitCancelled(absl::Duration timeout) const;
 
   // Engine side.
   void Push(GenerateOutput out);

@@ -3,15 +3,14 @@
 // daemon's own /metrics text, workloads built from the dev-set text with the
 // stories260K tokenizer, Poisson arrivals, and the load runner with a fake
 // client.
-#include <atomic>
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <map>
-#include <mutex>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <thread>
 
+#include "absl/synchronization/mutex.h"
 #include "bench/loadgen/client.h"
 #include "bench/loadgen/load.h"
 #include "bench/loadgen/report.h"
@@ -325,22 +324,38 @@ TEST_CASE("Poisson arrivals have the asked mean rate", "[bench]") {
   REQUIRE(burst == std::vector<double>{0, 0, 0});
 }
 
-// Answers after a short sleep and counts requests in flight.
+// What the fake clients share: requests in flight, their peak, and the
+// max_tokens of every request answered. The first `wave` requests are held
+// until `wave` of them are in flight at once, so the peak is reached by the
+// requests meeting rather than by a sleep; a runner that never lets that
+// many run fails the bounded wait instead of hanging.
+struct InFlight {
+  explicit InFlight(int wave) : wave(wave) {}
+  const int wave;
+  absl::Mutex mu;
+  int in_flight ABSL_GUARDED_BY(mu) = 0;
+  int peak ABSL_GUARDED_BY(mu) = 0;
+  int arrived ABSL_GUARDED_BY(mu) = 0;
+  bool wave_met ABSL_GUARDED_BY(mu) = false;
+  std::vector<int> seen ABSL_GUARDED_BY(mu);
+};
+
 class FakeClient : public Client {
  public:
-  FakeClient(std::atomic<int>* in_flight, std::atomic<int>* peak, std::mutex* mu,
-             std::vector<int>* seen)
-      : in_flight_(in_flight), peak_(peak), mu_(mu), seen_(seen) {}
+  explicit FakeClient(InFlight* f) : f_(f) {}
   RequestResult Send(const BenchRequest& r) override {
-    const int now = ++*in_flight_;
-    int p = peak_->load();
-    while (now > p && !peak_->compare_exchange_weak(p, now)) {
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    --*in_flight_;
     {
-      std::lock_guard<std::mutex> lock(*mu_);
-      seen_->push_back(r.max_tokens);
+      absl::MutexLock lock(&f_->mu);
+      f_->peak = std::max(f_->peak, ++f_->in_flight);
+      if (++f_->arrived <= f_->wave) {
+        // Arrivals, not in_flight: the last of the wave leaves at once.
+        auto met = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(f_->mu) {
+          return f_->arrived >= f_->wave;
+        };
+        f_->wave_met = f_->mu.AwaitWithTimeout(absl::Condition(&met), absl::Seconds(30));
+      }
+      --f_->in_flight;
+      f_->seen.push_back(r.max_tokens);
     }
     RequestResult res;
     res.ok = r.max_tokens != 3;  // request 3 "fails"
@@ -353,28 +368,23 @@ class FakeClient : public Client {
   }
 
  private:
-  std::atomic<int>* in_flight_;
-  std::atomic<int>* peak_;
-  std::mutex* mu_;
-  std::vector<int>* seen_;
+  InFlight* const f_;
 };
 
 TEST_CASE("The load runner keeps the asked concurrency and sends each request once", "[bench]") {
   std::vector<BenchRequest> workload(10);
   for (int i = 0; i < 10; ++i) workload[static_cast<size_t>(i)].max_tokens = i + 1;
-  std::atomic<int> in_flight{0}, peak{0};
-  std::mutex mu;
-  std::vector<int> seen;
-  ClientFactory factory = [&] {
-    return std::make_unique<FakeClient>(&in_flight, &peak, &mu, &seen);
-  };
   LoadSpec spec;
   SECTION("closed loop") {
     spec.concurrency = 3;
     spec.num_requests = 25;  // wraps around the workload
-    LoadResult r = RunLoad(spec, workload, factory, {});
+    InFlight f(3);
+    LoadResult r = RunLoad(spec, workload, [&] { return std::make_unique<FakeClient>(&f); }, {});
     REQUIRE(r.results.size() == 25);
-    REQUIRE(peak.load() <= 3);
+    absl::MutexLock lock(&f.mu);
+    REQUIRE(f.wave_met);
+    REQUIRE(f.peak == 3);
+    std::vector<int> seen = f.seen;
     std::sort(seen.begin(), seen.end());
     REQUIRE(std::count(seen.begin(), seen.end(), 1) == 3);
     REQUIRE(std::count(seen.begin(), seen.end(), 10) == 2);
@@ -392,16 +402,19 @@ TEST_CASE("The load runner keeps the asked concurrency and sends each request on
     spec.mode = LoadSpec::Mode::kOpen;
     spec.request_rate = 0;
     spec.max_concurrency = 4;
-    LoadResult r = RunLoad(spec, workload, factory, {});
+    InFlight f(4);
+    LoadResult r = RunLoad(spec, workload, [&] { return std::make_unique<FakeClient>(&f); }, {});
     REQUIRE(r.results.size() == 10);
-    REQUIRE(peak.load() <= 4);
-    REQUIRE(peak.load() >= 2);
+    absl::MutexLock lock(&f.mu);
+    REQUIRE(f.wave_met);
+    REQUIRE(f.peak == 4);
   }
   SECTION("open loop at a rate, stopped by time") {
     spec.mode = LoadSpec::Mode::kOpen;
     spec.request_rate = 200;
     spec.duration_s = 0.3;
-    LoadResult r = RunLoad(spec, workload, factory, {});
+    InFlight f(0);
+    LoadResult r = RunLoad(spec, workload, [&] { return std::make_unique<FakeClient>(&f); }, {});
     REQUIRE(r.results.size() > 10);
     REQUIRE(r.results.size() < 150);
   }

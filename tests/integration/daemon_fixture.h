@@ -10,9 +10,11 @@
 #include <fcntl.h>
 #include <httplib.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <spawn.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -73,6 +75,7 @@ class DaemonProcess {
       kill(pid_, SIGKILL);
       Exited(/*wait=*/true);
     }
+    ClosePidfd();
   }
 
   DaemonProcess(const DaemonProcess&) = delete;
@@ -99,14 +102,17 @@ class DaemonProcess {
   void Signal(int sig) const { kill(pid_, sig); }
 
   // Waits (bounded) for the child to exit; its exit code, or -1 on a
-  // timeout or a death by signal.
+  // timeout or a death by signal. Wakes on the exit itself (a pidfd turns
+  // readable when the child ends).
   int WaitForExit(std::chrono::seconds timeout) {
     const auto end = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < end) {
-      if (Exited(/*wait=*/false)) return exit_code_;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    while (!Exited(/*wait=*/false)) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          end - std::chrono::steady_clock::now());
+      if (left.count() <= 0) return -1;
+      WaitForChildExit(left);
     }
-    return -1;
+    return exit_code_;
   }
 
  private:
@@ -137,18 +143,36 @@ class DaemonProcess {
     posix_spawn_file_actions_destroy(&actions);
     REQUIRE(rc == 0);
     exited_ = false;
+    ClosePidfd();
+    pidfd_ = static_cast<int>(syscall(SYS_pidfd_open, pid_, 0));
+    REQUIRE(pidfd_ >= 0);
 
+    // Readiness has no event the child could signal us with short of a
+    // protocol of our own, so this stays a bounded poll of /health; between
+    // tries it waits on the child's exit, so a daemon that dies at start-up
+    // ends the wait at once.
     const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
     while (std::chrono::steady_clock::now() < end) {
       if (Exited(/*wait=*/false)) return false;
       httplib::Client c("127.0.0.1", http_port_);
       c.set_connection_timeout(1, 0);
       if (auto r = c.Get("/health"); r && r->status == 200) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      WaitForChildExit(std::chrono::milliseconds(50));
     }
     kill(pid_, SIGKILL);
     Exited(/*wait=*/true);
     return false;
+  }
+
+  // Returns when the child has exited or after `timeout`.
+  void WaitForChildExit(std::chrono::milliseconds timeout) const {
+    pollfd p{pidfd_, POLLIN, 0};
+    poll(&p, 1, static_cast<int>(timeout.count()));
+  }
+
+  void ClosePidfd() {
+    if (pidfd_ >= 0) close(pidfd_);
+    pidfd_ = -1;
   }
 
   bool Exited(bool wait) {
@@ -166,6 +190,7 @@ class DaemonProcess {
   std::string config_path_;
   std::string log_path_;
   pid_t pid_ = -1;
+  int pidfd_ = -1;  // readable once the child exits
   bool exited_ = false;
   int exit_code_ = -1;
   int http_port_ = 0;

@@ -37,7 +37,8 @@ class FakeEngine final : public Engine {
   // Replies stop after this many tokens ("stop"); max_tokens may end them first.
   int reply_length = 26;
   bool queue_full = false;
-  // Pause between tokens, so a client can leave while a reply is running.
+  // Pause between tokens, so a client can leave while a reply is running; a
+  // cancel ends the pause at once (RequestStream::AwaitCancelled).
   absl::Duration token_interval = absl::ZeroDuration();
 
   absl::StatusOr<std::shared_ptr<RequestStream>> Submit(GenerateRequest request) override {
@@ -126,7 +127,7 @@ class FakeEngine final : public Engine {
         }
         stream->Push(std::move(out));
         if (last) break;
-        if (token_interval > absl::ZeroDuration()) absl::SleepFor(token_interval);
+        if (token_interval > absl::ZeroDuration()) stream->AwaitCancelled(token_interval);
       }
     }
     if (cancelled) {
