@@ -721,16 +721,24 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
   view.num_logits_rows = R;
   const int32_t* plan_words = reinterpret_cast<const int32_t*>(base + l.attention.offset);
   const int64_t dim = c.dim, hid = c.hidden_dim;
+  // Embedding lookups and RMSNorms of this step differ only in these
+  // arguments; the rest is the step's (act, eps, stream).
+  auto embedding = [&](const void* table, const int32_t* ids, void* out, int64_t vocab,
+                       int64_t rows) {
+    return cuda::Embedding({.table = table, .ids = ids, .out = out, .vocab = vocab, .dim = dim,
+                            .num_tokens = rows, .dtype = act},
+                           stream);
+  };
+  // `rows` rows of `width` values, `stride` apart (0: width).
+  auto rms_norm = [&](void* x, const void* weight, void* out, int64_t rows, int64_t width,
+                      int64_t stride = 0) {
+    return cuda::RmsNorm({.x = x, .weight = weight, .out = out, .num_tokens = rows, .dim = width,
+                          .x_stride = stride, .out_stride = stride, .eps = c.rms_norm_eps,
+                          .dtype = act},
+                         stream);
+  };
 
-  cuda::EmbeddingParams emb;
-  emb.table = Weight(wl.embeddings);
-  emb.ids = view.token_ids;
-  emb.out = x.get();
-  emb.vocab = c.vocab_size;
-  emb.dim = dim;
-  emb.num_tokens = T;
-  emb.dtype = act;
-  KV_RETURN_IF_ERROR(cuda::Embedding(emb, stream));
+  KV_RETURN_IF_ERROR(embedding(Weight(wl.embeddings), view.token_ids, x.get(), c.vocab_size, T));
 
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const DeviceLayerWeights& w = wl.layers[layer];
@@ -739,44 +747,20 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
     kv.num_blocks = num_blocks;
     kv.layout = format.layout();
 
-    cuda::RmsNormParams norm;
-    norm.x = x.get();
-    norm.weight = Weight(w.attn_norm);
-    norm.out = h.get();
-    norm.num_tokens = T;
-    norm.dim = dim;
-    norm.eps = c.rms_norm_eps;
-    norm.dtype = act;
-    KV_RETURN_IF_ERROR(cuda::RmsNorm(norm, stream));
-
-    cuda::GemmParams g;
-    g.x = h.get();
-    g.w = Weight(w.wqkv);
-    g.y = qkv.get();
-    g.rows = T;
-    g.in = dim;
-    g.out = qkv_dim;
-    g.bias = c.qkv_bias ? Weight(w.bqkv) : nullptr;
-    g.y_dtype = act;
-    KV_RETURN_IF_ERROR(gemm->Linear(g, stream));
+    KV_RETURN_IF_ERROR(rms_norm(x.get(), Weight(w.attn_norm), h.get(), T, dim));
+    KV_RETURN_IF_ERROR(gemm->Linear({.x = h.get(), .w = Weight(w.wqkv), .y = qkv.get(), .rows = T,
+                                     .in = dim, .out = qkv_dim,
+                                     .bias = c.qkv_bias ? Weight(w.bqkv) : nullptr, .y_dtype = act},
+                                    stream));
 
     if (c.qk_norm) {
       // Every head of every row is one RMSNorm row of head_dim values.
       for (int32_t head = 0; head < c.num_heads + c.num_kv_heads; ++head) {
-        cuda::RmsNormParams qn;
-        qn.x = Act(qkv, int64_t{head} * c.head_dim);
-        qn.out = qn.x;
-        qn.weight = Weight(head < c.num_heads ? w.q_norm : w.k_norm);
-        qn.num_tokens = T;
-        qn.dim = c.head_dim;
-        qn.x_stride = qkv_dim;
-        qn.out_stride = qkv_dim;
-        qn.eps = c.rms_norm_eps;
-        qn.dtype = act;
-        KV_RETURN_IF_ERROR(cuda::RmsNorm(qn, stream));
+        uint8_t* rows = Act(qkv, int64_t{head} * c.head_dim);
+        KV_RETURN_IF_ERROR(rms_norm(rows, Weight(head < c.num_heads ? w.q_norm : w.k_norm), rows, T,
+                                    c.head_dim, qkv_dim));
       }
     }
-
     cuda::RopeParams rope;
     rope.q = qkv.get();
     rope.k = Act(qkv, q_dim);
@@ -823,30 +807,14 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
     pa.workspace_bytes = attn_workspace_bytes;
     KV_RETURN_IF_ERROR(cuda::PagedAttention(pa, stream));
 
-    g = cuda::GemmParams();
-    g.x = attn.get();
-    g.w = Weight(w.wo);
-    g.y = x.get();
-    g.rows = T;
-    g.in = q_dim;
-    g.out = dim;
-    g.accumulate = true;
-    g.bias = c.o_bias ? Weight(w.bo) : nullptr;
-    g.y_dtype = act;
-    KV_RETURN_IF_ERROR(gemm->Linear(g, stream));
-
-    norm.weight = Weight(w.ffn_norm);
-    KV_RETURN_IF_ERROR(cuda::RmsNorm(norm, stream));
-
-    g = cuda::GemmParams();
-    g.x = h.get();
-    g.w = Weight(w.w_gate_up);
-    g.y = gate_up.get();
-    g.rows = T;
-    g.in = dim;
-    g.out = 2 * hid;
-    g.y_dtype = act;
-    KV_RETURN_IF_ERROR(gemm->Linear(g, stream));
+    KV_RETURN_IF_ERROR(gemm->Linear({.x = attn.get(), .w = Weight(w.wo), .y = x.get(), .rows = T,
+                                     .in = q_dim, .out = dim, .accumulate = true,
+                                     .bias = c.o_bias ? Weight(w.bo) : nullptr, .y_dtype = act},
+                                    stream));
+    KV_RETURN_IF_ERROR(rms_norm(x.get(), Weight(w.ffn_norm), h.get(), T, dim));
+    KV_RETURN_IF_ERROR(gemm->Linear({.x = h.get(), .w = Weight(w.w_gate_up), .y = gate_up.get(),
+                                     .rows = T, .in = dim, .out = 2 * hid, .y_dtype = act},
+                                    stream));
 
     cuda::SwiGluParams sw;
     sw.gate_up = gate_up.get();
@@ -858,49 +826,20 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
     sw.dtype = act;
     KV_RETURN_IF_ERROR(cuda::SwiGlu(sw, stream));
 
-    g = cuda::GemmParams();
-    g.x = gate_up.get();
-    g.ldx = 2 * hid;
-    g.w = Weight(w.w_down);
-    g.y = x.get();
-    g.rows = T;
-    g.in = hid;
-    g.out = dim;
-    g.accumulate = true;
-    g.y_dtype = act;
-    KV_RETURN_IF_ERROR(gemm->Linear(g, stream));
+    KV_RETURN_IF_ERROR(gemm->Linear({.x = gate_up.get(), .w = Weight(w.w_down), .y = x.get(),
+                                     .rows = T, .in = hid, .out = dim, .ldx = 2 * hid,
+                                     .accumulate = true, .y_dtype = act},
+                                    stream));
   }
 
   if (R == 0) return absl::OkStatus();
   // The logits rows of the residual stream, gathered (an embedding lookup
   // whose table is x), normed and multiplied by the head.
-  cuda::EmbeddingParams gather;
-  gather.table = x.get();
-  gather.ids = view.logits_rows;
-  gather.out = final_rows.get();
-  gather.vocab = T;
-  gather.dim = dim;
-  gather.num_tokens = R;
-  gather.dtype = act;
-  KV_RETURN_IF_ERROR(cuda::Embedding(gather, stream));
-  cuda::RmsNormParams fnorm;
-  fnorm.x = final_rows.get();
-  fnorm.weight = Weight(wl.final_norm);
-  fnorm.out = final_rows.get();
-  fnorm.num_tokens = R;
-  fnorm.dim = dim;
-  fnorm.eps = c.rms_norm_eps;
-  fnorm.dtype = act;
-  KV_RETURN_IF_ERROR(cuda::RmsNorm(fnorm, stream));
-  cuda::GemmParams head;
-  head.x = final_rows.get();
-  head.w = Weight(wl.lm_head);
-  head.y = logits.get();
-  head.rows = R;
-  head.in = dim;
-  head.out = c.vocab_size;
-  head.y_dtype = ActDtype::kFp32;
-  return gemm->Linear(head, stream);
+  KV_RETURN_IF_ERROR(embedding(x.get(), view.logits_rows, final_rows.get(), T, R));
+  KV_RETURN_IF_ERROR(rms_norm(final_rows.get(), Weight(wl.final_norm), final_rows.get(), R, dim));
+  return gemm->Linear({.x = final_rows.get(), .w = Weight(wl.lm_head), .y = logits.get(),
+                       .rows = R, .in = dim, .out = c.vocab_size, .y_dtype = ActDtype::kFp32},
+                      stream);
 }
 
 absl::Status CudaModelRunner::Impl::ForwardBatch(const BatchInput& batch) {

@@ -1,6 +1,8 @@
-// Driving an Engine from a test: collect every stream event per sample,
-// run requests alone or all at once, random prompts from the TinyStories dev
-// set, and the end-of-test check that every block is back in the pool.
+// Driving an Engine from a test: the reference model loaded once, the engine
+// knobs the tests vary and their EngineConfig, collect every stream event per
+// sample, run requests alone or all at once, random prompts from the
+// TinyStories dev set, and the end-of-test check that every block is back in
+// the pool.
 // Shared by the CPU engine tests and the [gpu] CUDA runner tests, so both
 // backends are held to the same harness.
 #pragma once
@@ -11,11 +13,52 @@
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
+#include "model/model_loader.h"
 #include "scheduler/detokenizer.h"
 #include "scheduler/engine.h"
 #include "tests/test_util.h"
 
 namespace kvserve::testing {
+
+// stories260K's weights and tokenizer, loaded once per test binary.
+struct StoriesModel {
+  LlamaWeights weights;
+  std::shared_ptr<const Tokenizer> tokenizer;
+};
+
+inline const StoriesModel& Stories() {
+  static const StoriesModel* model = [] {
+    auto m = LoadModel(Stories260kCheckpoint());
+    if (!m.ok()) std::abort();
+    return new StoriesModel{m->weights, std::shared_ptr<const Tokenizer>(std::move(m->tokenizer))};
+  }();
+  return *model;
+}
+
+// The engine knobs the engine tests vary, on either backend.
+struct EngineSetup {
+  int block_size = 16;
+  int32_t num_blocks = 2048;
+  int32_t num_swap_blocks = 0;
+  bool prefix_caching = true;
+  PreemptionMode mode = PreemptionMode::kRecompute;
+  int32_t max_num_seqs = 64;
+  int32_t max_num_batched_tokens = 512;
+  int32_t max_model_len = 0;
+};
+
+// Its EngineConfig, checking the cache's invariants after every step.
+inline EngineConfig EngineConfigOf(const EngineSetup& s) {
+  EngineConfig config;
+  config.max_num_seqs = s.max_num_seqs;
+  config.max_num_batched_tokens = s.max_num_batched_tokens;
+  config.max_model_len = s.max_model_len;
+  config.preemption_mode = s.mode;
+  config.prefix_caching = s.prefix_caching;
+  config.debug_check_invariants = true;
+  return config;
+}
 
 // Everything one request streamed, per sample.
 struct Result {
@@ -123,6 +166,84 @@ inline std::string RandomSnippet(std::mt19937& rng, size_t max_chars) {
   while (start > 0 && s[start - 1] != ' ') --start;
   const size_t len = 1 + rng() % max_chars;
   return s.substr(start, len);
+}
+
+// n = 4 seeded samples of 40 tokens from a 100-token prompt (6 full blocks
+// of 16 and 4 tokens in a seventh): the fork and copy-on-write scenario.
+inline GenerateRequest ForkRequest() {
+  std::vector<int32_t> prompt = Stories().tokenizer->Encode(DevStories()[3], true);
+  prompt.resize(100);
+  GenerateRequest req;
+  req.prompt_token_ids = prompt;
+  req.max_tokens = 40;
+  req.ignore_eos = true;
+  req.sampling.temperature = 1.0f;
+  req.sampling.top_k = 40;
+  req.sampling.seed = 1234;
+  req.n = 4;
+  return req;
+}
+
+// The stats snapshot at every event of one request: stats are published
+// before a step's events are pushed, so a notify callback (engine thread)
+// sees the snapshot of the step it reports. Submits again (at most 5 times)
+// when an event beats the callback; *result gets the request's outputs.
+inline std::vector<EngineStats> StatsPerEvent(Engine& engine, const GenerateRequest& req,
+                                              Result* result) {
+  struct Seen {
+    absl::Mutex mu;
+    std::vector<EngineStats> stats;
+  };
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    auto s = engine.Submit(req);
+    REQUIRE(s.ok());
+    auto seen = std::make_shared<Seen>();
+    Engine* e = &engine;
+    (*s)->SetNotify([seen, e] {
+      absl::MutexLock lock(&seen->mu);
+      seen->stats.push_back(e->GetStats());
+    });
+    GenerateOutput early;
+    if ((*s)->TryNext(&early) != RequestStream::Pop::kTimeout) {
+      while ((*s)->Next(&early) == RequestStream::Pop::kOutput) {
+      }
+      continue;  // an event arrived before the callback was set
+    }
+    *result = Collect(**s, req.n);
+    absl::MutexLock lock(&seen->mu);
+    return seen->stats;
+  }
+  FAIL("could not set the notify callback before the first event");
+  return {};
+}
+
+// ForkRequest's block accounting, event by event: at the fork the 7 prompt
+// blocks are held once by all 4 samples; a step later 3 samples have copied
+// the shared partial block (copy-on-write), the 4th keeps the original, and
+// the 6 full blocks stay shared.
+inline void RequireForkSharing(const std::vector<EngineStats>& seen) {
+  REQUIRE(seen.size() >= 8);
+  REQUIRE(seen[0].kv.num_active_blocks == 7);
+  REQUIRE(seen[0].num_running == 4);
+  REQUIRE(seen[4].kv.num_active_blocks == 10);
+  REQUIRE(seen[4].kv.cow_copies - seen[0].kv.cow_copies == 3);
+}
+
+// 16 greedy requests that share `prefix` and go on with a random dev-set
+// snippet each, 30 to 59 tokens: the prefix-caching scenario.
+inline std::vector<GenerateRequest> SharedPrefixRequests(const std::vector<int32_t>& prefix) {
+  std::mt19937 rng(3);
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < 16; ++i) {
+    GenerateRequest r;
+    r.sampling.temperature = 0.0f;
+    r.prompt_token_ids = prefix;
+    std::vector<int32_t> tail = Stories().tokenizer->Encode(" " + RandomSnippet(rng, 60), false);
+    r.prompt_token_ids.insert(r.prompt_token_ids.end(), tail.begin(), tail.end());
+    r.max_tokens = 30 + rng() % 30;
+    reqs.push_back(r);
+  }
+  return reqs;
 }
 
 }  // namespace kvserve::testing

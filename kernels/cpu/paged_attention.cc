@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <vector>
 
+#include "kernels/cpu/attention_row_scalar.h"
 #include "kernels/cpu/kv_quant.h"
 #include "kernels/cpu/paged_attention_avx2.h"
 #include "kernels/cpu/paged_attention_kc.h"
@@ -31,10 +32,6 @@ void PagedAttentionScalar(const PagedAttentionParams& p, int32_t row_begin, int3
   const BatchView& batch = p.batch;
   const int hd = f.head_dim, bs = f.block_size, nh = p.num_heads;
   const int hkv = f.num_kv_heads, group = nh / hkv;
-  thread_local std::vector<float> scores, row, acc, sums;
-  row.resize(hd);
-  sums.resize(group);
-  acc.resize(static_cast<size_t>(group) * hd);
   for (int32_t r = row_begin; r < row_end; ++r) {
     const int32_t b = batch.SeqOfRow(r);
     const int32_t idx = batch.CacheIndex(b, r);
@@ -46,49 +43,16 @@ void PagedAttentionScalar(const PagedAttentionParams& p, int32_t row_begin, int3
                       ? p.key_mass + p.key_mass_offset[r]
                       : nullptr;
     if (mass != nullptr) std::fill(mass, mass + n, 0.0f);
-    scores.resize(static_cast<size_t>(group) * n);
     for (int kvh = 0; kvh < hkv; ++kvh) {
       const int64_t q_off = (int64_t(r) * nh + kvh * group) * hd;  // [group][hd]
-      for (int32_t i = lo; i <= idx; ++i) {
-        const float* q = (i < sinks ? p.sink_q : p.q) + q_off;
+      auto query = [&](int32_t i) { return (i < sinks ? p.sink_q : p.q) + q_off; };
+      auto decode = [&](bool v, int32_t i, float* row) {
+        const KvPartLayout& part = v ? f.v : f.k;
         const uint8_t* block = p.kv.Block(table[i / bs]);
-        DequantizeRow(f.k, hd, block + f.RowOffset(f.k, kvh, i % bs),
-                      block + f.MetaOffset(f.k, kvh, i % bs), row.data());
-        for (int g = 0; g < group; ++g) {
-          float s = 0.0f;
-          for (int d = 0; d < hd; ++d) s += q[g * hd + d] * row[d];
-          scores[static_cast<size_t>(g) * n + (i - lo)] = s * p.scale;
-        }
-      }
-      for (int g = 0; g < group; ++g) {
-        float* s = scores.data() + static_cast<size_t>(g) * n;
-        const float maxs = *std::max_element(s, s + n);
-        float total = 0.0f;
-        for (int32_t i = 0; i < n; ++i) {
-          s[i] = std::exp(s[i] - maxs);
-          total += s[i];
-        }
-        sums[g] = total;
-        if (mass != nullptr) {
-          for (int32_t i = 0; i < n; ++i) mass[i] += s[i] / total;
-        }
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int32_t i = lo; i <= idx; ++i) {
-        const uint8_t* block = p.kv.Block(table[i / bs]);
-        DequantizeRow(f.v, hd, block + f.RowOffset(f.v, kvh, i % bs),
-                      block + f.MetaOffset(f.v, kvh, i % bs), row.data());
-        for (int g = 0; g < group; ++g) {
-          const float w = scores[static_cast<size_t>(g) * n + (i - lo)];
-          float* a = acc.data() + static_cast<size_t>(g) * hd;
-          for (int d = 0; d < hd; ++d) a[d] += w * row[d];
-        }
-      }
-      for (int g = 0; g < group; ++g) {
-        float* out = p.out + (int64_t(r) * nh + kvh * group + g) * hd;
-        const float inv = 1.0f / sums[g];
-        for (int d = 0; d < hd; ++d) out[d] = acc[static_cast<size_t>(g) * hd + d] * inv;
-      }
+        DequantizeRow(part, hd, block + f.RowOffset(part, kvh, i % bs),
+                      block + f.MetaOffset(part, kvh, i % bs), row);
+      };
+      internal::AttendGroupScalar(group, hd, lo, idx, p.scale, query, decode, mass, p.out + q_off);
     }
   }
 }

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/attention_row_scalar.h"
 #include "kernels/cpu/kv_quant.h"
 #include "kernels/cpu/paged_attention.h"
 
@@ -130,15 +131,10 @@ void PagedAttentionKcScalar(const PagedAttentionParams& p, int32_t row_begin, in
   const int hd = f.head_dim, bs = f.block_size, nh = p.num_heads;
   const int hkv = f.num_kv_heads, group = nh / hkv;
   const KvPartLayout tail_part = TailPart(f);
-  thread_local std::vector<float> scores, row, acc, sums;
-  row.resize(hd);
-  sums.resize(group);
-  acc.resize(static_cast<size_t>(group) * hd);
   for (int32_t r = row_begin; r < row_end; ++r) {
     const int32_t b = batch.SeqOfRow(r);
     const int32_t idx = batch.CacheIndex(b, r);
     const int32_t lo = KeyBegin(idx, p.sliding_window);
-    const int32_t n = idx - lo + 1;
     const int32_t own = idx / bs;
     const int32_t* table = batch.BlockRow(b);
     const KcSeqView s = KcViewOf(p.kv, batch, b);
@@ -146,57 +142,28 @@ void PagedAttentionKcScalar(const PagedAttentionParams& p, int32_t row_begin, in
       std::fprintf(stderr, "PagedAttention: an int4_kc partial block has no tail\n");
       std::abort();
     }
-    // Decodes key/value index j of kv head h into `row`.
-    auto decode = [&](bool v, int h, int32_t j) {
-      if (j / bs < own) {
-        const uint8_t* block = p.kv.Block(table[j / bs]);
-        const KvPartLayout& part = v ? f.v : f.k;
-        const int64_t meta = v ? f.MetaOffset(f.v, h, j % bs) : f.BlockMetaOffset(f.k, h);
-        DequantizeRow(part, hd, block + f.RowOffset(part, h, j % bs), block + meta, row.data());
-      } else if (j < s.first) {
-        DequantizeRow(tail_part, hd, s.TailRow(f, v, h, j), nullptr, row.data());
-      } else {
-        const float* src = s.NewRow(v ? p.new_v : p.new_k, hkv, hd, h, j);
-        std::copy(src, src + hd, row.begin());
-        // New rows at the tail's precision, as earlier steps' rows are.
-        if (tail_part.elem != KvElem::kFp32) RoundToTail(tail_part, hd, row.data(), row.data());
-      }
-    };
-    scores.resize(static_cast<size_t>(group) * n);
     for (int kvh = 0; kvh < hkv; ++kvh) {
-      const float* q = p.q + (int64_t(r) * nh + kvh * group) * hd;  // [group][hd]
-      for (int32_t i = lo; i <= idx; ++i) {
-        decode(false, kvh, i);
-        for (int g = 0; g < group; ++g) {
-          float dot = 0.0f;
-          for (int d = 0; d < hd; ++d) dot += q[g * hd + d] * row[d];
-          scores[static_cast<size_t>(g) * n + (i - lo)] = dot * p.scale;
+      const int64_t q_off = (int64_t(r) * nh + kvh * group) * hd;  // [group][hd]
+      auto query = [&](int32_t) { return p.q + q_off; };
+      // Key/value index j into `row`: quantized blocks, the tail, or this
+      // step's new rows.
+      auto decode = [&](bool v, int32_t j, float* row) {
+        if (j / bs < own) {
+          const uint8_t* block = p.kv.Block(table[j / bs]);
+          const KvPartLayout& part = v ? f.v : f.k;
+          const int64_t meta = v ? f.MetaOffset(f.v, kvh, j % bs) : f.BlockMetaOffset(f.k, kvh);
+          DequantizeRow(part, hd, block + f.RowOffset(part, kvh, j % bs), block + meta, row);
+        } else if (j < s.first) {
+          DequantizeRow(tail_part, hd, s.TailRow(f, v, kvh, j), nullptr, row);
+        } else {
+          const float* src = s.NewRow(v ? p.new_v : p.new_k, hkv, hd, kvh, j);
+          std::copy(src, src + hd, row);
+          // New rows at the tail's precision, as earlier steps' rows are.
+          if (tail_part.elem != KvElem::kFp32) RoundToTail(tail_part, hd, row, row);
         }
-      }
-      for (int g = 0; g < group; ++g) {
-        float* sc = scores.data() + static_cast<size_t>(g) * n;
-        const float maxs = *std::max_element(sc, sc + n);
-        float total = 0.0f;
-        for (int32_t i = 0; i < n; ++i) {
-          sc[i] = std::exp(sc[i] - maxs);
-          total += sc[i];
-        }
-        sums[g] = total;
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int32_t i = lo; i <= idx; ++i) {
-        decode(true, kvh, i);
-        for (int g = 0; g < group; ++g) {
-          const float w = scores[static_cast<size_t>(g) * n + (i - lo)];
-          float* a = acc.data() + static_cast<size_t>(g) * hd;
-          for (int d = 0; d < hd; ++d) a[d] += w * row[d];
-        }
-      }
-      for (int g = 0; g < group; ++g) {
-        float* out = p.out + (int64_t(r) * nh + kvh * group + g) * hd;
-        const float inv = 1.0f / sums[g];
-        for (int d = 0; d < hd; ++d) out[d] = acc[static_cast<size_t>(g) * hd + d] * inv;
-      }
+      };
+      internal::AttendGroupScalar(group, hd, lo, idx, p.scale, query, decode, nullptr,
+                                  p.out + q_off);
     }
   }
 }

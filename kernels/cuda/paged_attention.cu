@@ -68,31 +68,9 @@ absl::Status CheckPart(const char* name, const KvPartLayout& part, int head_dim)
   return absl::OkStatus();
 }
 
-using KernelFn = void (*)(KernelArgs);
+using attention_detail::KernelFn;
 
-// One instantiation per KvFormat (K element, V element); null otherwise.
-KernelFn KernelFor(KvElem k, KvElem v) {
-  if (k == KvElem::kInt8 && v == KvElem::kInt4)
-    return AttentionKernel<KvElem::kInt8, KvElem::kInt4>;
-  if (k != v) return nullptr;
-  switch (k) {
-    case KvElem::kFp32:
-      return AttentionKernel<KvElem::kFp32, KvElem::kFp32>;
-    case KvElem::kFp16:
-      return AttentionKernel<KvElem::kFp16, KvElem::kFp16>;
-    case KvElem::kBf16:
-      return AttentionKernel<KvElem::kBf16, KvElem::kBf16>;
-    case KvElem::kFp8E4m3:
-      return AttentionKernel<KvElem::kFp8E4m3, KvElem::kFp8E4m3>;
-    case KvElem::kInt8:
-      return AttentionKernel<KvElem::kInt8, KvElem::kInt8>;
-    case KvElem::kInt4:
-      return AttentionKernel<KvElem::kInt4, KvElem::kInt4>;
-    case KvElem::kInt4Channel:  // int4_kc has no CUDA kernel yet (the runner refuses it)
-      return nullptr;
-  }
-  return nullptr;
-}
+KernelFn KernelFor(KvElem k, KvElem v) { return attention_detail::AttentionKernelFor(k, v); }
 
 // Lets every instantiation use the shared memory of the largest head_dim
 // (above the 48 KB default); done once per kernel, before any launch.

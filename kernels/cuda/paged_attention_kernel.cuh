@@ -307,4 +307,32 @@ __global__ void __launch_bounds__(kThreads) MergeKernel(const __grid_constant__ 
   }
 }
 
+using KernelFn = void (*)(KernelArgs);
+
+// The attention kernel of a KV format (K element, V element): one
+// instantiation per format the CUDA backend supports, null otherwise. The
+// launcher and the simulated-kernel test both choose through this.
+inline KernelFn AttentionKernelFor(KvElem k, KvElem v) {
+  if (k == KvElem::kInt8 && v == KvElem::kInt4)
+    return AttentionKernel<KvElem::kInt8, KvElem::kInt4>;
+  if (k != v) return nullptr;
+  switch (k) {
+    case KvElem::kFp32:
+      return AttentionKernel<KvElem::kFp32, KvElem::kFp32>;
+    case KvElem::kFp16:
+      return AttentionKernel<KvElem::kFp16, KvElem::kFp16>;
+    case KvElem::kBf16:
+      return AttentionKernel<KvElem::kBf16, KvElem::kBf16>;
+    case KvElem::kFp8E4m3:
+      return AttentionKernel<KvElem::kFp8E4m3, KvElem::kFp8E4m3>;
+    case KvElem::kInt8:
+      return AttentionKernel<KvElem::kInt8, KvElem::kInt8>;
+    case KvElem::kInt4:
+      return AttentionKernel<KvElem::kInt4, KvElem::kInt4>;
+    case KvElem::kInt4Channel:  // int4_kc has no CUDA kernel yet (the runner refuses it)
+      return nullptr;
+  }
+  return nullptr;
+}
+
 }  // namespace kvserve::cuda::attention_detail

@@ -25,6 +25,7 @@
 
 #include "cache/kv_cache_manager.h"
 #include "tests/cache/kv_cache_checker.h"
+#include "tests/cache/kv_cache_sim.h"
 
 namespace kvserve {
 namespace {
@@ -36,20 +37,6 @@ struct SimSeq {
   bool swapped = false;
 };
 
-// What slot i of a sequence must hold: depends on the salt (so a cross-salt
-// hit would be caught) and on every token 0..i (so a wrong prefix would be).
-std::vector<uint64_t> SlotValues(const SimSeq& s) {
-  std::vector<uint64_t> v(s.tokens.size());
-  uint64_t h = 0x243F6A8885A308D3ull ^ std::hash<std::string>{}(s.salt);
-  for (size_t i = 0; i < s.tokens.size(); ++i) {
-    h ^= static_cast<uint64_t>(s.tokens[i]) + 0x9E3779B97F4A7C15ull * (i + 1);
-    h *= 0xBF58476D1CE4E5B9ull;
-    h ^= h >> 31;
-    v[i] = h;
-  }
-  return v;
-}
-
 struct Snapshot {
   int32_t free, swap_free, tails_free, swap_tails_free, seqs;
   size_t swap_out, copies, swap_in;
@@ -57,46 +44,9 @@ struct Snapshot {
   bool operator==(const Snapshot&) const = default;
 };
 
-class Simulation {
+class Simulation : public testing::KvCacheSimulation<SimSeq> {
  public:
-  Simulation(const KvCacheConfig& config, uint64_t seed)
-      : kv_(config),
-        bs_(config.block_size),
-        rng_(seed),
-        // Blocks, then tails (extended ids), one value per slot.
-        mem_(static_cast<size_t>(config.num_blocks + config.num_tail_blocks) * config.block_size,
-             0),
-        host_mem_(static_cast<size_t>(config.num_swap_blocks + config.num_swap_tail_blocks) *
-                      config.block_size,
-                  0) {
-    for (auto& base : bases_) {
-      base.resize(24);
-      for (int32_t& t : base) t = Uniform(0, 49);
-    }
-  }
-
-  void Run(int num_ops) {
-    for (int op = 0; op < num_ops; ++op) {
-      const int r = Uniform(0, 99);
-      INFO("op " << op << " roll " << r);
-      if (r < 20) {
-        Allocate();
-      } else if (r < 45) {
-        Append();
-      } else if (r < 53) {
-        Fork();
-      } else if (r < (seqs_.size() > 20 ? 75 : 64)) {
-        Free();
-      } else if (r < 74) {
-        SwapOut();
-      } else if (r < 85) {
-        SwapIn();
-      } else {
-        Step();
-      }
-      CheckAll();
-    }
-  }
+  using KvCacheSimulation::KvCacheSimulation;
 
   void FreeEverything() {
     while (!seqs_.empty()) {
@@ -106,29 +56,20 @@ class Simulation {
     }
     Step();
     CheckAll();
-    REQUIRE(kv_.pool().num_free() == kv_.pool().num_blocks());
-    REQUIRE(kv_.swap_pool().num_free() == kv_.swap_pool().num_blocks());
-    REQUIRE(kv_.tail_pool().num_free() == kv_.tail_pool().num_blocks());
-    REQUIRE(kv_.swap_tail_pool().num_free() == kv_.swap_tail_pool().num_blocks());
-    REQUIRE(kv_.Stats().num_active_blocks == 0);
+    RequireAllFree();
   }
 
-  const KvCacheManager& kv() const { return kv_; }
   int steps() const { return steps_; }
 
  private:
-  int Uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
-
-  std::vector<SeqId> Pick(bool swapped, bool fully_computed = false) {
-    std::vector<SeqId> out;
-    for (const auto& [id, s] : seqs_) {
-      if (s.swapped == swapped &&
-          (!fully_computed || s.computed == static_cast<int32_t>(s.tokens.size()))) {
-        out.push_back(id);
-      }
-    }
-    std::shuffle(out.begin(), out.end(), rng_);
-    return out;
+  void Op(int r) override {
+    if (r < 20) return Allocate();
+    if (r < 45) return Append();
+    if (r < 53) return Fork();
+    if (r < (seqs_.size() > 20 ? 75 : 64)) return FreeRandom();
+    if (r < 74) return SwapOut();
+    if (r < 85) return SwapIn();
+    Step();
   }
 
   Snapshot Snap() const {
@@ -149,11 +90,7 @@ class Simulation {
   }
 
   void Allocate() {
-    SimSeq s;
-    const auto& base = bases_[Uniform(0, 2)];
-    s.tokens.assign(base.begin(), base.begin() + Uniform(1, 24));
-    for (int n = Uniform(0, 6); n > 0; --n) s.tokens.push_back(Uniform(0, 49));
-    if (Uniform(0, 4) == 0) s.salt = "tenant-b";
+    SimSeq s = RandomSeq();
     const SeqId id = next_id_++;
     const bool can = kv_.CanAllocate(s.tokens, s.salt);
     const Snapshot before = Snap();
@@ -190,19 +127,12 @@ class Simulation {
   }
 
   void Fork() {
-    std::vector<SeqId> ids = Pick(false, true);
+    std::vector<SeqId> ids = Pick(
+        false, [](const SimSeq& s) { return s.computed == static_cast<int32_t>(s.tokens.size()); });
     if (ids.empty()) return;
     const SeqId child = next_id_++;
     kv_.Fork(ids[0], child);
     seqs_.emplace(child, seqs_.at(ids[0]));
-  }
-
-  void Free() {
-    if (seqs_.empty()) return;
-    auto it = seqs_.begin();
-    std::advance(it, Uniform(0, static_cast<int>(seqs_.size()) - 1));
-    kv_.Free(it->first);
-    seqs_.erase(it);
   }
 
   void SwapGroup(bool out) {
@@ -227,30 +157,15 @@ class Simulation {
   // sequences (some only partly: chunked prefill), then MarkComputed.
   void Step() {
     ++steps_;
-    const StepCopies copies = kv_.TakePendingCopies();
-    auto run = [&](const std::vector<BlockCopy>& batch, std::vector<uint64_t>& from,
-                   std::vector<uint64_t>& to) {
-      for (const BlockCopy& c : batch) {
-        std::copy_n(from.begin() + static_cast<size_t>(c.src) * bs_, bs_,
-                    to.begin() + static_cast<size_t>(c.dst) * bs_);
-      }
-    };
-    run(copies.swap_out, mem_, host_mem_);
-    run(copies.copies, mem_, mem_);
-    run(copies.swap_in, host_mem_, mem_);
+    RunBlockCopies(kv_.TakePendingCopies());
     CheckContents();
 
-    std::vector<int32_t> table_refs(kv_.pool().num_blocks(), 0);
-    for (const auto& [id, s] : seqs_) {
-      if (!s.swapped) {
-        for (BlockId b : kv_.block_table(id).blocks()) ++table_refs[b];
-      }
-    }
+    const std::vector<int32_t> table_refs = TableRefs();
     for (auto& [id, s] : seqs_) {
       const int32_t n = static_cast<int32_t>(s.tokens.size());
       if (s.swapped || s.computed == n || Uniform(0, 4) == 0) continue;
       const int32_t target = Uniform(0, 1) ? n : std::min(n, s.computed + Uniform(1, 2 * bs_));
-      const std::vector<uint64_t> values = SlotValues(s);
+      const std::vector<uint64_t> values = testing::SlotValues(s.salt, s.tokens);
       const BlockTable& t = kv_.block_table(id);
       if (kv_.has_tails()) {
         WriteWithTail(id, s, values, target, table_refs);
@@ -258,8 +173,7 @@ class Simulation {
         for (int32_t i = s.computed; i < target; ++i) {
           const BlockId b = t.blocks()[i / bs_];
           INFO("sequence " << id << " writes token " << i << " into block " << b);
-          REQUIRE(table_refs[b] == 1);          // never into a shared block
-          REQUIRE_FALSE(kv_.IsCachedBlock(b));  // never into a cached block
+          RequireWritable(table_refs, b);
           mem_[t.SlotOf(i)] = values[i];
         }
       }
@@ -284,8 +198,7 @@ class Simulation {
     const size_t tail_base = static_cast<size_t>(kv_.pool().num_blocks() + tail) * bs_;
     for (int32_t k = first / bs_; k < target / bs_; ++k) {
       const BlockId b = t.blocks()[k];
-      REQUIRE(table_refs[b] == 1);
-      REQUIRE_FALSE(kv_.IsCachedBlock(b));
+      RequireWritable(table_refs, b);
       for (int32_t j = 0; j < bs_; ++j) {
         const int32_t i = k * bs_ + j;
         if (i < first) {
@@ -302,7 +215,7 @@ class Simulation {
 
   void CheckContents() const {
     for (const auto& [id, s] : seqs_) {
-      const std::vector<uint64_t> values = SlotValues(s);
+      const std::vector<uint64_t> values = testing::SlotValues(s.salt, s.tokens);
       const BlockTable& t = kv_.block_table(id);
       const std::vector<uint64_t>& m = s.swapped ? host_mem_ : mem_;
       // With tails, a partial block's computed rows are in the tail.
@@ -322,7 +235,7 @@ class Simulation {
     }
   }
 
-  void CheckAll() const {
+  void CheckAll() const override {
     std::vector<SeqId> live;
     for (const auto& [id, s] : seqs_) {
       live.push_back(id);
@@ -334,13 +247,6 @@ class Simulation {
     testing::CheckKvCache(kv_, live);
   }
 
-  KvCacheManager kv_;
-  int32_t bs_;
-  std::mt19937_64 rng_;
-  std::vector<uint64_t> mem_, host_mem_;
-  std::vector<int32_t> bases_[3];
-  std::map<SeqId, SimSeq> seqs_;
-  SeqId next_id_ = 1;
   int steps_ = 0;
 };
 
@@ -354,14 +260,9 @@ TEST_CASE("KvCacheManager with int4_kc tail blocks survives thousands of random 
   const uint64_t seed = GENERATE(1, 2, 3);
   INFO("prefix caching " << caching << ", block_size " << block_size << ", " << num_tails
                          << " tails, seed " << seed);
-  KvCacheConfig config;
-  config.block_size = block_size;
-  config.num_blocks = num_blocks;
-  config.num_swap_blocks = num_blocks / 2;
+  KvCacheConfig config = testing::RandomTestConfig(block_size, num_blocks, caching, seed);
   config.num_tail_blocks = num_tails;
   config.num_swap_tail_blocks = num_tails / 2 + 1;
-  config.enable_prefix_caching = caching;
-  config.hash_seed = seed;
   Simulation sim(config, seed);
   sim.Run(3000);
 
@@ -385,13 +286,7 @@ TEST_CASE("KvCacheManager survives thousands of random operations", "[cache]") {
                std::pair<int32_t, int32_t>{16, 12});
   const uint64_t seed = GENERATE(1, 2, 3);
   INFO("prefix caching " << caching << ", block_size " << block_size << ", seed " << seed);
-  KvCacheConfig config;
-  config.block_size = block_size;
-  config.num_blocks = num_blocks;
-  config.num_swap_blocks = num_blocks / 2;
-  config.enable_prefix_caching = caching;
-  config.hash_seed = seed;
-  Simulation sim(config, seed);
+  Simulation sim(testing::RandomTestConfig(block_size, num_blocks, caching, seed), seed);
   sim.Run(3000);
 
   // The run exercised every path, not just the easy ones.

@@ -26,6 +26,7 @@
 #include "cache/kv_cache_manager.h"
 #include "cache/sequence_evictor.h"
 #include "tests/cache/kv_cache_checker.h"
+#include "tests/cache/kv_cache_sim.h"
 
 namespace kvserve {
 namespace {
@@ -40,50 +41,9 @@ struct SimSeq {
   bool evicted = false;
 };
 
-uint64_t EntryValue(const SimSeq& s, int32_t pos) {
-  uint64_t h = 0x243F6A8885A308D3ull ^ std::hash<std::string>{}(s.salt);
-  for (int32_t i = 0; i <= pos; ++i) {
-    h ^= static_cast<uint64_t>(s.tokens[i]) + 0x9E3779B97F4A7C15ull * (i + 1);
-    h *= 0xBF58476D1CE4E5B9ull;
-    h ^= h >> 31;
-  }
-  return h;
-}
-
-class EvictionSimulation {
+class EvictionSimulation : public testing::KvCacheSimulation<SimSeq> {
  public:
-  EvictionSimulation(const KvCacheConfig& config, uint64_t seed)
-      : kv_(config),
-        bs_(config.block_size),
-        rng_(seed),
-        mem_(static_cast<size_t>(config.num_blocks) * config.block_size, 0),
-        host_mem_(static_cast<size_t>(config.num_swap_blocks) * config.block_size, 0) {
-    for (auto& base : bases_) {
-      base.resize(24);
-      for (int32_t& t : base) t = Uniform(0, 49);
-    }
-  }
-
-  void Run(int num_ops) {
-    for (int op = 0; op < num_ops; ++op) {
-      const int r = Uniform(0, 99);
-      INFO("op " << op << " roll " << r);
-      if (r < 15) {
-        Admit();
-      } else if (r < 22) {
-        Fork();
-      } else if (r < (seqs_.size() > 12 ? 45 : 30)) {
-        Free();
-      } else if (r < 36) {
-        Swap(true);
-      } else if (r < 44) {
-        Swap(false);
-      } else {
-        Step();
-      }
-      CheckAll();
-    }
-  }
+  using KvCacheSimulation::KvCacheSimulation;
 
   void FreeEverything() {
     while (!seqs_.empty()) {
@@ -92,24 +52,20 @@ class EvictionSimulation {
     }
     kv_.TakePendingCopies();
     CheckAll();
-    REQUIRE(kv_.pool().num_free() == kv_.pool().num_blocks());
-    REQUIRE(kv_.swap_pool().num_free() == kv_.swap_pool().num_blocks());
+    RequireAllFree();
   }
 
-  const KvCacheManager& kv() const { return kv_; }
   int64_t evictions() const { return evictions_; }
   int64_t refused() const { return refused_; }
 
  private:
-  int Uniform(int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng_); }
-
-  std::vector<SeqId> Pick(bool swapped) {
-    std::vector<SeqId> out;
-    for (const auto& [id, s] : seqs_) {
-      if (s.swapped == swapped) out.push_back(id);
-    }
-    std::shuffle(out.begin(), out.end(), rng_);
-    return out;
+  void Op(int r) override {
+    if (r < 15) return Admit();
+    if (r < 22) return Fork();
+    if (r < (seqs_.size() > 12 ? 45 : 30)) return FreeRandom();
+    if (r < 36) return Swap(true);
+    if (r < 44) return Swap(false);
+    Step();
   }
 
   int32_t CacheLen(SeqId id) const { return kv_.num_tokens(id); }
@@ -121,12 +77,8 @@ class EvictionSimulation {
   }
 
   void Admit() {
-    SimSeq s;
-    const auto& base = bases_[Uniform(0, 2)];
-    s.tokens.assign(base.begin(), base.begin() + Uniform(1, 24));
-    for (int n = Uniform(0, 6); n > 0; --n) s.tokens.push_back(Uniform(0, 49));
+    SimSeq s = RandomSeq();
     s.prompt_len = static_cast<int32_t>(s.tokens.size());
-    if (Uniform(0, 4) == 0) s.salt = "tenant-b";
     static constexpr EvictionPolicyKind kKinds[] = {
         EvictionPolicyKind::kSlidingWindow, EvictionPolicyKind::kStreaming,
         EvictionPolicyKind::kH2o, EvictionPolicyKind::kScissorhands};
@@ -166,14 +118,6 @@ class EvictionSimulation {
     }
   }
 
-  void Free() {
-    if (seqs_.empty()) return;
-    auto it = seqs_.begin();
-    std::advance(it, Uniform(0, static_cast<int>(seqs_.size()) - 1));
-    kv_.Free(it->first);
-    seqs_.erase(it);
-  }
-
   void Swap(bool out) {
     const std::vector<SeqId> picked = Pick(!out);
     if (picked.empty()) return;
@@ -197,34 +141,13 @@ class EvictionSimulation {
 
   void RunCopies() {
     const StepCopies copies = kv_.TakePendingCopies();
-    auto run = [&](const std::vector<BlockCopy>& batch, std::vector<uint64_t>& from,
-                   std::vector<uint64_t>& to) {
-      for (const BlockCopy& c : batch) {
-        std::copy_n(from.begin() + static_cast<size_t>(c.src) * bs_, bs_,
-                    to.begin() + static_cast<size_t>(c.dst) * bs_);
-      }
-    };
-    run(copies.swap_out, mem_, host_mem_);
-    run(copies.copies, mem_, mem_);
-    run(copies.swap_in, host_mem_, mem_);
+    RunBlockCopies(copies);
     const std::vector<int32_t> refs = TableRefs();
     for (const SlotMove& m : copies.slot_moves) {
-      const BlockId dst = static_cast<BlockId>(m.dst / bs_);
       INFO("slot move " << m.src << " -> " << m.dst);
-      REQUIRE(refs[dst] == 1);
-      REQUIRE_FALSE(kv_.IsCachedBlock(dst));
+      RequireWritable(refs, static_cast<BlockId>(m.dst / bs_));
       mem_[m.dst] = mem_[m.src];
     }
-  }
-
-  std::vector<int32_t> TableRefs() const {
-    std::vector<int32_t> refs(kv_.pool().num_blocks(), 0);
-    for (const auto& [id, s] : seqs_) {
-      if (!s.swapped) {
-        for (BlockId b : kv_.block_table(id).blocks()) ++refs[b];
-      }
-    }
-    return refs;
   }
 
   // One engine step over a random subset of resident sequences.
@@ -255,13 +178,13 @@ class EvictionSimulation {
       const int32_t len = t.num_tokens();
       REQUIRE(t.num_blocks() <= s.evictor->params().budget / bs_ + 2);
       std::vector<int32_t> positions;
+      const std::vector<uint64_t> values = testing::SlotValues(s.salt, s.tokens);
       for (int32_t k = 0; k < rows; ++k) {
         const int32_t i = len - rows + k;
         const BlockId b = t.blocks()[i / bs_];
         INFO("sequence " << id << " writes entry " << i << " into block " << b);
-        REQUIRE(refs[b] == 1);
-        REQUIRE_FALSE(kv_.IsCachedBlock(b));
-        mem_[t.SlotOf(i)] = EntryValue(s, s.computed + k);
+        RequireWritable(refs, b);
+        mem_[t.SlotOf(i)] = values[s.computed + k];
         positions.push_back(s.computed + k);
       }
       const int32_t filed = CountFiled();
@@ -298,15 +221,16 @@ class EvictionSimulation {
       const BlockTable& t = kv_.block_table(id);
       const std::vector<uint64_t>& m = s.swapped ? host_mem_ : mem_;
       const auto pos = s.evictor->state().positions();
+      const std::vector<uint64_t> values = testing::SlotValues(s.salt, s.tokens);
       REQUIRE(static_cast<int32_t>(pos.size()) == kv_.num_computed_tokens(id));
       for (int32_t i = 0; i < kv_.num_computed_tokens(id); ++i) {
         INFO("sequence " << id << " entry " << i << " position " << pos[i]);
-        REQUIRE(m[t.SlotOf(i)] == EntryValue(s, pos[i]));
+        REQUIRE(m[t.SlotOf(i)] == values[pos[i]]);
       }
     }
   }
 
-  void CheckAll() const {
+  void CheckAll() const override {
     std::vector<SeqId> live;
     for (const auto& [id, s] : seqs_) {
       live.push_back(id);
@@ -317,13 +241,6 @@ class EvictionSimulation {
     testing::CheckKvCache(kv_, live);
   }
 
-  KvCacheManager kv_;
-  int32_t bs_;
-  std::mt19937_64 rng_;
-  std::vector<uint64_t> mem_, host_mem_;
-  std::vector<int32_t> bases_[3];
-  std::map<SeqId, SimSeq> seqs_;
-  SeqId next_id_ = 1;
   int64_t evictions_ = 0;
   int64_t refused_ = 0;
 };
@@ -336,13 +253,7 @@ TEST_CASE("Eviction survives thousands of random operations with exact contents"
                std::pair<int32_t, int32_t>{8, 24});
   const uint64_t seed = GENERATE(1, 2, 3);
   INFO("prefix caching " << caching << ", block_size " << block_size << ", seed " << seed);
-  KvCacheConfig config;
-  config.block_size = block_size;
-  config.num_blocks = num_blocks;
-  config.num_swap_blocks = num_blocks / 2;
-  config.enable_prefix_caching = caching;
-  config.hash_seed = seed;
-  EvictionSimulation sim(config, seed);
+  EvictionSimulation sim(testing::RandomTestConfig(block_size, num_blocks, caching, seed), seed);
   sim.Run(3000);
   const KvCacheStats st = sim.kv().Stats();
   CHECK(sim.evictions() > 200);

@@ -1,9 +1,10 @@
-// Attention problems shared by the [gpu] tests and the simulated-kernel
-// tests: a batch of sequences over a shuffled, NaN-poisoned page pool
-// written by cpu::WriteKv, q drawn from values exact in fp32, fp16 and bf16,
-// the CPU reference (cpu::PagedAttention) and the error measure with its
-// tolerances (see tests/kernels/cuda/paged_attention_test.cc for the
-// justification).
+// Attention problems shared by the CPU kernel tests, the [gpu] tests and the
+// simulated-kernel tests: a batch of sequences over a shuffled, NaN-poisoned
+// page pool written by cpu::WriteKv (so any read outside a row's keys shows
+// up in its output), q drawn from values exact in fp32, fp16 and bf16, the
+// CPU reference run (cpu::PagedAttention); and, for the device tests, the
+// error measure with its tolerances (see
+// tests/kernels/cuda/paged_attention_test.cc for the justification).
 #pragma once
 
 #include <algorithm>
@@ -27,24 +28,7 @@
 #include "kernels/cuda/act_dtype.h"
 #include "kernels/paged_view.h"
 
-namespace kvserve::cuda::testing {
-
-inline constexpr double kFp32Tol = 4e-5;
-
-inline double Tolerance(ActDtype act) {
-  switch (act) {
-    case ActDtype::kBf16:
-      return kFp32Tol + std::ldexp(1.0, -8);
-    case ActDtype::kFp16:
-      return kFp32Tol + std::ldexp(1.0, -11);
-    default:
-      return kFp32Tol;
-  }
-}
-
-inline const char* ActName(ActDtype a) {
-  return a == ActDtype::kFp32 ? "fp32" : a == ActDtype::kFp16 ? "fp16" : "bf16";
-}
+namespace kvserve::testing {
 
 // One attention problem: sequences of context ctx[s] whose last q_len[s]
 // cache entries are this step's rows (q_len 1: decode; q_len == ctx: a whole
@@ -184,6 +168,33 @@ inline std::vector<float> RunCpu(const Problem& p, int window) {
   }
   for (std::thread& th : threads) th.join();
   return out;
+}
+
+}  // namespace kvserve::testing
+
+namespace kvserve::cuda::testing {
+
+using ::kvserve::testing::AttnCase;
+using ::kvserve::testing::Build;
+using ::kvserve::testing::ExactInHalfTypes;
+using ::kvserve::testing::Problem;
+using ::kvserve::testing::RunCpu;
+
+inline constexpr double kFp32Tol = 4e-5;
+
+inline double Tolerance(ActDtype act) {
+  switch (act) {
+    case ActDtype::kBf16:
+      return kFp32Tol + std::ldexp(1.0, -8);
+    case ActDtype::kFp16:
+      return kFp32Tol + std::ldexp(1.0, -11);
+    default:
+      return kFp32Tol;
+  }
+}
+
+inline const char* ActName(ActDtype a) {
+  return a == ActDtype::kFp32 ? "fp32" : a == ActDtype::kFp16 ? "fp16" : "bf16";
 }
 
 inline std::vector<uint8_t> ToAct(const std::vector<float>& x, ActDtype act, int64_t row,

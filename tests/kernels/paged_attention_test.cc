@@ -15,98 +15,21 @@
 #include "cache/kv_pages.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/kv_quant.h"
+#include "tests/kernels/attention_problem.h"
 
 namespace kvserve::cpu {
 namespace {
 
-// One attention problem: several sequences (decode rows, prefill chunks) over
-// a paged cache whose physical blocks are shuffled and whose unused slots are
-// poisoned with NaN bytes, so any read outside [lo, i] shows up in the output.
-struct AttnCase {
-  KvDtype dtype = KvDtype::kFp32;
-  int block_size = 16;
-  int head_dim = 8;
-  int num_kv_heads = 2;
-  int group = 1;  // query heads per kv head
-  int window = 0;
-  int int4_group = 32;
-  std::vector<int> ctx;    // context_len per sequence
-  std::vector<int> q_len;  // new rows per sequence (at the end of its context)
-  float q_scale = 1.0f;    // > 1 makes the softmax peaky
-  uint32_t seed = 1;
+using testing::AttnCase;
+using testing::Build;
+using testing::Problem;
 
-  std::string Name() const {
-    return absl::StrCat(std::string(KvDtypeName(dtype)), " bs", block_size, " hd", head_dim, " g",
-                        group, " w", window, " ctx", ctx[0]);
-  }
-};
-
-struct Problem {
-  KvFormat format;
-  HostKvPages pages;
-  BatchInput batch;
-  std::vector<float> q;  // [T][num_heads][head_dim]
-  int num_heads;
-};
-
-Problem Build(const AttnCase& c) {
-  absl::StatusOr<KvFormat> f =
-      KvFormat::Create(c.dtype, c.num_kv_heads, c.head_dim, c.block_size, c.int4_group);
-  REQUIRE(f.ok());
-  std::mt19937 rng(c.seed);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  const int nb_seq = static_cast<int>(c.ctx.size());
-  int total_blocks = 3;  // spares that no table names
-  int max_blocks = 0;
-  for (int len : c.ctx) {
-    const int n = (len + c.block_size - 1) / c.block_size;
-    total_blocks += n;
-    max_blocks = std::max(max_blocks, n + 1);
-  }
-  Problem p{*f, HostKvPages(*f, 1, total_blocks), {}, {}, c.num_kv_heads * c.group};
-  std::memset(p.pages.layer(0), 0xff, p.pages.total_bytes());
-  std::vector<int32_t> ids(total_blocks);
-  std::iota(ids.begin(), ids.end(), 0);
-  std::shuffle(ids.begin(), ids.end(), rng);
-
-  BatchInput& b = p.batch;
-  b.Clear();
-  b.max_blocks_per_seq = max_blocks;
-  b.block_table.assign(static_cast<size_t>(nb_seq) * max_blocks, -1);
-  std::vector<int64_t> slots;
-  int next = 0;
-  for (int s = 0; s < nb_seq; ++s) {
-    const int n = (c.ctx[s] + c.block_size - 1) / c.block_size;
-    for (int i = 0; i < n; ++i) b.block_table[s * max_blocks + i] = ids[next++];
-    for (int i = 0; i < c.ctx[s]; ++i) {
-      slots.push_back(int64_t(b.block_table[s * max_blocks + i / c.block_size]) * c.block_size +
-                      i % c.block_size);
-    }
-    b.context_len.push_back(c.ctx[s]);
-    b.query_start.push_back(b.query_start.back() + c.q_len[s]);
-    for (int r = 0; r < c.q_len[s]; ++r) {
-      const int idx = c.ctx[s] - c.q_len[s] + r;
-      b.token_ids.push_back(0);
-      b.positions.push_back(idx);
-      b.slot_mapping.push_back(slots[slots.size() - c.q_len[s] + r]);
-    }
-  }
-  // Every cached entry, past and new, written through the kernel under test.
-  const size_t kv_elems = slots.size() * c.num_kv_heads * c.head_dim;
-  std::vector<float> k(kv_elems), v(kv_elems);
-  for (float& x : k) x = normal(rng);
-  for (size_t i = 0; i < v.size(); ++i) v[i] = normal(rng) + (i % 3 == 0 ? 1.5f : 0.0f);
-  KvWriteParams w;
-  w.k = k.data();
-  w.v = v.data();
-  w.slot_mapping = slots.data();
-  w.num_tokens = static_cast<int32_t>(slots.size());
-  w.kv = LayerView(p.pages, 0);
-  WriteKv(w);
-
-  p.q.resize(static_cast<size_t>(b.num_tokens()) * p.num_heads * c.head_dim);
-  for (float& x : p.q) x = c.q_scale * normal(rng);
-  return p;
+// The problems these tests sweep start from small heads and int4 groups of 32.
+AttnCase SmallCase() {
+  AttnCase c;
+  c.head_dim = 8;
+  c.int4_group = 32;
+  return c;
 }
 
 std::vector<float> Run(const Problem& p, const HostKvPages& pages, int window, CpuIsa isa) {
@@ -252,7 +175,7 @@ TEST_CASE("paged attention over every format matches attention over its dequanti
           for (int hd : {8, 64, 128}) {
             for (int group : {1, 2, 4}) {
               for (int window : {0, 7}) {
-                AttnCase c;
+                AttnCase c = SmallCase();
                 c.dtype = dtype;
                 c.block_size = bs;
                 c.head_dim = hd;
@@ -276,7 +199,7 @@ TEST_CASE("long contexts merge softmax tiles exactly", "[kernels][attention]") {
   // differ; scaled-up queries make the softmax peaky so a wrong rescale shows.
   for (KvDtype dtype : {KvDtype::kFp32, KvDtype::kInt8, KvDtype::kK8V4}) {
     for (int hd : {8, 64}) {
-      AttnCase c;
+      AttnCase c = SmallCase();
       c.dtype = dtype;
       c.head_dim = hd;
       c.group = 2;
@@ -294,7 +217,7 @@ TEST_CASE("long contexts merge softmax tiles exactly", "[kernels][attention]") {
 TEST_CASE("GQA groups that are not powers of two and MQA", "[kernels][attention]") {
   for (int group : {3, 8, 6}) {
     for (int hkv : {1, 2}) {
-      AttnCase c;
+      AttnCase c = SmallCase();
       c.dtype = group == 3 ? KvDtype::kFp16 : KvDtype::kInt4;
       c.head_dim = 64;
       c.num_kv_heads = hkv;
@@ -309,7 +232,7 @@ TEST_CASE("GQA groups that are not powers of two and MQA", "[kernels][attention]
 TEST_CASE("shapes outside the AVX2 kernels fall back to the scalar path", "[kernels][attention]") {
   SECTION("head_dim 6 (not a multiple of 8)") {
     for (KvDtype dtype : {KvDtype::kFp32, KvDtype::kBf16, KvDtype::kInt8}) {
-      AttnCase c;
+      AttnCase c = SmallCase();
       c.dtype = dtype;
       c.head_dim = 6;
       c.group = 2;
@@ -319,7 +242,7 @@ TEST_CASE("shapes outside the AVX2 kernels fall back to the scalar path", "[kern
     }
   }
   SECTION("int4 groups of 4 channels") {
-    AttnCase c;
+    AttnCase c = SmallCase();
     c.dtype = KvDtype::kK8V4;
     c.head_dim = 16;
     c.int4_group = 4;
@@ -461,7 +384,7 @@ TEST_CASE("sink queries and key mass match the reference on every path",
     for (int hd : {8, 64}) {
       for (int group : {1, 4}) {
         for (int bs : {4, 16}) {
-          AttnCase c;
+          AttnCase c = SmallCase();
           c.dtype = dtype;
           c.head_dim = hd;
           c.group = group;
@@ -511,7 +434,7 @@ TEST_CASE("sink queries and key mass match the reference on every path",
 }
 
 TEST_CASE("rows without a mass offset leave the buffer alone", "[kernels][attention][eviction]") {
-  AttnCase c;
+  AttnCase c = SmallCase();
   c.ctx = {10, 12};
   c.q_len = {2, 3};
   const Problem p = Build(c);

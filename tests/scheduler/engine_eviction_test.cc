@@ -31,19 +31,7 @@ using testing::Result;
 using testing::RunConcurrently;
 using testing::RunOne;
 
-struct Model {
-  LlamaWeights weights;
-  std::shared_ptr<const Tokenizer> tokenizer;
-};
-
-const Model& Stories() {
-  static const Model* model = [] {
-    auto m = LoadModel(testing::Stories260kCheckpoint());
-    if (!m.ok()) std::abort();
-    return new Model{m->weights, std::shared_ptr<const Tokenizer>(std::move(m->tokenizer))};
-  }();
-  return *model;
-}
+using testing::Stories;
 
 // A hand-made predictor (mostly accumulated attention) for policy learned.
 const std::string& EvictorFile() {
@@ -61,15 +49,10 @@ const std::string& EvictorFile() {
   return *path;
 }
 
-struct Setup {
+struct Setup : testing::EngineSetup {
+  Setup() { max_num_batched_tokens = 256; }
   int32_t model_window = 0;  // ModelConfig::sliding_window (a Mistral-style model)
-  int block_size = 16;
-  int32_t num_blocks = 2048;
-  int32_t num_swap_blocks = 0;
-  PreemptionMode mode = PreemptionMode::kRecompute;
-  int32_t max_num_batched_tokens = 256;
-  int32_t max_model_len = 0;
-  EvictionParams eviction;  // the engine's default
+  EvictionParams eviction;   // the engine's default
 };
 
 std::unique_ptr<Engine> MakeEngine(const Setup& s) {
@@ -81,11 +64,7 @@ std::unique_ptr<Engine> MakeEngine(const Setup& s) {
   weights.config.sliding_window = s.model_window;
   auto runner = CpuModelRunner::Create(std::move(weights), opt);
   REQUIRE(runner.ok());
-  EngineConfig config;
-  config.max_num_batched_tokens = s.max_num_batched_tokens;
-  config.max_model_len = s.max_model_len;
-  config.preemption_mode = s.mode;
-  config.debug_check_invariants = true;
+  EngineConfig config = testing::EngineConfigOf(s);
   config.eviction = s.eviction;
   config.evictor_model = EvictorFile();
   auto engine = Engine::Create(config, std::move(*runner), Stories().tokenizer);

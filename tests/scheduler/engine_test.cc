@@ -28,30 +28,10 @@
 namespace kvserve {
 namespace {
 
-struct Model {
-  LlamaWeights weights;
-  std::shared_ptr<const Tokenizer> tokenizer;
-};
+using testing::Stories;
 
-const Model& Stories() {
-  static const Model* model = [] {
-    auto m = LoadModel(testing::Stories260kCheckpoint());
-    if (!m.ok()) std::abort();
-    return new Model{m->weights, std::shared_ptr<const Tokenizer>(std::move(m->tokenizer))};
-  }();
-  return *model;
-}
-
-struct Setup {
+struct Setup : testing::EngineSetup {
   KvDtypeSpec kv_dtype = KvDtype::kFp32;
-  int block_size = 16;
-  int32_t num_blocks = 2048;
-  int32_t num_swap_blocks = 0;
-  bool prefix_caching = true;
-  PreemptionMode mode = PreemptionMode::kRecompute;
-  int32_t max_num_seqs = 64;
-  int32_t max_num_batched_tokens = 512;
-  int32_t max_model_len = 0;
   std::function<void(const RequestMetrics&)> on_finished;
   std::vector<int32_t> model_stop_ids;  // ModelConfig::stop_ids
   std::shared_ptr<const Clock> clock;    // null: the real clock
@@ -68,13 +48,7 @@ std::unique_ptr<Engine> MakeEngine(const Setup& s) {
   weights.config.stop_ids = s.model_stop_ids;
   auto runner = CpuModelRunner::Create(std::move(weights), opt);
   REQUIRE(runner.ok());
-  EngineConfig config;
-  config.max_num_seqs = s.max_num_seqs;
-  config.max_num_batched_tokens = s.max_num_batched_tokens;
-  config.max_model_len = s.max_model_len;
-  config.preemption_mode = s.mode;
-  config.prefix_caching = s.prefix_caching;
-  config.debug_check_invariants = true;
+  EngineConfig config = testing::EngineConfigOf(s);
   config.on_request_finished = s.on_finished;
   config.clock = s.clock;
   auto engine = Engine::Create(config, std::move(*runner), Stories().tokenizer);
@@ -495,60 +469,13 @@ TEST_CASE("n > 1 samples share the prompt and match separate seeded runs", "[sch
   setup.max_num_batched_tokens = 16;
   setup.max_num_seqs = 16;
   auto engine = MakeEngine(setup);
-  // 100 prompt tokens: 6 full blocks of 16 and 4 tokens in a partial one.
-  std::vector<int32_t> prompt = Stories().tokenizer->Encode(DevStories()[3], true);
-  prompt.resize(100);
-
-  GenerateRequest req;
-  req.prompt_token_ids = prompt;
-  req.max_tokens = 40;
-  req.ignore_eos = true;
-  req.sampling.temperature = 1.0f;
-  req.sampling.top_k = 40;
-  req.sampling.seed = 1234;
-  req.n = 4;
+  const GenerateRequest req = testing::ForkRequest();
 
   SECTION("sample i equals a separate request with seed + i") {
-    // Stats are published before a step's events are pushed, so the notify
-    // callback (engine thread) sees the snapshot of the step it reports.
-    struct Seen {
-      absl::Mutex mu;
-      std::vector<EngineStats> stats;
-    };
-    Engine* e = engine.get();
-    std::shared_ptr<RequestStream> stream;
-    std::shared_ptr<Seen> seen_box;
-    for (int attempt = 0;; ++attempt) {
-      REQUIRE(attempt < 5);
-      auto s = engine->Submit(req);
-      REQUIRE(s.ok());
-      stream = *s;
-      seen_box = std::make_shared<Seen>();
-      stream->SetNotify([box = seen_box, e] {
-        absl::MutexLock lock(&box->mu);
-        box->stats.push_back(e->GetStats());
-      });
-      GenerateOutput early;
-      if (stream->TryNext(&early) == RequestStream::Pop::kTimeout) break;
-      // An event arrived before the callback was set: try again.
-      while (stream->Next(&early) == RequestStream::Pop::kOutput) {
-      }
-    }
-    Result together = Collect(*stream, 4);
+    Result together;
+    testing::RequireForkSharing(testing::StatsPerEvent(*engine, req, &together));
     REQUIRE(together.usage.prompt_tokens == 100);
     REQUIRE(together.usage.completion_tokens == 160);
-    {
-      absl::MutexLock lock(&seen_box->mu);
-      const std::vector<EngineStats>& seen = seen_box->stats;
-      REQUIRE(seen.size() >= 8);
-      // Fork step: the 7 prompt blocks are held once by all 4 samples.
-      REQUIRE(seen[0].kv.num_active_blocks == 7);
-      REQUIRE(seen[0].num_running == 4);
-      // Next step: 3 samples copied the shared partial block (copy-on-write),
-      // the 4th keeps the original; the 6 full blocks stay shared.
-      REQUIRE(seen[4].kv.num_active_blocks == 10);
-      REQUIRE(seen[4].kv.cow_copies - seen[0].kv.cow_copies == 3);
-    }
     std::vector<std::vector<int32_t>> distinct;
     for (int i = 0; i < 4; ++i) {
       GenerateRequest one = req;
@@ -631,17 +558,7 @@ TEST_CASE("Prefix caching reuses a shared 100-token prefix without changing toke
           "[scheduler]") {
   std::vector<int32_t> prefix = Stories().tokenizer->Encode(DevStories()[10], true);
   prefix.resize(100);
-  std::mt19937 rng(3);
-  std::vector<GenerateRequest> reqs;
-  for (int i = 0; i < 16; ++i) {
-    GenerateRequest r;
-    r.sampling.temperature = 0.0f;
-    r.prompt_token_ids = prefix;
-    std::vector<int32_t> tail = Stories().tokenizer->Encode(" " + RandomSnippet(rng, 60), false);
-    r.prompt_token_ids.insert(r.prompt_token_ids.end(), tail.begin(), tail.end());
-    r.max_tokens = 30 + rng() % 30;
-    reqs.push_back(r);
-  }
+  const std::vector<GenerateRequest> reqs = testing::SharedPrefixRequests(prefix);
   auto run = [&](bool prefix_caching, std::vector<Usage>* usage) {
     Setup setup;
     setup.prefix_caching = prefix_caching;

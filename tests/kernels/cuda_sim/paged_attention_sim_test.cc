@@ -32,33 +32,6 @@ namespace {
 using namespace ::kvserve::cuda::testing;  // NOLINT: the shared problem helpers
 using attention_detail::KernelArgs;
 
-using KernelFn = void (*)(KernelArgs);
-
-KernelFn KernelFor(KvElem k, KvElem v) {
-  using attention_detail::AttentionKernel;
-  if (k == KvElem::kInt8 && v == KvElem::kInt4)
-    return AttentionKernel<KvElem::kInt8, KvElem::kInt4>;
-  REQUIRE(k == v);
-  switch (k) {
-    case KvElem::kFp32:
-      return AttentionKernel<KvElem::kFp32, KvElem::kFp32>;
-    case KvElem::kFp16:
-      return AttentionKernel<KvElem::kFp16, KvElem::kFp16>;
-    case KvElem::kBf16:
-      return AttentionKernel<KvElem::kBf16, KvElem::kBf16>;
-    case KvElem::kFp8E4m3:
-      return AttentionKernel<KvElem::kFp8E4m3, KvElem::kFp8E4m3>;
-    case KvElem::kInt8:
-      return AttentionKernel<KvElem::kInt8, KvElem::kInt8>;
-    case KvElem::kInt4:
-      return AttentionKernel<KvElem::kInt4, KvElem::kInt4>;
-    case KvElem::kInt4Channel:  // int4_kc: no CUDA kernel yet
-      break;
-  }
-  FAIL("unknown element");
-  return nullptr;
-}
-
 struct SimSetup {
   ActDtype act = ActDtype::kFp32;
   GpuAttentionPlanOptions options;
@@ -98,8 +71,10 @@ std::vector<float> RunSim(const Problem& p, int window, const SimSetup& setup) {
   a.slot_floats = GpuAttentionSlotFloats(shape);
 
   const dim3 grid(plan->header().num_items, p.num_heads / a.heads_per_cta);
-  cuda_sim::Launch(KernelFor(p.format.k().elem, p.format.v().elem), grid,
-                   attention_detail::kThreads, attention_detail::smem4,
+  const attention_detail::KernelFn kernel =
+      attention_detail::AttentionKernelFor(p.format.k().elem, p.format.v().elem);
+  REQUIRE(kernel != nullptr);
+  cuda_sim::Launch(kernel, grid, attention_detail::kThreads, attention_detail::smem4,
                    sizeof(attention_detail::smem4), a);
   if (plan->header().num_merges > 0) {
     cuda_sim::Launch(attention_detail::MergeKernel, dim3(plan->header().num_merges),

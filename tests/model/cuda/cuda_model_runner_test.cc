@@ -43,33 +43,13 @@ using testing::Result;
 using testing::RunConcurrently;
 using testing::RunOne;
 
-struct Model {
-  LlamaWeights weights;
-  std::shared_ptr<const Tokenizer> tokenizer;
-};
+using testing::Stories;
 
-const Model& Stories() {
-  static const Model* model = [] {
-    auto m = LoadModel(testing::Stories260kCheckpoint());
-    if (!m.ok()) std::abort();
-    return new Model{m->weights, std::shared_ptr<const Tokenizer>(std::move(m->tokenizer))};
-  }();
-  return *model;
-}
-
-struct Setup {
+struct Setup : testing::EngineSetup {
   std::string device = "cuda";  // or "cpu" for the reference
   std::string dtype = "fp32";
   KvDtype kv_dtype = KvDtype::kFp32;
   bool cuda_graphs = true;
-  int block_size = 16;
-  int32_t num_blocks = 2048;
-  int32_t num_swap_blocks = 0;
-  bool prefix_caching = true;
-  PreemptionMode mode = PreemptionMode::kRecompute;
-  int32_t max_num_seqs = 64;
-  int32_t max_num_batched_tokens = 512;
-  int32_t max_model_len = 0;
 };
 
 RunnerOptions OptionsOf(const Setup& s) {
@@ -106,14 +86,7 @@ TestEngine MakeEngine(const Setup& s) {
   TestEngine t;
   t.cuda = dynamic_cast<CudaModelRunner*>(runner.get());
   if (s.device != "cpu") REQUIRE(t.cuda != nullptr);
-  EngineConfig config;
-  config.max_num_seqs = s.max_num_seqs;
-  config.max_num_batched_tokens = s.max_num_batched_tokens;
-  config.max_model_len = s.max_model_len;
-  config.preemption_mode = s.mode;
-  config.prefix_caching = s.prefix_caching;
-  config.debug_check_invariants = true;
-  auto engine = Engine::Create(config, std::move(runner), Stories().tokenizer);
+  auto engine = Engine::Create(testing::EngineConfigOf(s), std::move(runner), Stories().tokenizer);
   REQUIRE(engine.ok());
   t.engine = std::move(*engine);
   return t;
@@ -259,47 +232,9 @@ TEST_CASE("[gpu] preemption by recompute and by swap on 64 blocks changes no tok
   }
 }
 
-// The stats snapshot of every event of one n-sample request.
-std::vector<EngineStats> StatsPerEvent(Engine& engine, const GenerateRequest& req,
-                                       Result* result) {
-  struct Seen {
-    absl::Mutex mu;
-    std::vector<EngineStats> stats;
-  };
-  for (int attempt = 0; attempt < 5; ++attempt) {
-    auto s = engine.Submit(req);
-    REQUIRE(s.ok());
-    auto seen = std::make_shared<Seen>();
-    Engine* e = &engine;
-    (*s)->SetNotify([seen, e] {
-      absl::MutexLock lock(&seen->mu);
-      seen->stats.push_back(e->GetStats());
-    });
-    GenerateOutput early;
-    if ((*s)->TryNext(&early) != RequestStream::Pop::kTimeout) {
-      while ((*s)->Next(&early) == RequestStream::Pop::kOutput) {
-      }
-      continue;  // an event arrived before the callback was set
-    }
-    *result = testing::Collect(**s, req.n);
-    absl::MutexLock lock(&seen->mu);
-    return seen->stats;
-  }
-  FAIL("could not set the notify callback before the first event");
-  return {};
-}
-
 TEST_CASE("[gpu] n = 4 forks and prefix caching share blocks exactly as on the CPU", "[gpu]") {
-  std::vector<int32_t> prompt = Stories().tokenizer->Encode(testing::DevStories()[3], true);
-  prompt.resize(100);  // 6 full blocks of 16 and 4 tokens in a seventh
-  GenerateRequest req;
-  req.prompt_token_ids = prompt;
-  req.max_tokens = 40;
-  req.ignore_eos = true;
-  req.sampling.temperature = 1.0f;
-  req.sampling.top_k = 40;
-  req.sampling.seed = 1234;
-  req.n = 4;
+  const GenerateRequest req = testing::ForkRequest();
+  const std::vector<int32_t>& prompt = req.prompt_token_ids;  // 100 tokens
 
   SECTION("copy-on-write of the shared partial block, step by step") {
     Setup gpu;
@@ -311,13 +246,9 @@ TEST_CASE("[gpu] n = 4 forks and prefix caching share blocks exactly as on the C
     TestEngine g = MakeEngine(gpu);
     TestEngine c = MakeEngine(cpu);
     Result on_gpu, on_cpu;
-    const std::vector<EngineStats> gs = StatsPerEvent(*g.engine, req, &on_gpu);
-    const std::vector<EngineStats> cs = StatsPerEvent(*c.engine, req, &on_cpu);
-    REQUIRE(gs.size() >= 8);
-    REQUIRE(gs[0].kv.num_active_blocks == 7);  // the fork: 7 prompt blocks, held by 4 samples
-    REQUIRE(gs[0].num_running == 4);
-    REQUIRE(gs[4].kv.num_active_blocks == 10);  // 3 samples copied the partial block
-    REQUIRE(gs[4].kv.cow_copies - gs[0].kv.cow_copies == 3);
+    const std::vector<EngineStats> gs = testing::StatsPerEvent(*g.engine, req, &on_gpu);
+    const std::vector<EngineStats> cs = testing::StatsPerEvent(*c.engine, req, &on_cpu);
+    testing::RequireForkSharing(gs);
     // Block accounting is the cache manager's, whatever the backend.
     REQUIRE(gs.size() == cs.size());
     for (size_t i = 0; i < gs.size(); ++i) {
@@ -352,17 +283,7 @@ TEST_CASE("[gpu] n = 4 forks and prefix caching share blocks exactly as on the C
     RequireAllBlocksFree(*g.engine);
   }
   SECTION("a shared 100-token prefix is served from the cache, tokens unchanged") {
-    std::mt19937 rng(3);
-    std::vector<GenerateRequest> reqs;
-    for (int i = 0; i < 16; ++i) {
-      GenerateRequest r;
-      r.sampling.temperature = 0.0f;
-      r.prompt_token_ids = prompt;
-      std::vector<int32_t> tail = Stories().tokenizer->Encode(" " + RandomSnippet(rng, 60), false);
-      r.prompt_token_ids.insert(r.prompt_token_ids.end(), tail.begin(), tail.end());
-      r.max_tokens = 30 + rng() % 30;
-      reqs.push_back(r);
-    }
+    const std::vector<GenerateRequest> reqs = testing::SharedPrefixRequests(prompt);
     Setup gpu;
     Setup cpu = gpu;
     cpu.device = "cpu";
