@@ -149,6 +149,10 @@ void QuantizeInt4Scalar(const float* x, int n, int group, uint8_t* data, uint8_t
       mn = x[i] < mn ? x[i] : mn;
       mx = x[i] > mx ? x[i] : mx;
     }
+    // Which of +0 and -0 a min or max keeps depends on the order it saw
+    // them in, which the AVX2 reduction does not share: both paths store +0.
+    mn += 0.0f;
+    mx += 0.0f;
     const uint16_t scale_h =
         FloatToFp16(Saturate((mx - mn) / static_cast<float>(kInt4MaxLevel), kFp16Max));
     const uint16_t zero_h = FloatToFp16(Saturate(mn, kFp16Max));
@@ -332,7 +336,8 @@ KV_AVX2 void QuantizeInt4Avx2(const float* x, int n, int group, uint8_t* data, u
     __m128 hi4 = _mm_max_ps(_mm256_castps256_ps128(vmax), _mm256_extractf128_ps(vmax, 1));
     hi4 = _mm_max_ps(hi4, _mm_movehl_ps(hi4, hi4));
     hi4 = _mm_max_ss(hi4, _mm_movehdup_ps(hi4));
-    const float mn = _mm_cvtss_f32(lo4), mx = _mm_cvtss_f32(hi4);
+    // +0 for either zero, as the scalar path.
+    const float mn = _mm_cvtss_f32(lo4) + 0.0f, mx = _mm_cvtss_f32(hi4) + 0.0f;
     const uint16_t scale_h =
         FloatToFp16(Saturate((mx - mn) / static_cast<float>(kInt4MaxLevel), kFp16Max));
     const uint16_t zero_h = FloatToFp16(Saturate(mn, kFp16Max));

@@ -272,6 +272,9 @@ KV_HOST_DEVICE void EncodeRow(const Team& team, const KvPartLayout& part, int he
           mn = x[i] < mn ? x[i] : mn;
           mx = x[i] > mx ? x[i] : mx;
         }
+        // +0 for either signed zero, as cpu::QuantizeRow stores.
+        mn = Add(mn, 0.0f);
+        mx = Add(mx, 0.0f);
         const uint16_t scale_h =
             FloatToFp16(Saturate(Div(Sub(mx, mn), static_cast<float>(kInt4MaxLevel)), kFp16Max));
         const uint16_t zero_h = FloatToFp16(Saturate(mn, kFp16Max));

@@ -375,5 +375,43 @@ TEST_CASE("AVX2 and scalar quantizers write identical bytes", "[kernels][kv_quan
   }
 }
 
+TEST_CASE("int4 groups store +0 for a zero minimum or range on both paths",
+          "[kernels][kv_quant]") {
+  // Groups whose extremes are signed zeros met in different orders: the
+  // scalar loop keeps the first zero it sees, the AVX2 reduction another.
+  const int hd = 64, group = 32;
+  const KvPartLayout part = PartOf(KvDtype::kInt4, hd, group);
+  std::vector<std::vector<float>> rows;
+  std::vector<float> zeros(hd, -0.0f);  // all -0 but the first of each group
+  zeros[0] = 0.0f;
+  zeros[group] = 0.0f;
+  rows.push_back(zeros);
+  std::vector<float> mixed(hd);  // minimum +-0, then positive values
+  for (int d = 0; d < hd; ++d) mixed[d] = d % group == 0 ? 0.0f : (d % 3 == 1 ? -0.0f : 0.25f * d);
+  rows.push_back(mixed);
+  std::vector<float> negative(hd);  // maximum +-0, then negative values
+  for (int d = 0; d < hd; ++d) negative[d] = d % 4 == 0 ? (d % 8 == 0 ? 0.0f : -0.0f) : -0.5f * d;
+  rows.push_back(negative);
+  std::vector<CpuIsa> paths = {CpuIsa::kScalar};
+  if (CpuHasAvx2()) paths.push_back(CpuIsa::kAvx2);
+  for (size_t r = 0; r < rows.size(); ++r) {
+    INFO("row " << r);
+    const Row want = RoundTrip(part, hd, rows[r], CpuIsa::kScalar);
+    for (CpuIsa isa : paths) {
+      INFO(CpuIsaName(isa));
+      const Row got = RoundTrip(part, hd, rows[r], isa);
+      REQUIRE(got.data == want.data);
+      REQUIRE(got.meta == want.meta);
+      for (int g = 0; g < hd / group; ++g) {
+        uint16_t scale_h, zero_h;
+        std::memcpy(&scale_h, got.meta.data() + 4 * g, 2);
+        std::memcpy(&zero_h, got.meta.data() + 4 * g + 2, 2);
+        if (r == 0) REQUIRE(scale_h == 0x0000);  // +0: a constant group
+        if (r != 2) REQUIRE(zero_h == 0x0000);   // +0: the group's minimum is a zero
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvserve::cpu
