@@ -37,9 +37,10 @@ constexpr char kUsage[] =
     "  --tokenizer FILE     SentencePiece .model (default: beside the model)\n"
     "  --prompt TEXT        prompt text (default: empty, i.e. BOS only)\n"
     "  --max-tokens N       tokens to generate, >= 1 (default 256)\n"
-    "  --temperature T      0 is greedy (default 1)\n"
-    "  --top-p P            nucleus mass in (0, 1] (default 1)\n"
-    "  --top-k K            keep the K most likely tokens, 0 is off (default 0)\n"
+    "  --temperature T      0 is greedy (default: generation_config.json's, else 1)\n"
+    "  --top-p P            nucleus mass in (0, 1] (default: generation_config.json's, else 1)\n"
+    "  --top-k K            keep the K most likely tokens, 0 is off (default:\n"
+    "                       generation_config.json's, else 0)\n"
     "  --min-p P            in [0, 1) (default 0)\n"
     "  --repetition-penalty R   > 0, 1 is off (default 1)\n"
     "  --seed S             random seed (default: a fresh one)\n"
@@ -59,6 +60,9 @@ struct Options {
   std::string prompt;
   int32_t max_tokens = 256;
   SamplingParams sampling;
+  // Which of the parameters a checkpoint may recommend the flags set; the
+  // others come from its generation_config.json, as in the daemon.
+  bool set_temperature = false, set_top_p = false, set_top_k = false;
   int block_size = 16;
   KvDtypeSpec kv_dtype = KvDtype::kFp32;
   int32_t num_blocks = 0;
@@ -90,12 +94,15 @@ int ParseFlags(int argc, char** argv, Options* o) {
     } else if (name == "--temperature") {
       if (!absl::SimpleAtof(value, &f)) return bad("a number");
       o->sampling.temperature = f;
+      o->set_temperature = true;
     } else if (name == "--top-p") {
       if (!absl::SimpleAtof(value, &f)) return bad("a number");
       o->sampling.top_p = f;
+      o->set_top_p = true;
     } else if (name == "--top-k") {
       if (!absl::SimpleAtoi(value, &n) || n < -1 || n > (1 << 30)) return bad("an integer >= -1");
       o->sampling.top_k = static_cast<int32_t>(n);
+      o->set_top_k = true;
     } else if (name == "--min-p") {
       if (!absl::SimpleAtof(value, &f)) return bad("a number");
       o->sampling.min_p = f;
@@ -163,6 +170,13 @@ int RunGenerate(int argc, char** argv) {
   if (!loaded.ok()) return Fail(loaded.status());
   std::shared_ptr<const Tokenizer> tok(std::move(loaded->tokenizer));
   const ModelConfig config = loaded->weights.config;
+  // What the flags leave unset is the checkpoint's recommendation (its
+  // generation_config.json), as for a daemon request that sets none.
+  const SamplingParams defaults = config.DefaultSampling();
+  if (!opt.set_temperature) opt.sampling.temperature = defaults.temperature;
+  if (!opt.set_top_p) opt.sampling.top_p = defaults.top_p;
+  if (!opt.set_top_k) opt.sampling.top_k = defaults.top_k;
+  if (absl::Status s = opt.sampling.Validate(); !s.ok()) return Fail(s);
   // Prompt + generated tokens stay within the context (vLLM's max_model_len).
   const int32_t max_len = config.max_position_embeddings;
   const int32_t prompt_len = static_cast<int32_t>(tok->Encode(opt.prompt, true).size());

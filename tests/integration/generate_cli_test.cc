@@ -9,6 +9,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -70,6 +71,28 @@ TEST_CASE("kvserve generate prints the reference text greedily at every block si
       REQUIRE(WithoutFinalNewline(r.out) == golden);
     }
   }
+}
+
+TEST_CASE("kvserve generate takes unset sampling flags from generation_config.json",
+          "[integration]") {
+  const std::string dir = absl::StrCat(testing::MakeTempDir("generate-defaults"), "/stories260k");
+  RunResult conv = RunKvserve(
+      absl::StrCat("convert --llama2c ", Quote(testing::Stories260kCheckpoint()), " --tokenizer ",
+                   Quote(testing::Stories260kTokenizer()), " --out ", Quote(dir)));
+  REQUIRE(conv.exit_code == 0);
+  // The checkpoint recommends greedy decoding: no --temperature gives the
+  // reference text; a flag still wins.
+  std::ofstream(dir + "/generation_config.json")
+      << R"({"bos_token_id": 1, "eos_token_id": [2, 1], "temperature": 0.0, "top_k": 5})" << "\n";
+  RunResult greedy = RunKvserve(absl::StrCat("generate --model ", Quote(dir),
+                                             " --prompt '' --max-tokens 256"));
+  REQUIRE(greedy.exit_code == 0);
+  REQUIRE(WithoutFinalNewline(greedy.out) == testing::GoldenGreedyText());
+  RunResult sampled = RunKvserve(absl::StrCat("generate --model ", Quote(dir),
+                                              " --prompt '' --max-tokens 64 --temperature 1.5 "
+                                              "--seed 7"));
+  REQUIRE(sampled.exit_code == 0);
+  REQUIRE(testing::GoldenGreedyText().rfind(sampled.out, 0) != 0);  // not the greedy text
 }
 
 TEST_CASE("kvserve generate stops at max-tokens and reports speed on stderr", "[integration]") {
