@@ -660,7 +660,7 @@ void CheckDeployment(const std::string& deployment_file, const std::string& conf
   }
 
   // The Services select these pods and name their ports.
-  std::vector<YAML::Node> services = LoadManifests("deploy/k8s/service.yaml");
+  std::vector<YAML::Node> services = LoadManifests("deploy/k8s/base/service.yaml");
   REQUIRE(services.size() == 2);
   const YAML::Node labels = d["spec"]["template"]["metadata"]["labels"];
   for (const YAML::Node& s : services) {
@@ -678,13 +678,13 @@ void CheckDeployment(const std::string& deployment_file, const std::string& conf
 TEST_CASE("Deploy: the Kubernetes manifests parse and agree with the daemon's config",
           "[integration]") {
   SECTION("the CPU Deployment with its ConfigMap") {
-    CheckDeployment("deploy/k8s/deployment-cpu.yaml", "deploy/k8s/configmap-cpu.yaml", false);
+    CheckDeployment("deploy/k8s/cpu/deployment.yaml", "deploy/k8s/cpu/configmap.yaml", false);
   }
   SECTION("the CUDA Deployment with its ConfigMap") {
-    CheckDeployment("deploy/k8s/deployment-cuda.yaml", "deploy/k8s/configmap-cuda.yaml", true);
+    CheckDeployment("deploy/k8s/cuda/deployment.yaml", "deploy/k8s/cuda/configmap.yaml", true);
   }
   SECTION("the model volume claim") {
-    std::vector<YAML::Node> docs = LoadManifests("deploy/k8s/pvc.yaml");
+    std::vector<YAML::Node> docs = LoadManifests("deploy/k8s/base/pvc.yaml");
     REQUIRE(docs.size() == 1);
     REQUIRE(docs[0]["kind"].as<std::string>() == "PersistentVolumeClaim");
     REQUIRE(docs[0]["metadata"]["name"].as<std::string>() == "kvserve-models");
