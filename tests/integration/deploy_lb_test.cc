@@ -140,11 +140,12 @@ httplib::Client LoopbackClient(int port) {
 // Polls GET `path` until it answers `status`; false when `child` exits first
 // or the deadline passes.
 bool WaitForStatus(ChildProcess& child, int port, const std::string& path, int status,
-                   std::chrono::seconds timeout = std::chrono::seconds(60)) {
+                   std::chrono::seconds timeout = std::chrono::seconds(60),
+                   const std::string& host = "127.0.0.1") {
   const auto end = Clock::now() + timeout;
   while (Clock::now() < end) {
     if (!child.Running()) return false;
-    httplib::Client c("127.0.0.1", port);
+    httplib::Client c(host, port);
     c.set_connection_timeout(1, 0);
     if (auto r = c.Get(path.c_str()); r && r->status == status) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -664,20 +665,22 @@ TEST_CASE("Deploy: a rolling restart of one replica under load loses no request"
 
   // Long streams (ignore_eos), all the same: the reference text from B.
   const std::string body = CompletionBody("Once upon a time", /*stream=*/true,
-                                          /*ignore_eos=*/true, 200);
+                                          /*ignore_eos=*/true, 440);
   json plain = json::parse(body);
   plain["stream"] = false;
   const std::string expected = CompletionText(
       LoopbackClient(b.http_port).Post("/v1/completions", plain.dump(), "application/json"));
   v1::GenerateRequest grpc_req;
   grpc_req.set_prompt("Once upon a time");
-  grpc_req.set_max_tokens(200);
+  grpc_req.set_max_tokens(440);
   grpc_req.set_ignore_eos(true);
   grpc_req.mutable_sampling()->set_temperature(0);
 
-  // The load: 3 HTTP SSE clients and 3 gRPC streaming clients, each sending
+  // The load: 5 HTTP SSE clients and 5 gRPC streaming clients, each sending
   // one request after the other until told to stop (bounded in count).
-  constexpr int kClients = 3;
+  // least_conn keeps about as many open at A as at B, and A runs one at a
+  // time: a backlog there.
+  constexpr int kClients = 5;
   constexpr int kMaxPerClient = 40;
   std::atomic<bool> stop{false};
   std::mutex mu;
@@ -713,7 +716,7 @@ TEST_CASE("Deploy: a rolling restart of one replica under load loses no request"
     while (Clock::now() < end &&
            !(served_by(a.http_addr(), a_grpc, false) > 0 && served_by(a.http_addr(), a_grpc, true) > 0 &&
              served_by(b.http_addr(), b_grpc, false) > 0 && served_by(b.http_addr(), b_grpc, true) > 0 &&
-             Gauge(a.http_port, "kvserve_queue_length") >= 1)) {
+             Gauge(a.http_port, "kvserve_queue_length") >= 2)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
@@ -721,7 +724,7 @@ TEST_CASE("Deploy: a rolling restart of one replica under load loses no request"
   REQUIRE(served_by(a.http_addr(), a_grpc, true) > 0);
   REQUIRE(served_by(b.http_addr(), b_grpc, false) > 0);
   REQUIRE(served_by(b.http_addr(), b_grpc, true) > 0);
-  REQUIRE(Gauge(a.http_port, "kvserve_queue_length") >= 1);
+  REQUIRE(Gauge(a.http_port, "kvserve_queue_length") >= 2);
 
   // The rolling restart of A, as Kubernetes does it: first out of rotation
   // (the pod leaves the endpoints; here: nginx re-rendered without A and
@@ -750,9 +753,6 @@ TEST_CASE("Deploy: a rolling restart of one replica under load loses no request"
     REQUIRE(count("start worker process") > started_before);
     REQUIRE(count("gracefully shutting down") > quitting_before);
   }
-  // Requests already on their way through the old worker reach A and are
-  // in flight there when SIGTERM comes.
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
   const auto reloaded = Clock::now();
   a.process->Signal(SIGTERM);
   const auto sigterm = Clock::now();
@@ -785,6 +785,146 @@ TEST_CASE("Deploy: a rolling restart of one replica under load loses no request"
   REQUIRE(b.process->WaitForExit(std::chrono::seconds(60)) == 0);
   lb.process->Signal(SIGQUIT);
   REQUIRE(lb.process->WaitForExit(std::chrono::seconds(20)) == 0);
+}
+
+// dns mode end to end: two replicas on the same ports at 127.0.0.2 and
+// 127.0.0.3 behind one name, served by a stub DNS server
+// (tests/deploy/dns_stub.py) whose answers the test changes, as a headless
+// Service's change when a pod leaves the endpoints.
+TEST_CASE("Deploy: nginx in dns mode follows the replicas' name while running", "[integration]") {
+  const std::string python = testing::PythonWithModule("socket");
+  REQUIRE(!python.empty());
+  const std::string dir = testing::MakeTempDir("deploy-dns");
+  const int http_port = testing::FreeLoopbackPort();
+  int grpc_port = testing::FreeLoopbackPort();
+  while (grpc_port == http_port) grpc_port = testing::FreeLoopbackPort();
+  auto start = [&](const std::string& host, const std::string& name) {
+    Replica r;
+    r.http_port = http_port;
+    r.grpc_port = grpc_port;
+    r.process = std::make_unique<ChildProcess>(
+        std::vector<std::string>{testing::KvserveBinary(), "serve", "--config",
+                                 SourcePath("configs/default.yaml"), "--set",
+                                 "model.path=" + testing::Stories260kCheckpoint(), "--set",
+                                 "model.tokenizer=" + testing::Stories260kTokenizer(), "--set",
+                                 "server.host=" + host, "--set",
+                                 "server.http_port=" + std::to_string(http_port), "--set",
+                                 "server.grpc_port=" + std::to_string(grpc_port)},
+        dir + "/" + name + ".log");
+    INFO(r.process->Log());
+    REQUIRE(WaitForStatus(*r.process, http_port, "/health", 200, std::chrono::seconds(60), host));
+    return r;
+  };
+  Replica a = start("127.0.0.2", "replica-a");
+  Replica b = start("127.0.0.3", "replica-b");
+  const std::string a_http = "127.0.0.2:" + std::to_string(http_port);
+  const std::string b_http = "127.0.0.3:" + std::to_string(http_port);
+  const std::string a_grpc = "127.0.0.2:" + std::to_string(grpc_port);
+  const std::string b_grpc = "127.0.0.3:" + std::to_string(grpc_port);
+
+  const std::string zone = dir + "/zone";
+  std::ofstream(zone) << "kvserve-pods.test 127.0.0.2\nkvserve-pods.test 127.0.0.3\n";
+  const int dns_port = testing::FreeLoopbackPort();
+  ChildProcess dns({"/usr/bin/env", python, SourcePath("tests/deploy/dns_stub.py"),
+                    std::to_string(dns_port), zone},
+                   dir + "/dns.log");
+  {
+    const auto end = Clock::now() + std::chrono::seconds(10);
+    while (dns.Log().find("listening") == std::string::npos && Clock::now() < end && dns.Running()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    INFO(dns.Log());
+    REQUIRE(dns.Log().find("listening") != std::string::npos);
+  }
+
+  // nginx on the dns rendering.
+  chmod(dir.c_str(), 0755);
+  fs::create_directories(dir + "/temp");
+  std::ofstream(dir + "/nginx.conf") << "worker_processes 1;\n"
+                                     << "events { worker_connections 512; }\n"
+                                     << "http {\n"
+                                     << "    client_body_temp_path temp/body;\n"
+                                     << "    proxy_temp_path temp/proxy;\n"
+                                     << "    include kvserve.conf;\n"
+                                     << "}\n";
+  Balancer lb;
+  lb.http_port = testing::FreeLoopbackPort();
+  do {
+    lb.grpc_port = testing::FreeLoopbackPort();
+  } while (lb.grpc_port == lb.http_port);
+  std::string out;
+  REQUIRE(testing::RunCommand(
+              "bash " + SourcePath("deploy/nginx/render.sh") + " --config " +
+                  SourcePath("configs/default.yaml") + " --http-listen 127.0.0.1:" +
+                  std::to_string(lb.http_port) + " --grpc-listen 127.0.0.1:" +
+                  std::to_string(lb.grpc_port) + " --access-log " + dir +
+                  "/access.log --resolver 127.0.0.1:" + std::to_string(dns_port) +
+                  " --dns kvserve-pods.test:" + std::to_string(http_port) + ":" +
+                  std::to_string(grpc_port) + " > " + dir + "/kvserve.conf",
+              &out) == 0);
+  lb.process = std::make_unique<ChildProcess>(
+      std::vector<std::string>{kNginx, "-e", "stderr", "-p", dir + "/", "-c", "nginx.conf", "-g",
+                               "daemon off; pid " + dir + "/nginx.pid; error_log stderr;"},
+      dir + "/nginx.log");
+  {
+    INFO(lb.process->Log() << dns.Log());
+    REQUIRE(WaitForStatus(*lb.process, lb.http_port, "/health", 200, std::chrono::seconds(20)));
+  }
+
+  const std::string body = CompletionBody("Once upon a time", false, false, 32);
+  httplib::Client direct_b("127.0.0.3", http_port);
+  direct_b.set_read_timeout(60, 0);
+  const std::string expected =
+      CompletionText(direct_b.Post("/v1/completions", body, "application/json"));
+  auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(lb.grpc_port),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::Generation::NewStub(channel);
+  v1::GenerateRequest grpc_req;
+  grpc_req.set_prompt("Once upon a time");
+  grpc_req.set_max_tokens(32);
+  grpc_req.mutable_sampling()->set_temperature(0);
+  // n HTTP and n gRPC requests through nginx: the replicas that served them.
+  auto round = [&](int n) {
+    std::set<std::string> http, grpc_upstreams;
+    for (int i = 0; i < n; ++i) {
+      auto r = LoopbackClient(lb.http_port).Post("/v1/completions", body, "application/json");
+      REQUIRE(CompletionText(r) == expected);
+      http.insert(r->get_header_value("X-Upstream"));
+      LoadRecord g = StreamGrpc(*stub, grpc_req, expected);
+      INFO(g.error);
+      REQUIRE(g.ok);
+      grpc_upstreams.insert(g.upstream);
+    }
+    return std::make_pair(http, grpc_upstreams);
+  };
+
+  // Round-robin over both addresses of the name.
+  auto [http1, grpc1] = round(6);
+  REQUIRE(http1 == std::set<std::string>{a_http, b_http});
+  REQUIRE(grpc1 == std::set<std::string>{a_grpc, b_grpc});
+
+  // A leaves the name (a terminating pod leaves the headless Service's DNS
+  // during its preStop sleep). Once nginx's answer expires (valid=5s), every
+  // request goes to B, although A still runs and would answer.
+  std::ofstream(zone) << "kvserve-pods.test 127.0.0.3\n";
+  std::this_thread::sleep_for(std::chrono::milliseconds(6500));
+  auto [http2, grpc2] = round(6);
+  REQUIRE(http2 == std::set<std::string>{b_http});
+  REQUIRE(grpc2 == std::set<std::string>{b_grpc});
+  REQUIRE(a.process->Running());
+
+  // Then SIGTERM: A drains and exits; B keeps serving.
+  a.process->Signal(SIGTERM);
+  REQUIRE(a.process->WaitForExit(std::chrono::seconds(60)) == 0);
+  auto [http3, grpc3] = round(2);
+  REQUIRE(http3 == std::set<std::string>{b_http});
+  REQUIRE(grpc3 == std::set<std::string>{b_grpc});
+
+  b.process->Signal(SIGTERM);
+  REQUIRE(b.process->WaitForExit(std::chrono::seconds(60)) == 0);
+  lb.process->Signal(SIGQUIT);
+  REQUIRE(lb.process->WaitForExit(std::chrono::seconds(20)) == 0);
+  dns.Signal(SIGTERM);
 }
 
 TEST_CASE("Deploy: the shipped nginx config is render.sh's output for Kubernetes",
@@ -848,7 +988,7 @@ TEST_CASE("Deploy: nginx -t accepts the dns rendering where the replicas' name d
           std::string::npos);
   REQUIRE(conf.find("set $kvserve_grpc_upstream kvserve-pods.no-such-domain.invalid:50051;") !=
           std::string::npos);
-  REQUIRE(conf.find("upstream ") == std::string::npos);
+  REQUIRE(conf.find("\nupstream ") == std::string::npos);
   // static mode: upstream blocks resolve their names when nginx starts (the
   // limit of open-source nginx 1.22 that dns mode exists for).
   out.clear();
