@@ -3,15 +3,22 @@
 // as rendered by deploy/nginx/render.sh. Through the load balancer: greedy
 // completions equal the replicas' own answers and both replicas serve,
 // X-Request-Id travels both ways, X-Prefix-Key pins a conversation to one
-// replica, SSE streams through unbuffered, gRPC passes over HTTP/2, and a
-// draining replica's 503 is retried on the other one (a rolling restart
-// without errors). Then everything stops cleanly: the replicas exit 0 on
-// SIGTERM and nginx on SIGQUIT.
+// replica, client_max_body_size is the replicas' server.max_body_bytes, SSE
+// streams through unbuffered, gRPC passes over HTTP/2, and a draining
+// replica's 503 is retried on the other one. A rolling restart under load
+// (HTTP SSE and gRPC streams): one replica leaves the rotation and gets
+// SIGTERM mid-run, every request completes whole and later ones reach the
+// survivor. The dns rendering follows a name whose answers change while
+// nginx runs (a stub DNS server, tests/deploy/dns_stub.py), and `nginx -t`
+// accepts it where the name does not resolve. Everything stops cleanly: the
+// replicas exit 0 on SIGTERM and nginx on SIGQUIT.
 //
 // Also checks, without starting anything, that the Kubernetes manifests and
-// container configs in deploy/ parse and agree with each other.
+// container configs in deploy/ parse and agree with each other (their API
+// schemas: tests/deploy/manifests_test.cc).
 //
-// Needs nginx (Debian package `nginx`, installed by scripts/install-deps.sh).
+// Needs nginx (Debian package `nginx`, installed by scripts/install-deps.sh)
+// and python3 for the stub DNS server.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <spawn.h>
