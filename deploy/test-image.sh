@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Runs a built kvserve CPU image the way a deployment does and checks it:
+#   - no compiler, node, nginx, prometheus or -dev package in the image;
 #   - read-only root filesystem, as the image's non-root user (10001), the
 #     reference model mounted read-only at /models, /tmp a tmpfs;
 #   - GET /health becomes 200, a temperature-0 completion equals
@@ -57,6 +58,15 @@ step "image $image"
 "${engine[@]}" image inspect --format '{{.Id}} {{.Size}} bytes' "$image"
 "${engine[@]}" image inspect --format 'user={{.Config.User}} entrypoint={{.Config.Entrypoint}} healthcheck={{.Config.Healthcheck}}' "$image" ||
   "${engine[@]}" image inspect --format 'user={{.User}} healthcheck={{.HealthCheck}}' "$image"
+
+step "runtime packages: nothing to build or to run beside kvserve"
+"${engine[@]}" run --rm ${run_flags[@]+"${run_flags[@]}"} --network host --entrypoint dpkg-query "$image" \
+  -W -f '${Package}\n' >/tmp/$name.packages
+echo "$(wc -l </tmp/$name.packages) packages"
+if grep -E '^(gcc|g\+\+|cpp|clang|cmake|make|nodejs|npm|nginx|prometheus|python3)(-[0-9.]+)?$|-dev$' /tmp/$name.packages; then
+  fail "the runtime image holds build or test tools (above)"
+fi
+rm -f /tmp/$name.packages
 
 step "run: read-only, user 10001, model read-only at /models, ports $http_port/$grpc_port"
 # Host networking: no bridge or port forwarding needed (none in a sandbox);
