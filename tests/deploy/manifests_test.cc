@@ -56,11 +56,11 @@ TEST_CASE("Deploy: the Kubernetes manifests pass the API schemas, with no unknow
   // Every object of both variants and the autoscaling examples.
   {
     std::string out;
-    const int rc = testing::RunShell(
-        in_source + validate +
-            " deploy/k8s/cpu deploy/k8s/cuda deploy/k8s/autoscaling/hpa.yaml"
-            " deploy/k8s/autoscaling/prometheus-adapter-config.yaml 2>&1",
-        &out);
+    const int rc =
+        testing::RunShell(in_source + validate +
+                              " deploy/k8s/cpu deploy/k8s/cuda deploy/k8s/autoscaling/hpa.yaml"
+                              " deploy/k8s/autoscaling/prometheus-adapter-config.yaml 2>&1",
+                          &out);
     INFO(out);
     REQUIRE(rc == 0);
     REQUIRE(out ==
@@ -135,26 +135,27 @@ TEST_CASE("Deploy: the Kubernetes manifests pass the API schemas, with no unknow
                                      &out);
     INFO(out);
     REQUIRE(rc == 1);
-    REQUIRE(out ==
-            "error  k8s/cpu  -  : k8s/cpu/kustomization.yaml: unknown field \"image\"\n"
-            "error  nested-misspelled.yaml  Deployment/kvserve  : data/spec/template/spec/"
-            "topologySpreadConstraints/0 must have required property maxSkew\n"
-            "error  enum.yaml  Deployment/kvserve  : data/spec/template/spec/"
-            "topologySpreadConstraints/0/whenUnsatisfiable must be equal to one of the allowed "
-            "values\n"
-            "error  type.yaml  Deployment/kvserve  : data/spec/template/spec/"
-            "terminationGracePeriodSeconds must be integer\n"
-            "error  misspelled.yaml  Deployment/kvserve  "
-            "spec.template.spec.containers[0].readinesProbe: unknown field \"readinesProbe\"\n"
-            "error  nested-misspelled.yaml  Deployment/kvserve  "
-            "spec.template.spec.topologySpreadConstraints[0].maxSkw: unknown field \"maxSkw\"\n"
-            "error  enum.yaml  Deployment/kvserve  "
-            "spec.template.spec.topologySpreadConstraints[0].whenUnsatisfiable: Type "
-            "'\"DontSchedule\"' is not assignable to type '\"DoNotSchedule\" | \"ScheduleAnyway\"'. "
-            "Did you mean '\"DoNotSchedule\"'?\n"
-            "error  type.yaml  Deployment/kvserve  spec.template.spec.terminationGracePeriodSeconds: "
-            "Type 'string' is not assignable to type 'number'.\n"
-            "4 objects, 8 errors\n");
+    REQUIRE(
+        out ==
+        "error  k8s/cpu  -  : k8s/cpu/kustomization.yaml: unknown field \"image\"\n"
+        "error  nested-misspelled.yaml  Deployment/kvserve  : data/spec/template/spec/"
+        "topologySpreadConstraints/0 must have required property maxSkew\n"
+        "error  enum.yaml  Deployment/kvserve  : data/spec/template/spec/"
+        "topologySpreadConstraints/0/whenUnsatisfiable must be equal to one of the allowed "
+        "values\n"
+        "error  type.yaml  Deployment/kvserve  : data/spec/template/spec/"
+        "terminationGracePeriodSeconds must be integer\n"
+        "error  misspelled.yaml  Deployment/kvserve  "
+        "spec.template.spec.containers[0].readinesProbe: unknown field \"readinesProbe\"\n"
+        "error  nested-misspelled.yaml  Deployment/kvserve  "
+        "spec.template.spec.topologySpreadConstraints[0].maxSkw: unknown field \"maxSkw\"\n"
+        "error  enum.yaml  Deployment/kvserve  "
+        "spec.template.spec.topologySpreadConstraints[0].whenUnsatisfiable: Type "
+        "'\"DontSchedule\"' is not assignable to type '\"DoNotSchedule\" | \"ScheduleAnyway\"'. "
+        "Did you mean '\"DoNotSchedule\"'?\n"
+        "error  type.yaml  Deployment/kvserve  spec.template.spec.terminationGracePeriodSeconds: "
+        "Type 'string' is not assignable to type 'number'.\n"
+        "4 objects, 8 errors\n");
   }
 
   // kubectl's own kustomize renders the same objects.

@@ -221,9 +221,10 @@ struct Balancer {
 std::string RenderCommand(const Balancer& b, const std::vector<const Replica*>& replicas,
                           const std::string& out) {
   std::string cmd = "bash " + SourcePath("deploy/nginx/render.sh") + " --config " +
-                    SourcePath("configs/default.yaml") + " --http-listen 127.0.0.1:" +
-                    std::to_string(b.http_port) + " --grpc-listen 127.0.0.1:" +
-                    std::to_string(b.grpc_port) + " --access-log " + b.access_log;
+                    SourcePath("configs/default.yaml") +
+                    " --http-listen 127.0.0.1:" + std::to_string(b.http_port) +
+                    " --grpc-listen 127.0.0.1:" + std::to_string(b.grpc_port) + " --access-log " +
+                    b.access_log;
   for (const Replica* r : replicas) {
     cmd += " 127.0.0.1:" + std::to_string(r->http_port) + ":" + std::to_string(r->grpc_port);
   }
@@ -461,8 +462,9 @@ TEST_CASE("Deploy: two replicas behind the shipped nginx config", "[integration]
     REQUIRE(r->get_header_value("X-Upstream").empty());
     std::string at = body;
     at.insert(at.size() - 1, std::string(kLimit - body.size(), ' '));
-    REQUIRE(CompletionText(LoopbackClient(lb.http_port)
-                               .Post("/v1/completions", at, "application/json")) == reference[1]);
+    REQUIRE(CompletionText(
+                LoopbackClient(lb.http_port).Post("/v1/completions", at, "application/json")) ==
+            reference[1]);
   }
 
   // SSE through nginx: many events, arriving over many reads rather than as
@@ -661,8 +663,7 @@ LoadRecord StreamGrpc(v1::Generation::Stub& stub, const v1::GenerateRequest& req
   return rec;
 }
 
-TEST_CASE("Deploy: a rolling restart of one replica under load loses no request",
-          "[integration]") {
+TEST_CASE("Deploy: a rolling restart of one replica under load loses no request", "[integration]") {
   const std::string dir = testing::MakeTempDir("deploy-rolling");
   // A serves one sequence at a time, so that requests queue there and some
   // are surely in flight when it is told to stop.
@@ -699,13 +700,15 @@ TEST_CASE("Deploy: a rolling restart of one replica under load loses no request"
   std::vector<std::jthread> clients;  // joined on every way out
   for (int c = 0; c < kClients; ++c) {
     clients.emplace_back([&] {
-      for (int i = 0; i < kMaxPerClient && !stop; ++i) record(StreamHttp(lb.http_port, body, expected));
+      for (int i = 0; i < kMaxPerClient && !stop; ++i)
+        record(StreamHttp(lb.http_port, body, expected));
     });
     clients.emplace_back([&] {
       auto channel = grpc::CreateChannel("127.0.0.1:" + std::to_string(lb.grpc_port),
                                          grpc::InsecureChannelCredentials());
       auto stub = v1::Generation::NewStub(channel);
-      for (int i = 0; i < kMaxPerClient && !stop; ++i) record(StreamGrpc(*stub, grpc_req, expected));
+      for (int i = 0; i < kMaxPerClient && !stop; ++i)
+        record(StreamGrpc(*stub, grpc_req, expected));
     });
   }
   auto served_by = [&](const std::string& http_addr, const std::string& grpc_addr, bool grpc) {
@@ -720,10 +723,11 @@ TEST_CASE("Deploy: a rolling restart of one replica under load loses no request"
   // Both replicas serve both protocols, and A has work queued.
   {
     const auto end = Clock::now() + std::chrono::seconds(60);
-    while (Clock::now() < end &&
-           !(served_by(a.http_addr(), a_grpc, false) > 0 && served_by(a.http_addr(), a_grpc, true) > 0 &&
-             served_by(b.http_addr(), b_grpc, false) > 0 && served_by(b.http_addr(), b_grpc, true) > 0 &&
-             Gauge(a.http_port, "kvserve_queue_length") >= 2)) {
+    while (Clock::now() < end && !(served_by(a.http_addr(), a_grpc, false) > 0 &&
+                                   served_by(a.http_addr(), a_grpc, true) > 0 &&
+                                   served_by(b.http_addr(), b_grpc, false) > 0 &&
+                                   served_by(b.http_addr(), b_grpc, true) > 0 &&
+                                   Gauge(a.http_port, "kvserve_queue_length") >= 2)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
   }
@@ -810,13 +814,12 @@ TEST_CASE("Deploy: nginx in dns mode follows the replicas' name while running", 
     r.http_port = http_port;
     r.grpc_port = grpc_port;
     r.process = std::make_unique<ChildProcess>(
-        std::vector<std::string>{testing::KvserveBinary(), "serve", "--config",
-                                 SourcePath("configs/default.yaml"), "--set",
-                                 "model.path=" + testing::Stories260kCheckpoint(), "--set",
-                                 "model.tokenizer=" + testing::Stories260kTokenizer(), "--set",
-                                 "server.host=" + host, "--set",
-                                 "server.http_port=" + std::to_string(http_port), "--set",
-                                 "server.grpc_port=" + std::to_string(grpc_port)},
+        std::vector<std::string>{
+            testing::KvserveBinary(), "serve", "--config", SourcePath("configs/default.yaml"),
+            "--set", "model.path=" + testing::Stories260kCheckpoint(), "--set",
+            "model.tokenizer=" + testing::Stories260kTokenizer(), "--set", "server.host=" + host,
+            "--set", "server.http_port=" + std::to_string(http_port), "--set",
+            "server.grpc_port=" + std::to_string(grpc_port)},
         dir + "/" + name + ".log");
     INFO(r.process->Log());
     REQUIRE(WaitForStatus(*r.process, http_port, "/health", 200, std::chrono::seconds(60), host));
@@ -837,7 +840,8 @@ TEST_CASE("Deploy: nginx in dns mode follows the replicas' name while running", 
                    dir + "/dns.log");
   {
     const auto end = Clock::now() + std::chrono::seconds(10);
-    while (dns.Log().find("listening") == std::string::npos && Clock::now() < end && dns.Running()) {
+    while (dns.Log().find("listening") == std::string::npos && Clock::now() < end &&
+           dns.Running()) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
     INFO(dns.Log());
@@ -860,15 +864,15 @@ TEST_CASE("Deploy: nginx in dns mode follows the replicas' name while running", 
     lb.grpc_port = testing::FreeLoopbackPort();
   } while (lb.grpc_port == lb.http_port);
   std::string out;
-  REQUIRE(testing::RunCommand(
-              "bash " + SourcePath("deploy/nginx/render.sh") + " --config " +
-                  SourcePath("configs/default.yaml") + " --http-listen 127.0.0.1:" +
-                  std::to_string(lb.http_port) + " --grpc-listen 127.0.0.1:" +
-                  std::to_string(lb.grpc_port) + " --access-log " + dir +
-                  "/access.log --resolver 127.0.0.1:" + std::to_string(dns_port) +
-                  " --dns kvserve-pods.test:" + std::to_string(http_port) + ":" +
-                  std::to_string(grpc_port) + " > " + dir + "/kvserve.conf",
-              &out) == 0);
+  REQUIRE(testing::RunCommand("bash " + SourcePath("deploy/nginx/render.sh") + " --config " +
+                                  SourcePath("configs/default.yaml") +
+                                  " --http-listen 127.0.0.1:" + std::to_string(lb.http_port) +
+                                  " --grpc-listen 127.0.0.1:" + std::to_string(lb.grpc_port) +
+                                  " --access-log " + dir +
+                                  "/access.log --resolver 127.0.0.1:" + std::to_string(dns_port) +
+                                  " --dns kvserve-pods.test:" + std::to_string(http_port) + ":" +
+                                  std::to_string(grpc_port) + " > " + dir + "/kvserve.conf",
+                              &out) == 0);
   lb.process = std::make_unique<ChildProcess>(
       std::vector<std::string>{kNginx, "-e", "stderr", "-p", dir + "/", "-c", "nginx.conf", "-g",
                                "daemon off; pid " + dir + "/nginx.pid; error_log stderr;"},
@@ -973,10 +977,10 @@ int NginxTest(const std::string& dir, const std::string& render_args, std::strin
                                   dir + "/access.log " + render_args + " > " + dir +
                                   "/kvserve.conf",
                               out) == 0);
-  return testing::RunCommand(std::string(kNginx) + " -t -q -p " + dir + "/ -c nginx.conf -g " +
-                                 testing::ShellQuote("pid " + dir + "/nginx.pid; error_log stderr;") +
-                                 " 2>&1",
-                             out);
+  return testing::RunCommand(
+      std::string(kNginx) + " -t -q -p " + dir + "/ -c nginx.conf -g " +
+          testing::ShellQuote("pid " + dir + "/nginx.pid; error_log stderr;") + " 2>&1",
+      out);
 }
 
 TEST_CASE("Deploy: nginx -t accepts the dns rendering where the replicas' name does not resolve",
@@ -986,8 +990,9 @@ TEST_CASE("Deploy: nginx -t accepts the dns rendering where the replicas' name d
   // dns mode: the name is looked up while running, not by nginx -t.
   {
     INFO(out);
-    REQUIRE(NginxTest(dir, "--resolver 127.0.0.1:53 --dns kvserve-pods.no-such-domain.invalid:8000:50051",
-                      &out) == 0);
+    REQUIRE(NginxTest(
+                dir, "--resolver 127.0.0.1:53 --dns kvserve-pods.no-such-domain.invalid:8000:50051",
+                &out) == 0);
   }
   const std::string conf = testing::ReadFileOrDie(dir + "/kvserve.conf");
   REQUIRE(conf.find("resolver 127.0.0.1:53 valid=5s ipv6=off;") != std::string::npos);
@@ -1030,8 +1035,7 @@ TEST_CASE("Deploy: render.sh sets client_max_body_size from the replicas' config
   REQUIRE(testing::RunCommand("bash " + SourcePath("deploy/nginx/render.sh") +
                                   " --max-body 8MiX 10.0.0.1:8000:50051 2>&1",
                               &out) == 2);
-  REQUIRE(out ==
-          "render.sh: max body size '8MiX' is not a byte size (8MiB, 32MiB, 1000000)\n");
+  REQUIRE(out == "render.sh: max body size '8MiX' is not a byte size (8MiB, 32MiB, 1000000)\n");
 }
 
 // --- deploy/k8s and the container configs ------------------------------------
