@@ -5,7 +5,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 CONFIG ?= configs/default.yaml
 
-.PHONY: all deps build build-daemon run test bench bench-eviction clean format
+.PHONY: all deps build build-daemon run test bench bench-eviction image clean format
 
 all: build
 
@@ -35,6 +35,11 @@ bench: build
 # The KV eviction study the README reports (long text and budget sweep).
 bench-eviction: build
 	@bash bench/eviction_study.sh $(BUILD_DIR)
+
+# The CPU container image (kvserve:cpu): Docker where an engine answers, else
+# buildah with a debootstrapped base image (deploy/README.md).
+image:
+	@bash deploy/build-image.sh cpu
 
 format:
 	git ls-files '*.cc' '*.h' '*.cu' '*.cuh' | xargs clang-format -i
