@@ -107,9 +107,15 @@ uint16_t Fp32ToBf16(float f) {
 absl::StatusOr<std::shared_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
   auto mapped = MappedFile::Open(path);
   if (!mapped.ok()) return mapped.status();
+  return Open(*std::move(mapped));
+}
+
+absl::StatusOr<std::shared_ptr<SafetensorsFile>> SafetensorsFile::Open(
+    std::shared_ptr<MappedFile> file) {
   std::shared_ptr<SafetensorsFile> st(new SafetensorsFile());
-  st->file_ = *std::move(mapped);
+  st->file_ = std::move(file);
   const MappedFile& f = *st->file_;
+  const std::string& path = f.path();
 
   if (f.size() < 8) {
     return absl::DataLossError(absl::StrCat(path, ": file is ", f.size(),
@@ -146,7 +152,8 @@ absl::StatusOr<std::shared_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
       }
       continue;
     }
-    auto bad = [&](const std::string& why) {
+    // (An init-capture: clang 14 cannot capture a structured binding.)
+    auto bad = [&path, &name = name](const std::string& why) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name, "': ", why));
     };
     if (!entry.is_object()) return bad("entry is not a JSON object");
