@@ -5,7 +5,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 CONFIG ?= configs/default.yaml
 
-.PHONY: all deps build build-daemon run test bench bench-eviction image clean format
+.PHONY: all deps build build-daemon run test test-sanitize fuzz soak bench bench-eviction image clean format
 
 all: build
 
@@ -28,6 +28,40 @@ run: build-daemon
 
 test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j$(JOBS) --timeout 1200
+
+# The unit and integration tests built with AddressSanitizer (LeakSanitizer
+# included) and UndefinedBehaviorSanitizer, CUDA off, in $(ASAN_BUILD_DIR).
+# SANITIZE_TESTS, a ctest -R regex, runs a subset (empty: every test), and
+# SANITIZE_TARGETS builds only the binaries it needs (empty: all).
+# Leaks of third-party libraries are suppressed in tests/sanitize/lsan.supp.
+ASAN_BUILD_DIR ?= build-asan
+SANITIZE_TESTS ?=
+SANITIZE_TARGETS ?=
+SANITIZE_ENV = ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:detect_stack_use_after_return=0 \
+  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize/lsan.supp:print_suppressions=0 \
+  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+
+$(ASAN_BUILD_DIR)/CMakeCache.txt:
+	cmake -S . -B $(ASAN_BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DKVSERVE_CUDA=OFF \
+	  -DKVSERVE_SANITIZE=address,undefined $(CMAKE_FLAGS)
+
+test-sanitize: deps $(ASAN_BUILD_DIR)/CMakeCache.txt
+	cmake --build $(ASAN_BUILD_DIR) -j$(JOBS) $(if $(SANITIZE_TARGETS),--target $(SANITIZE_TARGETS))
+	cd $(ASAN_BUILD_DIR) && $(SANITIZE_ENV) ctest --output-on-failure -j$(JOBS) --timeout 2400 \
+	  $(if $(SANITIZE_TESTS),-R '$(SANITIZE_TESTS)')
+
+# libFuzzer on every parser for FUZZ_SECONDS (default 300) each, in a clang
+# build (build-fuzz); the corpus grows in build-fuzz/corpus, crashes land in
+# build-fuzz/crashes. See scripts/fuzz.sh and tests/fuzz/CMakeLists.txt.
+FUZZ_SECONDS ?= 300
+fuzz: deps
+	FUZZ_SECONDS=$(FUZZ_SECONDS) JOBS=$(JOBS) bash scripts/fuzz.sh run $(FUZZ_TARGETS)
+
+# 10 minutes of mixed HTTP/gRPC load with faults, 5 in each preemption mode
+# (scripts/soak.sh; SOAK_SECONDS per mode). make test runs 30 s of each.
+SOAK_SECONDS ?= 300
+soak: build-daemon
+	SOAK_SECONDS=$(SOAK_SECONDS) bash scripts/soak.sh $(BUILD_DIR)
 
 bench: build
 	@bash bench/run.sh $(BUILD_DIR)

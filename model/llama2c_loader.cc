@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,12 @@ namespace {
 constexpr uint32_t kMagic = 0x616b3432;  // "ak42"
 constexpr size_t kV1HeaderBytes = 256;
 
+// An end offset, exact when it fits 64 bits.
+std::string EndString(unsigned __int128 end) {
+  if (end <= std::numeric_limits<uint64_t>::max()) return absl::StrCat(static_cast<uint64_t>(end));
+  return absl::StrCat(static_cast<double>(end));
+}
+
 // Hands out consecutive fp32 tensors from the mapped file, checking bounds.
 class TensorCursor {
  public:
@@ -25,14 +32,16 @@ class TensorCursor {
   absl::StatusOr<Tensor> Next(const char* name, std::vector<int64_t> shape) {
     Tensor t;
     t.shape = std::move(shape);
-    const size_t bytes = static_cast<size_t>(t.numel()) * sizeof(float);
+    // In 128 bits: a header's int32 sizes can make numel x 4 overflow 64.
+    const unsigned __int128 bytes = static_cast<unsigned __int128>(t.numel()) * sizeof(float);
     if (offset_ + bytes > f_.size()) {
       return absl::DataLossError(absl::StrCat(f_.path(), ": truncated checkpoint: tensor '", name,
-                                              "' needs bytes ", offset_, "..", offset_ + bytes,
+                                              "' needs bytes ", offset_, "..",
+                                              EndString(offset_ + bytes),
                                               " but the file has ", f_.size()));
     }
     t.data = reinterpret_cast<const float*>(f_.data() + offset_);
-    offset_ += bytes;
+    offset_ += static_cast<size_t>(bytes);
     return t;
   }
   void Skip(size_t bytes) { offset_ += bytes; }
@@ -48,8 +57,12 @@ class TensorCursor {
 absl::StatusOr<LlamaWeights> LoadLlama2cCheckpoint(const std::string& path) {
   auto file_or = MappedFile::Open(path);
   if (!file_or.ok()) return file_or.status();
-  std::shared_ptr<MappedFile> file = *file_or;
+  return LoadLlama2cCheckpoint(*std::move(file_or));
+}
+
+absl::StatusOr<LlamaWeights> LoadLlama2cCheckpoint(std::shared_ptr<MappedFile> file) {
   const MappedFile& f = *file;
+  const std::string& path = f.path();
 
   int32_t hdr[7];
   int version = 0;
@@ -86,6 +99,10 @@ absl::StatusOr<LlamaWeights> LoadLlama2cCheckpoint(const std::string& path) {
   c.num_layers = hdr[2];
   c.num_heads = hdr[3];
   c.num_kv_heads = hdr[4];
+  if (hdr[5] == std::numeric_limits<int32_t>::min()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": bad llama2.c header: vocab_size ", hdr[5], " is out of range"));
+  }
   c.vocab_size = hdr[5] < 0 ? -hdr[5] : hdr[5];
   c.max_position_embeddings = hdr[6];
   c.head_dim = c.num_heads > 0 ? c.dim / c.num_heads : 0;
@@ -108,12 +125,14 @@ absl::StatusOr<LlamaWeights> LoadLlama2cCheckpoint(const std::string& path) {
   const int64_t kv_dim = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
   LlamaWeights w;
   w.config = c;
-  w.layers.resize(L);
   TensorCursor cur(f, offset);
   // Per-layer tensors are stored as [L][...]; hand out one slice per layer.
+  // The layers are added as their first tensor is found in the file, so a
+  // header's num_layers allocates nothing that the file does not back.
   auto per_layer = [&](const char* name, std::vector<int64_t> shape,
                        Tensor LayerWeights::*member) -> absl::Status {
     for (int64_t l = 0; l < L; ++l) {
+      if (static_cast<int64_t>(w.layers.size()) == l) w.layers.emplace_back();
       KV_ASSIGN_OR_RETURN(w.layers[l].*member, cur.Next(name, shape));
     }
     return absl::OkStatus();

@@ -5,14 +5,19 @@
 // counts as a stop token (the TinyStories models put BOS between stories).
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "model/llama_weights.h"
+#include "model/mapped_file.h"
 
 namespace kvserve {
 
 absl::StatusOr<LlamaWeights> LoadLlama2cCheckpoint(const std::string& path);
+// The same from a file already in memory (MappedFile::FromBytes for bytes);
+// the weights keep `file` alive.
+absl::StatusOr<LlamaWeights> LoadLlama2cCheckpoint(std::shared_ptr<MappedFile> file);
 
 // Writes weights as a llama2.c checkpoint (version 0 = legacy, 1 = "ak42").
 absl::Status WriteLlama2cCheckpoint(const LlamaWeights& w, const std::string& path, int version);

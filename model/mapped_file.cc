@@ -7,6 +7,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -33,13 +34,23 @@ absl::StatusOr<std::shared_ptr<MappedFile>> MappedFile::Open(const std::string& 
       return absl::InternalError(absl::StrCat(path, ": mmap failed: ", std::strerror(errno)));
     }
     f->data_ = static_cast<const uint8_t*>(p);
+    f->mapped_ = true;
   }
   ::close(fd);
   return f;
 }
 
+std::shared_ptr<MappedFile> MappedFile::FromBytes(std::string path, std::string bytes) {
+  std::shared_ptr<MappedFile> f(new MappedFile());
+  f->path_ = std::move(path);
+  f->owned_ = std::move(bytes);
+  f->size_ = f->owned_.size();
+  f->data_ = f->size_ > 0 ? reinterpret_cast<const uint8_t*>(f->owned_.data()) : nullptr;
+  return f;
+}
+
 MappedFile::~MappedFile() {
-  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  if (mapped_) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
 }  // namespace kvserve

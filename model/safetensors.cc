@@ -2,6 +2,7 @@
 
 #include <bit>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string_view>
 
@@ -107,9 +108,15 @@ uint16_t Fp32ToBf16(float f) {
 absl::StatusOr<std::shared_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
   auto mapped = MappedFile::Open(path);
   if (!mapped.ok()) return mapped.status();
+  return Open(*std::move(mapped));
+}
+
+absl::StatusOr<std::shared_ptr<SafetensorsFile>> SafetensorsFile::Open(
+    std::shared_ptr<MappedFile> file) {
   std::shared_ptr<SafetensorsFile> st(new SafetensorsFile());
-  st->file_ = *std::move(mapped);
+  st->file_ = std::move(file);
   const MappedFile& f = *st->file_;
+  const std::string& path = f.path();
 
   if (f.size() < 8) {
     return absl::DataLossError(absl::StrCat(path, ": file is ", f.size(),
@@ -146,7 +153,8 @@ absl::StatusOr<std::shared_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
       }
       continue;
     }
-    auto bad = [&](const std::string& why) {
+    // (An init-capture: clang 14 cannot capture a structured binding.)
+    auto bad = [&path, &name = name](const std::string& why) {
       return absl::InvalidArgumentError(absl::StrCat(path, ": tensor '", name, "': ", why));
     };
     if (!entry.is_object()) return bad("entry is not a JSON object");
@@ -188,10 +196,17 @@ absl::StatusOr<std::shared_ptr<SafetensorsFile>> SafetensorsFile::Open(const std
                                               ", ", end, "] go beyond the data section (",
                                               data_size, " bytes): the file is truncated"));
     }
-    if (size_t elem = KnownDtypeBytes(e.dtype); elem != 0 && numel * elem != end - begin) {
+    // numel <= 2^62 and elem <= 8: in 128 bits the product cannot wrap around
+    // (in 64 it could, to match a tiny span).
+    const size_t elem = KnownDtypeBytes(e.dtype);
+    const unsigned __int128 need = static_cast<unsigned __int128>(numel) * elem;
+    if (elem != 0 && need != end - begin) {
+      const std::string need_text = need > std::numeric_limits<uint64_t>::max()
+                                        ? std::string("more than 2^64")
+                                        : absl::StrCat(static_cast<uint64_t>(need));
       return bad(absl::StrCat("shape ", ShapeString(e.shape), " of dtype ", e.dtype, " needs ",
-                              numel * elem, " bytes but data_offsets [", begin, ", ", end,
-                              "] span ", end - begin));
+                              need_text, " bytes but data_offsets [", begin, ", ", end, "] span ",
+                              end - begin));
     }
     e.begin = data_start + begin;
     e.end = data_start + end;

@@ -53,6 +53,8 @@ struct SafetensorsEntry {
 class SafetensorsFile {
  public:
   static absl::StatusOr<std::shared_ptr<SafetensorsFile>> Open(const std::string& path);
+  // The same from a file already in memory (MappedFile::FromBytes for bytes).
+  static absl::StatusOr<std::shared_ptr<SafetensorsFile>> Open(std::shared_ptr<MappedFile> file);
 
   const std::string& path() const { return file_->path(); }
   const std::map<std::string, SafetensorsEntry>& entries() const { return entries_; }

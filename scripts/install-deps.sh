@@ -4,6 +4,8 @@
 # apt is not touched at all when nothing is missing.
 set -euo pipefail
 
+# clang and libclang-rt-14-dev (libFuzzer and clang's sanitizer runtimes):
+# the fuzz targets of tests/fuzz; gcc's ASan/UBSan come with build-essential.
 packages=(
   build-essential cmake pkg-config curl ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
@@ -11,6 +13,7 @@ packages=(
   libyaml-cpp-dev libcpp-httplib-dev prometheus-cpp-dev libpcre2-dev libutf8proc-dev
   libbenchmark-dev python3 python3-grpcio python3-numpy nodejs npm prometheus nginx
   gnuplot-nox
+  clang libclang-rt-14-dev
 )
 if [[ "${KVSERVE_DEPS_EXTRA:-}" != "" ]]; then
   read -r -a extra <<<"${KVSERVE_DEPS_EXTRA}"

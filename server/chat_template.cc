@@ -47,6 +47,8 @@ absl::Status CheckPlaceholders(const std::string& key, std::string_view pattern)
 // arguments sent as a JSON string (as OpenAI clients send them) become
 // objects, as vLLM passes them, so templates that apply `tojson` to them
 // render JSON rather than a quoted string.
+constexpr int kMaxArgumentsDepth = 64;
+
 ojson TemplateMessage(const ChatMessage& m) {
   ojson msg = m.fields.is_object() ? m.fields : ojson::object();
   msg["role"] = m.role;
@@ -58,8 +60,17 @@ ojson TemplateMessage(const ChatMessage& m) {
     ojson& fn = call["function"];
     auto args = fn.find("arguments");
     if (args == fn.end() || !args->is_string()) continue;
-    ojson parsed = ojson::parse(args->get<std::string>(), nullptr, /*allow_exceptions=*/false);
-    if (parsed.is_object()) *args = std::move(parsed);
+    // Arguments nested deeper than a request body stay a string (see
+    // kMaxJsonDepth in openai_protocol.h: templates dump them recursively).
+    bool too_deep = false;
+    ojson parsed = ojson::parse(
+        args->get<std::string>(),
+        [&too_deep](int depth, ojson::parse_event_t, ojson&) {
+          too_deep = too_deep || depth > kMaxArgumentsDepth;
+          return true;
+        },
+        /*allow_exceptions=*/false);
+    if (parsed.is_object() && !too_deep) *args = std::move(parsed);
   }
   return msg;
 }

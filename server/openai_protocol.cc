@@ -401,10 +401,18 @@ ApiError ApiErrorFromStatus(const absl::Status& status, const std::string& promp
 std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
                                         const ApiContext& ctx, ApiRequest* out) {
   json j;
+  bool too_deep = false;
   try {
-    j = json::parse(body);
+    j = json::parse(body, [&too_deep](int depth, json::parse_event_t, json&) {
+      too_deep = too_deep || depth > kMaxJsonDepth;
+      return true;
+    });
   } catch (const json::parse_error& e) {
     return InvalidRequest("", absl::StrCat("invalid JSON body: ", e.what()));
+  }
+  if (too_deep) {
+    return InvalidRequest(
+        "", absl::StrCat("the JSON body is nested more than ", kMaxJsonDepth, " levels deep"));
   }
   if (!j.is_object()) return InvalidRequest("", "the request body must be a JSON object");
 

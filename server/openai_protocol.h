@@ -88,6 +88,11 @@ struct ApiRequest {
   std::string user;
 };
 
+// Request bodies nested deeper than this (arrays and objects, the body's own
+// object counting 1) are refused with a 400: copying and dumping a JSON value
+// recurse once per level, so a deep enough body would overflow the stack.
+inline constexpr int kMaxJsonDepth = 64;
+
 // Parses a request body; nullopt on success with *out filled.
 std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
                                         const ApiContext& ctx, ApiRequest* out);
