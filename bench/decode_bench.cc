@@ -2,8 +2,8 @@
 // default): single-stream greedy decode of 255 tokens from BOS, N runs, the
 // median tokens/s; then batched decode of 8 and 64 sequences together (total
 // tokens/s), on one thread and on the default thread count; then the model's
-// linear layers alone, our kernel against OpenBLAS (sgemv / sgemm), for 1, 8
-// and 64 rows. Wall-clock numbers are the headline; CPU-time numbers are
+// linear layers alone (--mode gemm), each Linear kernel this CPU has (and the
+// scalar loop for one row), for 1, 8, 64 and 169 rows. Wall-clock numbers are the headline; CPU-time numbers are
 // printed beside them because they are steadier on a shared machine.
 //
 // --mode threads measures how the forward pass scales with threads on one
@@ -301,32 +301,34 @@ nlohmann::json BenchLinear(const LlamaWeights& w, int runs) {
     macs += m.in * m.out;
   }
   nlohmann::json out = nlohmann::json::array();
-  for (int rows : {1, 8, 64}) {
+  for (int rows : {1, 8, 64, 169}) {
     std::vector<float> x(rows * max_in, 0.25f), y(rows * max_out);
-    // Ours against the portable loop it replaces (one row only).
-    enum Kind { kOurs, kScalarGemv };
-    for (Kind kind : {kOurs, kScalarGemv}) {
-      if (kind == kScalarGemv && rows != 1) continue;
-      const char* name = kind == kOurs ? "kvserve" : "scalar_gemv";
-      const int iters = std::max(1, 2000 / rows);
+    // Each kernel this CPU has; the scalar loop (what the AVX kernels
+    // replaced) for one row only.
+    const std::pair<cpu::LinearKernel, const char*> kernels[] = {
+        {cpu::LinearKernel::kBest, "kvserve"},
+        {cpu::LinearKernel::kAvx512, "avx512"},
+        {cpu::LinearKernel::kAvx2, "avx2"},
+        {cpu::LinearKernel::kScalar, "scalar"}};
+    for (const auto& [kernel, name] : kernels) {
+      if (!cpu::LinearKernelAvailable(kernel)) continue;
+      if (kernel == cpu::LinearKernel::kScalar && rows != 1) continue;
+      const int iters = std::max(1, 400 / rows);
       std::vector<double> per_row_us;
       for (int r = 0; r < std::max(3, runs); ++r) {
         const double c0 = ThreadCpuSeconds();
         for (int it = 0; it < iters; ++it) {
           for (const Mat& m : mats) {
-            if (kind == kOurs) {
-              cpu::Linear(x.data(), rows, m.in, m.data.data(), m.out, y.data(), m.out, false);
-            } else {
-              cpu::MatVec(m.data.data(), x.data(), y.data(), m.out, m.in, false,
-                          cpu::MatVecKernel::kScalar);
-            }
+            cpu::Linear(x.data(), rows, m.in, m.data.data(), m.out, y.data(), m.out, false,
+                        kernel);
           }
         }
         per_row_us.push_back((ThreadCpuSeconds() - c0) / iters / rows * 1e6);
       }
       const double med = Median(per_row_us);
-      std::printf("linear layers of one token, %2d rows, %-15s %8.2f us per row (%.1f GFLOP/s)\n",
+      std::printf("linear layers of one token, %3d rows, %-8s %9.2f us per row (%.1f GFLOP/s)\n",
                   rows, name, med, 2.0 * macs / (med * 1e3));
+      std::fflush(stdout);
       out.push_back({{"rows", rows}, {"kernel", name}, {"cpu_us_per_row", med}});
     }
   }
