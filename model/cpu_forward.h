@@ -1,6 +1,8 @@
-// LlamaModel: the Llama-family forward pass on the CPU over one flattened
+// CpuForward: the Llama-family forward pass on the CPU over one flattened
 // BatchInput (prefill chunks and decode tokens of many sequences together),
-// reading and writing K/V only through the paged cache it is given.
+// reading and writing K/V only through the paged cache it is given. It is
+// the compute half of CpuModelRunner, which owns the KV pools; the weights
+// and their loading live in model/llama_weights.h and the loaders.
 //
 // Per layer: RMSNorm -> Q/K/V projections (+ biases: Qwen2) -> per-head q/k
 // RMSNorm (Qwen3) -> RoPE at batch.positions (scaled per the config;
@@ -51,10 +53,10 @@
 
 namespace kvserve {
 
-class LlamaModel {
+class CpuForward {
  public:
   // num_threads counts the calling thread; <= 0 means one per hardware thread.
-  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(LlamaWeights weights, int num_threads);
+  static absl::StatusOr<std::unique_ptr<CpuForward>> Create(LlamaWeights weights, int num_threads);
 
   const ModelConfig& config() const { return weights_.config; }
   const LlamaWeights& weights() const { return weights_; }
@@ -82,7 +84,7 @@ class LlamaModel {
   static constexpr int64_t kMaxRepackBytes = int64_t{256} << 20;
 
  private:
-  LlamaModel(LlamaWeights weights, int num_threads);
+  CpuForward(LlamaWeights weights, int num_threads);
   void RepackIfMisaligned();
 
   absl::Status Validate(const BatchInput& batch, const HostKvPages& kv,

@@ -1,4 +1,4 @@
-#include "model/llama_model.h"
+#include "model/cpu_forward.h"
 
 #include <algorithm>
 #include <cmath>
@@ -68,14 +68,14 @@ absl::Status CheckWeights(const LlamaWeights& w) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weights,
+absl::StatusOr<std::unique_ptr<CpuForward>> CpuForward::Create(LlamaWeights weights,
                                                                int num_threads) {
   KV_RETURN_IF_ERROR(CheckWeights(weights));
   if (num_threads <= 0) num_threads = std::max(1u, std::thread::hardware_concurrency());
-  return std::unique_ptr<LlamaModel>(new LlamaModel(std::move(weights), num_threads));
+  return std::unique_ptr<CpuForward>(new CpuForward(std::move(weights), num_threads));
 }
 
-LlamaModel::LlamaModel(LlamaWeights weights, int num_threads)
+CpuForward::CpuForward(LlamaWeights weights, int num_threads)
     : weights_(std::move(weights)),
       rope_(weights_.config.max_position_embeddings, weights_.config.RopeInvFreq()),
       inv_freq_(weights_.config.RopeInvFreq()),
@@ -95,9 +95,9 @@ LlamaModel::LlamaModel(LlamaWeights weights, int num_threads)
   RepackIfMisaligned();
 }
 
-void LlamaModel::FreeDeleter::operator()(float* p) const { std::free(p); }
+void CpuForward::FreeDeleter::operator()(float* p) const { std::free(p); }
 
-void LlamaModel::RepackIfMisaligned() {
+void CpuForward::RepackIfMisaligned() {
   constexpr int64_t kAlignFloats = 16;  // 64 bytes
   auto misaligned = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 64 != 0; };
   auto padded = [](int64_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; };
@@ -132,7 +132,7 @@ void LlamaModel::RepackIfMisaligned() {
   }
 }
 
-absl::Status LlamaModel::Validate(const BatchInput& batch, const HostKvPages& kv,
+absl::Status CpuForward::Validate(const BatchInput& batch, const HostKvPages& kv,
                                   std::span<float> logits) const {
   const ModelConfig& c = weights_.config;
   const KvFormat& f = kv.format();
@@ -159,7 +159,7 @@ absl::Status LlamaModel::Validate(const BatchInput& batch, const HostKvPages& kv
   return absl::OkStatus();
 }
 
-void LlamaModel::EnsureCapacity(int64_t rows, int64_t logit_rows) {
+void CpuForward::EnsureCapacity(int64_t rows, int64_t logit_rows) {
   const ModelConfig& c = weights_.config;
   if (rows > capacity_) {
     capacity_ = std::max(rows, capacity_ * 2);
@@ -178,7 +178,7 @@ void LlamaModel::EnsureCapacity(int64_t rows, int64_t logit_rows) {
   }
 }
 
-void LlamaModel::PlanStep(const BatchInput& batch) {
+void CpuForward::PlanStep(const BatchInput& batch) {
   const ModelConfig& c = weights_.config;
   const int32_t T = batch.num_tokens();
   const BatchView view = ViewOf(batch);
@@ -199,7 +199,7 @@ void LlamaModel::PlanStep(const BatchInput& batch) {
                                          kRowOverhead);
 }
 
-void LlamaModel::PlanEviction(const BatchInput& batch) {
+void CpuForward::PlanEviction(const BatchInput& batch) {
   const int32_t T = batch.num_tokens(), B = batch.num_seqs();
   const BatchView view = ViewOf(batch);
   sink_pos_.clear();
@@ -233,7 +233,7 @@ void LlamaModel::PlanEviction(const BatchInput& batch) {
   attn_stats_.assign(stats, 0.0f);
 }
 
-void LlamaModel::RopeAt(int32_t pos, float* scratch, const float** cos, const float** sin) const {
+void CpuForward::RopeAt(int32_t pos, float* scratch, const float** cos, const float** sin) const {
   if (pos < rope_.max_positions()) {
     *cos = rope_.cos(pos);
     *sin = rope_.sin(pos);
@@ -250,7 +250,7 @@ void LlamaModel::RopeAt(int32_t pos, float* scratch, const float** cos, const fl
   *sin = scratch + half;
 }
 
-void LlamaModel::GatherAttentionStats(const BatchInput& batch, int layer) {
+void CpuForward::GatherAttentionStats(const BatchInput& batch, int layer) {
   const BatchView view = ViewOf(batch);
   const int32_t window = weights_.config.sliding_window;
   for (int32_t b = 0; b < static_cast<int32_t>(stats_offset_.size()); ++b) {
@@ -266,7 +266,7 @@ void LlamaModel::GatherAttentionStats(const BatchInput& batch, int layer) {
   }
 }
 
-void LlamaModel::AttentionInput(int layer, const BatchInput& batch, HostKvPages& kv, int64_t r0,
+void CpuForward::AttentionInput(int layer, const BatchInput& batch, HostKvPages& kv, int64_t r0,
                                 int64_t r1) {
   const int64_t n = r1 - r0;
   if (n <= 0) return;
@@ -319,7 +319,7 @@ void LlamaModel::AttentionInput(int layer, const BatchInput& batch, HostKvPages&
   cpu::WriteKv(wp);
 }
 
-void LlamaModel::AttentionOutputAndMlp(int layer, int64_t r0, int64_t r1) {
+void CpuForward::AttentionOutputAndMlp(int layer, int64_t r0, int64_t r1) {
   const int64_t n = r1 - r0;
   if (n <= 0) return;
   const ModelConfig& c = weights_.config;
@@ -339,7 +339,7 @@ void LlamaModel::AttentionOutputAndMlp(int layer, int64_t r0, int64_t r1) {
   cpu::Linear(gate, n, hid, m.w_down, dim, x, dim, /*accumulate=*/true);
 }
 
-absl::Status LlamaModel::Forward(const BatchInput& batch, HostKvPages& kv,
+absl::Status CpuForward::Forward(const BatchInput& batch, HostKvPages& kv,
                                  std::span<float> logits) {
   KV_RETURN_IF_ERROR(Validate(batch, kv, logits));
   const ModelConfig& c = weights_.config;
