@@ -15,9 +15,14 @@
 // thread count produced the same tokens. Meant for the model
 // dummy:stories110m-shape (85.7M parameters; bench/README.md).
 //
+// --write-llama2c FILE writes the model as a llama2.c checkpoint and exits,
+// so other engines can run the very same weights (llama.cpp's
+// llama-convert-llama2c-to-ggml reads it; bench/README.md).
+//
 //   decode_bench [MODEL] [--runs N] [--json FILE]
 //                [--mode all|single|batched|gemm|threads]
 //                [--threads 1,2] [--prefill-tokens N] [--decode-tokens N]
+//                [--write-llama2c FILE]
 // MODEL defaults to $KVSERVE_SHARED/models/stories260k/stories260K.bin, else
 // shared/models/stories260k beside the current directory or one of its
 // ancestors (the repository root or a build folder inside it).
@@ -37,6 +42,7 @@
 #include "cache/block_pool.h"
 #include "kernels/cpu/gemm.h"
 #include "model/cpu_model_runner.h"
+#include "model/llama2c_loader.h"
 #include "model/model_loader.h"
 
 namespace kvserve {
@@ -342,6 +348,7 @@ int Main(int argc, char** argv) {
   std::string mode = "all";
   std::vector<int> thread_counts = {1, 2};
   int prefill_tokens = 169, decode_tokens = 64;
+  std::string llama2c_out;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) {
@@ -350,6 +357,8 @@ int Main(int argc, char** argv) {
       mode = argv[++i];
     } else if (a == "--runs" && i + 1 < argc) {
       runs = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--write-llama2c" && i + 1 < argc) {
+      llama2c_out = argv[++i];
     } else if (a == "--prefill-tokens" && i + 1 < argc) {
       prefill_tokens = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--decode-tokens" && i + 1 < argc) {
@@ -365,7 +374,8 @@ int Main(int argc, char** argv) {
       std::printf(
           "usage: decode_bench [MODEL] [--runs N] [--json FILE] [--mode "
           "all|single|batched|gemm|threads]\n"
-          "                    [--threads 1,2] [--prefill-tokens 169] [--decode-tokens 64]\n");
+          "                    [--threads 1,2] [--prefill-tokens 169] [--decode-tokens 64]\n"
+          "                    [--write-llama2c FILE]\n");
       return 0;
     } else if (!a.empty() && a[0] != '-') {
       model_path = a;
@@ -381,6 +391,15 @@ int Main(int argc, char** argv) {
     return 1;
   }
   const ModelConfig& c = loaded->weights.config;
+  if (!llama2c_out.empty()) {
+    if (absl::Status st = WriteLlama2cCheckpoint(loaded->weights, llama2c_out, /*version=*/0);
+        !st.ok()) {
+      std::fprintf(stderr, "decode_bench: %s\n", std::string(st.message()).c_str());
+      return 1;
+    }
+    std::printf("wrote %s\n", llama2c_out.c_str());
+    return 0;
+  }
   if (mode == "threads") {
     if (prefill_tokens + decode_tokens > c.max_position_embeddings) {
       std::fprintf(stderr, "decode_bench: %d + %d tokens do not fit %d positions\n",
