@@ -3,8 +3,8 @@
 // median tokens/s; then batched decode of 8 and 64 sequences together (total
 // tokens/s), on one thread and on the default thread count; then the model's
 // linear layers alone (--mode gemm), each Linear kernel this CPU has (and the
-// scalar loop for one row), for 1, 8, 64 and 169 rows. Wall-clock numbers are the headline; CPU-time numbers are
-// printed beside them because they are steadier on a shared machine.
+// scalar loop for one row), for 1, 8, 64 and 169 rows. Wall-clock numbers are the headline;
+// CPU-time numbers are printed beside them because they are steadier on a shared machine.
 //
 // --mode threads measures how the forward pass scales with threads on one
 // sequence, as a user of `kvserve generate` sees it: a prompt of
@@ -325,8 +325,7 @@ nlohmann::json BenchLinear(const LlamaWeights& w, int runs) {
         const double c0 = ThreadCpuSeconds();
         for (int it = 0; it < iters; ++it) {
           for (const Mat& m : mats) {
-            cpu::Linear(x.data(), rows, m.in, m.data.data(), m.out, y.data(), m.out, false,
-                        kernel);
+            cpu::Linear(x.data(), rows, m.in, m.data.data(), m.out, y.data(), m.out, false, kernel);
           }
         }
         per_row_us.push_back((ThreadCpuSeconds() - c0) / iters / rows * 1e6);
@@ -402,8 +401,8 @@ int Main(int argc, char** argv) {
   }
   if (mode == "threads") {
     if (prefill_tokens + decode_tokens > c.max_position_embeddings) {
-      std::fprintf(stderr, "decode_bench: %d + %d tokens do not fit %d positions\n",
-                   prefill_tokens, decode_tokens, c.max_position_embeddings);
+      std::fprintf(stderr, "decode_bench: %d + %d tokens do not fit %d positions\n", prefill_tokens,
+                   decode_tokens, c.max_position_embeddings);
       return 2;
     }
     nlohmann::json out = {{"model", c.name},

@@ -194,8 +194,18 @@ void CpuForward::PlanStep(const BatchInput& batch) {
     attn_split_.assign({0, T});
     return;
   }
-  split_rows_ = T >= int64_t{kMinRowsPerThread} * threads;
-  row_chunks_ = split_rows_ ? threads : 1;
+  // A split over output features takes four phases per layer; each must
+  // carry enough work to pay for its hand-off.
+  const int64_t column_phase_macs = int64_t{T} * macs_per_token_ / (4 * int64_t{c.num_layers});
+  split_rows_ = T >= int64_t{kMinRowsPerThread} * threads ||
+                (T >= 2 && column_phase_macs < kMinColumnPhaseMacs);
+  if (!split_rows_ && column_phase_macs < kMinColumnPhaseMacs) {  // one small row
+    row_chunks_ = 1;
+    col_chunks_ = 1;
+    attn_split_.assign({0, T});
+    return;
+  }
+  row_chunks_ = split_rows_ ? static_cast<int>(std::min<int64_t>(threads, T)) : 1;
   col_chunks_ = split_rows_ ? threads : kColumnChunksPerThread * threads;
   if (T < 2) {
     attn_split_.assign({0, T});
@@ -387,7 +397,9 @@ void CpuForward::GateUp(int layer, int64_t r0, int64_t r1, int64_t c0, int64_t c
   if (c0 == 0 && c1 == hid) {
     cpu::SiluMul(gate, up, (r1 - r0) * hid);
   } else {
-    for (int64_t r = 0; r < r1 - r0; ++r) cpu::SiluMul(gate + r * hid + c0, up + r * hid + c0, c1 - c0);
+    for (int64_t r = 0; r < r1 - r0; ++r) {
+      cpu::SiluMul(gate + r * hid + c0, up + r * hid + c0, c1 - c0);
+    }
   }
 }
 

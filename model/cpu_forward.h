@@ -18,10 +18,12 @@
 // only when a step is big enough to pay for the hand-off (kParallelMinMacs;
 // never for one decoding sequence of a tiny model), in one of two ways:
 //   * many rows (at least kMinRowsPerThread per thread: prefill, big decode
-//     batches): one row range per thread for the projections and the MLP,
-//     each range streaming the weights once, two phases per layer;
-//   * few rows (decode of one or a few sequences, where streaming the
-//     weights is the cost): every matrix is split over its output features
+//     batches), or a few rows of a small model: one row range per thread
+//     for the projections and the MLP, each range streaming the weights
+//     once, two phases per layer;
+//   * few rows of a big model (decode of one or a few sequences, where
+//     streaming the weights is the cost; kMinColumnPhaseMacs): every
+//     matrix is split over its output features
 //     (kColumnChunksPerThread ranges per thread), so each thread reads only
 //     its share of the weights; the per-row ops between the matrices run on
 //     the calling thread, and a layer takes four phases (Q/K/V, output
@@ -94,6 +96,11 @@ class CpuForward {
   // Output-feature ranges per thread in a split over features, so that a
   // thread the OS runs late leaves its ranges to the others.
   static constexpr int kColumnChunksPerThread = 4;
+  // Fewer multiply-adds than this per phase of a split over features (a
+  // layer has four) and a step splits rows instead, or, for one row, runs on
+  // one thread: a tiny model's phases would cost more in hand-offs than
+  // they save.
+  static constexpr int64_t kMinColumnPhaseMacs = int64_t{1} << 20;
   // Attention ranges per thread (cost estimates are rough; claiming evens out).
   static constexpr int kAttentionChunksPerThread = 4;
   // Largest total of matrices copied for alignment.
@@ -173,7 +180,7 @@ class CpuForward {
   std::vector<float> up_;            // [T][hidden_dim]
   std::vector<float> final_;         // normed rows that want logits [R][dim]
   int64_t macs_per_token_ = 0;       // weight multiply-adds of one row
-  bool split_rows_ = true;            // this step splits rows, not output features
+  bool split_rows_ = true;           // this step splits rows, not output features
   int row_chunks_ = 1;               // row ranges of the projections / MLP
   int col_chunks_ = 1;               // output-feature ranges of a matrix
   std::vector<int32_t> attn_split_;  // [attention ranges + 1] row boundaries

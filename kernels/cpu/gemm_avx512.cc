@@ -56,7 +56,8 @@ KV_AVX512 void PackPairs(const float* x, int64_t rows, int64_t in, float* packed
       float* dst = packed + p * stride + h * 8;
       const int64_t r = 2 * p + h;
       if (r >= rows) {
-        for (int64_t k = 0; k < stride / 2; k += 8) _mm256_store_ps(dst + 2 * k, _mm256_setzero_ps());
+        for (int64_t k = 0; k < stride / 2; k += 8)
+          _mm256_store_ps(dst + 2 * k, _mm256_setzero_ps());
         continue;
       }
       const float* src = x + r * in;
@@ -161,7 +162,8 @@ KV_AVX512 void LinearAvx512(const float* x, int64_t rows, int64_t in, const floa
       const float* xp = packed + p * stride;
       float* yp = y + 2 * p * ldy;
       const int64_t n = std::min<int64_t>(6, rows - 2 * p);
-      for (int64_t o = o0; o < o1; o += 8) Tile<3>(xp, stride, w, in, o, out, yp, ldy, n, accumulate);
+      for (int64_t o = o0; o < o1; o += 8)
+        Tile<3>(xp, stride, w, in, o, out, yp, ldy, n, accumulate);
     }
     const int64_t left = pairs - p;
     if (left == 0) continue;
