@@ -2,11 +2,27 @@
 // default): single-stream greedy decode of 255 tokens from BOS, N runs, the
 // median tokens/s; then batched decode of 8 and 64 sequences together (total
 // tokens/s), on one thread and on the default thread count; then the model's
-// linear layers alone, our kernel against OpenBLAS (sgemv / sgemm), for 1, 8
-// and 64 rows. Wall-clock numbers are the headline; CPU-time numbers are
-// printed beside them because they are steadier on a shared machine.
+// linear layers alone (--mode gemm), each Linear kernel this CPU has (and the
+// scalar loop for one row), for 1, 8, 64 and 169 rows. Wall-clock numbers are the headline;
+// CPU-time numbers are printed beside them because they are steadier on a shared machine.
 //
-//   decode_bench [MODEL] [--runs N] [--json FILE] [--mode all|single|batched|gemm]
+// --mode threads measures how the forward pass scales with threads on one
+// sequence, as a user of `kvserve generate` sees it: a prompt of
+// --prefill-tokens (default 169) tokens in one step, then greedy decode of
+// --decode-tokens (default 64) tokens, for each count in --threads (default
+// 1,2). The thread counts take turns within each run, so a noisy neighbour
+// hits all of them alike; medians over --runs. It also checks that every
+// thread count produced the same tokens. Meant for the model
+// dummy:stories110m-shape (85.7M parameters; bench/README.md).
+//
+// --write-llama2c FILE writes the model as a llama2.c checkpoint and exits,
+// so other engines can run the very same weights (llama.cpp's
+// llama-convert-llama2c-to-ggml reads it; bench/README.md).
+//
+//   decode_bench [MODEL] [--runs N] [--json FILE]
+//                [--mode all|single|batched|gemm|threads]
+//                [--threads 1,2] [--prefill-tokens N] [--decode-tokens N]
+//                [--write-llama2c FILE]
 // MODEL defaults to $KVSERVE_SHARED/models/stories260k/stories260K.bin, else
 // shared/models/stories260k beside the current directory or one of its
 // ancestors (the repository root or a build folder inside it).
@@ -18,6 +34,7 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -25,6 +42,7 @@
 #include "cache/block_pool.h"
 #include "kernels/cpu/gemm.h"
 #include "model/cpu_model_runner.h"
+#include "model/llama2c_loader.h"
 #include "model/model_loader.h"
 
 namespace kvserve {
@@ -153,6 +171,121 @@ DecodeResult RunDecode(CpuModelRunner& runner, int num_seqs, int steps) {
   return res;
 }
 
+// One sequence: a prompt of `prompt_len` tokens in one step, then `steps`
+// greedy decode steps (each caches the previous token and predicts the next).
+// Times both phases.
+struct PromptResult {
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+  std::vector<int32_t> tokens;  // the generated ones
+};
+
+PromptResult RunPromptThenDecode(CpuModelRunner& runner, int prompt_len, int steps) {
+  const ModelConfig& c = runner.config();
+  const int bs = runner.kv_format().block_size();
+  const int32_t total = prompt_len + steps;  // the last decode step's token is not cached
+  const int32_t blocks = (total + bs - 1) / bs;
+  std::vector<float> logits(c.vocab_size);
+  BatchInput batch;
+  batch.Clear();
+  batch.max_blocks_per_seq = blocks;
+  for (int32_t b = 0; b < blocks; ++b) batch.block_table.push_back(b);  // a fresh pool each time
+  for (int32_t i = 0; i < prompt_len; ++i) {
+    // BOS, then a fixed spread of ids (not text: the vocabulary may be a dummy one).
+    batch.token_ids.push_back(i == 0 ? c.bos_id : 3 + (i * 7919) % (c.vocab_size - 3));
+    batch.positions.push_back(i);
+    batch.slot_mapping.push_back(i);
+  }
+  batch.query_start.push_back(prompt_len);
+  batch.context_len.push_back(prompt_len);
+  batch.logits_rows.push_back(prompt_len - 1);
+  PromptResult res;
+  auto forward = [&]() {
+    if (absl::Status st = runner.Forward(batch, logits); !st.ok()) {
+      std::fprintf(stderr, "decode_bench: %s\n", std::string(st.message()).c_str());
+      std::exit(1);
+    }
+    res.tokens.push_back(Argmax(logits.data(), c.vocab_size));
+  };
+  const auto t0 = Clock::now();
+  forward();
+  const auto t1 = Clock::now();
+  for (int32_t i = prompt_len; i < total; ++i) {
+    batch.token_ids.assign(1, res.tokens.back());
+    batch.positions.assign(1, i);
+    batch.slot_mapping.assign(1, i);
+    batch.query_start = {0, 1};
+    batch.context_len.assign(1, i + 1);
+    batch.logits_rows.assign(1, 0);
+    forward();
+  }
+  const auto t2 = Clock::now();
+  res.prefill_seconds = std::chrono::duration<double>(t1 - t0).count();
+  res.decode_seconds = std::chrono::duration<double>(t2 - t1).count();
+  return res;
+}
+
+// --mode threads (see the top of the file).
+nlohmann::json BenchThreads(const LlamaWeights& w, const std::vector<int>& thread_counts,
+                            int prompt_len, int decode_tokens, int runs) {
+  const ModelConfig& c = w.config;
+  struct PerThreads {
+    std::unique_ptr<CpuModelRunner> runner;
+    std::vector<double> prefill_tps, decode_tps;
+    std::vector<int32_t> tokens;
+  };
+  std::vector<PerThreads> per(thread_counts.size());
+  const int steps = decode_tokens;
+  for (size_t i = 0; i < thread_counts.size(); ++i) {
+    CpuRunnerOptions opt;
+    opt.num_threads = thread_counts[i];
+    opt.num_blocks = (prompt_len + steps + opt.block_size - 1) / opt.block_size;
+    auto runner = CpuModelRunner::Create(w, opt);
+    if (!runner.ok()) {
+      std::fprintf(stderr, "decode_bench: %s\n", std::string(runner.status().message()).c_str());
+      std::exit(1);
+    }
+    per[i].runner = std::move(*runner);
+    per[i].tokens = RunPromptThenDecode(*per[i].runner, prompt_len, steps).tokens;  // warm-up
+  }
+  std::printf("%s: prompt of %d tokens in one step, then %d greedy decode steps; %d runs\n",
+              c.name.c_str(), prompt_len, steps, runs);
+  for (int r = 0; r < runs; ++r) {
+    for (size_t i = 0; i < per.size(); ++i) {
+      PromptResult pr = RunPromptThenDecode(*per[i].runner, prompt_len, steps);
+      per[i].prefill_tps.push_back(prompt_len / pr.prefill_seconds);
+      per[i].decode_tps.push_back(steps / pr.decode_seconds);
+      std::printf("run %d, %d thread(s): prefill %.0f tokens/s, decode %.1f tokens/s\n", r + 1,
+                  per[i].runner->num_threads(), per[i].prefill_tps.back(),
+                  per[i].decode_tps.back());
+      if (pr.tokens != per[i].tokens) {
+        std::fprintf(stderr, "decode_bench: %d thread(s) generated different tokens run to run\n",
+                     per[i].runner->num_threads());
+        std::exit(1);
+      }
+    }
+  }
+  nlohmann::json out = nlohmann::json::array();
+  bool same = true;
+  for (const PerThreads& p : per) same = same && p.tokens == per[0].tokens;
+  const double base = Median(per[0].decode_tps);
+  for (const PerThreads& p : per) {
+    const double dec = Median(p.decode_tps), pre = Median(p.prefill_tps);
+    std::printf("%d thread(s): median prefill %.0f tokens/s, decode %.1f tokens/s (%.2fx %d)\n",
+                p.runner->num_threads(), pre, dec, dec / base, per[0].runner->num_threads());
+    out.push_back({{"threads", p.runner->num_threads()},
+                   {"prefill_tokens", prompt_len},
+                   {"decode_tokens", steps},
+                   {"runs_prefill_tokens_per_s", p.prefill_tps},
+                   {"runs_decode_tokens_per_s", p.decode_tps},
+                   {"median_prefill_tokens_per_s", pre},
+                   {"median_decode_tokens_per_s", dec}});
+  }
+  std::printf("tokens identical across thread counts: %s\n", same ? "yes" : "NO");
+  if (!same) std::exit(1);
+  return out;
+}
+
 // Microseconds per row for every weight matrix of one token, per kernel.
 nlohmann::json BenchLinear(const LlamaWeights& w, int runs) {
   struct Mat {
@@ -174,32 +307,33 @@ nlohmann::json BenchLinear(const LlamaWeights& w, int runs) {
     macs += m.in * m.out;
   }
   nlohmann::json out = nlohmann::json::array();
-  for (int rows : {1, 8, 64}) {
+  for (int rows : {1, 8, 64, 169}) {
     std::vector<float> x(rows * max_in, 0.25f), y(rows * max_out);
-    // Ours against the portable loop it replaces (one row only).
-    enum Kind { kOurs, kScalarGemv };
-    for (Kind kind : {kOurs, kScalarGemv}) {
-      if (kind == kScalarGemv && rows != 1) continue;
-      const char* name = kind == kOurs ? "kvserve" : "scalar_gemv";
-      const int iters = std::max(1, 2000 / rows);
+    // Each kernel this CPU has; the scalar loop (what the AVX kernels
+    // replaced) for one row only.
+    const std::pair<cpu::LinearKernel, const char*> kernels[] = {
+        {cpu::LinearKernel::kBest, "kvserve"},
+        {cpu::LinearKernel::kAvx512, "avx512"},
+        {cpu::LinearKernel::kAvx2, "avx2"},
+        {cpu::LinearKernel::kScalar, "scalar"}};
+    for (const auto& [kernel, name] : kernels) {
+      if (!cpu::LinearKernelAvailable(kernel)) continue;
+      if (kernel == cpu::LinearKernel::kScalar && rows != 1) continue;
+      const int iters = std::max(1, 400 / rows);
       std::vector<double> per_row_us;
       for (int r = 0; r < std::max(3, runs); ++r) {
         const double c0 = ThreadCpuSeconds();
         for (int it = 0; it < iters; ++it) {
           for (const Mat& m : mats) {
-            if (kind == kOurs) {
-              cpu::Linear(x.data(), rows, m.in, m.data.data(), m.out, y.data(), m.out, false);
-            } else {
-              cpu::MatVec(m.data.data(), x.data(), y.data(), m.out, m.in, false,
-                          cpu::MatVecKernel::kScalar);
-            }
+            cpu::Linear(x.data(), rows, m.in, m.data.data(), m.out, y.data(), m.out, false, kernel);
           }
         }
         per_row_us.push_back((ThreadCpuSeconds() - c0) / iters / rows * 1e6);
       }
       const double med = Median(per_row_us);
-      std::printf("linear layers of one token, %2d rows, %-15s %8.2f us per row (%.1f GFLOP/s)\n",
+      std::printf("linear layers of one token, %3d rows, %-8s %9.2f us per row (%.1f GFLOP/s)\n",
                   rows, name, med, 2.0 * macs / (med * 1e3));
+      std::fflush(stdout);
       out.push_back({{"rows", rows}, {"kernel", name}, {"cpu_us_per_row", med}});
     }
   }
@@ -211,6 +345,9 @@ int Main(int argc, char** argv) {
   std::string json_path = "bench-decode.json";
   int runs = 7;
   std::string mode = "all";
+  std::vector<int> thread_counts = {1, 2};
+  int prefill_tokens = 169, decode_tokens = 64;
+  std::string llama2c_out;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) {
@@ -219,10 +356,25 @@ int Main(int argc, char** argv) {
       mode = argv[++i];
     } else if (a == "--runs" && i + 1 < argc) {
       runs = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--write-llama2c" && i + 1 < argc) {
+      llama2c_out = argv[++i];
+    } else if (a == "--prefill-tokens" && i + 1 < argc) {
+      prefill_tokens = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--decode-tokens" && i + 1 < argc) {
+      decode_tokens = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--threads" && i + 1 < argc) {
+      thread_counts.clear();
+      for (const char* p = argv[++i]; *p != '\0';) {
+        thread_counts.push_back(std::atoi(p));
+        while (*p != '\0' && *p != ',') ++p;
+        if (*p == ',') ++p;
+      }
     } else if (a == "--help" || a == "-h") {
       std::printf(
           "usage: decode_bench [MODEL] [--runs N] [--json FILE] [--mode "
-          "all|single|batched|gemm]\n");
+          "all|single|batched|gemm|threads]\n"
+          "                    [--threads 1,2] [--prefill-tokens 169] [--decode-tokens 64]\n"
+          "                    [--write-llama2c FILE]\n");
       return 0;
     } else if (!a.empty() && a[0] != '-') {
       model_path = a;
@@ -238,6 +390,28 @@ int Main(int argc, char** argv) {
     return 1;
   }
   const ModelConfig& c = loaded->weights.config;
+  if (!llama2c_out.empty()) {
+    if (absl::Status st = WriteLlama2cCheckpoint(loaded->weights, llama2c_out, /*version=*/0);
+        !st.ok()) {
+      std::fprintf(stderr, "decode_bench: %s\n", std::string(st.message()).c_str());
+      return 1;
+    }
+    std::printf("wrote %s\n", llama2c_out.c_str());
+    return 0;
+  }
+  if (mode == "threads") {
+    if (prefill_tokens + decode_tokens > c.max_position_embeddings) {
+      std::fprintf(stderr, "decode_bench: %d + %d tokens do not fit %d positions\n", prefill_tokens,
+                   decode_tokens, c.max_position_embeddings);
+      return 2;
+    }
+    nlohmann::json out = {{"model", c.name},
+                          {"threads", BenchThreads(loaded->weights, thread_counts, prefill_tokens,
+                                                   decode_tokens, runs)}};
+    std::ofstream(json_path) << out.dump(2) << "\n";
+    std::printf("wrote %s\n", json_path.c_str());
+    return 0;
+  }
   const int steps = std::min(255, c.max_position_embeddings - 2);
   nlohmann::json out;
   out["model"] = c.name;

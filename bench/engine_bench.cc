@@ -6,9 +6,15 @@
 // one finishes) and counts generated tokens over --seconds after a 0.3 s
 // warm-up; requests go through Submit and their RequestStreams exactly as a
 // front end's would.
-// Prints a table (tokens/s, mean batch, TTFT, TPOT) and writes JSON.
+// Prints a table (tokens/s, mean batch, TTFT, TPOT, and what those give at
+// one request in flight: prefill tokens/s = prompt tokens / TTFT, decode
+// tokens/s = 1 / TPOT) and writes JSON. --threads takes a list (1,2): each
+// level runs at each thread count, to show how the CPU forward pass scales.
+// At real size (dummy:stories110m-shape, bench/README.md), e.g.
+//   engine_bench dummy:stories110m-shape --levels 1 --threads 1,2
+//     --prompt-tokens 169 --max-tokens 64 --seconds 20
 //
-//   engine_bench [MODEL] [--json FILE] [--seconds S] [--threads N]
+//   engine_bench [MODEL] [--json FILE] [--seconds S] [--threads N[,N...]]
 //                [--levels 1,8,32,64] [--prompt-tokens 32] [--max-tokens 128]
 //                [--block-size 16] [--temperature T]
 // MODEL defaults to $KVSERVE_SHARED/models/stories260k/stories260K.bin, else
@@ -53,7 +59,7 @@ struct Options {
   std::string model;
   std::string json;
   double seconds = 3.0;
-  int threads = 0;
+  std::vector<int> threads = {0};  // 0: what the cgroup allows
   std::vector<int> levels = {1, 8, 32, 64};
   int prompt_tokens = 32;
   int max_tokens = 128;
@@ -63,6 +69,7 @@ struct Options {
 
 struct LevelResult {
   int concurrency = 0;
+  int threads = 0;
   int requests = 0;
   int64_t generated = 0;
   double seconds = 0;
@@ -70,6 +77,8 @@ struct LevelResult {
   double mean_batch = 0;
   double ttft_p50_ms = 0;
   double tpot_mean_ms = 0;
+  double prefill_tokens_per_s = 0;  // prompt tokens / TTFT p50
+  double decode_tokens_per_s = 0;   // 1 / mean TPOT
   int64_t steps = 0;
   double cpu_seconds = 0;
 };
@@ -127,10 +136,10 @@ struct Notifier {
 // finishes another is submitted. Tokens are counted over a measuring window
 // that starts after a warm-up, so the numbers are steady-state throughput.
 LevelResult RunLevel(const Options& o, const LoadedModel& m, std::shared_ptr<const Tokenizer> tok,
-                     int concurrency) {
+                     int concurrency, int threads) {
   CpuRunnerOptions ro;
   ro.block_size = o.block_size;
-  ro.num_threads = o.threads;
+  ro.num_threads = threads;
   const int per_seq = (o.prompt_tokens + o.max_tokens + o.block_size - 1) / o.block_size + 1;
   ro.num_blocks =
       std::max(per_seq * concurrency,
@@ -152,6 +161,7 @@ LevelResult RunLevel(const Options& o, const LoadedModel& m, std::shared_ptr<con
     ttft.push_back(rm.ttft_s);
     tpot.push_back(rm.tpot_s);
   };
+  const int runner_threads = (*runner)->num_threads();
   auto engine = Engine::Create(config, std::move(*runner), tok);
   if (!engine.ok()) {
     std::fprintf(stderr, "engine: %s\n", std::string(engine.status().message()).c_str());
@@ -178,6 +188,7 @@ LevelResult RunLevel(const Options& o, const LoadedModel& m, std::shared_ptr<con
 
   LevelResult r;
   r.concurrency = concurrency;
+  r.threads = runner_threads;
   const double warmup_s = 0.3;
   const auto t_start = Clock::now();
   const auto t_measure = t_start + std::chrono::duration_cast<Clock::duration>(
@@ -233,7 +244,21 @@ LevelResult RunLevel(const Options& o, const LoadedModel& m, std::shared_ptr<con
   double sum = 0;
   for (double v : tpot) sum += v;
   r.tpot_mean_ms = tpot.empty() ? 0 : 1e3 * sum / tpot.size();
+  r.prefill_tokens_per_s = r.ttft_p50_ms > 0 ? o.prompt_tokens / (r.ttft_p50_ms * 1e-3) : 0;
+  r.decode_tokens_per_s = r.tpot_mean_ms > 0 ? 1e3 / r.tpot_mean_ms : 0;
   return r;
+}
+
+// "1,8,32" -> {1, 8, 32}.
+std::vector<int> ParseIntList(const std::string& v) {
+  std::vector<int> out;
+  for (size_t p = 0; p < v.size();) {
+    size_t c = v.find(',', p);
+    if (c == std::string::npos) c = v.size();
+    out.push_back(std::stoi(v.substr(p, c - p)));
+    p = c + 1;
+  }
+  return out;
 }
 
 int Main(int argc, char** argv) {
@@ -255,7 +280,7 @@ int Main(int argc, char** argv) {
     } else if (a == "--seconds") {
       o.seconds = std::stod(next());
     } else if (a == "--threads") {
-      o.threads = std::stoi(next());
+      o.threads = ParseIntList(next());
     } else if (a == "--prompt-tokens") {
       o.prompt_tokens = std::stoi(next());
     } else if (a == "--max-tokens") {
@@ -265,14 +290,7 @@ int Main(int argc, char** argv) {
     } else if (a == "--temperature") {
       o.temperature = std::stof(next());
     } else if (a == "--levels") {
-      o.levels.clear();
-      std::string v = next();
-      for (size_t p = 0; p < v.size();) {
-        size_t c = v.find(',', p);
-        if (c == std::string::npos) c = v.size();
-        o.levels.push_back(std::stoi(v.substr(p, c - p)));
-        p = c + 1;
-      }
+      o.levels = ParseIntList(next());
     } else if (a.rfind("--", 0) == 0) {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
@@ -291,26 +309,33 @@ int Main(int argc, char** argv) {
   std::printf("engine_bench: %s, %d-token prompts, %d new tokens, block size %d, %s\n",
               m->weights.config.name.c_str(), o.prompt_tokens, o.max_tokens, o.block_size,
               o.temperature == 0 ? "greedy" : "sampled");
-  std::printf("%11s %9s %10s %8s %10s %12s %10s %10s %9s\n", "concurrency", "requests", "generated",
-              "seconds", "tokens/s", "tok/cpu_s", "mean_batch", "ttft_p50", "tpot_ms");
+  std::printf("%11s %7s %9s %10s %8s %10s %12s %10s %10s %9s %11s %10s\n", "concurrency", "threads",
+              "requests", "generated", "seconds", "tokens/s", "tok/cpu_s", "mean_batch", "ttft_p50",
+              "tpot_ms", "prefill/s", "decode/s");
   nlohmann::json levels = nlohmann::json::array();
   for (int c : o.levels) {
-    LevelResult r = RunLevel(o, *m, tok, c);
-    std::printf("%11d %9d %10lld %8.2f %10.0f %12.0f %10.1f %8.2fms %9.3f\n", r.concurrency,
-                r.requests, static_cast<long long>(r.generated), r.seconds, r.tokens_per_s,
-                r.generated / std::max(r.cpu_seconds, 1e-9), r.mean_batch, r.ttft_p50_ms,
-                r.tpot_mean_ms);
-    std::fflush(stdout);
-    levels.push_back({{"concurrency", r.concurrency},
-                      {"requests", r.requests},
-                      {"generated_tokens", r.generated},
-                      {"seconds", r.seconds},
-                      {"tokens_per_s", r.tokens_per_s},
-                      {"cpu_seconds", r.cpu_seconds},
-                      {"steps", r.steps},
-                      {"mean_batch", r.mean_batch},
-                      {"ttft_p50_ms", r.ttft_p50_ms},
-                      {"tpot_mean_ms", r.tpot_mean_ms}});
+    for (int threads : o.threads) {
+      LevelResult r = RunLevel(o, *m, tok, c, threads);
+      std::printf("%11d %7d %9d %10lld %8.2f %10.0f %12.0f %10.1f %8.2fms %9.3f %11.0f %10.1f\n",
+                  r.concurrency, r.threads, r.requests, static_cast<long long>(r.generated),
+                  r.seconds, r.tokens_per_s, r.generated / std::max(r.cpu_seconds, 1e-9),
+                  r.mean_batch, r.ttft_p50_ms, r.tpot_mean_ms, r.prefill_tokens_per_s,
+                  r.decode_tokens_per_s);
+      std::fflush(stdout);
+      levels.push_back({{"concurrency", r.concurrency},
+                        {"threads", r.threads},
+                        {"requests", r.requests},
+                        {"generated_tokens", r.generated},
+                        {"seconds", r.seconds},
+                        {"tokens_per_s", r.tokens_per_s},
+                        {"cpu_seconds", r.cpu_seconds},
+                        {"steps", r.steps},
+                        {"mean_batch", r.mean_batch},
+                        {"ttft_p50_ms", r.ttft_p50_ms},
+                        {"tpot_mean_ms", r.tpot_mean_ms},
+                        {"prefill_tokens_per_s", r.prefill_tokens_per_s},
+                        {"decode_tokens_per_s", r.decode_tokens_per_s}});
+    }
   }
   if (!o.json.empty()) {
     nlohmann::json j = {{"benchmark", "engine_bench"},
@@ -319,7 +344,7 @@ int Main(int argc, char** argv) {
                         {"max_tokens", o.max_tokens},
                         {"block_size", o.block_size},
                         {"temperature", o.temperature},
-                        {"threads", o.threads},
+                        {"threads", o.threads},  // as asked; each level has what it got
                         {"levels", levels}};
     std::ofstream(o.json) << j.dump(2) << "\n";
   }

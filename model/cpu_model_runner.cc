@@ -49,14 +49,14 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
       options.num_blocks > 0
           ? options.num_blocks
           : (c.max_position_embeddings + options.block_size - 1) / options.block_size;
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<LlamaModel> model,
-                      LlamaModel::Create(std::move(weights), options.num_threads));
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<CpuForward> model,
+                      CpuForward::Create(std::move(weights), options.num_threads));
   return std::unique_ptr<CpuModelRunner>(
       new CpuModelRunner(std::move(model), formats, num_blocks, options.num_swap_blocks, num_tails,
                          num_swap_tails, options.pool_sized_from));
 }
 
-CpuModelRunner::CpuModelRunner(std::unique_ptr<LlamaModel> model,
+CpuModelRunner::CpuModelRunner(std::unique_ptr<CpuForward> model,
                                const std::vector<KvFormat>& formats, int32_t num_blocks,
                                int32_t num_swap_blocks, int32_t num_tails, int32_t num_swap_tails,
                                const std::string& pool_sized_from)

@@ -25,7 +25,7 @@
 #include "cache/kv_dtype_spec.h"
 #include "cache/kv_format.h"
 #include "cache/kv_pages.h"
-#include "model/llama_model.h"
+#include "model/cpu_forward.h"
 #include "model/host_sampling.h"
 #include "model/llama_weights.h"
 #include "model/model_runner.h"
@@ -91,14 +91,14 @@ class CpuModelRunner final : public ModelRunner {
   int num_threads() const { return model_->num_threads(); }
 
  private:
-  CpuModelRunner(std::unique_ptr<LlamaModel> model, const std::vector<KvFormat>& formats,
+  CpuModelRunner(std::unique_ptr<CpuForward> model, const std::vector<KvFormat>& formats,
                  int32_t num_blocks, int32_t num_swap_blocks, int32_t num_tails,
                  int32_t num_swap_tails, const std::string& pool_sized_from);
 
   static void CopyAcross(const HostKvPages& from, HostKvPages& to,
                          std::span<const BlockCopy> copies, const char* what);
 
-  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<CpuForward> model_;
   HostKvPages primary_;
   HostKvPages swap_;
   RunnerMemoryInfo memory_info_;

@@ -29,7 +29,8 @@ struct Preset {
   int32_t bos_id, eos_id;
 };
 
-// The real models copy their published config.json; tiny is a stories260K-like toy.
+// The real models copy their published config.json; tiny is a stories260K-like toy;
+// stories110m-shape is stories110M's body (llama2.c) with a 512-token vocabulary.
 constexpr Preset kPresets[] = {
     {"tiny", "LlamaForCausalLM", 128, 352, 4, 8, 4, 512, 2048, 10000.0f, 0, true, 1, 2},
     {"llama-2-7b", "LlamaForCausalLM", 4096, 11008, 32, 32, 32, 32000, 4096, 10000.0f, 0, false, 1,
@@ -40,6 +41,8 @@ constexpr Preset kPresets[] = {
      128000, 128001},
     {"mistral-7b", "MistralForCausalLM", 4096, 14336, 32, 32, 8, 32000, 32768, 10000.0f, 4096,
      false, 1, 2},
+    {"stories110m-shape", "LlamaForCausalLM", 768, 2048, 12, 12, 12, 512, 1024, 10000.0f, 0, false,
+     1, 2},
 };
 
 void FillRandom(float* data, uint64_t n, uint64_t seed) {

@@ -10,6 +10,10 @@
 //                rope_theta 500000
 //   mistral-7b   4096 / 14336, 32 layers, 32 heads,  8 kv, vocab 32000, 32768 pos,
 //                sliding_window 4096 (v0.1)
+//   stories110m-shape  768 / 2048, 12 layers, 12 heads, 12 kv, vocab 512,
+//                1024 pos: stories110M's layers with a small vocabulary, 85.7M
+//                parameters (343 MB of fp32), the size at which the CPU
+//                forward pass is measured (bench/README.md)
 //
 // Weights are drawn from an approximately normal distribution (std 0.02) by a
 // counter-based generator (kernels/random_weights.h), so they depend only on

@@ -1,9 +1,9 @@
 #include "kernels/cpu/gemm.h"
 
-
 #include <algorithm>
 
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/gemm_internal.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -11,6 +11,11 @@
 
 namespace kvserve::cpu {
 namespace {
+
+#if defined(__x86_64__)
+using internal::Reduce4;
+using internal::Reduce8;
+#endif
 
 void LinearScalar(const float* x, int64_t rows, int64_t in, const float* w, int64_t out, float* y,
                   int64_t ldy, bool accumulate) {
@@ -28,20 +33,6 @@ void LinearScalar(const float* x, int64_t rows, int64_t in, const float* w, int6
 
 #if defined(__x86_64__)
 #define KV_AVX2 __attribute__((target("avx2,fma")))
-
-// Sums of four 8-lane accumulators, in one fixed tree:
-// ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) for each.
-KV_AVX2 inline __m128 Reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
-  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-}
-
-// The same tree for eight accumulators at once: [sum a0 .. sum a7].
-KV_AVX2 inline __m256 Reduce8(const __m256* a) {
-  const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
-  const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
-  return _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20), _mm256_permute2f128_ps(h0, h1, 0x31));
-}
 
 // One tile: R rows of x against OT consecutive rows of W (OT = 4 or 8).
 // Each output is its own FMA chain over k in steps of 8 (the last step
@@ -156,46 +147,67 @@ KV_AVX2 void LinearAvx2(const float* x, int64_t rows, int64_t in, const float* w
 }
 #endif  // __x86_64__
 
-bool UseAvx2() {
+// What kBest means here: KVSERVE_CPU_ISA=scalar forces the scalar loop;
+// otherwise AVX-512 from two rows up where the CPU has it (one row is
+// memory-bound and gains nothing from it), else AVX2.
+LinearKernel BestKernel(int64_t rows) {
 #if defined(__x86_64__)
-  return DefaultCpuIsa() == CpuIsa::kAvx2;
+  if (DefaultCpuIsa() != CpuIsa::kAvx2) return LinearKernel::kScalar;
+  return rows >= 2 && internal::CpuHasAvx512Gemm() ? LinearKernel::kAvx512 : LinearKernel::kAvx2;
 #else
-  return false;
+  return LinearKernel::kScalar;
 #endif
 }
 
 }  // namespace
 
-void Linear(const float* x, int64_t rows, int64_t in, const float* w, int64_t out, float* y,
-            int64_t ldy, bool accumulate) {
-  if (rows <= 0 || out <= 0) return;
+bool LinearKernelAvailable(LinearKernel kernel) {
+  switch (kernel) {
+    case LinearKernel::kBest:
+    case LinearKernel::kScalar:
+      return true;
+    case LinearKernel::kAvx2:
 #if defined(__x86_64__)
-  if (UseAvx2()) {
-    LinearAvx2(x, rows, in, w, out, y, ldy, accumulate);
-    return;
-  }
+      return CpuHasAvx2();
+#else
+      return false;
 #endif
-  LinearScalar(x, rows, in, w, out, y, ldy, accumulate);
+    case LinearKernel::kAvx512:
+#if defined(__x86_64__)
+      return internal::CpuHasAvx512Gemm();
+#else
+      return false;
+#endif
+  }
+  return false;
+}
+
+void Linear(const float* x, int64_t rows, int64_t in, const float* w, int64_t out, float* y,
+            int64_t ldy, bool accumulate, LinearKernel kernel) {
+  if (rows <= 0 || out <= 0) return;
+  if (kernel == LinearKernel::kBest) kernel = BestKernel(rows);
+  if (!LinearKernelAvailable(kernel)) kernel = LinearKernel::kScalar;
+  switch (kernel) {
+#if defined(__x86_64__)
+    case LinearKernel::kAvx512:
+      internal::LinearAvx512(x, rows, in, w, out, y, ldy, accumulate);
+      return;
+    case LinearKernel::kAvx2:
+      LinearAvx2(x, rows, in, w, out, y, ldy, accumulate);
+      return;
+#endif
+    default:
+      LinearScalar(x, rows, in, w, out, y, ldy, accumulate);
+      return;
+  }
 }
 
 void MatVec(const float* w, const float* x, float* y, int64_t out, int64_t in, bool accumulate,
             MatVecKernel kernel) {
-  switch (kernel) {
-    case MatVecKernel::kBest:
-      Linear(x, 1, in, w, out, y, out, accumulate);
-      return;
-    case MatVecKernel::kAvx2:
-#if defined(__x86_64__)
-      if (CpuHasAvx2()) {
-        LinearAvx2(x, 1, in, w, out, y, out, accumulate);
-        return;
-      }
-#endif
-      [[fallthrough]];
-    case MatVecKernel::kScalar:
-      LinearScalar(x, 1, in, w, out, y, out, accumulate);
-      return;
-  }
+  const LinearKernel k = kernel == MatVecKernel::kAvx2     ? LinearKernel::kAvx2
+                         : kernel == MatVecKernel::kScalar ? LinearKernel::kScalar
+                                                           : LinearKernel::kBest;
+  Linear(x, 1, in, w, out, y, out, accumulate, k);
 }
 
 }  // namespace kvserve::cpu

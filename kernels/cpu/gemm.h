@@ -15,9 +15,16 @@
 // one row and 2x slower for 8 and 64 rows on stories260K's matrices. It was
 // dropped: 36 MB and threads started before main for no gain.
 //
-// The AVX2/FMA kernel is chosen at run time (cpu/cpu_features.h;
-// KVSERVE_CPU_ISA=scalar forces the portable loop, which is batch-invariant
-// too). Parallelism is the caller's: split rows or output features.
+// The kernels are chosen at run time (cpu/cpu_features.h): AVX-512 for two
+// rows or more where the CPU has it, else AVX2/FMA; KVSERVE_CPU_ISA=scalar
+// forces the portable loop, which is batch-invariant too (with its own
+// rounding). The AVX-512 and AVX2 kernels run the same FMA chains and the
+// same reduction tree (gemm_internal.h), so they give identical bits and a
+// row's result does not depend on which of them the batch size picked.
+//
+// Parallelism is the caller's: split rows or, better for few rows (each
+// thread then streams only its part of W), output features in multiples of
+// 8 (kOutputGranule); a split changes nothing in any output's arithmetic.
 //
 // Thread-safety: reentrant; concurrent calls on disjoint outputs are safe.
 #pragma once
@@ -26,14 +33,22 @@
 
 namespace kvserve::cpu {
 
+// The kernels, for tests and benchmarks; kBest is the run-time choice above.
+enum class LinearKernel { kBest, kAvx512, kAvx2, kScalar };
+// Whether this CPU can run `kernel` (kBest and kScalar always).
+bool LinearKernelAvailable(LinearKernel kernel);
+
+// Output features a parallel split should keep together: the kernels' tile.
+inline constexpr int64_t kOutputGranule = 8;
+
 // y[r * ldy + o] (+)= sum_k x[r * in + k] * w[o * in + k]
 //   x: [rows][in] contiguous, w: [out][in] contiguous, y: [rows][ldy], ldy >= out.
 // accumulate: add into y instead of overwriting it (fuses a residual add).
+// A kernel the CPU lacks falls back to the scalar loop.
 void Linear(const float* x, int64_t rows, int64_t in, const float* w, int64_t out, float* y,
-            int64_t ldy, bool accumulate);
+            int64_t ldy, bool accumulate, LinearKernel kernel = LinearKernel::kBest);
 
-// One row (a matrix-vector product), with the kernel chosen explicitly, for
-// tests and for measuring which is fastest. kBest is what Linear uses.
+// One row (a matrix-vector product), with the kernel chosen explicitly.
 enum class MatVecKernel { kBest, kAvx2, kScalar };
 void MatVec(const float* w, const float* x, float* y, int64_t out, int64_t in, bool accumulate,
             MatVecKernel kernel = MatVecKernel::kBest);

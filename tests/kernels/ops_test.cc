@@ -6,6 +6,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -205,6 +206,43 @@ TEST_CASE("Linear and every MatVec kernel match naive loops at odd sizes, batch-
             MatVec(w.data(), x.data(), v.data(), out, in, true, k);
             for (int o = 0; o < out; ++o) REQUIRE(v[o] == Approx(2 * want[o]).margin(2 * tol));
           }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("The AVX-512 and AVX2 Linear kernels give identical bits for any rows and split",
+          "[kernels]") {
+  if (!LinearKernelAvailable(LinearKernel::kAvx512) ||
+      !LinearKernelAvailable(LinearKernel::kAvx2)) {
+    WARN("skipped: this CPU lacks AVX-512 (F, DQ, VL) or AVX2");
+    return;
+  }
+  // Odd k tails, odd row counts (a padded pair), every tile remainder of 6
+  // rows and of 8 outputs, and W blocks of more than one L2 block (in 2048).
+  for (int rows : {1, 2, 3, 5, 6, 7, 13, 40}) {
+    for (int in : {1, 7, 8, 9, 64, 173, 2048}) {
+      for (int out : {1, 5, 8, 17, 260}) {
+        INFO("rows " << rows << " in " << in << " out " << out);
+        std::vector<float> x = RandomVec(rows * in, rows * 1000 + in);
+        std::vector<float> w = RandomVec(out * in, in * 1000 + out);
+        const int ldy = out + 2;
+        for (bool accumulate : {false, true}) {
+          std::vector<float> y2 = RandomVec(rows * ldy, 7), y5 = y2;
+          Linear(x.data(), rows, in, w.data(), out, y2.data(), ldy, accumulate,
+                 LinearKernel::kAvx2);
+          Linear(x.data(), rows, in, w.data(), out, y5.data(), ldy, accumulate,
+                 LinearKernel::kAvx512);
+          REQUIRE(std::memcmp(y2.data(), y5.data(), y2.size() * sizeof(float)) == 0);
+          // Split over output features at the granule, as the forward pass does.
+          std::vector<float> ys = RandomVec(rows * ldy, 7);
+          for (int o0 = 0; o0 < out; o0 += 3 * kOutputGranule) {
+            const int o1 = std::min<int>(out, o0 + 3 * kOutputGranule);
+            Linear(x.data(), rows, in, w.data() + int64_t{o0} * in, o1 - o0, ys.data() + o0, ldy,
+                   accumulate, LinearKernel::kAvx512);
+          }
+          REQUIRE(std::memcmp(y2.data(), ys.data(), y2.size() * sizeof(float)) == 0);
         }
       }
     }

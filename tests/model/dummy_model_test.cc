@@ -39,12 +39,14 @@ class ScopedEnv {
 
 TEST_CASE("Dummy presets have the shapes of the published models", "[model]") {
   REQUIRE(DummyPresetNames() == std::vector<std::string>{"tiny", "llama-2-7b", "llama-2-70b",
-                                                         "llama-3-8b", "mistral-7b"});
+                                                         "llama-3-8b", "mistral-7b",
+                                                         "stories110m-shape"});
   SECTION("parameter counts match the real checkpoints") {
     const std::pair<const char*, int64_t> counts[] = {{"llama-2-7b", 6738415616},
                                                       {"llama-2-70b", 68976648192},
                                                       {"llama-3-8b", 8030261248},
-                                                      {"mistral-7b", 7241732096}};
+                                                      {"mistral-7b", 7241732096},
+                                                      {"stories110m-shape", 85740288}};
     for (const auto& [name, params] : counts) {
       auto c = DummyPresetConfig(name);
       REQUIRE(c.ok());
@@ -86,7 +88,7 @@ TEST_CASE("Dummy presets have the shapes of the published models", "[model]") {
     REQUIRE(c.status().code() == absl::StatusCode::kInvalidArgument);
     REQUIRE(std::string(c.status().message()) ==
             "unknown dummy model preset 'nope'; known presets: tiny, llama-2-7b, llama-2-70b, "
-            "llama-3-8b, mistral-7b");
+            "llama-3-8b, mistral-7b, stories110m-shape");
   }
 }
 

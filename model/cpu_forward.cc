@@ -1,4 +1,4 @@
-#include "model/llama_model.h"
+#include "model/cpu_forward.h"
 
 #include <algorithm>
 #include <cmath>
@@ -68,14 +68,14 @@ absl::Status CheckWeights(const LlamaWeights& w) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<LlamaModel>> LlamaModel::Create(LlamaWeights weights,
+absl::StatusOr<std::unique_ptr<CpuForward>> CpuForward::Create(LlamaWeights weights,
                                                                int num_threads) {
   KV_RETURN_IF_ERROR(CheckWeights(weights));
   if (num_threads <= 0) num_threads = std::max(1u, std::thread::hardware_concurrency());
-  return std::unique_ptr<LlamaModel>(new LlamaModel(std::move(weights), num_threads));
+  return std::unique_ptr<CpuForward>(new CpuForward(std::move(weights), num_threads));
 }
 
-LlamaModel::LlamaModel(LlamaWeights weights, int num_threads)
+CpuForward::CpuForward(LlamaWeights weights, int num_threads)
     : weights_(std::move(weights)),
       rope_(weights_.config.max_position_embeddings, weights_.config.RopeInvFreq()),
       inv_freq_(weights_.config.RopeInvFreq()),
@@ -95,9 +95,9 @@ LlamaModel::LlamaModel(LlamaWeights weights, int num_threads)
   RepackIfMisaligned();
 }
 
-void LlamaModel::FreeDeleter::operator()(float* p) const { std::free(p); }
+void CpuForward::FreeDeleter::operator()(float* p) const { std::free(p); }
 
-void LlamaModel::RepackIfMisaligned() {
+void CpuForward::RepackIfMisaligned() {
   constexpr int64_t kAlignFloats = 16;  // 64 bytes
   auto misaligned = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 64 != 0; };
   auto padded = [](int64_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; };
@@ -132,7 +132,7 @@ void LlamaModel::RepackIfMisaligned() {
   }
 }
 
-absl::Status LlamaModel::Validate(const BatchInput& batch, const HostKvPages& kv,
+absl::Status CpuForward::Validate(const BatchInput& batch, const HostKvPages& kv,
                                   std::span<float> logits) const {
   const ModelConfig& c = weights_.config;
   const KvFormat& f = kv.format();
@@ -159,7 +159,7 @@ absl::Status LlamaModel::Validate(const BatchInput& batch, const HostKvPages& kv
   return absl::OkStatus();
 }
 
-void LlamaModel::EnsureCapacity(int64_t rows, int64_t logit_rows) {
+void CpuForward::EnsureCapacity(int64_t rows, int64_t logit_rows) {
   const ModelConfig& c = weights_.config;
   if (rows > capacity_) {
     capacity_ = std::max(rows, capacity_ * 2);
@@ -178,7 +178,7 @@ void LlamaModel::EnsureCapacity(int64_t rows, int64_t logit_rows) {
   }
 }
 
-void LlamaModel::PlanStep(const BatchInput& batch) {
+void CpuForward::PlanStep(const BatchInput& batch) {
   const ModelConfig& c = weights_.config;
   const int32_t T = batch.num_tokens();
   const BatchView view = ViewOf(batch);
@@ -187,19 +187,48 @@ void LlamaModel::PlanStep(const BatchInput& batch) {
       CountAttentionKeys(view, c.sliding_window) * 2 * q_dim_ * c.num_layers;
   const int64_t macs = int64_t{T} * macs_per_token_ + attn_macs;
   const int threads = pool_.num_threads();
-  if (threads == 1 || T < 2 || macs < kParallelMinMacs) {
+  if (threads == 1 || macs < kParallelMinMacs) {
+    split_rows_ = true;
     row_chunks_ = 1;
+    col_chunks_ = 1;
     attn_split_.assign({0, T});
     return;
   }
-  row_chunks_ = static_cast<int>(std::min<int64_t>(threads, T));
+  // A split over output features takes four phases per layer; each must
+  // carry enough work to pay for its hand-off.
+  const int64_t column_phase_macs = int64_t{T} * macs_per_token_ / (4 * int64_t{c.num_layers});
+  split_rows_ = T >= int64_t{kMinRowsPerThread} * threads ||
+                (T >= 2 && column_phase_macs < kMinColumnPhaseMacs);
+  if (!split_rows_ && column_phase_macs < kMinColumnPhaseMacs) {  // one small row
+    row_chunks_ = 1;
+    col_chunks_ = 1;
+    attn_split_.assign({0, T});
+    return;
+  }
+  row_chunks_ = split_rows_ ? static_cast<int>(std::min<int64_t>(threads, T)) : 1;
+  col_chunks_ = split_rows_ ? threads : kColumnChunksPerThread * threads;
+  if (T < 2) {
+    attn_split_.assign({0, T});
+    return;
+  }
   // A row costs the keys it reads plus a fixed overhead.
   constexpr int64_t kRowOverhead = 8;
   attn_split_ = SplitRowsByAttentionCost(view, c.sliding_window, kAttentionChunksPerThread * threads,
                                          kRowOverhead);
 }
 
-void LlamaModel::PlanEviction(const BatchInput& batch) {
+template <typename Fn>
+void CpuForward::RunColumns(int64_t cols, Fn&& fn) {
+  const int64_t granules = (cols + cpu::kOutputGranule - 1) / cpu::kOutputGranule;
+  const int chunks = static_cast<int>(std::min<int64_t>(col_chunks_, granules));
+  pool_.Run(chunks, [&](int ch) {
+    int64_t g0, g1;
+    cpu::SplitRange(granules, chunks, ch, &g0, &g1);
+    fn(g0 * cpu::kOutputGranule, std::min(cols, g1 * cpu::kOutputGranule));
+  });
+}
+
+void CpuForward::PlanEviction(const BatchInput& batch) {
   const int32_t T = batch.num_tokens(), B = batch.num_seqs();
   const BatchView view = ViewOf(batch);
   sink_pos_.clear();
@@ -233,7 +262,7 @@ void LlamaModel::PlanEviction(const BatchInput& batch) {
   attn_stats_.assign(stats, 0.0f);
 }
 
-void LlamaModel::RopeAt(int32_t pos, float* scratch, const float** cos, const float** sin) const {
+void CpuForward::RopeAt(int32_t pos, float* scratch, const float** cos, const float** sin) const {
   if (pos < rope_.max_positions()) {
     *cos = rope_.cos(pos);
     *sin = rope_.sin(pos);
@@ -250,7 +279,7 @@ void LlamaModel::RopeAt(int32_t pos, float* scratch, const float** cos, const fl
   *sin = scratch + half;
 }
 
-void LlamaModel::GatherAttentionStats(const BatchInput& batch, int layer) {
+void CpuForward::GatherAttentionStats(const BatchInput& batch, int layer) {
   const BatchView view = ViewOf(batch);
   const int32_t window = weights_.config.sliding_window;
   for (int32_t b = 0; b < static_cast<int32_t>(stats_offset_.size()); ++b) {
@@ -266,23 +295,42 @@ void LlamaModel::GatherAttentionStats(const BatchInput& batch, int layer) {
   }
 }
 
-void LlamaModel::AttentionInput(int layer, const BatchInput& batch, HostKvPages& kv, int64_t r0,
-                                int64_t r1) {
+void CpuForward::NormAttention(int layer, int64_t r0, int64_t r1) {
+  const ModelConfig& c = weights_.config;
+  cpu::RmsNorm(x_.data() + r0 * c.dim, weights_.layers[layer].attn_norm.data,
+               xb_.data() + r0 * c.dim, r1 - r0, c.dim, c.rms_norm_eps);
+}
+
+void CpuForward::Qkv(int layer, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  const int64_t dim = weights_.config.dim;
+  const LayerMatrices& m = mats_[layer];
+  struct Part {
+    const float* w;
+    float* y;
+    int64_t width;
+  };
+  const Part parts[3] = {
+      {m.wq, q_.data(), q_dim_}, {m.wk, k_.data(), kv_dim_}, {m.wv, v_.data(), kv_dim_}};
+  int64_t base = 0;  // where the part starts in q|k|v
+  for (const Part& p : parts) {
+    const int64_t lo = std::max(c0, base) - base, hi = std::min(c1, base + p.width) - base;
+    if (lo < hi) {
+      cpu::Linear(xb_.data() + r0 * dim, r1 - r0, dim, p.w + lo * dim, hi - lo,
+                  p.y + r0 * p.width + lo, p.width, false);
+    }
+    base += p.width;
+  }
+}
+
+void CpuForward::FinishQkv(int layer, const BatchInput& batch, HostKvPages& kv, int64_t r0,
+                           int64_t r1) {
   const int64_t n = r1 - r0;
   if (n <= 0) return;
   const ModelConfig& c = weights_.config;
   const LayerWeights& w = weights_.layers[layer];
-  const LayerMatrices& m = mats_[layer];
-  const int64_t dim = c.dim;
-  cpu::RmsNorm(x_.data() + r0 * dim, w.attn_norm.data, xb_.data() + r0 * dim, n, dim,
-               c.rms_norm_eps);
-  const float* xb = xb_.data() + r0 * dim;
   float* q = q_.data() + r0 * q_dim_;
   float* k = k_.data() + r0 * kv_dim_;
   float* v = v_.data() + r0 * kv_dim_;
-  cpu::Linear(xb, n, dim, m.wq, q_dim_, q, q_dim_, false);
-  cpu::Linear(xb, n, dim, m.wk, kv_dim_, k, kv_dim_, false);
-  cpu::Linear(xb, n, dim, m.wv, kv_dim_, v, kv_dim_, false);
   if (c.qkv_bias) {
     cpu::AddBias(q, w.bq.data, n, q_dim_);
     cpu::AddBias(k, w.bk.data, n, kv_dim_);
@@ -319,27 +367,66 @@ void LlamaModel::AttentionInput(int layer, const BatchInput& batch, HostKvPages&
   cpu::WriteKv(wp);
 }
 
-void LlamaModel::AttentionOutputAndMlp(int layer, int64_t r0, int64_t r1) {
-  const int64_t n = r1 - r0;
-  if (n <= 0) return;
-  const ModelConfig& c = weights_.config;
-  const LayerWeights& w = weights_.layers[layer];
-  const LayerMatrices& m = mats_[layer];
-  const int64_t dim = c.dim, hid = c.hidden_dim;
+void CpuForward::AttentionOutput(int layer, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  const int64_t dim = weights_.config.dim;
   float* x = x_.data() + r0 * dim;
-  float* xb = xb_.data() + r0 * dim;
-  float* gate = gate_.data() + r0 * hid;
-  float* up = up_.data() + r0 * hid;
-  cpu::Linear(att_.data() + r0 * q_dim_, n, q_dim_, m.wo, dim, x, dim, /*accumulate=*/true);
-  if (c.o_bias) cpu::AddBias(x, w.bo.data, n, dim);
-  cpu::RmsNorm(x, w.ffn_norm.data, xb, n, dim, c.rms_norm_eps);
-  cpu::Linear(xb, n, dim, m.w_gate, hid, gate, hid, false);
-  cpu::Linear(xb, n, dim, m.w_up, hid, up, hid, false);
-  cpu::SiluMul(gate, up, n * hid);
-  cpu::Linear(gate, n, hid, m.w_down, dim, x, dim, /*accumulate=*/true);
+  cpu::Linear(att_.data() + r0 * q_dim_, r1 - r0, q_dim_, mats_[layer].wo + c0 * q_dim_, c1 - c0,
+              x + c0, dim, /*accumulate=*/true);
+  if (weights_.config.o_bias) {
+    const float* bo = weights_.layers[layer].bo.data;
+    for (int64_t r = 0; r < r1 - r0; ++r) {
+      for (int64_t i = c0; i < c1; ++i) x[r * dim + i] += bo[i];
+    }
+  }
 }
 
-absl::Status LlamaModel::Forward(const BatchInput& batch, HostKvPages& kv,
+void CpuForward::NormMlp(int layer, int64_t r0, int64_t r1) {
+  const ModelConfig& c = weights_.config;
+  cpu::RmsNorm(x_.data() + r0 * c.dim, weights_.layers[layer].ffn_norm.data,
+               xb_.data() + r0 * c.dim, r1 - r0, c.dim, c.rms_norm_eps);
+}
+
+void CpuForward::GateUp(int layer, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  const int64_t dim = weights_.config.dim, hid = weights_.config.hidden_dim;
+  const LayerMatrices& m = mats_[layer];
+  const float* xb = xb_.data() + r0 * dim;
+  float* gate = gate_.data() + r0 * hid;
+  float* up = up_.data() + r0 * hid;
+  cpu::Linear(xb, r1 - r0, dim, m.w_gate + c0 * dim, c1 - c0, gate + c0, hid, false);
+  cpu::Linear(xb, r1 - r0, dim, m.w_up + c0 * dim, c1 - c0, up + c0, hid, false);
+  if (c0 == 0 && c1 == hid) {
+    cpu::SiluMul(gate, up, (r1 - r0) * hid);
+  } else {
+    for (int64_t r = 0; r < r1 - r0; ++r) {
+      cpu::SiluMul(gate + r * hid + c0, up + r * hid + c0, c1 - c0);
+    }
+  }
+}
+
+void CpuForward::Down(int layer, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
+  const int64_t dim = weights_.config.dim, hid = weights_.config.hidden_dim;
+  cpu::Linear(gate_.data() + r0 * hid, r1 - r0, hid, mats_[layer].w_down + c0 * hid, c1 - c0,
+              x_.data() + r0 * dim + c0, dim, /*accumulate=*/true);
+}
+
+void CpuForward::AttentionInput(int layer, const BatchInput& batch, HostKvPages& kv, int64_t r0,
+                                int64_t r1) {
+  if (r1 <= r0) return;
+  NormAttention(layer, r0, r1);
+  Qkv(layer, r0, r1, 0, q_dim_ + 2 * int64_t{kv_dim_});
+  FinishQkv(layer, batch, kv, r0, r1);
+}
+
+void CpuForward::AttentionOutputAndMlp(int layer, int64_t r0, int64_t r1) {
+  if (r1 <= r0) return;
+  const ModelConfig& c = weights_.config;
+  AttentionOutput(layer, r0, r1, 0, c.dim);
+  NormMlp(layer, r0, r1);
+  GateUp(layer, r0, r1, 0, c.hidden_dim);
+  Down(layer, r0, r1, 0, c.dim);
+}
+
+absl::Status CpuForward::Forward(const BatchInput& batch, HostKvPages& kv,
                                  std::span<float> logits) {
   KV_RETURN_IF_ERROR(Validate(batch, kv, logits));
   const ModelConfig& c = weights_.config;
@@ -374,14 +461,26 @@ absl::Status LlamaModel::Forward(const BatchInput& batch, HostKvPages& kv,
 
   // Phase boundaries are the only synchronisation: K/V of every row must be
   // written before any row attends, and attention ranges are split by cost,
-  // not like the row ranges, so the MLP waits for all of them. The MLP of
-  // layer l and the attention input of layer l + 1 share the row ranges and
-  // run in one phase.
-  pool_.Run(chunks, [&](int ch) {
-    int64_t r0, r1;
-    cpu::SplitRange(T, chunks, ch, &r0, &r1);
-    AttentionInput(0, batch, kv, r0, r1);
-  });
+  // not like the row ranges, so the MLP waits for all of them. In a split
+  // over rows the MLP of layer l and the attention input of layer l + 1
+  // share the row ranges and run in one phase; in a split over output
+  // features each matrix is a phase and the per-row steps between them run
+  // here, on all rows.
+  const int64_t qkv_cols = q_dim_ + 2 * int64_t{kv_dim_};
+  auto attention_input = [&](int l) {
+    if (split_rows_) {
+      pool_.Run(chunks, [&](int ch) {
+        int64_t r0, r1;
+        cpu::SplitRange(T, chunks, ch, &r0, &r1);
+        AttentionInput(l, batch, kv, r0, r1);
+      });
+      return;
+    }
+    NormAttention(l, 0, T);
+    RunColumns(qkv_cols, [&](int64_t c0, int64_t c1) { Qkv(l, 0, T, c0, c1); });
+    FinishQkv(l, batch, kv, 0, T);
+  };
+  attention_input(0);
   // int4_kc layers write around attention (kernels/cpu/paged_attention.h):
   // blocks the step completes before it, partial blocks' rows into tails after.
   cpu::KvBlockWriteParams tp;
@@ -409,14 +508,23 @@ absl::Status LlamaModel::Forward(const BatchInput& batch, HostKvPages& kv,
       }
     });
     if (!mass_offset_.empty()) GatherAttentionStats(batch, l);
-    pool_.Run(chunks, [&](int ch) {
-      int64_t r0, r1;
-      cpu::SplitRange(T, chunks, ch, &r0, &r1);
-      // Before the next layer's K/V overwrite these rows.
-      if (tails) cpu::WriteKvTails(tp, static_cast<int32_t>(r0), static_cast<int32_t>(r1));
-      AttentionOutputAndMlp(l, r0, r1);
-      if (l + 1 < c.num_layers) AttentionInput(l + 1, batch, kv, r0, r1);
-    });
+    if (split_rows_) {
+      pool_.Run(chunks, [&](int ch) {
+        int64_t r0, r1;
+        cpu::SplitRange(T, chunks, ch, &r0, &r1);
+        // Before the next layer's K/V overwrite these rows.
+        if (tails) cpu::WriteKvTails(tp, static_cast<int32_t>(r0), static_cast<int32_t>(r1));
+        AttentionOutputAndMlp(l, r0, r1);
+        if (l + 1 < c.num_layers) AttentionInput(l + 1, batch, kv, r0, r1);
+      });
+      continue;
+    }
+    RunColumns(dim, [&](int64_t c0, int64_t c1) { AttentionOutput(l, 0, T, c0, c1); });
+    if (tails) cpu::WriteKvTails(tp, 0, static_cast<int32_t>(T));
+    NormMlp(l, 0, T);
+    RunColumns(c.hidden_dim, [&](int64_t c0, int64_t c1) { GateUp(l, 0, T, c0, c1); });
+    RunColumns(dim, [&](int64_t c0, int64_t c1) { Down(l, 0, T, c0, c1); });
+    if (l + 1 < c.num_layers) attention_input(l + 1);
   }
 
   if (R == 0) return absl::OkStatus();
@@ -425,17 +533,10 @@ absl::Status LlamaModel::Forward(const BatchInput& batch, HostKvPages& kv,
     std::copy(src, src + dim, final_.begin() + i * dim);
   }
   cpu::RmsNorm(final_.data(), weights_.final_norm.data, final_.data(), R, dim, c.rms_norm_eps);
-  // The head splits over vocabulary columns (multiples of 8, the kernel's
-  // tile), which works for any number of rows.
-  const int64_t vocab = c.vocab_size;
-  const int64_t col_groups = (vocab + 7) / 8;
-  const int head_chunks = static_cast<int>(std::min<int64_t>(chunks, col_groups));
-  pool_.Run(head_chunks, [&](int ch) {
-    int64_t g0, g1;
-    cpu::SplitRange(col_groups, head_chunks, ch, &g0, &g1);
-    const int64_t c0 = g0 * 8, c1 = std::min(vocab, g1 * 8);
-    cpu::Linear(final_.data(), R, dim, output_ + c0 * dim, c1 - c0, logits.data() + c0, vocab,
-                false);
+  // The head splits over vocabulary columns, which works for any number of rows.
+  RunColumns(c.vocab_size, [&](int64_t c0, int64_t c1) {
+    cpu::Linear(final_.data(), R, dim, output_ + c0 * dim, c1 - c0, logits.data() + c0,
+                c.vocab_size, false);
   });
   return absl::OkStatus();
 }

@@ -1,6 +1,8 @@
-// LlamaModel: the Llama-family forward pass on the CPU over one flattened
+// CpuForward: the Llama-family forward pass on the CPU over one flattened
 // BatchInput (prefill chunks and decode tokens of many sequences together),
-// reading and writing K/V only through the paged cache it is given.
+// reading and writing K/V only through the paged cache it is given. It is
+// the compute half of CpuModelRunner, which owns the KV pools; the weights
+// and their loading live in model/llama_weights.h and the loaders.
 //
 // Per layer: RMSNorm -> Q/K/V projections (+ biases: Qwen2) -> per-head q/k
 // RMSNorm (Qwen3) -> RoPE at batch.positions (scaled per the config;
@@ -14,12 +16,23 @@
 // Activations are preallocated for the largest batch seen so far, so a
 // steady decode loop allocates nothing. Work is split over the thread pool
 // only when a step is big enough to pay for the hand-off (kParallelMinMacs;
-// never for one decoding sequence of a tiny model): one row range per thread
-// for the projections and the MLP (each range streams the weights once),
-// finer ranges balanced by context length for attention, vocabulary ranges
-// for the output head. Every kernel computes a row the same way whatever
-// batch it is in (see kernels/cpu/gemm.h), so a sequence's tokens do not
-// depend on what it is batched with or how the work was split.
+// never for one decoding sequence of a tiny model), in one of two ways:
+//   * many rows (at least kMinRowsPerThread per thread: prefill, big decode
+//     batches), or a few rows of a small model: one row range per thread
+//     for the projections and the MLP, each range streaming the weights
+//     once, two phases per layer;
+//   * few rows of a big model (decode of one or a few sequences, where
+//     streaming the weights is the cost; kMinColumnPhaseMacs): every
+//     matrix is split over its output features
+//     (kColumnChunksPerThread ranges per thread), so each thread reads only
+//     its share of the weights; the per-row ops between the matrices run on
+//     the calling thread, and a layer takes four phases (Q/K/V, output
+//     projection, gate/up, down).
+// Attention is split into ranges of rows balanced by context length, the
+// output head into vocabulary ranges. Every kernel computes an element the
+// same way whatever batch or range it is in (see kernels/cpu/gemm.h), so a
+// sequence's tokens depend neither on what it is batched with, nor on the
+// thread count, nor on which split a step took.
 //
 // KV eviction (cache/eviction_policy.h): rows of sequences with
 // batch.num_sinks also get a sink query, rotated at the row's cache index,
@@ -51,10 +64,10 @@
 
 namespace kvserve {
 
-class LlamaModel {
+class CpuForward {
  public:
   // num_threads counts the calling thread; <= 0 means one per hardware thread.
-  static absl::StatusOr<std::unique_ptr<LlamaModel>> Create(LlamaWeights weights, int num_threads);
+  static absl::StatusOr<std::unique_ptr<CpuForward>> Create(LlamaWeights weights, int num_threads);
 
   const ModelConfig& config() const { return weights_.config; }
   const LlamaWeights& weights() const { return weights_; }
@@ -76,20 +89,33 @@ class LlamaModel {
   // attention) runs on one thread: about 50 us of work, against a few
   // microseconds of hand-offs per layer.
   static constexpr int64_t kParallelMinMacs = int64_t{1} << 20;
+  // Rows per thread from which a step splits rows rather than output
+  // features: from there on the matrix kernels are compute-bound, and a
+  // row split needs fewer phases.
+  static constexpr int kMinRowsPerThread = 16;
+  // Output-feature ranges per thread in a split over features, so that a
+  // thread the OS runs late leaves its ranges to the others.
+  static constexpr int kColumnChunksPerThread = 4;
+  // Fewer multiply-adds than this per phase of a split over features (a
+  // layer has four) and a step splits rows instead, or, for one row, runs on
+  // one thread: a tiny model's phases would cost more in hand-offs than
+  // they save.
+  static constexpr int64_t kMinColumnPhaseMacs = int64_t{1} << 20;
   // Attention ranges per thread (cost estimates are rough; claiming evens out).
   static constexpr int kAttentionChunksPerThread = 4;
   // Largest total of matrices copied for alignment.
   static constexpr int64_t kMaxRepackBytes = int64_t{256} << 20;
 
  private:
-  LlamaModel(LlamaWeights weights, int num_threads);
+  CpuForward(LlamaWeights weights, int num_threads);
   void RepackIfMisaligned();
 
   absl::Status Validate(const BatchInput& batch, const HostKvPages& kv,
                         std::span<float> logits) const;
   void EnsureCapacity(int64_t rows, int64_t logit_rows);
-  // Decides how many threads the step uses (rows_chunks_) and splits the
-  // attention rows into ranges of about equal cost (attn_split_).
+  // Decides how the step splits work (split_rows_, row_chunks_,
+  // col_chunks_) and splits the attention rows into ranges of about equal
+  // cost (attn_split_).
   void PlanStep(const BatchInput& batch);
   // Rows that need a sink query and rows whose key mass is recorded.
   void PlanEviction(const BatchInput& batch);
@@ -99,9 +125,22 @@ class LlamaModel {
   // Adds layer l's recorded row masses into attn_stats_.
   void GatherAttentionStats(const BatchInput& batch, int layer);
 
-  // Phases of one layer over rows [r0, r1).
+  // Steps of one layer over rows [r0, r1) and, for the matrices, output
+  // features [c0, c1) (of q|k|v concatenated for Qkv).
+  void NormAttention(int layer, int64_t r0, int64_t r1);
+  void Qkv(int layer, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+  // Biases, q/k norms, RoPE, sink queries and the K/V write.
+  void FinishQkv(int layer, const BatchInput& batch, HostKvPages& kv, int64_t r0, int64_t r1);
+  void AttentionOutput(int layer, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+  void NormMlp(int layer, int64_t r0, int64_t r1);
+  void GateUp(int layer, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+  void Down(int layer, int64_t r0, int64_t r1, int64_t c0, int64_t c1);
+  // A split over rows: the steps of a phase for one row range.
   void AttentionInput(int layer, const BatchInput& batch, HostKvPages& kv, int64_t r0, int64_t r1);
   void AttentionOutputAndMlp(int layer, int64_t r0, int64_t r1);
+  // Runs fn(c0, c1) over [0, cols) in col_chunks_ ranges of whole granules.
+  template <typename Fn>
+  void RunColumns(int64_t cols, Fn&& fn);
 
   // The matrices the forward pass reads: the weights' own, or aligned copies.
   struct LayerMatrices {
@@ -141,7 +180,9 @@ class LlamaModel {
   std::vector<float> up_;            // [T][hidden_dim]
   std::vector<float> final_;         // normed rows that want logits [R][dim]
   int64_t macs_per_token_ = 0;       // weight multiply-adds of one row
-  int row_chunks_ = 1;               // row ranges of the projections / MLP / head
+  bool split_rows_ = true;           // this step splits rows, not output features
+  int row_chunks_ = 1;               // row ranges of the projections / MLP
+  int col_chunks_ = 1;               // output-feature ranges of a matrix
   std::vector<int32_t> attn_split_;  // [attention ranges + 1] row boundaries
 
   // Eviction, per step (empty unless the batch asks).
