@@ -37,6 +37,7 @@
 #include "absl/status/status.h"
 #include "model/tokenizer.h"
 #include "scheduler/request.h"
+#include "scheduler/request_validation.h"
 #include "server/chat_template.h"
 
 namespace kvserve {
@@ -75,6 +76,10 @@ struct ApiContext {
   // sliding_window requests (this default or their kv_policy) may run past
   // max_model_len, which the engine then checks instead.
   std::string default_kv_policy = "none";
+  // The request cost budget (the config's limits section); the limits left
+  // 0 are derived from max_model_len (ResolveRequestLimits). A text prompt
+  // over max_prompt_bytes is refused before it is tokenized.
+  RequestLimits limits = kDefaultRequestLimits;
 };
 
 struct ApiRequest {

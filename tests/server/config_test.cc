@@ -211,7 +211,7 @@ TEST_CASE("Unknown keys and sections are refused, naming what is known", "[serve
   REQUIRE(Error(c).rfind("cache.blocksize: unknown key (cache has: kv_dtype, block_size,", 0) == 0);
   c = ParseServeConfig("model:\n  path: x\ncaches:\n  block_size: 16\n", "");
   REQUIRE(Error(c) ==
-          "caches: unknown section (sections: model, cache, scheduler, server, logging)");
+          "caches: unknown section (sections: model, cache, scheduler, server, limits, logging)");
   c = ParseServeConfig("- a\n- b\n", "");
   REQUIRE(Error(c) == "the config must be a map of sections (model, cache, ...)");
   c = ParseServeConfig("model: [\n", "");
