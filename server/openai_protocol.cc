@@ -8,6 +8,7 @@
 #include "model/field_status.h"
 #include "scheduler/detokenizer.h"
 #include "scheduler/request_validation.h"
+#include "server/client_limiter.h"
 #include "server/request_budget.h"
 
 namespace kvserve {
@@ -410,7 +411,7 @@ ApiError ApiErrorFromStatus(const absl::Status& status, const std::string& promp
     case absl::StatusCode::kResourceExhausted:
       e.http_status = 429;
       e.type = "rate_limit_exceeded";
-      e.code = "queue_full";
+      e.code = IsClientLimitError(status) ? "concurrency_limit_exceeded" : "queue_full";
       break;
     case absl::StatusCode::kUnavailable:
       e.http_status = 503;
