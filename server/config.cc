@@ -560,6 +560,7 @@ EngineConfig ServeConfig::ToEngineConfig() const {
   e.eviction.recent_tokens = cache.recent_tokens;
   e.eviction.history = cache.eviction_history;
   e.evictor_model = cache.evictor_model;
+  e.request_limits = ToRequestLimits();
   return e;
 }
 
