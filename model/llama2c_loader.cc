@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "cache/status_macros.h"
 #include "model/mapped_file.h"
+#include "model/weight_check.h"
 
 namespace kvserve {
 namespace {
@@ -22,7 +23,8 @@ class TensorCursor {
  public:
   TensorCursor(const MappedFile& f, size_t offset) : f_(f), offset_(offset) {}
 
-  absl::StatusOr<Tensor> Next(const char* name, std::vector<int64_t> shape) {
+  // `layer` >= 0 names a per-layer slice ("layers.3.wq").
+  absl::StatusOr<Tensor> Next(const char* name, std::vector<int64_t> shape, int64_t layer = -1) {
     Tensor t;
     t.shape = std::move(shape);
     const size_t bytes = static_cast<size_t>(t.numel()) * sizeof(float);
@@ -33,6 +35,8 @@ class TensorCursor {
     }
     t.data = reinterpret_cast<const float*>(f_.data() + offset_);
     offset_ += bytes;
+    const std::string full = layer < 0 ? std::string(name) : absl::StrCat("layers.", layer, ".", name);
+    KV_RETURN_IF_ERROR(CheckFinite(t.data, t.numel(), full, f_.path()));
     return t;
   }
   void Skip(size_t bytes) { offset_ += bytes; }
@@ -114,7 +118,7 @@ absl::StatusOr<LlamaWeights> LoadLlama2cCheckpoint(const std::string& path) {
   auto per_layer = [&](const char* name, std::vector<int64_t> shape,
                        Tensor LayerWeights::*member) -> absl::Status {
     for (int64_t l = 0; l < L; ++l) {
-      KV_ASSIGN_OR_RETURN(w.layers[l].*member, cur.Next(name, shape));
+      KV_ASSIGN_OR_RETURN(w.layers[l].*member, cur.Next(name, shape, l));
     }
     return absl::OkStatus();
   };
