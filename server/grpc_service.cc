@@ -3,6 +3,7 @@
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpc/support/log.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 
 #include <deque>
@@ -727,10 +728,24 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
 
 }  // namespace
 
+namespace {
+
+// gRPC core's own lines (a failed TLS handshake, ...) through spdlog too.
+void OnGrpcLog(gpr_log_func_args* args) {
+  const spdlog::level::level_enum level =
+      args->severity == GPR_LOG_SEVERITY_ERROR  ? spdlog::level::warn
+      : args->severity == GPR_LOG_SEVERITY_INFO ? spdlog::level::info
+                                                : spdlog::level::debug;
+  spdlog::log(level, "grpc ({}:{}): {}", args->file, args->line, args->message);
+}
+
+}  // namespace
+
 absl::Status GrpcService::Start(const std::string& host, int port, bool reuse_port) {
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = Credentials(options_);
   if (!credentials.ok()) return credentials.status();
   RouteProtobufLogs();
+  gpr_set_log_function(&OnGrpcLog);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
