@@ -6,6 +6,7 @@
 #include <grpc/support/log.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 
+#include <algorithm>
 #include <deque>
 #include <fstream>
 #include <sstream>
@@ -227,13 +228,102 @@ void ToProto(const GenerateOutput& out, const std::string& request_id, const Tok
   }
 }
 
+class GenerateReactor;
+
+// Lets the engine's notify, the prompt worker and the gate reach a Generate
+// reactor only while it exists (OnDone clears it, waiting for a pump in
+// progress).
+struct ReactorLink {
+  absl::Mutex mu;
+  GenerateReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+};
+
+// Counts the calls that may touch the engine (its tokenizer, its streams),
+// so StopServing can wait until none does before the daemon destroys the
+// engine. Once closed, no call gets a lease: every method answers
+// UNAVAILABLE while the port stays open.
+class EngineGate {
+ public:
+  class Lease {
+   public:
+    Lease() = default;
+    Lease(Lease&& o) noexcept : gate_(std::exchange(o.gate_, nullptr)) {}
+    Lease& operator=(Lease&& o) noexcept {
+      if (this != &o) {
+        Release();
+        gate_ = std::exchange(o.gate_, nullptr);
+      }
+      return *this;
+    }
+    ~Lease() { Release(); }
+    void Release() {
+      if (gate_ != nullptr) std::exchange(gate_, nullptr)->Leave();
+    }
+    bool held() const { return gate_ != nullptr; }
+
+   private:
+    friend class EngineGate;
+    explicit Lease(EngineGate* gate) : gate_(gate) {}
+    EngineGate* gate_ = nullptr;
+  };
+
+  // A lease, or an empty one once closed.
+  Lease Enter() {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return Lease();
+    ++users_;
+    return Lease(this);
+  }
+  // Generate calls, so that Close can cancel them at its deadline.
+  void Track(std::weak_ptr<ReactorLink> link) {
+    absl::MutexLock lock(&mu_);
+    links_.erase(std::remove_if(links_.begin(), links_.end(),
+                                [](const std::weak_ptr<ReactorLink>& l) { return l.expired(); }),
+                 links_.end());
+    links_.push_back(std::move(link));
+  }
+  // Closes the gate and waits until no lease is held; calls still holding
+  // one at `deadline` are cancelled (and waited for, a few more seconds).
+  bool Close(absl::Time deadline);
+
+ private:
+  void Leave() {
+    absl::MutexLock lock(&mu_);
+    --users_;
+  }
+  bool WaitIdle(absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return users_ == 0; };
+    mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+    return users_ == 0;
+  }
+
+  absl::Mutex mu_;
+  int64_t users_ ABSL_GUARDED_BY(mu_) = 0;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::weak_ptr<ReactorLink>> links_ ABSL_GUARDED_BY(mu_);
+};
+
 // What every call shares: the daemon's state, the budget, the per-client
-// limiter and the prompt workers.
+// limiter, the prompt workers and the engine gate.
 struct CallEnv {
   ServingState* state = nullptr;
   const GrpcService::Options* options = nullptr;
   ClientLimiter* limiter = nullptr;
   PromptWorkers* workers = nullptr;
+  EngineGate* gate = nullptr;
+
+  // Admit, holding a lease on the engine when admitted.
+  grpc::Status Admit(const grpc::CallbackServerContext& ctx, bool needs_ready,
+                     EngineGate::Lease* lease) const {
+    *lease = gate->Enter();
+    if (!lease->held()) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
+    }
+    grpc::Status st = kvserve::Admit(*state, ctx, needs_ready);
+    if (!st.ok()) lease->Release();
+    return st;
+  }
 
   // The budget for the served model (valid once an engine is published).
   RequestLimits Limits() const {
@@ -256,8 +346,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
  public:
   GenerateReactor(const CallEnv& env, grpc::CallbackServerContext* ctx,
                   const grpc::ByteBuffer* raw)
-      : env_(env), ctx_(ctx), link_(std::make_shared<Link>()) {
+      : env_(env), ctx_(ctx), link_(std::make_shared<ReactorLink>()) {
     link_->reactor = this;
+    env_.gate->Track(link_);
     GenerateRequest g;
     if (grpc::Status st = Begin(*raw, &g); !st.ok()) {
       FinishNow(st);
@@ -327,16 +418,12 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     delete this;
   }
 
- private:
-  // Lets the engine's notify and the prompt worker reach the reactor only
-  // while it exists (OnDone waits for a pump in progress).
-  struct Link {
-    absl::Mutex mu;
-    GenerateReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
-  };
+  // The gate's deadline passed (link mu held).
+  void CancelCall() { ctx_->TryCancel(); }
 
+ private:
   grpc::Status Begin(const grpc::ByteBuffer& raw, GenerateRequest* g) {
-    grpc::Status st = Admit(*env_.state, *ctx_, /*needs_ready=*/true);
+    grpc::Status st = env_.Admit(*ctx_, /*needs_ready=*/true, &lease_);
     if (!st.ok()) return st;
     v1::GenerateRequest p;
     if (absl::Status parsed = ParseRequest(raw, &p); !parsed.ok()) {
@@ -401,7 +488,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
       if (cancelled_) stream->Cancel();
     }
     // The engine may push before this returns: Pump is safe at any time.
-    std::shared_ptr<Link> link = link_;
+    std::shared_ptr<ReactorLink> link = link_;
     stream->SetNotify([link] {
       absl::MutexLock lock(&link->mu);
       if (link->reactor != nullptr) link->reactor->Pump();
@@ -481,6 +568,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
       // costs a slot even while its last write waits for the client.
       LogRequest(spdlog::level::warn, request_id_, "{}", status.error_message());
       slot_.Release();
+      lease_.Release();  // nothing below touches the engine
       bool counted = false;
       {
         absl::MutexLock lock(&mu_);
@@ -495,7 +583,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
 
   const CallEnv env_;
   grpc::CallbackServerContext* const ctx_;
-  const std::shared_ptr<Link> link_;
+  const std::shared_ptr<ReactorLink> link_;
+  EngineGate::Lease lease_;  // released when the call no longer touches the engine
   const Tokenizer* tokenizer_ = nullptr;
   RequestLimits limits_;
   ClientLimiter::Token slot_;
@@ -515,6 +604,26 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   grpc::ByteBuffer buffer_;
 };
 
+bool EngineGate::Close(absl::Time deadline) {
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+  }
+  if (WaitIdle(deadline)) return true;
+  std::vector<std::weak_ptr<ReactorLink>> links;
+  {
+    absl::MutexLock lock(&mu_);
+    links = links_;
+  }
+  for (const std::weak_ptr<ReactorLink>& weak : links) {
+    if (std::shared_ptr<ReactorLink> link = weak.lock()) {
+      absl::MutexLock lock(&link->mu);
+      if (link->reactor != nullptr) link->reactor->CancelCall();
+    }
+  }
+  return WaitIdle(absl::Now() + absl::Seconds(5));
+}
+
 using RawGenerationService = v1::Generation::WithRawCallbackMethod_Generate<
     v1::Generation::WithRawCallbackMethod_Tokenize<
         v1::Generation::WithRawCallbackMethod_GetModelInfo<
@@ -531,9 +640,11 @@ class GrpcService::Impl final : public RawGenerationService {
     env_.options = options;
     env_.limiter = &limiter_;
     env_.workers = &workers_;
+    env_.gate = &gate_;
   }
 
   void StopWorkers() { workers_.Stop(); }
+  bool CloseGate(absl::Time deadline) { return gate_.Close(deadline); }
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* ctx,
                                                        const grpc::ByteBuffer* request) override {
@@ -544,7 +655,8 @@ class GrpcService::Impl final : public RawGenerationService {
                                      const grpc::ByteBuffer* raw,
                                      grpc::ByteBuffer* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    grpc::Status st = Admit(*env_.state, *ctx, /*needs_ready=*/false);
+    EngineGate::Lease lease;
+    grpc::Status st = env_.Admit(*ctx, /*needs_ready=*/false, &lease);
     auto request = std::make_shared<v1::TokenizeRequest>();
     if (st.ok()) {
       if (absl::Status parsed = ParseRequest(*raw, request.get()); !parsed.ok()) {
@@ -569,8 +681,9 @@ class GrpcService::Impl final : public RawGenerationService {
       return reactor;
     }
     auto held = std::make_shared<ClientLimiter::Token>(*std::move(slot));
+    auto leased = std::make_shared<EngineGate::Lease>(std::move(lease));
     ServingState* state = env_.state;
-    workers_.Run([state, ctx, reactor, request, response, limits, held] {
+    workers_.Run([state, ctx, reactor, request, response, limits, held, leased] {
       const Tokenizer& tok = state->engine()->tokenizer();
       absl::StatusOr<std::vector<int32_t>> ids = TokenizeWithinBudget(
           tok, request->text(), request->has_add_bos() ? request->add_bos() : true, limits,
@@ -587,6 +700,7 @@ class GrpcService::Impl final : public RawGenerationService {
         result = Serialize(out, response);
       }
       held->Release();
+      leased->Release();
       reactor->Finish(result);
     });
     return reactor;
@@ -596,7 +710,8 @@ class GrpcService::Impl final : public RawGenerationService {
                                          const grpc::ByteBuffer* raw,
                                          grpc::ByteBuffer* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    grpc::Status st = Admit(*env_.state, *ctx, /*needs_ready=*/false);
+    EngineGate::Lease lease;
+    grpc::Status st = env_.Admit(*ctx, /*needs_ready=*/false, &lease);
     v1::GetModelInfoRequest request;
     if (st.ok()) {
       if (absl::Status parsed = ParseRequest(*raw, &request); !parsed.ok()) st = ToGrpc(parsed);
@@ -632,7 +747,8 @@ class GrpcService::Impl final : public RawGenerationService {
                                      const grpc::ByteBuffer* raw,
                                      grpc::ByteBuffer* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    grpc::Status st = Admit(*env_.state, *ctx, /*needs_ready=*/false);
+    EngineGate::Lease lease;
+    grpc::Status st = env_.Admit(*ctx, /*needs_ready=*/false, &lease);
     v1::GetStatsRequest request;
     if (st.ok()) {
       if (absl::Status parsed = ParseRequest(*raw, &request); !parsed.ok()) st = ToGrpc(parsed);
@@ -674,6 +790,7 @@ class GrpcService::Impl final : public RawGenerationService {
  private:
   ClientLimiter limiter_;
   PromptWorkers workers_;
+  EngineGate gate_;
   CallEnv env_;
 };
 
@@ -779,6 +896,11 @@ void GrpcService::SetServing(bool serving) {
     health->SetServingStatus(serving);
     health->SetServingStatus(v1::Generation::service_full_name(), serving);
   }
+}
+
+bool GrpcService::StopServing(absl::Time deadline) {
+  SetServing(false);
+  return impl_->CloseGate(deadline);
 }
 
 void GrpcService::Shutdown(absl::Time deadline) {

@@ -26,8 +26,10 @@
 //
 // Health: NOT_SERVING while the model loads and while draining, SERVING when
 // ready; SetServing() flips both the overall ("") and the Generation status.
-// Generate is refused UNAVAILABLE from the start of the drain until
-// Shutdown.
+// Drain: Generate is refused UNAVAILABLE from the start of the drain;
+// StopServing then refuses every call and waits until none touches the
+// engine, and the port keeps answering UNAVAILABLE (not connection refused)
+// until Shutdown, which the daemon calls last.
 //
 // Thread-safety: Start/Shutdown from one thread; calls run on gRPC's threads.
 #pragma once
@@ -78,7 +80,14 @@ class GrpcService {
   int port() const { return port_; }
   // Health status of every service.
   void SetServing(bool serving);
-  // Stops accepting calls; calls still open at `deadline` are cancelled.
+  // The end of a drain: from now on every call (all methods) is answered
+  // UNAVAILABLE without touching the engine, while the port stays open;
+  // returns once no call uses the engine (calls still open at `deadline` are
+  // cancelled), so the engine may be destroyed. False when some call still
+  // held on a few seconds past the deadline.
+  bool StopServing(absl::Time deadline);
+  // Stops accepting calls and closes the port; calls still open at
+  // `deadline` are cancelled.
   void Shutdown(absl::Time deadline);
 
  private:

@@ -510,5 +510,46 @@ TEST_CASE("gRPC serves TLS from a certificate and key file", "[server]") {
           "server.tls.cert_file and server.tls.key_file: set both for TLS, or neither");
 }
 
+TEST_CASE("gRPC after StopServing: every call UNAVAILABLE on a port still open", "[server]") {
+  GrpcFixture f;
+  f.engine.reply_length = 1 << 30;
+  f.engine.token_interval = absl::Milliseconds(1);
+  // A stream still open when the drain ends.
+  grpc::ClientContext ctx;
+  v1::GenerateRequest req;
+  req.set_max_tokens(10000);
+  auto reader = f.stub->Generate(&ctx, req);
+  v1::GenerateResponse r;
+  REQUIRE(reader->Read(&r));
+  f.state.StartDraining();
+  // It is cancelled at the deadline, and then nothing uses the engine.
+  const absl::Time start = absl::Now();
+  REQUIRE(f.service.StopServing(absl::Now() + absl::Milliseconds(200)));
+  REQUIRE(absl::Now() - start >= absl::Milliseconds(200));
+  while (reader->Read(&r)) {
+  }
+  REQUIRE(reader->Finish().error_code() == grpc::StatusCode::CANCELLED);
+  REQUIRE(f.engine.WaitForCancelled(1) == 1);
+  // A new client connects and gets an answer (not a refused connection),
+  // for every method, without the engine.
+  auto fresh = v1::Generation::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(f.service.port()), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext c1;
+  v1::Stats stats;
+  grpc::Status st = fresh->GetStats(&c1, v1::GetStatsRequest(), &stats);
+  REQUIRE(st.error_code() == grpc::StatusCode::UNAVAILABLE);
+  REQUIRE(st.error_message() == "the server is shutting down");
+  grpc::ClientContext c2;
+  v1::TokenizeResponse tresp;
+  st = fresh->Tokenize(&c2, v1::TokenizeRequest(), &tresp);
+  REQUIRE(st.error_message() == "the server is shutting down");
+  Generate(f, v1::GenerateRequest(), &st);
+  REQUIRE(st.error_code() == grpc::StatusCode::UNAVAILABLE);
+  REQUIRE(st.error_message() == "the server is shutting down");
+  REQUIRE(f.Health("") == 2);
+  // With no call open it returns at once.
+  REQUIRE(f.service.StopServing(absl::Now() + absl::Seconds(10)));
+}
+
 }  // namespace
 }  // namespace kvserve
