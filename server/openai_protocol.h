@@ -7,7 +7,10 @@
 // an ApiError naming the field in `param`) and ignores fields it does not
 // know, as OpenAI clients send many. Prompts are tokenized here, so length
 // errors name `prompt`/`messages` or `max_tokens` precisely and the engine
-// receives token ids.
+// receives token ids. The request cost budget (ApiContext::limits,
+// scheduler/request_validation.h) comes first: every other field is checked,
+// then the prompt's bytes (chat: the contents before rendering, then the
+// rendered text), and only then is it tokenized, and its tokens counted.
 //
 // Supported fields: model, prompt (string, [string], [ids] or [[ids]]),
 // messages (assistant tool_calls and "tool" messages included), tools,
