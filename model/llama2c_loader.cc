@@ -35,7 +35,8 @@ class TensorCursor {
     }
     t.data = reinterpret_cast<const float*>(f_.data() + offset_);
     offset_ += bytes;
-    const std::string full = layer < 0 ? std::string(name) : absl::StrCat("layers.", layer, ".", name);
+    const std::string full =
+        layer < 0 ? std::string(name) : absl::StrCat("layers.", layer, ".", name);
     KV_RETURN_IF_ERROR(CheckFinite(t.data, t.numel(), full, f_.path()));
     return t;
   }

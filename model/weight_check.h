@@ -22,7 +22,6 @@ int64_t FirstNonFinite(const float* x, int64_t n);
 
 // OK, or DataLoss "<path>: tensor '<name>' holds NaN at element i (of n); the
 // checkpoint is corrupt".
-absl::Status CheckFinite(const float* x, int64_t n, std::string_view tensor,
-                         std::string_view path);
+absl::Status CheckFinite(const float* x, int64_t n, std::string_view tensor, std::string_view path);
 
 }  // namespace kvserve

@@ -32,19 +32,18 @@ RequestLimits ResolveRequestLimits(RequestLimits configured, int32_t max_model_l
 
 absl::Status CheckPromptBytes(size_t bytes, const RequestLimits& limits, std::string_view field) {
   if (limits.max_prompt_bytes > 0 && static_cast<int64_t>(bytes) > limits.max_prompt_bytes) {
-    return FieldError(field, absl::StrCat(std::string(field), " has ", bytes, " bytes, at most ",
-                                          limits.max_prompt_bytes,
-                                          " are allowed (limits.max_prompt_bytes)"));
+    return FieldError(
+        field, absl::StrCat(std::string(field), " has ", bytes, " bytes, at most ",
+                            limits.max_prompt_bytes, " are allowed (limits.max_prompt_bytes)"));
   }
   return absl::OkStatus();
 }
 
-absl::Status CheckPromptTokens(size_t tokens, const RequestLimits& limits,
-                               std::string_view field) {
+absl::Status CheckPromptTokens(size_t tokens, const RequestLimits& limits, std::string_view field) {
   if (limits.max_prompt_tokens > 0 && static_cast<int64_t>(tokens) > limits.max_prompt_tokens) {
-    return FieldError(field, absl::StrCat(std::string(field), " has ", tokens, " tokens, at most ",
-                                          limits.max_prompt_tokens,
-                                          " are allowed (limits.max_prompt_tokens)"));
+    return FieldError(
+        field, absl::StrCat(std::string(field), " has ", tokens, " tokens, at most ",
+                            limits.max_prompt_tokens, " are allowed (limits.max_prompt_tokens)"));
   }
   return absl::OkStatus();
 }

@@ -356,8 +356,7 @@ const std::vector<Field>& Fields() {
                                      ParseBytes("limits.max_prompt_bytes", text));
                  return absl::OkStatus();
                }},
-              Int("limits.max_prompt_tokens", 0, kMaxInt32,
-                  "an integer >= 0 (0: max_model_len)",
+              Int("limits.max_prompt_tokens", 0, kMaxInt32, "an integer >= 0 (0: max_model_len)",
                   [](ServeConfig& c, int64_t v) { c.limits.max_prompt_tokens = v; }),
               Int("limits.max_generated_tokens", 0, std::numeric_limits<int64_t>::max(),
                   "an integer >= 0 (0: 64 x max_model_len)",
@@ -382,9 +381,8 @@ const std::vector<Field>& Fields() {
                   }),
               Int("limits.max_concurrent_per_client", 0, kMaxInt32,
                   "an integer >= 0 (0: unlimited)",
-                  [](ServeConfig& c, int64_t v) {
-                    c.limits.max_concurrent_per_client = static_cast<int32_t>(v);
-                  }),
+                  [](ServeConfig& c,
+                     int64_t v) { c.limits.max_concurrent_per_client = static_cast<int32_t>(v); }),
               Int("limits.max_unsent_outputs", 1, kMaxInt32, "a positive integer",
                   [](ServeConfig& c, int64_t v) {
                     c.limits.max_unsent_outputs = static_cast<int32_t>(v);
@@ -413,8 +411,9 @@ absl::Status UnknownKey(const std::string& key) {
   }
   if (known.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(key, ": unknown key (sections: model, cache, scheduler, server, limits, "
-                          "logging)"));
+        absl::StrCat(key,
+                     ": unknown key (sections: model, cache, scheduler, server, limits, "
+                     "logging)"));
   }
   return absl::InvalidArgumentError(
       absl::StrCat(key, ": unknown key (", section, " has: ", absl::StrJoin(known, ", "), ")"));
@@ -615,9 +614,9 @@ absl::StatusOr<ServeConfig> LoadServeConfig(const std::string& path,
   std::error_code ec;
   const uintmax_t size = fs::file_size(path, ec);
   if (!ec && size > static_cast<uintmax_t>(kMaxConfigFileBytes)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, ": the config file has ", size, " bytes, more than the ",
-                     kMaxConfigFileBytes, " (1 MiB) a config may have"));
+    return absl::InvalidArgumentError(absl::StrCat(path, ": the config file has ", size,
+                                                   " bytes, more than the ", kMaxConfigFileBytes,
+                                                   " (1 MiB) a config may have"));
   }
   std::string text;
   text.resize(kMaxConfigFileBytes + 1);

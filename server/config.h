@@ -82,7 +82,7 @@ struct ServeConfig {
   // (server/client_limiter.h). 0 for a derived limit means "from the served
   // model" as noted.
   struct Limits {
-    int64_t max_prompt_bytes = 0;      // text prompt bytes before tokenizing; 0: 32 x max_prompt_tokens
+    int64_t max_prompt_bytes = 0;  // text prompt bytes before tokenizing; 0: 32 x max_prompt_tokens
     int64_t max_prompt_tokens = 0;     // 0: max_model_len
     int64_t max_generated_tokens = 0;  // n x max_tokens; 0: 64 x max_model_len
     int32_t max_n = kDefaultRequestLimits.max_samples;

@@ -1,9 +1,9 @@
 #include "server/grpc_service.h"
 
+#include <grpc/support/log.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
-#include <grpc/support/log.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 
 #include <algorithm>
@@ -64,7 +64,8 @@ bool BearerMatches(std::string_view authorization, std::string_view key) {
 std::string_view Metadata(const grpc::CallbackServerContext& ctx, const char* key) {
   const auto& md = ctx.client_metadata();
   auto it = md.find(key);
-  return it == md.end() ? std::string_view() : std::string_view(it->second.data(), it->second.size());
+  return it == md.end() ? std::string_view()
+                        : std::string_view(it->second.data(), it->second.size());
 }
 
 // Refuses calls the daemon cannot take: no model yet, draining, wrong key.
@@ -113,15 +114,15 @@ absl::Status ParseRequest(const grpc::ByteBuffer& raw, Message* msg) {
     if (close != std::string::npos) {
       const std::string full = why.substr(open + 1, close - open - 1);
       const std::string field = RequestFieldName(full);
-      return FieldError(field, absl::StrCat(type, ".", field,
-                                            " is not valid UTF-8 (string fields must be)"));
+      return FieldError(
+          field, absl::StrCat(type, ".", field, " is not valid UTF-8 (string fields must be)"));
     }
     return absl::InvalidArgumentError(
         absl::StrCat("the ", type, " message has a string field that is not valid UTF-8"));
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "the ", type, " message cannot be parsed (", raw.Length(),
-      " bytes, truncated or not a protobuf message)"));
+  return absl::InvalidArgumentError(absl::StrCat("the ", type, " message cannot be parsed (",
+                                                 raw.Length(),
+                                                 " bytes, truncated or not a protobuf message)"));
 }
 
 template <typename Message>
@@ -344,8 +345,7 @@ struct CallEnv {
 // Pump, bounded by options.max_unsent_outputs.
 class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  GenerateReactor(const CallEnv& env, grpc::CallbackServerContext* ctx,
-                  const grpc::ByteBuffer* raw)
+  GenerateReactor(const CallEnv& env, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw)
       : env_(env), ctx_(ctx), link_(std::make_shared<ReactorLink>()) {
     link_->reactor = this;
     env_.gate->Track(link_);
@@ -540,8 +540,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
         overflow = true;
         status = grpc::Status(
             grpc::StatusCode::RESOURCE_EXHAUSTED,
-            absl::StrCat("the client read too slowly: more than ",
-                         env_.options->max_unsent_outputs,
+            absl::StrCat("the client read too slowly: more than ", env_.options->max_unsent_outputs,
                          " outputs waited to be sent (limits.max_unsent_outputs); the request "
                          "was cancelled"));
       } else if (!writing_ && !unsent_.empty()) {
@@ -624,8 +623,8 @@ bool EngineGate::Close(absl::Time deadline) {
   return WaitIdle(absl::Now() + absl::Seconds(5));
 }
 
-using RawGenerationService = v1::Generation::WithRawCallbackMethod_Generate<
-    v1::Generation::WithRawCallbackMethod_Tokenize<
+using RawGenerationService =
+    v1::Generation::WithRawCallbackMethod_Generate<v1::Generation::WithRawCallbackMethod_Tokenize<
         v1::Generation::WithRawCallbackMethod_GetModelInfo<
             v1::Generation::WithRawCallbackMethod_GetStats<v1::Generation::Service>>>>;
 
@@ -651,8 +650,7 @@ class GrpcService::Impl final : public RawGenerationService {
     return new GenerateReactor(env_, ctx, request);
   }
 
-  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx,
-                                     const grpc::ByteBuffer* raw,
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
                                      grpc::ByteBuffer* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     EngineGate::Lease lease;
@@ -686,8 +684,7 @@ class GrpcService::Impl final : public RawGenerationService {
     workers_.Run([state, ctx, reactor, request, response, limits, held, leased] {
       const Tokenizer& tok = state->engine()->tokenizer();
       absl::StatusOr<std::vector<int32_t>> ids = TokenizeWithinBudget(
-          tok, request->text(), request->has_add_bos() ? request->add_bos() : true, limits,
-          "text");
+          tok, request->text(), request->has_add_bos() ? request->add_bos() : true, limits, "text");
       grpc::Status result;
       if (!ids.ok()) {
         result = ToGrpc(ids.status(), ctx);
@@ -743,8 +740,7 @@ class GrpcService::Impl final : public RawGenerationService {
     return reactor;
   }
 
-  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx,
-                                     const grpc::ByteBuffer* raw,
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
                                      grpc::ByteBuffer* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
     EngineGate::Lease lease;

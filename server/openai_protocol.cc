@@ -293,8 +293,7 @@ std::optional<ApiError> ChatTemplateInputs(const json& body, const std::string& 
 // code.
 std::optional<ApiError> EncodeWithinBudget(const std::string& text, bool add_bos,
                                            const RequestLimits& limits, const std::string& param,
-                                           const Tokenizer& tokenizer,
-                                           std::vector<int32_t>* ids) {
+                                           const Tokenizer& tokenizer, std::vector<int32_t>* ids) {
   if (absl::Status s = CheckPromptBytes(text.size(), limits, param); !s.ok()) {
     return ApiErrorFromStatus(s, param);
   }

@@ -13,8 +13,8 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <limits>
 #include <future>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -175,9 +175,8 @@ TEST_CASE("Daemon: 100,000 stop strings and a 5 MB prompt are refused before any
   for (auto& t : flooders) t.join();
   REQUIRE(wrong.load() == 0);
   INFO("idle median " << Median(idle) << " s, under 5 MB prompts " << Median(loaded)
-                      << " s, slowest refusal " << *std::max_element(refusal_s.begin(),
-                                                                     refusal_s.end())
-                      << " s");
+                      << " s, slowest refusal "
+                      << *std::max_element(refusal_s.begin(), refusal_s.end()) << " s");
   // Before: the prompts were tokenized in full (11-18 s each) and the small
   // request took 40 s. Now each is refused after reading it.
   REQUIRE(Median(loaded) < 20 * Median(idle) + 0.5);
@@ -222,8 +221,11 @@ TEST_CASE("Daemon: malformed gRPC messages are INVALID_ARGUMENT, logged through 
   Client c(d);
   grpc::Status st = c.Raw("/kvserve.v1.Generation/Generate", std::string("\x12\x02\xff\xfe", 4));
   REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-  REQUIRE(st.error_message() == "GenerateRequest.prompt is not valid UTF-8 (string fields must be)");
-  st = c.Raw("/kvserve.v1.Generation/Generate", std::string("\x12\x05" "a", 3));
+  REQUIRE(st.error_message() ==
+          "GenerateRequest.prompt is not valid UTF-8 (string fields must be)");
+  st = c.Raw("/kvserve.v1.Generation/Generate", std::string("\x12\x05"
+                                                            "a",
+                                                            3));
   REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   REQUIRE(st.error_message() ==
           "the GenerateRequest message cannot be parsed (3 bytes, truncated or not a protobuf "
@@ -255,8 +257,8 @@ TEST_CASE("Daemon: a checkpoint with a NaN weight does not start, naming the ten
       "timeout 60 " + testing::ShellQuote(testing::KvserveBinary()) + " serve --config " +
       testing::ShellQuote(std::string(KVSERVE_SOURCE_DIR) + "/configs/default.yaml") +
       " --set server.http_port=0 --set server.grpc_port=0 --set model.path=" +
-      testing::ShellQuote(model) + " --set model.tokenizer=" +
-      testing::ShellQuote(testing::Stories260kTokenizer());
+      testing::ShellQuote(model) +
+      " --set model.tokenizer=" + testing::ShellQuote(testing::Stories260kTokenizer());
   std::string out;
   REQUIRE(testing::RunCommand(cmd, &out) == 1);
   INFO(out);

@@ -58,8 +58,7 @@ void PokeFloat(const std::string& path, int64_t float_index, float value) {
   REQUIRE(f.good());
 }
 
-TEST_CASE("A llama2.c checkpoint with a NaN or infinity is refused, naming the tensor",
-          "[model]") {
+TEST_CASE("A llama2.c checkpoint with a NaN or infinity is refused, naming the tensor", "[model]") {
   const std::string dir = testing::MakeTempDir("nan_llama2c");
   const std::string path = CopyStories(dir);
   REQUIRE(LoadLlama2cCheckpoint(path).ok());
@@ -69,13 +68,15 @@ TEST_CASE("A llama2.c checkpoint with a NaN or infinity is refused, naming the t
   PokeFloat(path, wq_layer2 + 5, kNaN);
   absl::StatusOr<LlamaWeights> w = LoadLlama2cCheckpoint(path);
   REQUIRE(w.status().code() == absl::StatusCode::kDataLoss);
-  REQUIRE(w.status().message() == path + ": tensor 'layers.2.wq' holds NaN at element 5 (of "
-                                         "4096); the checkpoint is corrupt");
+  REQUIRE(w.status().message() == path +
+                                      ": tensor 'layers.2.wq' holds NaN at element 5 (of "
+                                      "4096); the checkpoint is corrupt");
   PokeFloat(path, wq_layer2 + 5, 0.5f);
   PokeFloat(path, 100, -kInf);
   w = LoadLlama2cCheckpoint(path);
-  REQUIRE(w.status().message() == path + ": tensor 'token_embedding_table' holds -Inf at element "
-                                         "100 (of 32768); the checkpoint is corrupt");
+  REQUIRE(w.status().message() == path +
+                                      ": tensor 'token_embedding_table' holds -Inf at element "
+                                      "100 (of 32768); the checkpoint is corrupt");
 }
 
 TEST_CASE("An HF safetensors model with a NaN is refused, naming the tensor", "[model]") {
@@ -95,8 +96,9 @@ TEST_CASE("An HF safetensors model with a NaN is refused, naming the tensor", "[
     INFO(static_cast<int>(dtype));
     REQUIRE(w.status().code() == absl::StatusCode::kDataLoss);
     REQUIRE(w.status().message() ==
-            dir + "/model.safetensors: tensor 'model.layers.1.mlp.down_proj.weight' holds NaN at "
-                  "element 17 (of 11008); the checkpoint is corrupt");
+            dir +
+                "/model.safetensors: tensor 'model.layers.1.mlp.down_proj.weight' holds NaN at "
+                "element 17 (of 11008); the checkpoint is corrupt");
   }
 }
 

@@ -414,8 +414,7 @@ TEST_CASE("The limits section sets the request cost budget", "[server]") {
   REQUIRE(c->ToEngineConfig().request_limits.max_stop_strings == 2);
   REQUIRE(Error(ParseServeConfig("model:\n  path: dummy:tiny\nlimits:\n  max_n: 0\n", "/cfg")) ==
           "limits.max_n: expected an integer in [1, 4096], got '0'");
-  REQUIRE(Error(ParseServeConfig("model:\n  path: dummy:tiny\nlimits:\n  max_prompt: 1\n",
-                                 "/cfg"))
+  REQUIRE(Error(ParseServeConfig("model:\n  path: dummy:tiny\nlimits:\n  max_prompt: 1\n", "/cfg"))
               .starts_with("limits.max_prompt: unknown key (limits has: max_prompt_bytes, "));
 }
 

@@ -245,12 +245,11 @@ grpc::Status RawCall(GrpcFixture& f, const std::string& method, const std::strin
   absl::Mutex mu;
   bool done = false;
   grpc::Status status;
-  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
-                 [&](grpc::Status s) {
-                   absl::MutexLock lock(&mu);
-                   status = std::move(s);
-                   done = true;
-                 });
+  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+    absl::MutexLock lock(&mu);
+    status = std::move(s);
+    done = true;
+  });
   absl::MutexLock lock(&mu);
   mu.Await(absl::Condition(&done));
   if (field != nullptr) {
@@ -265,23 +264,28 @@ TEST_CASE("gRPC malformed messages are INVALID_ARGUMENT saying why", "[server]")
   GrpcFixture f;
   std::string field;
   // GenerateRequest.prompt (field 2, length-delimited) holding 0xff 0xfe.
-  grpc::Status st = RawCall(f, "/kvserve.v1.Generation/Generate",
-                            std::string("\x12\x02\xff\xfe", 4), &field);
+  grpc::Status st =
+      RawCall(f, "/kvserve.v1.Generation/Generate", std::string("\x12\x02\xff\xfe", 4), &field);
   REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-  REQUIRE(st.error_message() == "GenerateRequest.prompt is not valid UTF-8 (string fields must be)");
+  REQUIRE(st.error_message() ==
+          "GenerateRequest.prompt is not valid UTF-8 (string fields must be)");
   REQUIRE(field == "prompt");
   // A stop string (field 8) and the kv_policy's policy (field 15 -> 1).
   st = RawCall(f, "/kvserve.v1.Generation/Generate", std::string("\x42\x01\xc3", 3), &field);
   REQUIRE(st.error_message() == "GenerateRequest.stop is not valid UTF-8 (string fields must be)");
   REQUIRE(field == "stop");
-  st = RawCall(f, "/kvserve.v1.Generation/Generate", std::string("\x7a\x03\x0a\x01\x80", 5),
-               &field);
+  st =
+      RawCall(f, "/kvserve.v1.Generation/Generate", std::string("\x7a\x03\x0a\x01\x80", 5), &field);
   REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   REQUIRE(st.error_message() ==
           "GenerateRequest.kv_policy.policy is not valid UTF-8 (string fields must be)");
   REQUIRE(field == "kv_policy.policy");
   // Truncated: a 5-byte prompt with one byte sent.
-  st = RawCall(f, "/kvserve.v1.Generation/Generate", std::string("\x12\x05" "a", 3), &field);
+  st = RawCall(f, "/kvserve.v1.Generation/Generate",
+               std::string("\x12\x05"
+                           "a",
+                           3),
+               &field);
   REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
   REQUIRE(st.error_message() ==
           "the GenerateRequest message cannot be parsed (3 bytes, truncated or not a protobuf "
@@ -301,8 +305,7 @@ TEST_CASE("gRPC malformed messages are INVALID_ARGUMENT saying why", "[server]")
   REQUIRE(st.ok());
 }
 
-TEST_CASE("gRPC holds every request to the cost budget before the engine sees it",
-          "[server]") {
+TEST_CASE("gRPC holds every request to the cost budget before the engine sees it", "[server]") {
   GrpcService::Options options;
   options.limits.max_prompt_tokens = 8;  // fake max_model_len: 256
   options.limits.max_prompt_bytes = 64;
@@ -357,11 +360,13 @@ TEST_CASE("gRPC holds every request to the cost budget before the engine sees it
   v1::TokenizeResponse tresp;
   grpc::Status st = f.stub->Tokenize(&ctx, tr, &tresp);
   REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-  REQUIRE(st.error_message() == "text has 65 bytes, at most 64 are allowed (limits.max_prompt_bytes)");
+  REQUIRE(st.error_message() ==
+          "text has 65 bytes, at most 64 are allowed (limits.max_prompt_bytes)");
   grpc::ClientContext ctx2;
   tr.set_text("abcdefgh");
   st = f.stub->Tokenize(&ctx2, tr, &tresp);
-  REQUIRE(st.error_message() == "text has 9 tokens, at most 8 are allowed (limits.max_prompt_tokens)");
+  REQUIRE(st.error_message() ==
+          "text has 9 tokens, at most 8 are allowed (limits.max_prompt_tokens)");
   // Within the budget all is well.
   v1::GenerateRequest ok;
   ok.set_prompt("abcdefg");
@@ -394,8 +399,7 @@ TEST_CASE("gRPC limits concurrent calls per client", "[server]") {
   grpc::ClientContext tctx;
   v1::TokenizeRequest tr;
   v1::TokenizeResponse tresp;
-  REQUIRE(f.stub->Tokenize(&tctx, tr, &tresp).error_code() ==
-          grpc::StatusCode::RESOURCE_EXHAUSTED);
+  REQUIRE(f.stub->Tokenize(&tctx, tr, &tresp).error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
   ctx.TryCancel();
   while (reader->Read(&r)) {
   }
@@ -462,8 +466,7 @@ TEST_CASE("gRPC accepts the bearer scheme in any case", "[server]") {
     v1::GetStatsRequest req;
     v1::Stats out;
     INFO(auth);
-    REQUIRE(f.stub->GetStats(&ctx, req, &out).error_code() ==
-            grpc::StatusCode::UNAUTHENTICATED);
+    REQUIRE(f.stub->GetStats(&ctx, req, &out).error_code() == grpc::StatusCode::UNAUTHENTICATED);
   }
 }
 

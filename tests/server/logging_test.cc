@@ -1,8 +1,8 @@
 #include "server/logging.h"
 
-#include <catch2/catch.hpp>
 #include <spdlog/sinks/ostream_sink.h>
 
+#include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -36,8 +36,7 @@ TEST_CASE("Logging configuration refuses unknown levels and formats", "[server]"
   REQUIRE(ConfigureLogging("warn", "text").ok());
 }
 
-TEST_CASE("libprotobuf's lines go through spdlog, or to a capture while one is open",
-          "[server]") {
+TEST_CASE("libprotobuf's lines go through spdlog, or to a capture while one is open", "[server]") {
   std::ostringstream lines;
   auto previous = spdlog::default_logger();
   auto logger = std::make_shared<spdlog::logger>(

@@ -580,19 +580,28 @@ TEST_CASE("The cost budget refuses before tokenizing, naming the field", "[serve
   json many_stops = json::array();
   for (int i = 0; i < 100000; ++i) many_stops.push_back("s");
   const std::vector<Case> cases = {
-      {ApiKind::kCompletion, {{"prompt", big}}, "prompt",
+      {ApiKind::kCompletion,
+       {{"prompt", big}},
+       "prompt",
        "prompt has 3000 bytes, at most 2048 are allowed (limits.max_prompt_bytes)"},
       {ApiKind::kChat,
-       {{"messages", {{{"role", "user"}, {"content", big.substr(0, 1500)}},
-                      {{"role", "user"}, {"content", big.substr(0, 1500)}}}}},
-       "messages", "messages has 3000 bytes, at most 2048 are allowed (limits.max_prompt_bytes)"},
-      {ApiKind::kCompletion, {{"prompt", big}, {"stop", many_stops}}, "stop",
+       {{"messages",
+         {{{"role", "user"}, {"content", big.substr(0, 1500)}},
+          {{"role", "user"}, {"content", big.substr(0, 1500)}}}}},
+       "messages",
+       "messages has 3000 bytes, at most 2048 are allowed (limits.max_prompt_bytes)"},
+      {ApiKind::kCompletion,
+       {{"prompt", big}, {"stop", many_stops}},
+       "stop",
        "stop has 100000 strings, at most 16 are allowed"},
       {ApiKind::kCompletion,
-       {{"prompt", "a"}, {"n", 64}, {"max_tokens", 100}, {"kv_policy", "streaming"}}, "max_tokens",
+       {{"prompt", "a"}, {"n", 64}, {"max_tokens", 100}, {"kv_policy", "streaming"}},
+       "max_tokens",
        "n x max_tokens = 64 x 100 = 6400 tokens, at most 4096 are allowed "
        "(limits.max_generated_tokens)"},
-      {ApiKind::kCompletion, {{"prompt", "a"}, {"logprobs", 21}}, "logprobs",
+      {ApiKind::kCompletion,
+       {{"prompt", "a"}, {"logprobs", 21}},
+       "logprobs",
        "logprobs must be -1 (off) or in [0, 20], got 21"},
   };
   for (const Case& c : cases) {
