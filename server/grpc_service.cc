@@ -633,11 +633,13 @@ using RawGenerationService =
 class GrpcService::Impl final : public RawGenerationService {
  public:
   Impl(ServingState* state, const Options* options)
-      : limiter_(options->max_concurrent_per_client),
+      : limiter_(options->limiter != nullptr
+                     ? options->limiter
+                     : std::make_shared<ClientLimiter>(options->max_concurrent_per_client)),
         workers_(std::max(1, options->prompt_threads)) {
     env_.state = state;
     env_.options = options;
-    env_.limiter = &limiter_;
+    env_.limiter = limiter_.get();
     env_.workers = &workers_;
     env_.gate = &gate_;
   }
@@ -671,7 +673,7 @@ class GrpcService::Impl final : public RawGenerationService {
     }
     absl::StatusOr<ClientLimiter::Token> slot;
     if (st.ok()) {
-      slot = limiter_.Acquire(env_.ClientOf(*ctx));
+      slot = limiter_->Acquire(env_.ClientOf(*ctx));
       if (!slot.ok()) st = ToGrpc(slot.status(), ctx);
     }
     if (!st.ok()) {
@@ -784,7 +786,7 @@ class GrpcService::Impl final : public RawGenerationService {
   }
 
  private:
-  ClientLimiter limiter_;
+  const std::shared_ptr<ClientLimiter> limiter_;
   PromptWorkers workers_;
   EngineGate gate_;
   CallEnv env_;

@@ -48,6 +48,7 @@ class Server;
 
 namespace kvserve {
 
+class ClientLimiter;
 class ReflectionV1Service;
 struct ServeConfig;
 
@@ -58,8 +59,12 @@ class GrpcService {
     // the served model's max_model_len).
     RequestLimits limits = kDefaultRequestLimits;
     int32_t max_concurrent_per_client = 0;  // 0: unlimited
-    int32_t max_unsent_outputs = 4096;      // per Generate stream
-    int32_t prompt_threads = 2;             // PromptWorkers
+    // The limiter to count calls in; set one shared with the HTTP front end
+    // so a client's calls over both count together. Null: a limiter of
+    // max_concurrent_per_client of its own.
+    std::shared_ptr<ClientLimiter> limiter;
+    int32_t max_unsent_outputs = 4096;  // per Generate stream
+    int32_t prompt_threads = 2;         // PromptWorkers
     // PEM files; both set: TLS (grpc::SslServerCredentials), else plaintext.
     std::string tls_cert_file;
     std::string tls_key_file;

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include "proto/kvserve.grpc.pb.h"
+#include "server/client_limiter.h"
 #include "spdlog/spdlog.h"
 #include "tests/grpc_health.h"
 #include "tests/server/fake_engine.h"
@@ -552,6 +553,24 @@ TEST_CASE("gRPC after StopServing: every call UNAVAILABLE on a port still open",
   REQUIRE(f.Health("") == 2);
   // With no call open it returns at once.
   REQUIRE(f.service.StopServing(absl::Now() + absl::Seconds(10)));
+}
+
+TEST_CASE("gRPC counts calls in a limiter it may share with HTTP", "[server]") {
+  GrpcService::Options options;
+  options.limiter = std::make_shared<ClientLimiter>(1);
+  auto limiter = options.limiter;
+  GrpcFixture f(true, "", options);
+  // An HTTP call of this host holds its one slot.
+  absl::StatusOr<ClientLimiter::Token> http_call = limiter->Acquire("ipv4:127.0.0.1");
+  REQUIRE(http_call.ok());
+  v1::GenerateRequest req;
+  req.set_max_tokens(2);
+  grpc::Status st;
+  Generate(f, req, &st);
+  REQUIRE(st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  http_call->Release();
+  Generate(f, req, &st);
+  REQUIRE(st.ok());
 }
 
 }  // namespace
