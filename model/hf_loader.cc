@@ -17,6 +17,7 @@
 #include "model/json_file.h"
 #include "model/safetensors.h"
 #include "util/status_macros.h"
+#include "model/weight_check.h"
 
 namespace kvserve {
 namespace fs = std::filesystem;
@@ -170,6 +171,7 @@ class TensorSource {
     }
     std::vector<float> converted;
     KV_ASSIGN_OR_RETURN(Tensor t, file->ReadFp32(name, &converted));
+    KV_RETURN_IF_ERROR(CheckFinite(t.data, t.numel(), name, file->path()));
     if (!converted.empty()) storage_->converted.push_back(std::move(converted));
     return t;
   }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "model/mapped_file.h"
 #include "util/status_macros.h"
+#include "model/weight_check.h"
 
 namespace kvserve {
 namespace {
@@ -29,7 +30,8 @@ class TensorCursor {
  public:
   TensorCursor(const MappedFile& f, size_t offset) : f_(f), offset_(offset) {}
 
-  absl::StatusOr<Tensor> Next(const char* name, std::vector<int64_t> shape) {
+  // `layer` >= 0 names a per-layer slice ("layers.3.wq").
+  absl::StatusOr<Tensor> Next(const char* name, std::vector<int64_t> shape, int64_t layer = -1) {
     Tensor t;
     t.shape = std::move(shape);
     // In 128 bits: a header's int32 sizes can make numel x 4 overflow 64.
@@ -42,6 +44,9 @@ class TensorCursor {
     }
     t.data = reinterpret_cast<const float*>(f_.data() + offset_);
     offset_ += static_cast<size_t>(bytes);
+    const std::string full =
+        layer < 0 ? std::string(name) : absl::StrCat("layers.", layer, ".", name);
+    KV_RETURN_IF_ERROR(CheckFinite(t.data, t.numel(), full, f_.path()));
     return t;
   }
   void Skip(size_t bytes) { offset_ += bytes; }
@@ -133,7 +138,7 @@ absl::StatusOr<LlamaWeights> LoadLlama2cCheckpoint(std::shared_ptr<MappedFile> f
                        Tensor LayerWeights::*member) -> absl::Status {
     for (int64_t l = 0; l < L; ++l) {
       if (static_cast<int64_t>(w.layers.size()) == l) w.layers.emplace_back();
-      KV_ASSIGN_OR_RETURN(w.layers[l].*member, cur.Next(name, shape));
+      KV_ASSIGN_OR_RETURN(w.layers[l].*member, cur.Next(name, shape, l));
     }
     return absl::OkStatus();
   };

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "cache/eviction_policy.h"
 #include "scheduler/request.h"
+#include "scheduler/request_validation.h"
 #include "util/clock.h"
 
 namespace kvserve {
@@ -29,6 +30,9 @@ struct EngineConfig {
   // cache.sink_tokens, cache.recent_tokens, cache.eviction_history);
   // requests override them with GenerateRequest::kv_policy.
   EvictionParams eviction;
+  // The request cost budget (the config's limits section); Submit resolves
+  // its derived limits against max_model_len and holds n to max_num_seqs.
+  RequestLimits request_limits = kDefaultRequestLimits;
   // cache.evictor_model: the predictor file policy learned ranks with.
   std::string evictor_model;
   // Runs KvCacheManager::CheckInvariants after every step and aborts on a

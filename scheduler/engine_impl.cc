@@ -216,7 +216,7 @@ absl::Status EngineImpl::ResolveEviction(const KvPolicyOverride& o, RequestState
 
 absl::Status EngineImpl::Validate(GenerateRequest& r, RequestState* req) const {
   std::vector<int32_t>* prompt_ids = &req->prompt_ids;
-  RequestLimits limits = kDefaultRequestLimits;
+  RequestLimits limits = ResolveRequestLimits(config_.request_limits, max_model_len_);
   limits.max_samples = std::min(limits.max_samples, config_.max_num_seqs);
   limits.vocab_size = vocab_size_;
   KV_RETURN_IF_ERROR(ValidateRequestParams(r, limits));

@@ -20,6 +20,42 @@ absl::Status CheckIds(const std::vector<int32_t>& ids, const char* field, int32_
 
 }  // namespace
 
+RequestLimits ResolveRequestLimits(RequestLimits configured, int32_t max_model_len) {
+  RequestLimits l = configured;
+  if (l.max_prompt_tokens == 0) l.max_prompt_tokens = max_model_len;
+  if (l.max_prompt_bytes == 0) l.max_prompt_bytes = kPromptBytesPerToken * l.max_prompt_tokens;
+  if (l.max_generated_tokens == 0) {
+    l.max_generated_tokens = kGeneratedTokensPerModelLen * int64_t{max_model_len};
+  }
+  return l;
+}
+
+absl::Status CheckPromptBytes(size_t bytes, const RequestLimits& limits, std::string_view field) {
+  if (limits.max_prompt_bytes > 0 && static_cast<int64_t>(bytes) > limits.max_prompt_bytes) {
+    return FieldError(
+        field, absl::StrCat(std::string(field), " has ", bytes, " bytes, at most ",
+                            limits.max_prompt_bytes, " are allowed (limits.max_prompt_bytes)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPromptTokens(size_t tokens, const RequestLimits& limits, std::string_view field) {
+  if (limits.max_prompt_tokens > 0 && static_cast<int64_t>(tokens) > limits.max_prompt_tokens) {
+    return FieldError(
+        field, absl::StrCat(std::string(field), " has ", tokens, " tokens, at most ",
+                            limits.max_prompt_tokens, " are allowed (limits.max_prompt_tokens)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckStopCount(size_t count, const RequestLimits& limits) {
+  if (static_cast<int64_t>(count) > limits.max_stop_strings) {
+    return FieldError("stop", absl::StrCat("stop has ", count, " strings, at most ",
+                                           limits.max_stop_strings, " are allowed"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateRequestParams(const GenerateRequest& r, const RequestLimits& limits) {
   KV_RETURN_IF_ERROR(r.sampling.Validate());
   if (r.max_tokens < 1) {
@@ -32,10 +68,14 @@ absl::Status ValidateRequestParams(const GenerateRequest& r, const RequestLimits
     return FieldError("logprobs", absl::StrCat("logprobs must be -1 (off) or in [0, ",
                                                limits.max_logprobs, "], got ", r.logprobs));
   }
-  if (static_cast<int64_t>(r.stop.size()) > limits.max_stop_strings) {
-    return FieldError("stop", absl::StrCat("stop has ", r.stop.size(), " strings, at most ",
-                                           limits.max_stop_strings, " are allowed"));
+  if (limits.max_generated_tokens > 0 &&
+      int64_t{r.n} * r.max_tokens > limits.max_generated_tokens) {
+    return FieldError("max_tokens", absl::StrCat("n x max_tokens = ", r.n, " x ", r.max_tokens,
+                                                 " = ", int64_t{r.n} * r.max_tokens,
+                                                 " tokens, at most ", limits.max_generated_tokens,
+                                                 " are allowed (limits.max_generated_tokens)"));
   }
+  KV_RETURN_IF_ERROR(CheckStopCount(r.stop.size(), limits));
   for (size_t i = 0; i < r.stop.size(); ++i) {
     if (r.stop[i].empty()) return FieldError("stop", absl::StrCat("stop[", i, "] must not be empty"));
     if (static_cast<int64_t>(r.stop[i].size()) > limits.max_stop_string_bytes) {
@@ -50,6 +90,11 @@ absl::Status ValidateRequestParams(const GenerateRequest& r, const RequestLimits
                                    limits.max_stop_token_ids, " are allowed"));
   }
   KV_RETURN_IF_ERROR(CheckIds(r.stop_token_ids, "stop_token_ids", limits.vocab_size));
+  if (r.prompt_token_ids.empty()) {
+    KV_RETURN_IF_ERROR(CheckPromptBytes(r.prompt.size(), limits));
+  } else {
+    KV_RETURN_IF_ERROR(CheckPromptTokens(r.prompt_token_ids.size(), limits, "prompt_token_ids"));
+  }
   KV_RETURN_IF_ERROR(CheckIds(r.prompt_token_ids, "prompt_token_ids", limits.vocab_size));
   return absl::OkStatus();
 }

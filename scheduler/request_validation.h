@@ -1,14 +1,26 @@
 // The one validator of GenerateRequest parameters, with the one set of
-// request limits. Front ends call ValidateRequestParams right after parsing
-// (so a bad request is refused before any work), and the engine calls it
-// again at Submit with its own tighter limits (n <= scheduler.max_num_seqs)
-// before the checks that need the tokenizer and the pool. Every error is a
-// FieldError (model/field_status.h) naming the request field.
+// request limits: the cost budget of a request. Front ends call
+// ValidateRequestParams right after parsing (so a bad request is refused
+// before any work), and the engine calls it again at Submit with its own
+// tighter limits (n <= scheduler.max_num_seqs) before the checks that need
+// the tokenizer and the pool. Every error is a FieldError
+// (model/field_status.h) naming the request field.
+//
+// The budget, cheapest check first: a text prompt's bytes are checked before
+// it is tokenized (CheckPromptBytes), its tokens right after
+// (CheckPromptTokens), so a 5 MB prompt costs a length comparison, not a
+// tokenization; stop strings are counted before they are copied
+// (CheckStopCount); n x max_tokens bounds the tokens one request may
+// generate. The limits come from the config's `limits` section
+// (server/config.h); ResolveRequestLimits fills the ones that default to the
+// served model's max_model_len.
 //
 // Thread-safety: pure functions.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "scheduler/request.h"
@@ -21,14 +33,45 @@ struct RequestLimits {
   int32_t max_stop_strings = 16;        // stop (OpenAI allows 4; vLLM any)
   int32_t max_stop_string_bytes = 256;  // each stop string
   int32_t max_stop_token_ids = 256;     // stop_token_ids
-  int32_t vocab_size = 0;               // token ids must be below it; 0: not checked
+  // A text prompt's bytes (UTF-8, as sent; chat: as rendered), checked
+  // before tokenizing. 0: not checked (ResolveRequestLimits: 32 bytes per
+  // allowed prompt token).
+  int64_t max_prompt_bytes = 0;
+  // Prompt tokens (text prompts once tokenized, token-id prompts as sent).
+  // 0: not checked (ResolveRequestLimits: max_model_len).
+  int64_t max_prompt_tokens = 0;
+  // n x max_tokens: the most tokens one request may ask to generate.
+  // 0: not checked (ResolveRequestLimits: 64 x max_model_len).
+  int64_t max_generated_tokens = 0;
+  int32_t vocab_size = 0;  // token ids must be below it; 0: not checked
 };
 
 // The limits every front end applies (the engine may tighten max_samples).
 inline constexpr RequestLimits kDefaultRequestLimits{};
 
-// Checks sampling, max_tokens, n, logprobs, stop strings and ids, and the
-// range of prompt_token_ids. Prompt length and pool size are the engine's.
+// Bytes of prompt text per allowed prompt token when max_prompt_bytes is
+// derived: typical text is 3-5 bytes a token, so only prompts far past the
+// token limit are refused on bytes alone.
+inline constexpr int64_t kPromptBytesPerToken = 32;
+// Generated tokens per max_model_len when max_generated_tokens is derived.
+inline constexpr int64_t kGeneratedTokensPerModelLen = 64;
+
+// `configured` with its derived (0) limits filled from the served model's
+// max_model_len.
+RequestLimits ResolveRequestLimits(RequestLimits configured, int32_t max_model_len);
+
+// Checks sampling, max_tokens, n, n x max_tokens, logprobs, stop strings and
+// ids, the prompt's bytes (text) or tokens (ids), and the range of
+// prompt_token_ids. Prompt length against max_model_len and the pool are the
+// engine's.
 absl::Status ValidateRequestParams(const GenerateRequest& r, const RequestLimits& limits);
+
+// The single checks, for front ends that meet the data before it is a
+// GenerateRequest. `field` is what the request calls the prompt.
+absl::Status CheckPromptBytes(size_t bytes, const RequestLimits& limits,
+                              std::string_view field = "prompt");
+absl::Status CheckPromptTokens(size_t tokens, const RequestLimits& limits,
+                               std::string_view field = "prompt");
+absl::Status CheckStopCount(size_t count, const RequestLimits& limits);
 
 }  // namespace kvserve

@@ -347,6 +347,44 @@ const std::vector<Field>& Fields() {
                     c.server.http_threads = static_cast<int32_t>(v);
                   }),
               Bool("server.reuse_port", [](ServeConfig& c, bool v) { c.server.reuse_port = v; }),
+              // limits (the request cost budget; see ServeConfig::Limits)
+              {"limits.max_prompt_bytes",
+               [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+                 KV_ASSIGN_OR_RETURN(c.limits.max_prompt_bytes,
+                                     ParseBytes("limits.max_prompt_bytes", text));
+                 return absl::OkStatus();
+               }},
+              Int("limits.max_prompt_tokens", 0, kMaxInt32, "an integer >= 0 (0: max_model_len)",
+                  [](ServeConfig& c, int64_t v) { c.limits.max_prompt_tokens = v; }),
+              Int("limits.max_generated_tokens", 0, std::numeric_limits<int64_t>::max(),
+                  "an integer >= 0 (0: 64 x max_model_len)",
+                  [](ServeConfig& c, int64_t v) { c.limits.max_generated_tokens = v; }),
+              Int("limits.max_n", 1, 4096, "an integer in [1, 4096]",
+                  [](ServeConfig& c, int64_t v) { c.limits.max_n = static_cast<int32_t>(v); }),
+              Int("limits.max_stop_strings", 0, 4096, "an integer in [0, 4096]",
+                  [](ServeConfig& c, int64_t v) {
+                    c.limits.max_stop_strings = static_cast<int32_t>(v);
+                  }),
+              Int("limits.max_stop_bytes", 1, 65536, "an integer in [1, 65536]",
+                  [](ServeConfig& c, int64_t v) {
+                    c.limits.max_stop_bytes = static_cast<int32_t>(v);
+                  }),
+              Int("limits.max_stop_token_ids", 0, 65536, "an integer in [0, 65536]",
+                  [](ServeConfig& c, int64_t v) {
+                    c.limits.max_stop_token_ids = static_cast<int32_t>(v);
+                  }),
+              Int("limits.max_logprobs", 0, 1024, "an integer in [0, 1024]",
+                  [](ServeConfig& c, int64_t v) {
+                    c.limits.max_logprobs = static_cast<int32_t>(v);
+                  }),
+              Int("limits.max_concurrent_per_client", 0, kMaxInt32,
+                  "an integer >= 0 (0: unlimited)",
+                  [](ServeConfig& c,
+                     int64_t v) { c.limits.max_concurrent_per_client = static_cast<int32_t>(v); }),
+              Int("limits.max_unsent_outputs", 1, kMaxInt32, "a positive integer",
+                  [](ServeConfig& c, int64_t v) {
+                    c.limits.max_unsent_outputs = static_cast<int32_t>(v);
+                  }),
               // logging
               Enum("logging.level", {"trace", "debug", "info", "warn", "error", "critical", "off"},
                    [](ServeConfig& c, std::string v) { c.logging.level = std::move(v); }),
@@ -371,7 +409,9 @@ absl::Status UnknownKey(const std::string& key) {
   }
   if (known.empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat(key, ": unknown key (sections: model, cache, scheduler, server, logging)"));
+        absl::StrCat(key,
+                     ": unknown key (sections: model, cache, scheduler, server, limits, "
+                     "logging)"));
   }
   return absl::InvalidArgumentError(
       absl::StrCat(key, ": unknown key (", section, " has: ", absl::StrJoin(known, ", "), ")"));
@@ -422,9 +462,9 @@ absl::Status ApplyYaml(ServeConfig& config, const YAML::Node& root, const std::s
   for (const auto& section : root) {
     std::string name = section.first.as<std::string>();
     if (name != "model" && name != "cache" && name != "scheduler" && name != "server" &&
-        name != "logging") {
+        name != "limits" && name != "logging") {
       return absl::InvalidArgumentError(absl::StrCat(
-          name, ": unknown section (sections: model, cache, scheduler, server, logging)"));
+          name, ": unknown section (sections: model, cache, scheduler, server, limits, logging)"));
     }
     if (section.second.IsNull()) continue;
     if (!section.second.IsMap()) return Bad(name, "a map", section.second.Scalar());
@@ -517,7 +557,21 @@ EngineConfig ServeConfig::ToEngineConfig() const {
   e.eviction.recent_tokens = cache.recent_tokens;
   e.eviction.history = cache.eviction_history;
   e.evictor_model = cache.evictor_model;
+  e.request_limits = ToRequestLimits();
   return e;
+}
+
+RequestLimits ServeConfig::ToRequestLimits() const {
+  RequestLimits l;
+  l.max_samples = limits.max_n;
+  l.max_logprobs = limits.max_logprobs;
+  l.max_stop_strings = limits.max_stop_strings;
+  l.max_stop_string_bytes = limits.max_stop_bytes;
+  l.max_stop_token_ids = limits.max_stop_token_ids;
+  l.max_prompt_bytes = limits.max_prompt_bytes;
+  l.max_prompt_tokens = limits.max_prompt_tokens;
+  l.max_generated_tokens = limits.max_generated_tokens;
+  return l;
 }
 
 absl::StatusOr<ServeConfig> ParseServeConfig(const std::string& yaml_text,
@@ -554,10 +608,26 @@ absl::StatusOr<ServeConfig> LoadServeConfig(const std::string& path,
                                             const std::vector<std::string>& overrides) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot read the config file"));
-  std::stringstream ss;
-  ss << in.rdbuf();
+  // Sized before it is read: a 25 MB YAML map costs seconds and a GiB to parse.
+  std::error_code ec;
+  const uintmax_t size = fs::file_size(path, ec);
+  if (!ec && size > static_cast<uintmax_t>(kMaxConfigFileBytes)) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": the config file has ", size,
+                                                   " bytes, more than the ", kMaxConfigFileBytes,
+                                                   " (1 MiB) a config may have"));
+  }
+  std::string text;
+  text.resize(kMaxConfigFileBytes + 1);
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (static_cast<int64_t>(text.size()) > kMaxConfigFileBytes) {
+    // Not a regular file (a pipe, /dev/zero): stopped reading at the limit.
+    return absl::InvalidArgumentError(absl::StrCat(path, ": the config file is larger than the ",
+                                                   kMaxConfigFileBytes,
+                                                   " (1 MiB) bytes a config may have"));
+  }
   std::string base_dir = fs::absolute(fs::path(path)).parent_path().string();
-  absl::StatusOr<ServeConfig> config = ParseServeConfig(ss.str(), base_dir, overrides);
+  absl::StatusOr<ServeConfig> config = ParseServeConfig(text, base_dir, overrides);
   if (!config.ok()) {
     return absl::Status(config.status().code(),
                         absl::StrCat(path, ": ", std::string(config.status().message())));
@@ -616,6 +686,23 @@ std::string ServeConfigKeyHelp(const std::string& key) {
       {"server.api_key", "require Authorization: Bearer <key>; empty: no auth"},
       {"server.http_threads", "concurrent HTTP connections served"},
       {"server.reuse_port", "SO_REUSEPORT: share the ports with other kvserve processes (false)"},
+      {"limits.max_prompt_bytes",
+       "bytes of a text prompt (chat: as rendered), refused before tokenizing; 0: 32 x "
+       "max_prompt_tokens"},
+      {"limits.max_prompt_tokens", "tokens of a prompt; 0: max_model_len"},
+      {"limits.max_generated_tokens",
+       "n x max_tokens, the tokens one request may ask for; 0: 64 x max_model_len"},
+      {"limits.max_n", "samples per request (n); the engine also holds it to max_num_seqs (64)"},
+      {"limits.max_stop_strings", "stop strings per request (16)"},
+      {"limits.max_stop_bytes", "bytes of each stop string (256)"},
+      {"limits.max_stop_token_ids", "stop_token_ids per request (256)"},
+      {"limits.max_logprobs", "logprobs alternatives per token (20)"},
+      {"limits.max_concurrent_per_client",
+       "generation calls open at once per API key (or peer address without auth); over it: 429 / "
+       "RESOURCE_EXHAUSTED; 0: unlimited"},
+      {"limits.max_unsent_outputs",
+       "outputs a stream holds for a client that stopped reading before the request is "
+       "cancelled (4096)"},
       {"logging.level", "trace, debug, info, warn, error, critical or off"},
       {"logging.format", "text or json"},
   };

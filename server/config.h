@@ -1,7 +1,7 @@
 // ServeConfig: everything `kvserve serve` reads from its YAML file and
 // `--set key=value` overrides, as a typed struct with defaults.
 //
-// Five sections: model, cache, scheduler, server, logging. Every key is
+// Six sections: model, cache, scheduler, server, limits, logging. Every key is
 // known: an unknown key, a value of the wrong type or out of range stops
 // start-up with the key path and the reason, e.g.
 //   "cache.block_size: expected a positive integer, got 'abc'".
@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "scheduler/engine_config.h"
+#include "scheduler/request_validation.h"
 #include "server/chat_template.h"
 
 namespace kvserve {
@@ -76,12 +77,33 @@ struct ServeConfig {
     int32_t http_threads = 64;         // concurrent HTTP connections served
     bool reuse_port = false;           // SO_REUSEPORT: share the ports with other processes
   } server;
+  // The request cost budget (scheduler/request_validation.h), the same over
+  // HTTP and gRPC, and the per-client concurrency limit
+  // (server/client_limiter.h). 0 for a derived limit means "from the served
+  // model" as noted.
+  struct Limits {
+    int64_t max_prompt_bytes = 0;  // text prompt bytes before tokenizing; 0: 32 x max_prompt_tokens
+    int64_t max_prompt_tokens = 0;     // 0: max_model_len
+    int64_t max_generated_tokens = 0;  // n x max_tokens; 0: 64 x max_model_len
+    int32_t max_n = kDefaultRequestLimits.max_samples;
+    int32_t max_stop_strings = kDefaultRequestLimits.max_stop_strings;
+    int32_t max_stop_bytes = kDefaultRequestLimits.max_stop_string_bytes;  // each stop string
+    int32_t max_stop_token_ids = kDefaultRequestLimits.max_stop_token_ids;
+    int32_t max_logprobs = kDefaultRequestLimits.max_logprobs;
+    int32_t max_concurrent_per_client = 0;  // generation calls per API key / peer; 0: unlimited
+    // Outputs a stream may hold for a client that does not read before the
+    // request is cancelled.
+    int32_t max_unsent_outputs = 4096;
+  } limits;
   struct Logging {
     std::string level = "info";   // trace | debug | info | warn | error | critical | off
     std::string format = "text";  // text | json
   } logging;
 
   EngineConfig ToEngineConfig() const;
+  // The limits section as the validator takes it (derived limits still 0:
+  // see ResolveRequestLimits).
+  RequestLimits ToRequestLimits() const;
 };
 
 // Parses YAML text. base_dir anchors relative paths ("" = leave them as is).
@@ -89,7 +111,11 @@ struct ServeConfig {
 absl::StatusOr<ServeConfig> ParseServeConfig(const std::string& yaml_text,
                                              const std::string& base_dir,
                                              const std::vector<std::string>& overrides = {});
-// Reads and parses a config file; errors name the file too.
+// Config files larger than this are refused before parsing.
+inline constexpr int64_t kMaxConfigFileBytes = int64_t{1} << 20;
+
+// Reads and parses a config file; errors name the file too. A file over
+// kMaxConfigFileBytes is refused unread.
 absl::StatusOr<ServeConfig> LoadServeConfig(const std::string& path,
                                             const std::vector<std::string>& overrides = {});
 

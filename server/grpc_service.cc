@@ -1,18 +1,28 @@
 #include "server/grpc_service.h"
 
+#include <grpc/support/log.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/support/proto_buffer_reader.h>
 
+#include <algorithm>
+#include <deque>
+#include <fstream>
+#include <sstream>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "proto/kvserve.grpc.pb.h"
 #include "model/field_status.h"
+#include "proto/kvserve.grpc.pb.h"
 #include "scheduler/request_validation.h"
+#include "server/client_limiter.h"
+#include "server/config.h"
 #include "server/logging.h"
 #include "server/reflection_v1.h"
 #include "server/stats_proto.h"
+#include "server/request_budget.h"
 
 namespace kvserve {
 namespace {
@@ -31,18 +41,40 @@ grpc::Status ToGrpc(const absl::Status& s, grpc::CallbackServerContext* ctx = nu
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
+// "Bearer <key>" with the scheme in any case (RFC 9110 schemes are
+// case-insensitive). The key is compared in time that depends on its length
+// only, not on how much of it matches. (A private copy until server/auth
+// serves both front ends.)
+bool BearerMatches(std::string_view authorization, std::string_view key) {
+  constexpr std::string_view kScheme = "bearer ";
+  if (authorization.size() < kScheme.size() ||
+      !absl::EqualsIgnoreCase(absl::string_view(authorization.data(), kScheme.size()),
+                              absl::string_view(kScheme.data(), kScheme.size()))) {
+    return false;
+  }
+  std::string_view token = authorization.substr(kScheme.size());
+  while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
+  unsigned char diff = token.size() == key.size() ? 0 : 1;
+  for (size_t i = 0; i < key.size(); ++i) {
+    const unsigned char t = i < token.size() ? static_cast<unsigned char>(token[i]) : 0;
+    diff |= static_cast<unsigned char>(t ^ static_cast<unsigned char>(key[i]));
+  }
+  return diff == 0;
+}
+
+std::string_view Metadata(const grpc::CallbackServerContext& ctx, const char* key) {
+  const auto& md = ctx.client_metadata();
+  auto it = md.find(key);
+  return it == md.end() ? std::string_view()
+                        : std::string_view(it->second.data(), it->second.size());
+}
+
 // Refuses calls the daemon cannot take: no model yet, draining, wrong key.
 grpc::Status Admit(const ServingState& state, const grpc::CallbackServerContext& ctx,
                    bool needs_ready) {
-  if (!state.api_key().empty()) {
-    const auto& md = ctx.client_metadata();
-    auto it = md.find("authorization");
-    std::string_view auth = it == md.end() ? std::string_view()
-                                           : std::string_view(it->second.data(), it->second.size());
-    if (!state.Authorized(auth)) {
-      return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                          "missing or wrong 'authorization: Bearer <key>' metadata");
-    }
+  if (!state.api_key().empty() && !BearerMatches(Metadata(ctx, "authorization"), state.api_key())) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "missing or wrong 'authorization: Bearer <key>' metadata");
   }
   if (state.engine() == nullptr) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the model is still loading");
@@ -53,16 +85,72 @@ grpc::Status Admit(const ServingState& state, const grpc::CallbackServerContext&
   return grpc::Status::OK;
 }
 
+// The request field a protobuf full field name is ("kvserve.v1.KvPolicy.policy"
+// -> "kv_policy.policy", "kvserve.v1.GenerateRequest.prompt" -> "prompt").
+std::string RequestFieldName(std::string_view full_name) {
+  const size_t dot = full_name.rfind('.');
+  if (dot == std::string_view::npos) return std::string(full_name);
+  std::string field(full_name.substr(dot + 1));
+  if (absl::EndsWith(absl::string_view(full_name.data(), dot), "KvPolicy")) {
+    return "kv_policy." + field;
+  }
+  return field;
+}
+
+// Parses a raw request. A malformed one is an InvalidArgument saying why,
+// naming the field for invalid UTF-8 (libprotobuf's complaint is captured,
+// not printed).
+template <typename Message>
+absl::Status ParseRequest(const grpc::ByteBuffer& raw, Message* msg) {
+  grpc::ByteBuffer copy(raw);  // the reader needs a mutable buffer; slices are shared
+  grpc::ProtoBufferReader reader(&copy);
+  ProtobufLogCapture capture;
+  if (msg->ParseFromZeroCopyStream(&reader)) return absl::OkStatus();
+  const std::string type = Message::descriptor()->name();
+  const std::string& why = capture.text();
+  if (absl::StrContains(why, "invalid UTF-8")) {
+    // "String field 'kvserve.v1.GenerateRequest.prompt' contains invalid UTF-8 ..."
+    const size_t open = why.find('\'');
+    const size_t close = open == std::string::npos ? open : why.find('\'', open + 1);
+    if (close != std::string::npos) {
+      const std::string full = why.substr(open + 1, close - open - 1);
+      const std::string field = RequestFieldName(full);
+      return FieldError(
+          field, absl::StrCat(type, ".", field, " is not valid UTF-8 (string fields must be)"));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat("the ", type, " message has a string field that is not valid UTF-8"));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("the ", type, " message cannot be parsed (",
+                                                 raw.Length(),
+                                                 " bytes, truncated or not a protobuf message)"));
+}
+
+template <typename Message>
+grpc::Status Serialize(const Message& msg, grpc::ByteBuffer* out) {
+  bool own_buffer = false;
+  out->Clear();  // the writer fills an empty buffer only
+  return grpc::SerializationTraits<Message>::Serialize(msg, out, &own_buffer);
+}
+
 // Applies the proto's defaults, then the one request validator
-// (scheduler/request_validation.h) that HTTP and the engine use too.
-absl::Status FromProto(const v1::GenerateRequest& p, int vocab, const SamplingParams& defaults,
-                       GenerateRequest* g) {
+// (scheduler/request_validation.h) that HTTP and the engine use too. Every
+// check here is cheap; the prompt's bytes are among them, its tokens wait
+// for tokenizing.
+absl::Status FromProto(const v1::GenerateRequest& p, const RequestLimits& limits,
+                       const SamplingParams& defaults, GenerateRequest* g) {
   g->sampling = defaults;
   if (!p.request_id().empty() && !IsAcceptableRequestId(p.request_id())) {
     return FieldError("request_id", "request_id: use 1-128 characters of [A-Za-z0-9._:-]");
   }
+  // Counted before anything is copied: 100,000 stop strings or a 5 MB
+  // prompt are refused, not copied.
+  if (absl::Status s = CheckStopCount(p.stop_size(), limits); !s.ok()) return s;
+  if (p.prompt_token_ids().empty()) {
+    if (absl::Status s = CheckPromptBytes(p.prompt().size(), limits); !s.ok()) return s;
+  }
   g->request_id = p.request_id().empty() ? NewRequestId() : p.request_id();
-  g->prompt = p.prompt();
+  if (p.prompt_token_ids().empty()) g->prompt = p.prompt();
   g->prompt_token_ids.assign(p.prompt_token_ids().begin(), p.prompt_token_ids().end());
   g->add_bos = p.has_add_bos() ? p.add_bos() : true;
   const v1::SamplingParams& s = p.sampling();
@@ -76,12 +164,6 @@ absl::Status FromProto(const v1::GenerateRequest& p, int vocab, const SamplingPa
   if (s.has_seed()) g->sampling.seed = s.seed();
   g->max_tokens = p.has_max_tokens() ? p.max_tokens() : 16;
   g->n = p.has_n() ? p.n() : 1;
-  // Counted before copying: 100,000 stop strings are refused, not copied.
-  if (p.stop_size() > kDefaultRequestLimits.max_stop_strings) {
-    return FieldError("stop", absl::StrCat("stop has ", p.stop_size(), " strings, at most ",
-                                           kDefaultRequestLimits.max_stop_strings,
-                                           " are allowed"));
-  }
   g->stop.assign(p.stop().begin(), p.stop().end());
   g->stop_token_ids.assign(p.stop_token_ids().begin(), p.stop_token_ids().end());
   g->ignore_eos = p.ignore_eos();
@@ -98,8 +180,6 @@ absl::Status FromProto(const v1::GenerateRequest& p, int vocab, const SamplingPa
     if (k.has_sink_tokens()) g->kv_policy.sink_tokens = k.sink_tokens();
     if (k.has_recent_tokens()) g->kv_policy.recent_tokens = k.recent_tokens();
   }
-  RequestLimits limits = kDefaultRequestLimits;
-  limits.vocab_size = vocab;
   return ValidateRequestParams(*g, limits);
 }
 
@@ -150,41 +230,154 @@ void ToProto(const GenerateOutput& out, const std::string& request_id, const Tok
   }
 }
 
-// One Generate call. Deletes itself in OnDone.
-class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+class GenerateReactor;
+
+// Lets the engine's notify, the prompt worker and the gate reach a Generate
+// reactor only while it exists (OnDone clears it, waiting for a pump in
+// progress).
+struct ReactorLink {
+  absl::Mutex mu;
+  GenerateReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
+};
+
+// Counts the calls that may touch the engine (its tokenizer, its streams),
+// so StopServing can wait until none does before the daemon destroys the
+// engine. Once closed, no call gets a lease: every method answers
+// UNAVAILABLE while the port stays open.
+class EngineGate {
  public:
-  GenerateReactor(ServingState* state, grpc::CallbackServerContext* ctx,
-                  const v1::GenerateRequest* request)
-      : state_(state), link_(std::make_shared<Link>()) {
-    link_->reactor = this;
-    grpc::Status st = Begin(ctx, *request);
-    if (!st.ok()) {
-      {
-        absl::MutexLock lock(&mu_);
-        finished_ = true;
+  class Lease {
+   public:
+    Lease() = default;
+    Lease(Lease&& o) noexcept : gate_(std::exchange(o.gate_, nullptr)) {}
+    Lease& operator=(Lease&& o) noexcept {
+      if (this != &o) {
+        Release();
+        gate_ = std::exchange(o.gate_, nullptr);
       }
-      Finish(st);
+      return *this;
+    }
+    ~Lease() { Release(); }
+    void Release() {
+      if (gate_ != nullptr) std::exchange(gate_, nullptr)->Leave();
+    }
+    bool held() const { return gate_ != nullptr; }
+
+   private:
+    friend class EngineGate;
+    explicit Lease(EngineGate* gate) : gate_(gate) {}
+    EngineGate* gate_ = nullptr;
+  };
+
+  // A lease, or an empty one once closed.
+  Lease Enter() {
+    absl::MutexLock lock(&mu_);
+    if (closed_) return Lease();
+    ++users_;
+    return Lease(this);
+  }
+  // Generate calls, so that Close can cancel them at its deadline.
+  void Track(std::weak_ptr<ReactorLink> link) {
+    absl::MutexLock lock(&mu_);
+    links_.erase(std::remove_if(links_.begin(), links_.end(),
+                                [](const std::weak_ptr<ReactorLink>& l) { return l.expired(); }),
+                 links_.end());
+    links_.push_back(std::move(link));
+  }
+  // Closes the gate and waits until no lease is held; calls still holding
+  // one at `deadline` are cancelled (and waited for, a few more seconds).
+  bool Close(absl::Time deadline);
+
+ private:
+  void Leave() {
+    absl::MutexLock lock(&mu_);
+    --users_;
+  }
+  bool WaitIdle(absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return users_ == 0; };
+    mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+    return users_ == 0;
+  }
+
+  absl::Mutex mu_;
+  int64_t users_ ABSL_GUARDED_BY(mu_) = 0;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::weak_ptr<ReactorLink>> links_ ABSL_GUARDED_BY(mu_);
+};
+
+// What every call shares: the daemon's state, the budget, the per-client
+// limiter, the prompt workers and the engine gate.
+struct CallEnv {
+  ServingState* state = nullptr;
+  const GrpcService::Options* options = nullptr;
+  ClientLimiter* limiter = nullptr;
+  PromptWorkers* workers = nullptr;
+  EngineGate* gate = nullptr;
+
+  // Admit, holding a lease on the engine when admitted.
+  grpc::Status Admit(const grpc::CallbackServerContext& ctx, bool needs_ready,
+                     EngineGate::Lease* lease) const {
+    *lease = gate->Enter();
+    if (!lease->held()) {
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the server is shutting down");
+    }
+    grpc::Status st = kvserve::Admit(*state, ctx, needs_ready);
+    if (!st.ok()) lease->Release();
+    return st;
+  }
+
+  // The budget for the served model (valid once an engine is published).
+  RequestLimits Limits() const {
+    RequestLimits l = ResolveRequestLimits(options->limits, state->info().max_model_len);
+    l.vocab_size = state->engine()->tokenizer().vocab_size();
+    return l;
+  }
+  std::string ClientOf(const grpc::CallbackServerContext& ctx) const {
+    return ClientKey(state->api_key(), ctx.peer());
+  }
+};
+
+// One Generate call. Deletes itself in OnDone.
+//
+// Begin (gRPC thread): admission, parsing, the client's slot and every
+// cheap check. Submit (a prompt worker for text prompts, else inline):
+// tokenizing within the budget and engine->Submit. Then outputs flow through
+// Pump, bounded by options.max_unsent_outputs.
+class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  GenerateReactor(const CallEnv& env, grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw)
+      : env_(env), ctx_(ctx), link_(std::make_shared<ReactorLink>()) {
+    link_->reactor = this;
+    env_.gate->Track(link_);
+    GenerateRequest g;
+    if (grpc::Status st = Begin(*raw, &g); !st.ok()) {
+      FinishNow(st);
       return;
     }
-    // The engine may push before this returns: Pump is safe at any time.
-    std::shared_ptr<Link> link = link_;
-    stream_->SetNotify([link] {
-      absl::MutexLock lock(&link->mu);
-      if (link->reactor != nullptr) link->reactor->Pump();
-    });
-    Pump();
+    if (g.prompt_token_ids.empty()) {
+      // Tokenizing may take a while: not on a thread other calls need.
+      env_.workers->Run([this, g = std::move(g)]() mutable { Submit(std::move(g)); });
+    } else {
+      Submit(std::move(g));
+    }
   }
 
   void OnWriteDone(bool ok) override {
     if (!ok) {
       // The client is gone; stop generating for it.
-      stream_->Cancel();
+      std::shared_ptr<RequestStream> stream;
       {
         absl::MutexLock lock(&mu_);
         writing_ = false;
-        if (finished_) return;
+        stream = stream_;
+        if (finished_) {
+          if (stream != nullptr) stream->Cancel();
+          return;
+        }
         finished_ = true;
       }
+      if (stream != nullptr) stream->Cancel();
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the stream to the client broke"));
       return;
     }
@@ -196,8 +389,14 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   }
 
   void OnCancel() override {
-    if (stream_ != nullptr) {
-      stream_->Cancel();
+    std::shared_ptr<RequestStream> stream;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled_ = true;
+      stream = stream_;
+    }
+    if (stream != nullptr) {
+      stream->Cancel();
       LogRequest(spdlog::level::info, request_id_, "grpc call cancelled by the client");
     }
   }
@@ -207,172 +406,437 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       absl::MutexLock lock(&link_->mu);
       link_->reactor = nullptr;
     }
-    if (stream_ != nullptr) {
+    bool counted = false;
+    {
+      absl::MutexLock lock(&mu_);
+      counted = std::exchange(counted_, false);
+    }
+    if (counted) {
       LogRequest(spdlog::level::info, request_id_, "grpc Generate done after {:.3f}s",
                  absl::ToDoubleSeconds(absl::Now() - start_));
-      state_->CallFinished();
+      env_.state->CallFinished();
     }
     delete this;
   }
 
- private:
-  // Lets the engine's notify reach the reactor only while it exists.
-  struct Link {
-    absl::Mutex mu;
-    GenerateReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
-  };
+  // The gate's deadline passed (link mu held).
+  void CancelCall() { ctx_->TryCancel(); }
 
-  grpc::Status Begin(grpc::CallbackServerContext* ctx, const v1::GenerateRequest& p) {
-    grpc::Status st = Admit(*state_, *ctx, /*needs_ready=*/true);
+ private:
+  grpc::Status Begin(const grpc::ByteBuffer& raw, GenerateRequest* g) {
+    grpc::Status st = env_.Admit(*ctx_, /*needs_ready=*/true, &lease_);
     if (!st.ok()) return st;
-    Engine* engine = state_->engine();
+    v1::GenerateRequest p;
+    if (absl::Status parsed = ParseRequest(raw, &p); !parsed.ok()) {
+      LogRequest(spdlog::level::info, p.request_id().empty() ? "-" : p.request_id(),
+                 "grpc Generate refused: {}", std::string(parsed.message()));
+      return ToGrpc(parsed, ctx_);
+    }
+    absl::StatusOr<ClientLimiter::Token> slot = env_.limiter->Acquire(env_.ClientOf(*ctx_));
+    if (!slot.ok()) return ToGrpc(slot.status(), ctx_);
+    slot_ = *std::move(slot);
+    Engine* engine = env_.state->engine();
     tokenizer_ = &engine->tokenizer();
-    GenerateRequest g;
-    if (absl::Status v =
-            FromProto(p, tokenizer_->vocab_size(), engine->model_config().DefaultSampling(), &g);
+    limits_ = env_.Limits();
+    if (absl::Status v = FromProto(p, limits_, engine->model_config().DefaultSampling(), g);
         !v.ok()) {
-      return ToGrpc(v, ctx);
+      return ToGrpc(v, ctx_);
     }
-    request_id_ = g.request_id;
-    absl::StatusOr<std::shared_ptr<RequestStream>> s = engine->Submit(std::move(g));
-    if (!s.ok()) {
-      LogRequest(spdlog::level::info, request_id_, "grpc Generate refused: {}",
-                 std::string(s.status().message()));
-      return ToGrpc(s.status(), ctx);
-    }
-    LogRequest(spdlog::level::info, request_id_, "grpc Generate max_tokens={}",
-               p.has_max_tokens() ? p.max_tokens() : 16);
-    start_ = absl::Now();
-    state_->CallStarted();
-    stream_ = *std::move(s);
+    request_id_ = g->request_id;
     return grpc::Status::OK;
   }
 
-  // Writes the next ready output, or finishes at the end of the stream.
+  // Tokenizes a text prompt within the budget and hands the request to the
+  // engine; then streams. Touches no member after finishing the call.
+  void Submit(GenerateRequest g) {
+    bool cancelled = false;
+    {
+      absl::MutexLock lock(&mu_);
+      cancelled = cancelled_;
+    }
+    if (cancelled) {
+      FinishNow(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
+      return;
+    }
+    if (g.prompt_token_ids.empty()) {
+      absl::StatusOr<std::vector<int32_t>> ids =
+          TokenizeWithinBudget(*tokenizer_, g.prompt, g.add_bos, limits_);
+      if (!ids.ok()) {
+        LogRequest(spdlog::level::info, request_id_, "grpc Generate refused: {}",
+                   std::string(ids.status().message()));
+        FinishNow(ToGrpc(ids.status(), ctx_));
+        return;
+      }
+      g.prompt_token_ids = *std::move(ids);
+      g.prompt.clear();
+    }
+    const int32_t max_tokens = g.max_tokens;
+    absl::StatusOr<std::shared_ptr<RequestStream>> s = env_.state->engine()->Submit(std::move(g));
+    if (!s.ok()) {
+      LogRequest(spdlog::level::info, request_id_, "grpc Generate refused: {}",
+                 std::string(s.status().message()));
+      FinishNow(ToGrpc(s.status(), ctx_));
+      return;
+    }
+    LogRequest(spdlog::level::info, request_id_, "grpc Generate max_tokens={}", max_tokens);
+    start_ = absl::Now();
+    env_.state->CallStarted();
+    std::shared_ptr<RequestStream> stream = *std::move(s);
+    {
+      absl::MutexLock lock(&mu_);
+      counted_ = true;
+      stream_ = stream;
+      if (cancelled_) stream->Cancel();
+    }
+    // The engine may push before this returns: Pump is safe at any time.
+    std::shared_ptr<ReactorLink> link = link_;
+    stream->SetNotify([link] {
+      absl::MutexLock lock(&link->mu);
+      if (link->reactor != nullptr) link->reactor->Pump();
+    });
+    absl::MutexLock lock(&link->mu);
+    if (link->reactor != nullptr) link->reactor->Pump();
+  }
+
+  // Finishes a call that never reached the engine.
+  void FinishNow(const grpc::Status& status) {
+    {
+      absl::MutexLock lock(&mu_);
+      finished_ = true;
+    }
+    Finish(status);
+  }
+
+  // Moves ready outputs into the unsent buffer, writes the next one when no
+  // write is in flight, and finishes at the end of the stream or when the
+  // client has let the buffer overflow.
   void Pump() {
     bool write = false;
     bool finish = false;
+    bool overflow = false;
     grpc::Status status;
     {
       absl::MutexLock lock(&mu_);
-      if (finished_ || writing_) return;
+      if (finished_ || stream_ == nullptr) return;
       GenerateOutput out;
-      switch (stream_->TryNext(&out)) {
-        case RequestStream::Pop::kOutput:
-          if (out.finish_reason == FinishReason::kError && error_.empty()) {
-            error_ = out.error.empty() ? "generation failed" : out.error;
-          }
-          ToProto(out, request_id_, *tokenizer_, &response_);
-          writing_ = true;
-          write = true;
+      while (!ended_) {
+        const RequestStream::Pop pop = stream_->TryNext(&out);
+        if (pop == RequestStream::Pop::kTimeout) break;
+        if (pop == RequestStream::Pop::kEnd) {
+          ended_ = true;
           break;
-        case RequestStream::Pop::kEnd:
+        }
+        if (out.finish_reason == FinishReason::kError && error_.empty()) {
+          error_ = out.error.empty() ? "generation failed" : out.error;
+        }
+        unsent_.push_back(std::move(out));
+      }
+      peak_unsent_ = std::max(peak_unsent_, unsent_.size());
+      if (static_cast<int64_t>(unsent_.size()) > env_.options->max_unsent_outputs) {
+        // The client stopped reading: stop generating for it.
+        stream_->Cancel();
+        unsent_.clear();
+        finished_ = true;
+        finish = true;
+        overflow = true;
+        status = grpc::Status(
+            grpc::StatusCode::RESOURCE_EXHAUSTED,
+            absl::StrCat("the client read too slowly: more than ", env_.options->max_unsent_outputs,
+                         " outputs waited to be sent (limits.max_unsent_outputs); the request "
+                         "was cancelled"));
+      } else if (!writing_ && !unsent_.empty()) {
+        ToProto(unsent_.front(), request_id_, *tokenizer_, &response_);
+        unsent_.pop_front();
+        if (grpc::Status st = Serialize(response_, &buffer_); !st.ok()) {
+          stream_->Cancel();
           finished_ = true;
           finish = true;
-          status =
-              error_.empty() ? grpc::Status::OK : grpc::Status(grpc::StatusCode::INTERNAL, error_);
-          break;
-        case RequestStream::Pop::kTimeout:
-          return;
+          status = st;
+        } else {
+          writing_ = true;
+          write = true;
+        }
+      } else if (!writing_ && ended_) {
+        finished_ = true;
+        finish = true;
+        status =
+            error_.empty() ? grpc::Status::OK : grpc::Status(grpc::StatusCode::INTERNAL, error_);
       }
     }
-    // response_ is not touched again until OnWriteDone clears writing_.
-    if (write) StartWrite(&response_);
+    if (overflow) {
+      // The engine frees the blocks at its next step; the call no longer
+      // costs a slot even while its last write waits for the client.
+      LogRequest(spdlog::level::warn, request_id_, "{}", status.error_message());
+      slot_.Release();
+      lease_.Release();  // nothing below touches the engine
+      bool counted = false;
+      {
+        absl::MutexLock lock(&mu_);
+        counted = std::exchange(counted_, false);
+      }
+      if (counted) env_.state->CallFinished();
+    }
+    // buffer_ is not touched again until OnWriteDone clears writing_.
+    if (write) StartWrite(&buffer_);
     if (finish) Finish(status);
   }
 
-  ServingState* const state_;
-  const std::shared_ptr<Link> link_;
+  const CallEnv env_;
+  grpc::CallbackServerContext* const ctx_;
+  const std::shared_ptr<ReactorLink> link_;
+  EngineGate::Lease lease_;  // released when the call no longer touches the engine
   const Tokenizer* tokenizer_ = nullptr;
-  std::shared_ptr<RequestStream> stream_;
-  std::string request_id_;
+  RequestLimits limits_;
+  ClientLimiter::Token slot_;
+  std::string request_id_ = "-";
   absl::Time start_;
   absl::Mutex mu_;
+  std::shared_ptr<RequestStream> stream_ ABSL_GUARDED_BY(mu_);
+  std::deque<GenerateOutput> unsent_ ABSL_GUARDED_BY(mu_);
+  size_t peak_unsent_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  bool counted_ ABSL_GUARDED_BY(mu_) = false;  // CallStarted, not yet CallFinished
   std::string error_ ABSL_GUARDED_BY(mu_);
   v1::GenerateResponse response_;
+  grpc::ByteBuffer buffer_;
 };
+
+bool EngineGate::Close(absl::Time deadline) {
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+  }
+  if (WaitIdle(deadline)) return true;
+  std::vector<std::weak_ptr<ReactorLink>> links;
+  {
+    absl::MutexLock lock(&mu_);
+    links = links_;
+  }
+  for (const std::weak_ptr<ReactorLink>& weak : links) {
+    if (std::shared_ptr<ReactorLink> link = weak.lock()) {
+      absl::MutexLock lock(&link->mu);
+      if (link->reactor != nullptr) link->reactor->CancelCall();
+    }
+  }
+  return WaitIdle(absl::Now() + absl::Seconds(5));
+}
+
+using RawGenerationService =
+    v1::Generation::WithRawCallbackMethod_Generate<v1::Generation::WithRawCallbackMethod_Tokenize<
+        v1::Generation::WithRawCallbackMethod_GetModelInfo<
+            v1::Generation::WithRawCallbackMethod_GetStats<v1::Generation::Service>>>>;
 
 }  // namespace
 
-class GrpcService::Impl final : public v1::Generation::CallbackService {
+class GrpcService::Impl final : public RawGenerationService {
  public:
-  explicit Impl(ServingState* state) : state_(state) {}
-
-  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* ctx, const v1::GenerateRequest* request) override {
-    return new GenerateReactor(state_, ctx, request);
+  Impl(ServingState* state, const Options* options)
+      : limiter_(options->limiter != nullptr
+                     ? options->limiter
+                     : std::make_shared<ClientLimiter>(options->max_concurrent_per_client)),
+        workers_(std::max(1, options->prompt_threads)) {
+    env_.state = state;
+    env_.options = options;
+    env_.limiter = limiter_.get();
+    env_.workers = &workers_;
+    env_.gate = &gate_;
   }
 
-  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx,
-                                     const v1::TokenizeRequest* request,
-                                     v1::TokenizeResponse* response) override {
+  void StopWorkers() { workers_.Stop(); }
+  bool CloseGate(absl::Time deadline) { return gate_.Close(deadline); }
+
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* ctx,
+                                                       const grpc::ByteBuffer* request) override {
+    return new GenerateReactor(env_, ctx, request);
+  }
+
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                                     grpc::ByteBuffer* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    grpc::Status st = Admit(*state_, *ctx, /*needs_ready=*/false);
+    EngineGate::Lease lease;
+    grpc::Status st = env_.Admit(*ctx, /*needs_ready=*/false, &lease);
+    auto request = std::make_shared<v1::TokenizeRequest>();
     if (st.ok()) {
-      const Tokenizer& tok = state_->engine()->tokenizer();
-      for (int32_t id :
-           tok.Encode(request->text(), request->has_add_bos() ? request->add_bos() : true)) {
-        response->add_token_ids(id);
-        response->add_pieces(tok.IdToPiece(id));
+      if (absl::Status parsed = ParseRequest(*raw, request.get()); !parsed.ok()) {
+        st = ToGrpc(parsed, ctx);
       }
     }
-    reactor->Finish(st);
+    RequestLimits limits;
+    if (st.ok()) {
+      limits = env_.Limits();
+      // The byte budget before any work, on this thread.
+      if (absl::Status b = CheckPromptBytes(request->text().size(), limits, "text"); !b.ok()) {
+        st = ToGrpc(b, ctx);
+      }
+    }
+    absl::StatusOr<ClientLimiter::Token> slot;
+    if (st.ok()) {
+      slot = limiter_->Acquire(env_.ClientOf(*ctx));
+      if (!slot.ok()) st = ToGrpc(slot.status(), ctx);
+    }
+    if (!st.ok()) {
+      reactor->Finish(st);
+      return reactor;
+    }
+    auto held = std::make_shared<ClientLimiter::Token>(*std::move(slot));
+    auto leased = std::make_shared<EngineGate::Lease>(std::move(lease));
+    ServingState* state = env_.state;
+    workers_.Run([state, ctx, reactor, request, response, limits, held, leased] {
+      const Tokenizer& tok = state->engine()->tokenizer();
+      absl::StatusOr<std::vector<int32_t>> ids = TokenizeWithinBudget(
+          tok, request->text(), request->has_add_bos() ? request->add_bos() : true, limits, "text");
+      grpc::Status result;
+      if (!ids.ok()) {
+        result = ToGrpc(ids.status(), ctx);
+      } else {
+        v1::TokenizeResponse out;
+        for (int32_t id : *ids) {
+          out.add_token_ids(id);
+          out.add_pieces(tok.IdToPiece(id));
+        }
+        result = Serialize(out, response);
+      }
+      held->Release();
+      leased->Release();
+      reactor->Finish(result);
+    });
     return reactor;
   }
 
   grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* ctx,
-                                         const v1::GetModelInfoRequest*,
-                                         v1::ModelInfo* info) override {
+                                         const grpc::ByteBuffer* raw,
+                                         grpc::ByteBuffer* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    grpc::Status st = Admit(*state_, *ctx, /*needs_ready=*/false);
+    EngineGate::Lease lease;
+    grpc::Status st = env_.Admit(*ctx, /*needs_ready=*/false, &lease);
+    v1::GetModelInfoRequest request;
     if (st.ok()) {
-      const ModelConfig& m = state_->engine()->model_config();
-      const ServedModelInfo& s = state_->info();
-      info->set_name(s.name);
-      info->set_architecture(m.architecture);
-      info->set_vocab_size(m.vocab_size);
-      info->set_max_model_len(s.max_model_len);
-      info->set_num_layers(m.num_layers);
-      info->set_num_heads(m.num_heads);
-      info->set_num_kv_heads(m.num_kv_heads);
-      info->set_head_dim(m.head_dim);
-      info->set_hidden_size(m.dim);
-      info->set_bos_id(m.bos_id);
-      info->set_eos_id(m.eos_id);
-      info->set_device(s.device);
-      info->set_kv_dtype(s.kv_dtype);
-      info->set_block_size(s.block_size);
-      info->set_num_blocks(s.num_blocks);
-      info->set_num_swap_blocks(s.num_swap_blocks);
-      info->set_prefix_caching(s.prefix_caching);
+      if (absl::Status parsed = ParseRequest(*raw, &request); !parsed.ok()) st = ToGrpc(parsed);
+    }
+    if (st.ok()) {
+      const ModelConfig& m = env_.state->engine()->model_config();
+      const ServedModelInfo& s = env_.state->info();
+      v1::ModelInfo info;
+      info.set_name(s.name);
+      info.set_architecture(m.architecture);
+      info.set_vocab_size(m.vocab_size);
+      info.set_max_model_len(s.max_model_len);
+      info.set_num_layers(m.num_layers);
+      info.set_num_heads(m.num_heads);
+      info.set_num_kv_heads(m.num_kv_heads);
+      info.set_head_dim(m.head_dim);
+      info.set_hidden_size(m.dim);
+      info.set_bos_id(m.bos_id);
+      info.set_eos_id(m.eos_id);
+      info.set_device(s.device);
+      info.set_kv_dtype(s.kv_dtype);
+      info.set_block_size(s.block_size);
+      info.set_num_blocks(s.num_blocks);
+      info.set_num_swap_blocks(s.num_swap_blocks);
+      info.set_prefix_caching(s.prefix_caching);
+      st = Serialize(info, response);
     }
     reactor->Finish(st);
     return reactor;
   }
 
-  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx, const v1::GetStatsRequest*,
-                                     v1::Stats* out) override {
+  grpc::ServerUnaryReactor* GetStats(grpc::CallbackServerContext* ctx, const grpc::ByteBuffer* raw,
+                                     grpc::ByteBuffer* response) override {
     grpc::ServerUnaryReactor* reactor = ctx->DefaultReactor();
-    grpc::Status st = Admit(*state_, *ctx, /*needs_ready=*/false);
+    EngineGate::Lease lease;
+    grpc::Status st = env_.Admit(*ctx, /*needs_ready=*/false, &lease);
+    v1::GetStatsRequest request;
     if (st.ok()) {
-      ToProto(state_->engine()->GetStats(), out);
+      if (absl::Status parsed = ParseRequest(*raw, &request); !parsed.ok()) st = ToGrpc(parsed);
+    }
+    if (st.ok()) {
+      v1::Stats out;
+      ToProto(env_.state->engine()->GetStats(), &out);
+      st = Serialize(out, response);
     }
     reactor->Finish(st);
     return reactor;
   }
 
  private:
-  ServingState* const state_;
+  const std::shared_ptr<ClientLimiter> limiter_;
+  PromptWorkers workers_;
+  EngineGate gate_;
+  CallEnv env_;
 };
 
-GrpcService::GrpcService(ServingState* state)
-    : state_(state), impl_(std::make_unique<Impl>(state)) {}
+GrpcService::Options GrpcService::OptionsFromConfig(const ServeConfig& config) {
+  Options o;
+  o.limits = config.ToRequestLimits();
+  o.max_concurrent_per_client = config.limits.max_concurrent_per_client;
+  o.max_unsent_outputs = config.limits.max_unsent_outputs;
+  return o;
+}
 
-GrpcService::~GrpcService() { Shutdown(absl::Now()); }
+GrpcService::GrpcService(ServingState* state, Options options)
+    : state_(state),
+      options_(std::move(options)),
+      impl_(std::make_unique<Impl>(state, &options_)) {}
+
+GrpcService::~GrpcService() {
+  Shutdown(absl::Now());
+  impl_->StopWorkers();
+}
+
+namespace {
+
+absl::StatusOr<std::string> ReadPem(const std::string& path, const char* key) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(key, ": cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
+    const GrpcService::Options& o) {
+  if (o.tls_cert_file.empty() && o.tls_key_file.empty()) {
+    return grpc::InsecureServerCredentials();
+  }
+  if (o.tls_cert_file.empty() || o.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "server.tls.cert_file and server.tls.key_file: set both for TLS, or neither");
+  }
+  grpc::SslServerCredentialsOptions ssl;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  absl::StatusOr<std::string> key = ReadPem(o.tls_key_file, "server.tls.key_file");
+  if (!key.ok()) return key.status();
+  absl::StatusOr<std::string> cert = ReadPem(o.tls_cert_file, "server.tls.cert_file");
+  if (!cert.ok()) return cert.status();
+  pair.private_key = *std::move(key);
+  pair.cert_chain = *std::move(cert);
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace
+
+namespace {
+
+// gRPC core's own lines (a failed TLS handshake, ...) through spdlog too.
+void OnGrpcLog(gpr_log_func_args* args) {
+  const spdlog::level::level_enum level =
+      args->severity == GPR_LOG_SEVERITY_ERROR  ? spdlog::level::warn
+      : args->severity == GPR_LOG_SEVERITY_INFO ? spdlog::level::info
+                                                : spdlog::level::debug;
+  spdlog::log(level, "grpc ({}:{}): {}", args->file, args->line, args->message);
+}
+
+}  // namespace
 
 absl::Status GrpcService::Start(const std::string& host, int port, bool reuse_port) {
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = Credentials(options_);
+  if (!credentials.ok()) return credentials.status();
+  RouteProtobufLogs();
+  gpr_set_log_function(&OnGrpcLog);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -381,7 +845,7 @@ absl::Status GrpcService::Start(const std::string& host, int port, bool reuse_po
   std::string address = host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
                                                             : absl::StrCat(host, ":", port);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, reuse_port ? 1 : 0);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &selected);
+  builder.AddListeningPort(address, *credentials, &selected);
   builder.RegisterService(impl_.get());
   // Reflection v1 beside gRPC's own v1alpha (registered by the plugin above).
   reflection_v1_ = std::make_unique<ReflectionV1Service>(std::vector<std::string>{
@@ -406,6 +870,11 @@ void GrpcService::SetServing(bool serving) {
     health->SetServingStatus(serving);
     health->SetServingStatus(v1::Generation::service_full_name(), serving);
   }
+}
+
+bool GrpcService::StopServing(absl::Time deadline) {
+  SetServing(false);
+  return impl_->CloseGate(deadline);
 }
 
 void GrpcService::Shutdown(absl::Time deadline) {

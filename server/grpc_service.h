@@ -4,11 +4,32 @@
 // Built on gRPC's callback API: a Generate stream is a ServerWriteReactor
 // that holds no thread while it waits. The engine's RequestStream notify
 // (engine thread) and OnWriteDone (gRPC thread) both "pump" the reactor:
-// with no write in flight, the next ready output is written, and the end of
-// the stream finishes the call. Nothing in a reaction blocks.
+// outputs move from the stream into a bounded buffer, with no write in
+// flight the next one is written, and the end of the stream finishes the
+// call. Nothing in a reaction blocks.
+//
+// Requests arrive as raw bytes and are parsed here, so a malformed message
+// (truncated, invalid UTF-8 in a string field) is answered INVALID_ARGUMENT
+// saying what is wrong (gRPC's own handlers answer UNIMPLEMENTED with no
+// message), and libprotobuf's complaint is not printed to stderr.
+//
+// The cost budget (scheduler/request_validation.h) is checked before any
+// work: every cheap limit and the prompt's bytes on the gRPC thread, then the
+// prompt is tokenized and submitted on PromptWorkers (server/request_budget.h),
+// never on a gRPC callback thread. Generate and Tokenize calls count against
+// the per-client limit (server/client_limiter.h): RESOURCE_EXHAUSTED over it.
+//
+// Backpressure: a client that stops reading leaves its outputs in the
+// stream's buffer; past options.max_unsent_outputs the request is cancelled
+// (its KV blocks freed by the engine's next step) and the call finished
+// RESOURCE_EXHAUSTED, which the client sees if it ever reads again.
 //
 // Health: NOT_SERVING while the model loads and while draining, SERVING when
 // ready; SetServing() flips both the overall ("") and the Generation status.
+// Drain: Generate is refused UNAVAILABLE from the start of the drain;
+// StopServing then refuses every call and waits until none touches the
+// engine, and the port keeps answering UNAVAILABLE (not connection refused)
+// until Shutdown, which the daemon calls last.
 //
 // Thread-safety: Start/Shutdown from one thread; calls run on gRPC's threads.
 #pragma once
@@ -18,6 +39,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "scheduler/request_validation.h"
 #include "server/serving_state.h"
 
 namespace grpc {
@@ -26,29 +48,57 @@ class Server;
 
 namespace kvserve {
 
+class ClientLimiter;
 class ReflectionV1Service;
-
+struct ServeConfig;
 
 class GrpcService {
  public:
-  explicit GrpcService(ServingState* state);
+  struct Options {
+    // The config's limits section (derived limits still 0; resolved against
+    // the served model's max_model_len).
+    RequestLimits limits = kDefaultRequestLimits;
+    int32_t max_concurrent_per_client = 0;  // 0: unlimited
+    // The limiter to count calls in; set one shared with the HTTP front end
+    // so a client's calls over both count together. Null: a limiter of
+    // max_concurrent_per_client of its own.
+    std::shared_ptr<ClientLimiter> limiter;
+    int32_t max_unsent_outputs = 4096;  // per Generate stream
+    int32_t prompt_threads = 2;         // PromptWorkers
+    // PEM files; both set: TLS (grpc::SslServerCredentials), else plaintext.
+    std::string tls_cert_file;
+    std::string tls_key_file;
+  };
+  // The options a ServeConfig asks for.
+  static Options OptionsFromConfig(const ServeConfig& config);
+
+  explicit GrpcService(ServingState* state) : GrpcService(state, Options()) {}
+  GrpcService(ServingState* state, Options options);
   ~GrpcService();
   GrpcService(const GrpcService&) = delete;
   GrpcService& operator=(const GrpcService&) = delete;
 
-  // Listens on host:port (0: any free port), insecure credentials.
+  // Listens on host:port (0: any free port).
   // reuse_port: SO_REUSEPORT (gRPC's default is on; kvserve turns it off so a
   // port in use fails start-up).
   absl::Status Start(const std::string& host, int port, bool reuse_port = false);
   int port() const { return port_; }
   // Health status of every service.
   void SetServing(bool serving);
-  // Stops accepting calls; calls still open at `deadline` are cancelled.
+  // The end of a drain: from now on every call (all methods) is answered
+  // UNAVAILABLE without touching the engine, while the port stays open;
+  // returns once no call uses the engine (calls still open at `deadline` are
+  // cancelled), so the engine may be destroyed. False when some call still
+  // held on a few seconds past the deadline.
+  bool StopServing(absl::Time deadline);
+  // Stops accepting calls and closes the port; calls still open at
+  // `deadline` are cancelled.
   void Shutdown(absl::Time deadline);
 
  private:
   class Impl;
   ServingState* const state_;
+  const Options options_;
   std::unique_ptr<Impl> impl_;
   std::unique_ptr<ReflectionV1Service> reflection_v1_;
   std::unique_ptr<grpc::Server> server_;

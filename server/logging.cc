@@ -1,5 +1,6 @@
 #include "server/logging.h"
 
+#include <google/protobuf/stubs/logging.h>
 #include <spdlog/formatter.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
 
@@ -41,7 +42,39 @@ class JsonFormatter final : public spdlog::formatter {
   }
 };
 
+thread_local std::string* protobuf_capture = nullptr;
+
+void OnProtobufLog(google::protobuf::LogLevel level, const char* filename, int line,
+                   const std::string& message) {
+  if (protobuf_capture != nullptr) {
+    if (!protobuf_capture->empty()) protobuf_capture->append("; ");
+    protobuf_capture->append(message);
+    return;
+  }
+  spdlog::level::level_enum lvl = spdlog::level::info;
+  switch (level) {
+    case google::protobuf::LOGLEVEL_INFO:
+      lvl = spdlog::level::debug;
+      break;
+    case google::protobuf::LOGLEVEL_WARNING:
+      lvl = spdlog::level::warn;
+      break;
+    case google::protobuf::LOGLEVEL_ERROR:
+      lvl = spdlog::level::warn;  // about one message from a client, not the server
+      break;
+    case google::protobuf::LOGLEVEL_FATAL:
+      lvl = spdlog::level::critical;
+      break;
+  }
+  spdlog::log(lvl, "protobuf ({}:{}): {}", filename, line, message);
+}
+
 }  // namespace
+
+void RouteProtobufLogs() { google::protobuf::SetLogHandler(&OnProtobufLog); }
+
+ProtobufLogCapture::ProtobufLogCapture() { protobuf_capture = &text_; }
+ProtobufLogCapture::~ProtobufLogCapture() { protobuf_capture = nullptr; }
 
 std::string FormatJsonLogLine(std::string_view level, std::string_view timestamp,
                               std::string_view message) {
@@ -78,6 +111,7 @@ absl::Status ConfigureLogging(const std::string& level, const std::string& forma
   // Warnings and worse reach the terminal at once even if the process dies.
   logger->flush_on(spdlog::level::warn);
   spdlog::set_default_logger(logger);
+  RouteProtobufLogs();
   return absl::OkStatus();
 }
 

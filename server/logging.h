@@ -3,6 +3,10 @@
 // request_id when the message starts with "[<request id>] ").
 //
 // Request-scoped lines go through LogRequest so every one carries its id.
+// libprotobuf's own log lines (e.g. "String field ... contains invalid UTF-8
+// data") go through the same logger (RouteProtobufLogs, which
+// ConfigureLogging calls), and a front end that parses a message can collect
+// them instead with ProtobufLogCapture, to answer the client with the reason.
 //
 // Thread-safety: ConfigureLogging once at start-up; logging from any thread.
 #pragma once
@@ -26,6 +30,24 @@ void LogRequest(spdlog::level::level_enum level, std::string_view request_id,
   if (!spdlog::should_log(level)) return;
   spdlog::log(level, "[{}] {}", request_id, fmt::format(fmt, std::forward<Args>(args)...));
 }
+
+// Sends libprotobuf's log lines to spdlog (idempotent).
+void RouteProtobufLogs();
+
+// While alive, libprotobuf's log lines on this thread are collected here
+// instead of logged. Not nestable.
+class ProtobufLogCapture {
+ public:
+  ProtobufLogCapture();
+  ~ProtobufLogCapture();
+  ProtobufLogCapture(const ProtobufLogCapture&) = delete;
+  ProtobufLogCapture& operator=(const ProtobufLogCapture&) = delete;
+  // The collected lines, joined with "; ".
+  const std::string& text() const { return text_; }
+
+ private:
+  std::string text_;
+};
 
 // The formatter behind the JSON format, exposed for tests: renders one
 // record as a JSON object line.

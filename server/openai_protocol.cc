@@ -8,6 +8,8 @@
 #include "model/field_status.h"
 #include "scheduler/detokenizer.h"
 #include "scheduler/request_validation.h"
+#include "server/client_limiter.h"
+#include "server/request_budget.h"
 
 namespace kvserve {
 namespace {
@@ -211,14 +213,15 @@ std::optional<ApiError> ParseKvPolicy(const json& body, KvPolicyOverride* out) {
   return std::nullopt;
 }
 
-std::optional<ApiError> ParseStops(const json& body, int vocab, GenerateRequest* g) {
+std::optional<ApiError> ParseStops(const json& body, const RequestLimits& limits,
+                                   GenerateRequest* g) {
   if (const json* stop = Member(body, "stop")) {
     if (stop->is_string()) {
       if (!stop->get<std::string>().empty()) g->stop.push_back(stop->get<std::string>());
     } else if (stop->is_array()) {
-      // The count is ValidateRequestParams'; this bound only caps the parse.
-      if (stop->size() > 1024) {
-        return OutOfRange("stop", "at most 1024 strings", Num(stop->size()));
+      // Counted before a string is copied (the budget's check).
+      if (absl::Status c = CheckStopCount(stop->size(), limits); !c.ok()) {
+        return InvalidRequest("stop", std::string(c.message()));
       }
       for (const json& s : *stop) {
         if (!s.is_string()) {
@@ -233,7 +236,7 @@ std::optional<ApiError> ParseStops(const json& body, int vocab, GenerateRequest*
   }
   if (const json* ids = Member(body, "stop_token_ids")) {
     if (!ids->is_array()) return WrongType("stop_token_ids", "an array of token ids", *ids);
-    API_TRY(GetTokenIds(*ids, "stop_token_ids", vocab, &g->stop_token_ids));
+    API_TRY(GetTokenIds(*ids, "stop_token_ids", limits.vocab_size, &g->stop_token_ids));
   }
   return std::nullopt;
 }
@@ -285,8 +288,22 @@ std::optional<ApiError> ChatTemplateInputs(const json& body, const std::string& 
   return std::nullopt;
 }
 
+// The prompt's text within the byte budget, tokenized. Its token count is
+// checked by the caller, after the context-length check that names OpenAI's
+// code.
+std::optional<ApiError> EncodeWithinBudget(const std::string& text, bool add_bos,
+                                           const RequestLimits& limits, const std::string& param,
+                                           const Tokenizer& tokenizer, std::vector<int32_t>* ids) {
+  if (absl::Status s = CheckPromptBytes(text.size(), limits, param); !s.ok()) {
+    return ApiErrorFromStatus(s, param);
+  }
+  *ids = tokenizer.Encode(text, add_bos);
+  return std::nullopt;
+}
+
 std::optional<ApiError> ParsePrompt(ApiKind kind, const json& body, const std::string& raw_body,
-                                    const ApiContext& ctx, ApiRequest* r) {
+                                    const ApiContext& ctx, const RequestLimits& limits,
+                                    ApiRequest* r) {
   const int vocab = ctx.tokenizer->vocab_size();
   std::vector<int32_t>& ids = r->request.prompt_token_ids;
   if (kind == ApiKind::kChat) {
@@ -295,6 +312,7 @@ std::optional<ApiError> ParsePrompt(ApiKind kind, const json& body, const std::s
     if (!messages->is_array()) return WrongType("messages", "an array of messages", *messages);
     if (messages->empty()) return InvalidRequest("messages", "'messages' must not be empty");
     std::vector<ChatMessage> chat;
+    size_t content_bytes = 0;
     for (size_t k = 0; k < messages->size(); ++k) {
       const json& m = (*messages)[k];
       std::string param = absl::StrCat("messages[", k, "]");
@@ -309,7 +327,12 @@ std::optional<ApiError> ParsePrompt(ApiKind kind, const json& body, const std::s
       }
       ChatMessage cm{role->get<std::string>(), ""};
       API_TRY(MessageContent(m, k, &cm.content));
+      content_bytes += cm.content.size();
       chat.push_back(std::move(cm));
+    }
+    // The contents alone over the budget: refused before rendering.
+    if (absl::Status s = CheckPromptBytes(content_bytes, limits, "messages"); !s.ok()) {
+      return ApiErrorFromStatus(s, "messages");
     }
     ChatRenderOptions options;
     std::optional<bool> b;
@@ -325,8 +348,8 @@ std::optional<ApiError> ParsePrompt(ApiKind kind, const json& body, const std::s
                                          "template: ",
                                          prompt.status().message()));
     }
-    ids = ctx.tokenizer->Encode(*prompt, ctx.chat_template->add_bos());
-    return std::nullopt;
+    return EncodeWithinBudget(*prompt, ctx.chat_template->add_bos(), limits, "messages",
+                              *ctx.tokenizer, &ids);
   }
 
   const json* prompt = Member(body, "prompt");
@@ -340,11 +363,14 @@ std::optional<ApiError> ParsePrompt(ApiKind kind, const json& body, const std::s
   }
   if (p->is_string()) {
     r->echo_text = p->get<std::string>();
-    ids = ctx.tokenizer->Encode(r->echo_text, /*add_bos=*/true);
-    return std::nullopt;
+    return EncodeWithinBudget(r->echo_text, /*add_bos=*/true, limits, "prompt", *ctx.tokenizer,
+                              &ids);
   }
   if (p->is_array()) {
     if (p->empty()) return InvalidRequest("prompt", "'prompt' must not be empty");
+    if (absl::Status s = CheckPromptTokens(p->size(), limits, "prompt"); !s.ok()) {
+      return ApiErrorFromStatus(s, "prompt");
+    }
     API_TRY(GetTokenIds(*p, "prompt", vocab, &ids));
     r->echo_text = SanitizeUtf8(ctx.tokenizer->Decode(ids));
     return std::nullopt;
@@ -384,7 +410,7 @@ ApiError ApiErrorFromStatus(const absl::Status& status, const std::string& promp
     case absl::StatusCode::kResourceExhausted:
       e.http_status = 429;
       e.type = "rate_limit_exceeded";
-      e.code = "queue_full";
+      e.code = IsClientLimitError(status) ? "concurrency_limit_exceeded" : "queue_full";
       break;
     case absl::StatusCode::kUnavailable:
       e.http_status = 503;
@@ -475,7 +501,9 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
     return OutOfRange(max_tokens_param, "in [1, 2^31)", Num(*max_tokens));
   }
 
-  API_TRY(ParseStops(j, ctx.tokenizer->vocab_size(), &g));
+  RequestLimits limits = ResolveRequestLimits(ctx.limits, ctx.max_model_len);
+  limits.vocab_size = ctx.tokenizer->vocab_size();
+  API_TRY(ParseStops(j, limits, &g));
 
   b.reset();
   API_TRY(GetBool(j, "ignore_eos", &b));
@@ -530,7 +558,16 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
     if (!bias->empty()) return InvalidRequest("logit_bias", "'logit_bias' is not supported");
   }
 
-  API_TRY(ParsePrompt(kind, j, body, ctx, &r));
+  // Everything but the prompt is checked before the prompt is tokenized
+  // (max_tokens, when absent, waits for the prompt's length).
+  g.max_tokens = static_cast<int32_t>(max_tokens.value_or(1));
+  if (absl::Status v = ValidateRequestParams(g, limits); !v.ok()) {
+    ApiError e = ApiErrorFromStatus(v, prompt_param);
+    if (e.param == "max_tokens") e.param = max_tokens_param;
+    if (e.param == "logprobs" && kind == ApiKind::kChat) e.param = "top_logprobs";
+    return e;
+  }
+  API_TRY(ParsePrompt(kind, j, body, ctx, limits, &r));
   const int64_t prompt_len = static_cast<int64_t>(g.prompt_token_ids.size());
   const std::string& policy = g.kv_policy.policy.empty() ? ctx.default_kv_policy
                                                          : g.kv_policy.policy;
@@ -550,6 +587,9 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
     e.code = "context_length_exceeded";
     return e;
   }
+  if (absl::Status t = CheckPromptTokens(prompt_len, limits, prompt_param); !t.ok()) {
+    return ApiErrorFromStatus(t, prompt_param);
+  }
   if (!max_tokens) {
     max_tokens = kind == ApiKind::kChat ? ctx.max_model_len - prompt_len : 16;
   }
@@ -563,8 +603,6 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
     return e;
   }
   g.max_tokens = static_cast<int32_t>(*max_tokens);
-  RequestLimits limits = kDefaultRequestLimits;
-  limits.vocab_size = ctx.tokenizer->vocab_size();
   if (absl::Status v = ValidateRequestParams(g, limits); !v.ok()) {
     ApiError e = ApiErrorFromStatus(v, prompt_param);
     // The engine's field names, as this request spelled them.

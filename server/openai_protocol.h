@@ -7,7 +7,10 @@
 // an ApiError naming the field in `param`) and ignores fields it does not
 // know, as OpenAI clients send many. Prompts are tokenized here, so length
 // errors name `prompt`/`messages` or `max_tokens` precisely and the engine
-// receives token ids.
+// receives token ids. The request cost budget (ApiContext::limits,
+// scheduler/request_validation.h) comes first: every other field is checked,
+// then the prompt's bytes (chat: the contents before rendering, then the
+// rendered text), and only then is it tokenized, and its tokens counted.
 //
 // Supported fields: model, prompt (string, [string], [ids] or [[ids]]),
 // messages (assistant tool_calls and "tool" messages included), tools,
@@ -37,6 +40,7 @@
 #include "absl/status/status.h"
 #include "model/tokenizer.h"
 #include "scheduler/request.h"
+#include "scheduler/request_validation.h"
 #include "server/chat_template.h"
 
 namespace kvserve {
@@ -55,7 +59,8 @@ struct ApiError {
 
 ApiError InvalidRequest(std::string param, std::string message);
 // Maps an engine status (Submit) to an error: InvalidArgument -> 400 with the
-// field named in the message as param, ResourceExhausted -> 429,
+// field named in the message as param, ResourceExhausted -> 429 (code
+// queue_full, or concurrency_limit_exceeded from server/client_limiter.h),
 // Unavailable -> 503, anything else -> 500. `prompt_param` is what a prompt
 // field is called in this API ("prompt" or "messages").
 ApiError ApiErrorFromStatus(const absl::Status& status, const std::string& prompt_param);
@@ -75,6 +80,10 @@ struct ApiContext {
   // sliding_window requests (this default or their kv_policy) may run past
   // max_model_len, which the engine then checks instead.
   std::string default_kv_policy = "none";
+  // The request cost budget (the config's limits section); the limits left
+  // 0 are derived from max_model_len (ResolveRequestLimits). A text prompt
+  // over max_prompt_bytes is refused before it is tokenized.
+  RequestLimits limits = kDefaultRequestLimits;
 };
 
 struct ApiRequest {

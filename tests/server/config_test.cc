@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 
 #include "tests/test_util.h"
@@ -211,7 +212,7 @@ TEST_CASE("Unknown keys and sections are refused, naming what is known", "[serve
   REQUIRE(Error(c).rfind("cache.blocksize: unknown key (cache has: kv_dtype, block_size,", 0) == 0);
   c = ParseServeConfig("model:\n  path: x\ncaches:\n  block_size: 16\n", "");
   REQUIRE(Error(c) ==
-          "caches: unknown section (sections: model, cache, scheduler, server, logging)");
+          "caches: unknown section (sections: model, cache, scheduler, server, limits, logging)");
   c = ParseServeConfig("- a\n- b\n", "");
   REQUIRE(Error(c) == "the config must be a map of sections (model, cache, ...)");
   c = ParseServeConfig("model: [\n", "");
@@ -363,6 +364,87 @@ TEST_CASE("The shipped configs parse", "[server]") {
 
   REQUIRE(LoadServeConfig("/nonexistent/kvserve.yaml").status().message() ==
           "/nonexistent/kvserve.yaml: cannot read the config file");
+}
+
+}  // namespace
+}  // namespace kvserve
+
+namespace kvserve {
+namespace {
+
+TEST_CASE("The limits section sets the request cost budget", "[server]") {
+  auto c = ParseServeConfig("model:\n  path: dummy:tiny\n", "/cfg");
+  REQUIRE(c.ok());
+  // Defaults: the derived limits stay 0 until the model's max_model_len is known.
+  RequestLimits l = c->ToRequestLimits();
+  REQUIRE(l.max_prompt_bytes == 0);
+  REQUIRE(l.max_prompt_tokens == 0);
+  REQUIRE(l.max_generated_tokens == 0);
+  REQUIRE(l.max_stop_strings == 16);
+  REQUIRE(l.max_stop_string_bytes == 256);
+  REQUIRE(l.max_logprobs == 20);
+  REQUIRE(l.max_samples == 64);
+  REQUIRE(c->limits.max_concurrent_per_client == 0);
+  REQUIRE(c->limits.max_unsent_outputs == 4096);
+  const RequestLimits r = ResolveRequestLimits(l, 512);
+  REQUIRE(r.max_prompt_tokens == 512);
+  REQUIRE(r.max_prompt_bytes == 32 * 512);
+  REQUIRE(r.max_generated_tokens == 64 * 512);
+
+  c = ParseServeConfig(
+      "model:\n  path: dummy:tiny\nlimits:\n  max_prompt_bytes: 1MiB\n  max_prompt_tokens: 100\n"
+      "  max_generated_tokens: 1000\n  max_n: 4\n  max_stop_strings: 2\n  max_stop_bytes: 8\n"
+      "  max_stop_token_ids: 3\n  max_logprobs: 5\n  max_concurrent_per_client: 7\n"
+      "  max_unsent_outputs: 9\n",
+      "/cfg");
+  REQUIRE(c.ok());
+  l = c->ToRequestLimits();
+  REQUIRE(l.max_prompt_bytes == 1 << 20);
+  REQUIRE(l.max_prompt_tokens == 100);
+  REQUIRE(l.max_generated_tokens == 1000);
+  REQUIRE(l.max_samples == 4);
+  REQUIRE(l.max_stop_strings == 2);
+  REQUIRE(l.max_stop_string_bytes == 8);
+  REQUIRE(l.max_stop_token_ids == 3);
+  REQUIRE(l.max_logprobs == 5);
+  REQUIRE(c->limits.max_concurrent_per_client == 7);
+  REQUIRE(c->limits.max_unsent_outputs == 9);
+  // Set limits are kept as they are; the engine gets the same ones.
+  REQUIRE(ResolveRequestLimits(l, 512).max_prompt_tokens == 100);
+  REQUIRE(c->ToEngineConfig().request_limits.max_stop_strings == 2);
+  REQUIRE(Error(ParseServeConfig("model:\n  path: dummy:tiny\nlimits:\n  max_n: 0\n", "/cfg")) ==
+          "limits.max_n: expected an integer in [1, 4096], got '0'");
+  REQUIRE(Error(ParseServeConfig("model:\n  path: dummy:tiny\nlimits:\n  max_prompt: 1\n", "/cfg"))
+              .starts_with("limits.max_prompt: unknown key (limits has: max_prompt_bytes, "));
+}
+
+TEST_CASE("A config file over 1 MiB is refused before it is parsed", "[server]") {
+  const std::string dir = testing::MakeTempDir("big_config");
+  const std::string path = dir + "/big.yaml";
+  {
+    // The 25 MB YAML map of the report: parsing it took 9 s and 1 GB.
+    std::ofstream out(path);
+    out << "model:\n  path: dummy:tiny\nextra:\n";
+    for (int i = 0; out.tellp() < (25 << 20); ++i) out << "  key" << i << ": value\n";
+  }
+  const auto start = absl::Now();
+  absl::StatusOr<ServeConfig> c = LoadServeConfig(path);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  REQUIRE(Error(c) == path + ": the config file has " +
+                          std::to_string(std::filesystem::file_size(path)) +
+                          " bytes, more than the 1048576 (1 MiB) a config may have");
+  INFO(seconds);
+  // A parse would take seconds; refusing reads nothing. Compared with
+  // parsing a file at the limit (1 MiB), it is the faster.
+  {
+    std::ofstream out(path, std::ios::trunc);
+    out << "model:\n  path: dummy:tiny\nextra:\n";
+    for (int i = 0; out.tellp() < (1 << 20) - 64; ++i) out << "  key" << i << ": value\n";
+  }
+  const auto start2 = absl::Now();
+  // Under the limit it is parsed (and the unknown section named).
+  REQUIRE(Error(LoadServeConfig(path)).find("extra: unknown section") != std::string::npos);
+  REQUIRE(seconds < absl::ToDoubleSeconds(absl::Now() - start2));
 }
 
 }  // namespace

@@ -1,7 +1,12 @@
 #include "server/logging.h"
 
+#include <spdlog/sinks/ostream_sink.h>
+
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "proto/kvserve.pb.h"
 
 namespace kvserve {
 namespace {
@@ -29,6 +34,32 @@ TEST_CASE("Logging configuration refuses unknown levels and formats", "[server]"
   REQUIRE(ConfigureLogging("info", "xml").message() ==
           "logging.format: expected text or json, got 'xml'");
   REQUIRE(ConfigureLogging("warn", "text").ok());
+}
+
+TEST_CASE("libprotobuf's lines go through spdlog, or to a capture while one is open", "[server]") {
+  std::ostringstream lines;
+  auto previous = spdlog::default_logger();
+  auto logger = std::make_shared<spdlog::logger>(
+      "capture", std::make_shared<spdlog::sinks::ostream_sink_mt>(lines));
+  logger->set_pattern("%l %v");
+  spdlog::set_default_logger(logger);
+  RouteProtobufLogs();
+  // GenerateRequest.prompt holding 0xff: protobuf refuses it and says why.
+  const std::string bad("\x12\x01\xff", 3);
+  v1::GenerateRequest r;
+  {
+    ProtobufLogCapture capture;
+    REQUIRE_FALSE(r.ParseFromString(bad));
+    REQUIRE(capture.text().find("String field 'kvserve.v1.GenerateRequest.prompt' contains "
+                                "invalid UTF-8 data") != std::string::npos);
+  }
+  REQUIRE(lines.str().empty());
+  REQUIRE_FALSE(r.ParseFromString(bad));
+  spdlog::set_default_logger(previous);
+  INFO(lines.str());
+  REQUIRE(lines.str().starts_with("warning protobuf ("));
+  REQUIRE(lines.str().find("String field 'kvserve.v1.GenerateRequest.prompt' contains invalid "
+                           "UTF-8 data") != std::string::npos);
 }
 
 }  // namespace

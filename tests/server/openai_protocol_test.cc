@@ -542,5 +542,96 @@ TEST_CASE("The checkpoint's sampling defaults apply where a request sets nothing
   REQUIRE(s.request.sampling.top_p == 0.9f);
 }
 
+// Counts Encode calls: the budget must refuse before tokenizing.
+class CountingTokenizer final : public Tokenizer {
+ public:
+  int vocab_size() const override { return inner_->vocab_size(); }
+  int32_t bos_id() const override { return inner_->bos_id(); }
+  int32_t eos_id() const override { return inner_->eos_id(); }
+  std::vector<int32_t> Encode(std::string_view text, bool add_bos) const override {
+    ++encodes;
+    return inner_->Encode(text, add_bos);
+  }
+  std::string TokenBytes(int32_t id, int32_t prev) const override {
+    return inner_->TokenBytes(id, prev);
+  }
+  std::string IdToPiece(int32_t id) const override { return inner_->IdToPiece(id); }
+  mutable int encodes = 0;
+
+ private:
+  std::unique_ptr<Tokenizer> inner_ = Tokenizer::ByteLevel(512);
+};
+
+TEST_CASE("The cost budget refuses before tokenizing, naming the field", "[server]") {
+  CountingTokenizer tok;
+  ChatTemplate chat_template;
+  ApiContext ctx;
+  ctx.tokenizer = &tok;
+  ctx.chat_template = &chat_template;
+  ctx.model_name = "tiny";
+  ctx.max_model_len = 64;  // derived: 64 prompt tokens, 2048 prompt bytes, 4096 generated
+  struct Case {
+    ApiKind kind;
+    json body;
+    std::string param;
+    std::string message;
+  };
+  const std::string big(3000, 'a');
+  json many_stops = json::array();
+  for (int i = 0; i < 100000; ++i) many_stops.push_back("s");
+  const std::vector<Case> cases = {
+      {ApiKind::kCompletion,
+       {{"prompt", big}},
+       "prompt",
+       "prompt has 3000 bytes, at most 2048 are allowed (limits.max_prompt_bytes)"},
+      {ApiKind::kChat,
+       {{"messages",
+         {{{"role", "user"}, {"content", big.substr(0, 1500)}},
+          {{"role", "user"}, {"content", big.substr(0, 1500)}}}}},
+       "messages",
+       "messages has 3000 bytes, at most 2048 are allowed (limits.max_prompt_bytes)"},
+      {ApiKind::kCompletion,
+       {{"prompt", big}, {"stop", many_stops}},
+       "stop",
+       "stop has 100000 strings, at most 16 are allowed"},
+      {ApiKind::kCompletion,
+       {{"prompt", "a"}, {"n", 64}, {"max_tokens", 100}, {"kv_policy", "streaming"}},
+       "max_tokens",
+       "n x max_tokens = 64 x 100 = 6400 tokens, at most 4096 are allowed "
+       "(limits.max_generated_tokens)"},
+      {ApiKind::kCompletion,
+       {{"prompt", "a"}, {"logprobs", 21}},
+       "logprobs",
+       "logprobs must be -1 (off) or in [0, 20], got 21"},
+  };
+  for (const Case& c : cases) {
+    ApiRequest r;
+    std::optional<ApiError> e = ParseApiRequest(c.kind, c.body.dump(), ctx, &r);
+    INFO(c.message);
+    REQUIRE(e.has_value());
+    REQUIRE(e->http_status == 400);
+    REQUIRE(e->param == c.param);
+    REQUIRE(e->message == c.message);
+  }
+  REQUIRE(tok.encodes == 0);
+
+  // Prompt tokens: counted once tokenized (text) or as sent (ids).
+  ctx.limits.max_prompt_tokens = 10;
+  ApiRequest r;
+  std::optional<ApiError> e =
+      ParseApiRequest(ApiKind::kCompletion, R"({"prompt": "hello world!"})", ctx, &r);
+  REQUIRE(e.has_value());
+  REQUIRE(e->param == "prompt");
+  REQUIRE(e->message == "prompt has 13 tokens, at most 10 are allowed (limits.max_prompt_tokens)");
+  REQUIRE(tok.encodes == 1);
+  e = ParseApiRequest(ApiKind::kCompletion, R"({"prompt": [5,5,5,5,5,5,5,5,5,5,5]})", ctx, &r);
+  REQUIRE(e.has_value());
+  REQUIRE(e->message == "prompt has 11 tokens, at most 10 are allowed (limits.max_prompt_tokens)");
+  // At the limit all is well.
+  e = ParseApiRequest(ApiKind::kCompletion, R"({"prompt": "hello wor", "max_tokens": 4})", ctx, &r);
+  REQUIRE_FALSE(e.has_value());
+  REQUIRE(r.request.prompt_token_ids.size() == 10);
+}
+
 }  // namespace
 }  // namespace kvserve

@@ -1,0 +1,62 @@
+// The front ends' side of the request cost budget (the limits and checks are
+// scheduler/request_validation.h): prompt tokenization held to the budget,
+// and the worker threads it runs on.
+//
+// TokenizeWithinBudget refuses a prompt over limits.max_prompt_bytes before
+// tokenizing it, so the work it does is bounded by that limit (about 1 us a
+// byte for SentencePiece), and a prompt over limits.max_prompt_tokens right
+// after. Front ends send the engine token ids, so the engine never tokenizes
+// a request's text on the thread that called Submit.
+//
+// PromptWorkers: a few threads on which the gRPC front end tokenizes and
+// submits, so gRPC's callback threads (which every other call needs) never
+// tokenize. Work runs in FIFO order; Stop() runs what is queued, then joins.
+//
+// Thread-safety: TokenizeWithinBudget is a pure function; PromptWorkers'
+// methods are safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "model/tokenizer.h"
+#include "scheduler/request_validation.h"
+
+namespace kvserve {
+
+// Token ids of a text prompt, or an InvalidArgument naming `field` when it is
+// over the byte or token budget.
+absl::StatusOr<std::vector<int32_t>> TokenizeWithinBudget(const Tokenizer& tokenizer,
+                                                          std::string_view text, bool add_bos,
+                                                          const RequestLimits& limits,
+                                                          std::string_view field = "prompt");
+
+class PromptWorkers {
+ public:
+  explicit PromptWorkers(int threads);
+  ~PromptWorkers();  // Stop()
+  PromptWorkers(const PromptWorkers&) = delete;
+  PromptWorkers& operator=(const PromptWorkers&) = delete;
+
+  // Queues `work`; after Stop() it runs on the calling thread.
+  void Run(std::function<void()> work);
+  // Runs the queued work and joins the threads.
+  void Stop();
+
+ private:
+  void Loop();
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace kvserve

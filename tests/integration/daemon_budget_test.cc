@@ -1,0 +1,288 @@
+// The request cost budget and gRPC hardening end to end through the real
+// `kvserve serve` binary (issue 15's findings): 100,000 stop strings and a
+// 5 MB prompt are refused before any work, over gRPC and HTTP alike, while a
+// small request beside them still finishes; malformed gRPC messages are
+// INVALID_ARGUMENT saying why, with no libprotobuf line in the log; and
+// afterwards the golden request gives the golden text with 0 active blocks.
+#include <grpcpp/generic/generic_stub.h>
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "proto/kvserve.grpc.pb.h"
+#include "tests/integration/daemon_fixture.h"
+
+namespace kvserve {
+namespace {
+
+namespace v1 = ::kvserve::v1;
+using json = nlohmann::json;
+using testing::DaemonProcess;
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+struct Client {
+  explicit Client(const DaemonProcess& d)
+      : channel(grpc::CreateChannel(d.grpc_target(), grpc::InsecureChannelCredentials())),
+        stub(v1::Generation::NewStub(channel)) {}
+
+  // The text; status and the kvserve-field trailer in the out-parameters.
+  std::string Generate(const v1::GenerateRequest& req, grpc::Status* st,
+                       std::string* field = nullptr) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+    auto reader = stub->Generate(&ctx, req);
+    std::string text;
+    v1::GenerateResponse r;
+    while (reader->Read(&r)) text += r.text();
+    *st = reader->Finish();
+    if (field != nullptr) {
+      auto it = ctx.GetServerTrailingMetadata().find("kvserve-field");
+      *field = it == ctx.GetServerTrailingMetadata().end()
+                   ? ""
+                   : std::string(it->second.data(), it->second.size());
+    }
+    return text;
+  }
+
+  grpc::Status Raw(const std::string& method, const std::string& bytes) {
+    grpc::GenericStub generic(channel);
+    grpc::ClientContext ctx;
+    grpc::Slice slice(bytes);
+    grpc::ByteBuffer request(&slice, 1);
+    grpc::ByteBuffer response;
+    std::promise<grpc::Status> done;
+    generic.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response,
+                      [&done](grpc::Status s) { done.set_value(std::move(s)); });
+    return done.get_future().get();
+  }
+
+  v1::Stats Stats() {
+    grpc::ClientContext ctx;
+    v1::Stats s;
+    REQUIRE(stub->GetStats(&ctx, v1::GetStatsRequest(), &s).ok());
+    return s;
+  }
+
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::Generation::Stub> stub;
+};
+
+v1::GenerateRequest Small() {
+  v1::GenerateRequest req;
+  req.set_prompt("Once upon a time");
+  req.set_max_tokens(8);
+  req.mutable_sampling()->set_temperature(0);
+  return req;
+}
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Golden text, then 0 active blocks once everything has settled.
+void RequireGoldenAndIdle(Client& c) {
+  v1::GenerateRequest golden;
+  golden.set_prompt("");
+  golden.set_max_tokens(256);
+  golden.mutable_sampling()->set_temperature(0);
+  grpc::Status st;
+  REQUIRE(c.Generate(golden, &st) == testing::GoldenGreedyText());
+  REQUIRE(st.ok());
+  v1::Stats stats;
+  for (int i = 0; i < 200; ++i) {
+    stats = c.Stats();
+    if (stats.kv_blocks_active() == 0 && stats.num_running() == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  REQUIRE(stats.kv_blocks_active() == 0);
+  REQUIRE(stats.num_waiting() == 0);
+}
+
+TEST_CASE("Daemon: 100,000 stop strings and a 5 MB prompt are refused before any work",
+          "[integration]") {
+  DaemonProcess d;
+  Client c(d);
+  grpc::Status st;
+  std::string field;
+
+  v1::GenerateRequest stops = Small();
+  stops.set_n(64);
+  for (int i = 0; i < 100000; ++i) stops.add_stop("stop string " + std::to_string(i));
+  c.Generate(stops, &st, &field);
+  REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  REQUIRE(st.error_message() == "stop has 100000 strings, at most 16 are allowed");
+  REQUIRE(field == "stop");
+
+  // The idle latency of a small request, then the same request while four
+  // clients keep sending 5 MB prompts.
+  std::vector<double> idle;
+  for (int i = 0; i < 5; ++i) {
+    const auto t = Clock::now();
+    REQUIRE(!c.Generate(Small(), &st).empty());
+    REQUIRE(st.ok());
+    idle.push_back(Since(t));
+  }
+  const std::string huge(5 << 20, 'a');
+  std::atomic<bool> stop{false};
+  std::atomic<int> refused{0};
+  std::atomic<int> wrong{0};
+  std::vector<double> refusal_s(4);
+  std::vector<std::thread> flooders;
+  for (int k = 0; k < 4; ++k) {
+    flooders.emplace_back([&, k] {
+      Client mine(d);
+      v1::GenerateRequest big = Small();
+      big.set_prompt(huge);
+      while (!stop.load()) {
+        grpc::Status s;
+        std::string f;
+        const auto t = Clock::now();
+        mine.Generate(big, &s, &f);
+        refusal_s[k] = std::max(refusal_s[k], Since(t));
+        if (s.error_code() == grpc::StatusCode::INVALID_ARGUMENT && f == "prompt" &&
+            s.error_message() ==
+                "prompt has 5242880 bytes, at most 16384 are allowed (limits.max_prompt_bytes)") {
+          ++refused;
+        } else {
+          ++wrong;
+        }
+      }
+    });
+  }
+  while (refused.load() < 8) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::vector<double> loaded;
+  for (int i = 0; i < 5; ++i) {
+    const auto t = Clock::now();
+    REQUIRE(!c.Generate(Small(), &st).empty());
+    REQUIRE(st.ok());
+    loaded.push_back(Since(t));
+  }
+  stop = true;
+  for (auto& t : flooders) t.join();
+  REQUIRE(wrong.load() == 0);
+  INFO("idle median " << Median(idle) << " s, under 5 MB prompts " << Median(loaded)
+                      << " s, slowest refusal "
+                      << *std::max_element(refusal_s.begin(), refusal_s.end()) << " s");
+  // Before: the prompts were tokenized in full (11-18 s each) and the small
+  // request took 40 s. Now each is refused after reading it.
+  REQUIRE(Median(loaded) < 20 * Median(idle) + 0.5);
+
+  // Tokenize is bounded the same way.
+  {
+    grpc::ClientContext ctx;
+    v1::TokenizeRequest tr;
+    tr.set_text(huge);
+    v1::TokenizeResponse out;
+    const grpc::Status ts = c.stub->Tokenize(&ctx, tr, &out);
+    REQUIRE(ts.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    REQUIRE(ts.error_message() ==
+            "text has 5242880 bytes, at most 16384 are allowed (limits.max_prompt_bytes)");
+  }
+  // And HTTP, with the same limit and message.
+  {
+    httplib::Client http = d.Client();
+    const json body = {{"prompt", huge}, {"max_tokens", 8}};
+    auto r = http.Post("/v1/completions", body.dump(), "application/json");
+    REQUIRE(r);
+    REQUIRE(r->status == 400);
+    const json e = json::parse(r->body)["error"];
+    REQUIRE(e["param"] == "prompt");
+    REQUIRE(e["message"] ==
+            "prompt has 5242880 bytes, at most 16384 are allowed (limits.max_prompt_bytes)");
+    // n x max_tokens, for a streaming request that max_model_len does not bound.
+    const json many = {{"prompt", "x"}, {"n", 64}, {"max_tokens", 600}, {"kv_policy", "streaming"}};
+    r = http.Post("/v1/completions", many.dump(), "application/json");
+    REQUIRE(r);
+    REQUIRE(r->status == 400);
+    REQUIRE(json::parse(r->body)["error"]["message"] ==
+            "n x max_tokens = 64 x 600 = 38400 tokens, at most 32768 are allowed "
+            "(limits.max_generated_tokens)");
+  }
+  RequireGoldenAndIdle(c);
+}
+
+TEST_CASE("Daemon: malformed gRPC messages are INVALID_ARGUMENT, logged through the logger",
+          "[integration]") {
+  DaemonProcess d;
+  Client c(d);
+  grpc::Status st = c.Raw("/kvserve.v1.Generation/Generate", std::string("\x12\x02\xff\xfe", 4));
+  REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  REQUIRE(st.error_message() ==
+          "GenerateRequest.prompt is not valid UTF-8 (string fields must be)");
+  st = c.Raw("/kvserve.v1.Generation/Generate", std::string("\x12\x05"
+                                                            "a",
+                                                            3));
+  REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  REQUIRE(st.error_message() ==
+          "the GenerateRequest message cannot be parsed (3 bytes, truncated or not a protobuf "
+          "message)");
+  st = c.Raw("/kvserve.v1.Generation/Tokenize", std::string("\x0a\x01\xff", 3));
+  REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  RequireGoldenAndIdle(c);
+  // No raw libprotobuf line on stderr: the daemon's log is all its own lines.
+  const std::string log = d.Log();
+  REQUIRE(log.find("[libprotobuf") == std::string::npos);
+  REQUIRE(log.find("grpc Generate refused: GenerateRequest.prompt is not valid UTF-8") !=
+          std::string::npos);
+}
+
+TEST_CASE("Daemon: a checkpoint with a NaN weight does not start, naming the tensor",
+          "[integration]") {
+  const std::string dir = testing::MakeTempDir("nan_daemon");
+  const std::string model = dir + "/stories260K.bin";
+  std::filesystem::copy_file(testing::Stories260kCheckpoint(), model);
+  {
+    // Layer 0's rms_att_weight, element 3 (after the 7-int header and the
+    // 512 x 64 embedding table).
+    std::fstream f(model, std::ios::binary | std::ios::in | std::ios::out);
+    f.seekp(28 + (512 * 64 + 3) * 4);
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    f.write(reinterpret_cast<const char*>(&nan), sizeof(nan));
+  }
+  const std::string cmd =
+      "timeout 60 " + testing::ShellQuote(testing::KvserveBinary()) + " serve --config " +
+      testing::ShellQuote(std::string(KVSERVE_SOURCE_DIR) + "/configs/default.yaml") +
+      " --set server.http_port=0 --set server.grpc_port=0 --set model.path=" +
+      testing::ShellQuote(model) +
+      " --set model.tokenizer=" + testing::ShellQuote(testing::Stories260kTokenizer());
+  std::string out;
+  REQUIRE(testing::RunCommand(cmd, &out) == 1);
+  INFO(out);
+  REQUIRE(out.find(model + ": tensor 'layers.0.rms_att_weight' holds NaN at element 3 (of 64); "
+                           "the checkpoint is corrupt") != std::string::npos);
+}
+
+TEST_CASE("Daemon: a config file over 1 MiB is refused before parsing", "[integration]") {
+  const std::string dir = testing::MakeTempDir("big_yaml");
+  const std::string path = dir + "/big.yaml";
+  {
+    std::ofstream out(path);
+    out << "model:\n  path: dummy:tiny\nserver:\n";
+    for (int i = 0; out.tellp() < (25 << 20); ++i) out << "  k" << i << ": v\n";
+  }
+  std::string out;
+  const auto start = Clock::now();
+  REQUIRE(testing::RunCommand("timeout 60 " + testing::ShellQuote(testing::KvserveBinary()) +
+                                  " serve --config " + testing::ShellQuote(path) + " --check",
+                              &out) == 2);
+  INFO(out << " after " << Since(start) << " s");
+  REQUIRE(out.find(path + ": the config file has ") != std::string::npos);
+  REQUIRE(out.find("bytes, more than the 1048576 (1 MiB) a config may have") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvserve
