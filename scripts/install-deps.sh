@@ -11,6 +11,7 @@ packages=(
   libyaml-cpp-dev libcpp-httplib-dev prometheus-cpp-dev libpcre2-dev libutf8proc-dev
   libbenchmark-dev python3 python3-grpcio python3-numpy nodejs npm prometheus nginx
   gnuplot-nox
+  libboost-dev libssl-dev openssl
 )
 if [[ "${KVSERVE_DEPS_EXTRA:-}" != "" ]]; then
   read -r -a extra <<<"${KVSERVE_DEPS_EXTRA}"
