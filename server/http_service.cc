@@ -121,12 +121,17 @@ struct HttpService::GenerateCall : std::enable_shared_from_this<GenerateCall> {
       exchange->StartStream(std::move(head));
       events = formatter->Start();
     }
+    // Written output by output (they coalesce into one socket write): a
+    // client that stopped reading is found out within one output.
     while ((pop = stream->TryNext(&out)) == RequestStream::Pop::kOutput) {
       events += formatter->Add(out);
+      exchange->Write(events);
+      events.clear();
+      if (exchange->ended()) return;  // the client stopped reading: cancelled when released
     }
     if (pop == RequestStream::Pop::kEnd) events += formatter->Finish();
     exchange->Write(events);
-    if (exchange->ended()) return;  // the client stopped reading: cancelled when released
+    if (exchange->ended()) return;
     if (pop == RequestStream::Pop::kEnd) {
       Finish();
       LogRequest(spdlog::level::info, request_id, "stream done after {:.3f}s",
