@@ -133,7 +133,7 @@ bool AllQuiet(const std::vector<RawConnection>& conns) {
   return poll(fds.data(), fds.size(), 0) == 0;
 }
 
-TEST_CASE("Daemon: 1,000 idle and 200 slow-header connections leave a completion within 2x",
+TEST_CASE("Daemon: 1000 idle and 200 slow-header connections leave a completion within 2x",
           "[integration][hardening]") {
   testing::RaiseOpenFileLimit();
   rlimit lim{};
