@@ -201,7 +201,8 @@ int RunDaemon(const ServeConfig& config) {
   spdlog::info("{}: draining ({} calls in flight, up to {:.1f}s)", SignalName(sig),
                state.calls_in_flight(), config.server.shutdown_timeout);
   built->engine->Drain(deadline);
-  if (!state.WaitForCalls(std::max(deadline, absl::Now()) + kFlushGrace)) {
+  const bool idle = state.WaitForCalls(std::max(deadline, absl::Now()) + kFlushGrace);
+  if (!idle) {
     spdlog::warn("{} calls still open after the grace period; closing them",
                  state.calls_in_flight());
   }
@@ -210,6 +211,8 @@ int RunDaemon(const ServeConfig& config) {
   // TODO(lead): the gRPC side should likewise answer UNAVAILABLE until exit
   // instead of shutting down here (grpc_service.*).
   grpc.Shutdown(absl::Now() + absl::Seconds(1));
+  // Open calls format output with the engine's tokenizer: close them first.
+  if (!idle) http.Stop();
   http.DetachEngine();
   built->engine.reset();
   spdlog::info("stopped");

@@ -227,14 +227,16 @@ class Connection final : public ConnectionBase,
   ~Connection() override {
     if (exchange_) exchange_->End();
     (refuse_ ? core_->refusing : core_->connections).fetch_sub(1);
-    absl::MutexLock lock(&core_->conns_mu);
-    core_->conns.erase(id_);
+    if (id_ != 0) {
+      absl::MutexLock lock(&core_->conns_mu);
+      core_->conns.erase(id_);
+    }
   }
 
   void Start() {
     {
       absl::MutexLock lock(&core_->conns_mu);
-      id_ = core_->next_id++;
+      id_ = ++core_->next_id;
       core_->conns[id_] = this->shared_from_this();
     }
     beast::error_code ec;
@@ -295,7 +297,7 @@ class Connection final : public ConnectionBase,
     } else {
       Enqueue(std::string(data));
     }
-    const int64_t unsent = static_cast<int64_t>(pending_.size() + inflight_.size());
+    const int64_t unsent = static_cast<int64_t>(pending_.size() + inflight_.size() - written_);
     if (unsent > core_->options.max_unsent_bytes && exchange_ != nullptr) {
       spdlog::warn(
           "http {} {} from {}: the client is not reading ({} bytes unsent, over "
@@ -595,26 +597,31 @@ class Connection final : public ConnectionBase,
     if (!writing_) Flush();
   }
 
+  // Writes piece by piece so the write deadline measures progress, not the
+  // time a whole (possibly large) response takes.
   void Flush() {
-    inflight_.swap(pending_);
-    pending_.clear();
+    if (written_ == inflight_.size()) {
+      inflight_.swap(pending_);
+      pending_.clear();
+      written_ = 0;
+    }
     writing_ = true;
     write_deadline_ = Clock::now() + ToClock(core_->options.write_timeout);
     ArmTimer();
-    asio::async_write(stream_, asio::buffer(inflight_),
-                      [self = this->shared_from_this()](beast::error_code ec, size_t) {
-                        self->OnWrite(ec);
-                      });
+    stream_.async_write_some(
+        asio::buffer(inflight_.data() + written_, inflight_.size() - written_),
+        [self = this->shared_from_this()](beast::error_code ec, size_t n) { self->OnWrite(ec, n); });
   }
 
-  void OnWrite(beast::error_code ec) {
+  void OnWrite(beast::error_code ec, size_t n) {
     writing_ = false;
-    inflight_.clear();
     if (phase_ == Phase::kClosed) return;
     if (ec) return CloseNow();
-    if (!pending_.empty()) return Flush();
+    written_ += n;
+    if (written_ < inflight_.size() || !pending_.empty()) return Flush();
+    inflight_.clear();
+    written_ = 0;
     write_deadline_ = Clock::time_point::max();
-    ArmTimer();
     if (response_complete_ && exchange_ == nullptr) OnDrained();
   }
 
@@ -639,13 +646,16 @@ class Connection final : public ConnectionBase,
     if (!reading_) StartRead();
   }
 
+  // Ends the exchange and closes at once. Whatever is still unsent is
+  // dropped with a reset (SO_LINGER 0) rather than left in the kernel for a
+  // client that is not reading.
   void CloseNow() {
     if (phase_ == Phase::kClosed) return;
     phase_ = Phase::kClosed;
     EndExchange();
     beast::error_code ec;
     timer_.cancel();
-    Socket().shutdown(tcp::socket::shutdown_both, ec);
+    if (writing_ || !pending_.empty()) Socket().set_option(asio::socket_base::linger(true, 0), ec);
     Socket().close(ec);
     self_.reset();
   }
@@ -662,14 +672,13 @@ class Connection final : public ConnectionBase,
     ArmTimer();
   }
 
+  // One timer serves both deadlines. It is re-armed only when a deadline
+  // moves earlier; a wait that fires early re-checks and re-arms (so a
+  // stream's many writes do not each reset it).
   void ArmTimer() {
     const Clock::time_point next = std::min(read_deadline_, write_deadline_);
-    if (next == armed_) return;
+    if (next == Clock::time_point::max() || next >= armed_) return;
     armed_ = next;
-    if (next == Clock::time_point::max()) {
-      timer_.cancel();
-      return;
-    }
     timer_.expires_at(next);
     timer_.async_wait([self = this->shared_from_this()](beast::error_code ec) {
       if (!ec) self->OnTimer();
@@ -733,6 +742,7 @@ class Connection final : public ConnectionBase,
 
   std::string pending_;   // queued, not yet handed to a write
   std::string inflight_;  // being written
+  size_t written_ = 0;    // of inflight_
   bool writing_ = false;
 
   Clock::time_point read_deadline_ = Clock::time_point::max();

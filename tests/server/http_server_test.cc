@@ -26,7 +26,8 @@ using testing::RawResponse;
 using namespace std::chrono_literals;
 
 struct Server {
-  explicit Server(HttpService::Options o = {}, std::string api_key = "")
+  explicit Server(HttpService::Options o = {}, std::string api_key = "",
+                  int32_t max_model_len = 256)
       : state(&metrics, ChatTemplate(), std::move(api_key)) {
     o.port = 0;
     if (o.max_body_bytes == (8 << 20)) o.max_body_bytes = 4096;
@@ -35,7 +36,7 @@ struct Server {
     REQUIRE(http->Start().ok());
     ServedModelInfo info;
     info.name = "fake";
-    info.max_model_len = 256;
+    info.max_model_len = max_model_len;
     state.SetReady(&engine, info);
   }
   ~Server() { http->Stop(); }
@@ -316,6 +317,24 @@ TEST_CASE("A stream whose client stops reading is cancelled once its buffer fill
   RawConnection next = s.Connect();
   REQUIRE(next.Send(Server::Completion(2)));
   REQUIRE(CompletionText(next.ReadResponse()) == "ab");
+}
+
+TEST_CASE("A response the client does not read is dropped after the write timeout",
+          "[server][http]") {
+  HttpService::Options o;
+  o.write_timeout = absl::Milliseconds(300);
+  Server s(o, "", /*max_model_len=*/1 << 20);
+  s.engine.reply_length = 1 << 30;
+  // Over 10 MB of JSON (more than the kernel buffers) to a client that never reads.
+  RawConnection c = s.Connect(/*rcvbuf=*/4096);
+  const std::string body = R"({"prompt": "hi", "max_tokens": 2000, "n": 64, "logprobs": 5})";
+  REQUIRE(c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                 std::to_string(body.size()) + "\r\n\r\n" + body));
+  // The server resets the connection: seen without reading.
+  pollfd p{c.fd(), 0, 0};
+  REQUIRE(poll(&p, 1, 30000) == 1);
+  REQUIRE((p.revents & (POLLHUP | POLLERR)) != 0);
+  REQUIRE(s.state.calls_in_flight() == 0);
 }
 
 TEST_CASE("A client that leaves before a plain (non-streamed) answer cancels its request",
