@@ -12,8 +12,10 @@ namespace {
 
 // (Debian's Abseil has its own string_view, hence these small helpers.)
 std::string_view Strip(std::string_view s) {
-  while (!s.empty() && absl::ascii_isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && absl::ascii_isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  while (!s.empty() && absl::ascii_isspace(static_cast<unsigned char>(s.front())))
+    s.remove_prefix(1);
+  while (!s.empty() && absl::ascii_isspace(static_cast<unsigned char>(s.back())))
+    s.remove_suffix(1);
   return s;
 }
 
@@ -38,8 +40,9 @@ ApiKeys::Digest Sha256(std::string_view text) {
 
 bool ConstantTimeEquals(std::string_view a, std::string_view b) {
   const size_t n = std::min(a.size(), b.size());
-  const bool same = ConstantTimeEqualsWith(n, [&a](size_t i) { return static_cast<uint8_t>(a[i]); },
-                                           [&b](size_t i) { return static_cast<uint8_t>(b[i]); });
+  const bool same = ConstantTimeEqualsWith(
+      n, [&a](size_t i) { return static_cast<uint8_t>(a[i]); },
+      [&b](size_t i) { return static_cast<uint8_t>(b[i]); });
   return same && a.size() == b.size();
 }
 
@@ -73,9 +76,10 @@ absl::StatusOr<std::vector<std::string>> ApiKeys::ReadKeyFile(const std::string&
     if (k.empty() || k.front() == '#') continue;
     for (char c : k) {
       if (absl::ascii_isspace(static_cast<unsigned char>(c))) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "server.api_key_file: ", key_file, " line ", line_no, ": a key may not contain "
-            "whitespace"));
+        return absl::InvalidArgumentError(absl::StrCat("server.api_key_file: ", key_file, " line ",
+                                                       line_no,
+                                                       ": a key may not contain "
+                                                       "whitespace"));
       }
     }
     keys.emplace_back(k);
@@ -104,9 +108,8 @@ bool ApiKeys::MatchesToken(std::string_view token) const {
   // Every key is compared in full: the loop never stops at a match.
   bool any = false;
   for (const Digest& d : digests_) {
-    const bool same =
-        ConstantTimeEqualsWith(d.size(), [&d](size_t i) { return d[i]; },
-                               [&presented](size_t i) { return presented[i]; });
+    const bool same = ConstantTimeEqualsWith(
+        d.size(), [&d](size_t i) { return d[i]; }, [&presented](size_t i) { return presented[i]; });
     any = any | same;
   }
   return any;

@@ -49,7 +49,9 @@ bool IEquals(std::string_view a, std::string_view b) {
 
 Clock::duration ToClock(absl::Duration d) { return absl::ToChronoNanoseconds(d); }
 
-std::string SecondsText(absl::Duration d) { return absl::StrFormat("%g s", absl::ToDoubleSeconds(d)); }
+std::string SecondsText(absl::Duration d) {
+  return absl::StrFormat("%g s", absl::ToDoubleSeconds(d));
+}
 
 HttpResponse ErrorResponse(int status, std::string message, std::string code,
                            std::string type = "invalid_request_error") {
@@ -67,7 +69,8 @@ HttpResponse ErrorResponse(int status, std::string message, std::string code,
 // The response head: status line and headers, up to the blank line.
 std::string Head(const HttpResponse& r, bool keep_alive, int request_version,
                  std::optional<size_t> content_length, bool chunked) {
-  std::string h = absl::StrCat("HTTP/1.1 ", r.status, " ", std::string(HttpReason(r.status)), "\r\n");
+  std::string h =
+      absl::StrCat("HTTP/1.1 ", r.status, " ", std::string(HttpReason(r.status)), "\r\n");
   if (!r.content_type.empty()) absl::StrAppend(&h, "Content-Type: ", r.content_type, "\r\n");
   for (const auto& [name, value] : r.headers) absl::StrAppend(&h, name, ": ", value, "\r\n");
   if (content_length) absl::StrAppend(&h, "Content-Length: ", *content_length, "\r\n");
@@ -82,7 +85,8 @@ std::string Head(const HttpResponse& r, bool keep_alive, int request_version,
 }
 
 // RFC 9112 6.1: the only transfer coding we decode is chunked, once, last.
-std::optional<HttpResponse> CheckTransferEncoding(const http::request_parser<http::string_body>& p) {
+std::optional<HttpResponse> CheckTransferEncoding(
+    const http::request_parser<http::string_body>& p) {
   const auto& fields = p.get();
   if (fields.count(http::field::transfer_encoding) == 0) return std::nullopt;
   std::vector<std::string> codings;
@@ -104,11 +108,11 @@ std::optional<HttpResponse> CheckTransferEncoding(const http::request_parser<htt
   }
   for (const std::string& c : codings) {
     if (c != "chunked") {
-      return ErrorResponse(
-          501,
-          absl::StrCat("Transfer-Encoding '", all, "' is not supported: the only transfer coding "
-                       "accepted is chunked"),
-          "unsupported_transfer_encoding");
+      return ErrorResponse(501,
+                           absl::StrCat("Transfer-Encoding '", all,
+                                        "' is not supported: the only transfer coding "
+                                        "accepted is chunked"),
+                           "unsupported_transfer_encoding");
     }
   }
   if (codings.size() != 1) {
@@ -134,15 +138,15 @@ class ConnectionBase {
   virtual void Shutdown() = 0;
 };
 
-class ExchangeImpl final : public HttpExchange,
-                           public std::enable_shared_from_this<ExchangeImpl> {
+class ExchangeImpl final : public HttpExchange, public std::enable_shared_from_this<ExchangeImpl> {
  public:
   ExchangeImpl(std::weak_ptr<ConnectionBase> conn, HttpRequest request)
       : conn_(std::move(conn)), request_(std::move(request)) {}
 
   const HttpRequest& request() const override { return request_; }
   void Post(std::function<void()> fn) override {
-    if (std::shared_ptr<ConnectionBase> c = conn_.lock()) c->PostFor(shared_from_this(), std::move(fn));
+    if (std::shared_ptr<ConnectionBase> c = conn_.lock())
+      c->PostFor(shared_from_this(), std::move(fn));
   }
   void Attach(std::shared_ptr<void> state) override {
     if (!ended_) state_ = std::move(state);
@@ -261,10 +265,10 @@ class Connection final : public ConnectionBase,
   void PostFor(std::shared_ptr<ExchangeImpl> ex, std::function<void()> fn) override {
     absl::ReaderMutexLock lock(&core_->mu);
     if (core_->stopped) return;
-    asio::post(Socket().get_executor(), [self = this->shared_from_this(), ex = std::move(ex),
-                                         fn = std::move(fn)] {
-      if (!ex->ended()) fn();
-    });
+    asio::post(Socket().get_executor(),
+               [self = this->shared_from_this(), ex = std::move(ex), fn = std::move(fn)] {
+                 if (!ex->ended()) fn();
+               });
   }
 
   void Respond(ExchangeImpl* ex, HttpResponse r) override {
@@ -348,11 +352,11 @@ class Connection final : public ConnectionBase,
       keep_alive_ = false;
       close_after_ = true;
       response_complete_ = true;
-      HttpResponse r = ErrorResponse(
-          503,
-          absl::StrCat("too many open connections (server.max_connections = ",
-                       core_->options.max_connections, "); retry later"),
-          "too_many_connections", "service_unavailable");
+      HttpResponse r =
+          ErrorResponse(503,
+                        absl::StrCat("too many open connections (server.max_connections = ",
+                                     core_->options.max_connections, "); retry later"),
+                        "too_many_connections", "service_unavailable");
       Observe(r.status);
       std::string out = Head(r, false, 11, r.body.size(), false) + r.body;
       Enqueue(std::move(out));
@@ -419,10 +423,9 @@ class Connection final : public ConnectionBase,
     phase_ = Phase::kHeader;
     SetReadDeadline(core_->options.header_timeout);
     reading_ = true;
-    http::async_read_header(stream_, buffer_, *parser_,
-                            [self = this->shared_from_this()](beast::error_code ec, size_t) {
-                              self->OnHeader(ec);
-                            });
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
   }
 
   void OnHeader(beast::error_code ec) {
@@ -463,9 +466,9 @@ class Connection final : public ConnectionBase,
           return Refuse(ErrorResponse(400, "Transfer-Encoding: chunked is applied more than once",
                                       "bad_transfer_encoding"));
         }
-        return Refuse(ErrorResponse(
-            400, "Content-Length is not a valid length (or lists different values)",
-            "bad_content_length"));
+        return Refuse(
+            ErrorResponse(400, "Content-Length is not a valid length (or lists different values)",
+                          "bad_content_length"));
       }
       // The client closed between requests, or vanished.
       if (ec == http::error::end_of_stream || ec == asio::error::eof ||
@@ -508,10 +511,9 @@ class Connection final : public ConnectionBase,
     parser_->body_limit(static_cast<uint64_t>(core_->options.max_body_bytes));
     SetReadDeadline(core_->options.body_timeout);
     reading_ = true;
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = this->shared_from_this()](beast::error_code ec, size_t) {
-                       self->OnBody(ec);
-                     });
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnBody(ec); });
   }
 
   void OnBody(beast::error_code ec) {
@@ -608,9 +610,10 @@ class Connection final : public ConnectionBase,
     writing_ = true;
     write_deadline_ = Clock::now() + ToClock(core_->options.write_timeout);
     ArmTimer();
-    stream_.async_write_some(
-        asio::buffer(inflight_.data() + written_, inflight_.size() - written_),
-        [self = this->shared_from_this()](beast::error_code ec, size_t n) { self->OnWrite(ec, n); });
+    stream_.async_write_some(asio::buffer(inflight_.data() + written_, inflight_.size() - written_),
+                             [self = this->shared_from_this()](beast::error_code ec, size_t n) {
+                               self->OnWrite(ec, n);
+                             });
   }
 
   void OnWrite(beast::error_code ec, size_t n) {
@@ -690,9 +693,10 @@ class Connection final : public ConnectionBase,
     armed_ = Clock::time_point::max();
     const Clock::time_point now = Clock::now();
     if (now >= write_deadline_) {
-      spdlog::info("http: a response to {} made no progress for server.http_write_timeout_s; "
-                   "closing",
-                   peer_);
+      spdlog::info(
+          "http: a response to {} made no progress for server.http_write_timeout_s; "
+          "closing",
+          peer_);
       return CloseNow();
     }
     if (now >= read_deadline_) {
@@ -755,30 +759,30 @@ using TlsConnection = Connection<asio::ssl::stream<tcp::socket>>;
 
 void Accept(std::shared_ptr<HttpServer::Core> core) {
   HttpServer::Core* c = core.get();
-  c->acceptor.async_accept(
-      asio::make_strand(c->ioc), [core = std::move(core)](beast::error_code ec, tcp::socket socket) {
-        if (!core->acceptor.is_open()) return;
-        if (ec) {
-          // Out of descriptors (or a transient error): try again shortly
-          // rather than spin.
-          spdlog::warn("http: accept failed: {}", ec.message());
-          core->accept_retry.expires_after(kAcceptRetry);
-          core->accept_retry.async_wait([core](beast::error_code e) {
-            if (!e) Accept(core);
-          });
-          return;
-        }
-        const bool refuse = core->connections.load() >= core->options.max_connections;
-        if (refuse && core->refusing.load() >= kMaxRefusing) {
-          beast::error_code ignored;
-          socket.close(ignored);
-        } else if (core->tls) {
-          std::make_shared<TlsConnection>(core, std::move(socket), refuse)->Start();
-        } else {
-          std::make_shared<PlainConnection>(core, std::move(socket), refuse)->Start();
-        }
-        Accept(core);
+  c->acceptor.async_accept(asio::make_strand(c->ioc), [core = std::move(core)](beast::error_code ec,
+                                                                               tcp::socket socket) {
+    if (!core->acceptor.is_open()) return;
+    if (ec) {
+      // Out of descriptors (or a transient error): try again shortly
+      // rather than spin.
+      spdlog::warn("http: accept failed: {}", ec.message());
+      core->accept_retry.expires_after(kAcceptRetry);
+      core->accept_retry.async_wait([core](beast::error_code e) {
+        if (!e) Accept(core);
       });
+      return;
+    }
+    const bool refuse = core->connections.load() >= core->options.max_connections;
+    if (refuse && core->refusing.load() >= kMaxRefusing) {
+      beast::error_code ignored;
+      socket.close(ignored);
+    } else if (core->tls) {
+      std::make_shared<TlsConnection>(core, std::move(socket), refuse)->Start();
+    } else {
+      std::make_shared<PlainConnection>(core, std::move(socket), refuse)->Start();
+    }
+    Accept(core);
+  });
 }
 
 }  // namespace
@@ -818,18 +822,18 @@ absl::Status HttpServer::Start() {
     beast::error_code ec;
     c.tls->use_certificate_chain_file(options_.tls_cert_file, ec);
     if (ec) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "server.tls.cert_file: cannot use '", options_.tls_cert_file, "': ", ec.message()));
+      return absl::InvalidArgumentError(absl::StrCat("server.tls.cert_file: cannot use '",
+                                                     options_.tls_cert_file, "': ", ec.message()));
     }
     c.tls->use_private_key_file(options_.tls_key_file, asio::ssl::context::pem, ec);
     if (ec) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "server.tls.key_file: cannot use '", options_.tls_key_file, "': ", ec.message()));
+      return absl::InvalidArgumentError(absl::StrCat("server.tls.key_file: cannot use '",
+                                                     options_.tls_key_file, "': ", ec.message()));
     }
   }
 
-  const std::string where = absl::StrCat("server.http_port: cannot listen on ", options_.host,
-                                         ":", options_.port, " (in use, or a bad host?)");
+  const std::string where = absl::StrCat("server.http_port: cannot listen on ", options_.host, ":",
+                                         options_.port, " (in use, or a bad host?)");
   beast::error_code ec;
   tcp::endpoint endpoint;
   asio::ip::address address = asio::ip::make_address(options_.host, ec);

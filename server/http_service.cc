@@ -259,8 +259,8 @@ HttpResponse HttpService::Metrics() const {
   r.content_type = "text/plain; version=0.0.4; charset=utf-8";
   absl::ReaderMutexLock lock(&engine_mu_);
   Engine* engine = engine_detached_ ? nullptr : state_->engine();
-  r.body = engine != nullptr ? state_->metrics().Scrape(engine->GetStats())
-                             : state_->metrics().Scrape();
+  r.body =
+      engine != nullptr ? state_->metrics().Scrape(engine->GetStats()) : state_->metrics().Scrape();
   return r;
 }
 
@@ -315,11 +315,11 @@ void HttpService::HandleGenerate(bool chat, std::shared_ptr<HttpExchange> ex) {
       return reply(std::move(r));
     }
     LogRequest(spdlog::level::info, request_id, "{} prompt_tokens={} max_tokens={} n={} stream={}",
-               req.path, api.request.prompt_token_ids.size(), api.request.max_tokens,
-               api.request.n, api.stream);
+               req.path, api.request.prompt_token_ids.size(), api.request.max_tokens, api.request.n,
+               api.stream);
     state_->CallStarted();
-    auto call = std::make_shared<GenerateCall>(state_, ex, *std::move(submitted), request_id,
-                                               api.stream);
+    auto call =
+        std::make_shared<GenerateCall>(state_, ex, *std::move(submitted), request_id, api.stream);
     call->response_id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", request_id);
     call->created = UnixNow();
     call->model = api.model;

@@ -44,8 +44,8 @@ std::string Request(const std::string& method, const std::string& path, const st
                     const std::string& extra_headers = "") {
   std::string r = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\n" + extra_headers;
   if (!body.empty() || method == "POST") {
-    r += "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
-         "\r\n";
+    r +=
+        "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) + "\r\n";
   }
   return r + "\r\n" + body;
 }
@@ -295,7 +295,8 @@ TEST_CASE("Daemon: every framing finding is refused with its status; the golden 
 
   // The daemon serves on: the reference text, and no block left in use.
   RawConnection golden(port);
-  REQUIRE(golden.Send(Request("POST", "/v1/completions", kGreedyBody, "Authorization: bearer k3y\r\n")));
+  REQUIRE(golden.Send(
+      Request("POST", "/v1/completions", kGreedyBody, "Authorization: bearer k3y\r\n")));
   REQUIRE(CompletionText(golden.ReadResponse()) == testing::GoldenGreedyText());
   const std::string metrics = Metrics(port);
   REQUIRE(MetricValue(metrics, "kvserve_kv_blocks{state=\"active\"}") == 0);
@@ -470,14 +471,14 @@ TEST_CASE("Daemon: HTTPS from server.tls files made here, keys from server.api_k
   REQUIRE(unauthorized->status == 401);
   for (const char* auth : {"Bearer key-one", "bearer key-two", "BEARER key-one"}) {
     INFO(auth);
-    auto r = client->Post("/v1/completions", {{"Authorization", auth}}, kGreedyBody,
-                         "application/json");
+    auto r =
+        client->Post("/v1/completions", {{"Authorization", auth}}, kGreedyBody, "application/json");
     REQUIRE(r);
     REQUIRE(r->status == 200);
     REQUIRE(json::parse(r->body)["choices"][0]["text"] == testing::GoldenGreedyText());
   }
-  auto wrong = client->Post("/v1/completions", {{"Authorization", "Bearer key-three"}},
-                           kGreedyBody, "application/json");
+  auto wrong = client->Post("/v1/completions", {{"Authorization", "Bearer key-three"}}, kGreedyBody,
+                            "application/json");
   REQUIRE(wrong->status == 401);
 }
 

@@ -6,6 +6,9 @@
 //
 // llama2.c's run.c samples a token at every position 0..255 from [BOS], so
 // the reference text is 256 greedy tokens from an empty prompt.
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/impl/codegen/sync_stream.h>
+
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <condition_variable>
@@ -13,9 +16,6 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
-
-#include <grpcpp/grpcpp.h>
-#include <grpcpp/impl/codegen/sync_stream.h>
 
 #include "tests/integration/daemon_fixture.h"
 
@@ -391,7 +391,8 @@ TEST_CASE("Daemon: SIGTERM refuses new work, finishes in-flight streams and exit
   }
   // The gRPC health watch tells when the daemon began draining (it stops
   // admitting before it says NOT_SERVING).
-  auto watch = std::async(std::launch::async, [&] { return WatchUntilNotServing(d.grpc_target()); });
+  auto watch =
+      std::async(std::launch::async, [&] { return WatchUntilNotServing(d.grpc_target()); });
   d.Signal(SIGTERM);
   REQUIRE(watch.get());
 

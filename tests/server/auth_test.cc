@@ -55,8 +55,8 @@ TEST_CASE("Keys come from server.api_key and server.api_key_file, all accepted",
     REQUIRE(missing.status().message() == "server.api_key_file: cannot read '" + dir + "/nope'");
     std::ofstream(dir + "/spaced") << "ok\nbad key\n";
     absl::StatusOr<ApiKeys> spaced = ApiKeys::Load("", dir + "/spaced");
-    REQUIRE(spaced.status().message() == "server.api_key_file: " + dir +
-                                             "/spaced line 2: a key may not contain whitespace");
+    REQUIRE(spaced.status().message() ==
+            "server.api_key_file: " + dir + "/spaced line 2: a key may not contain whitespace");
     std::ofstream(dir + "/empty") << "# nothing\n\n";
     absl::StatusOr<ApiKeys> empty = ApiKeys::Load("k", dir + "/empty");
     REQUIRE(empty.status().message() == "server.api_key_file: " + dir + "/empty holds no key");

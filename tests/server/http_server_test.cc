@@ -47,7 +47,8 @@ struct Server {
   }
   // A well-formed completion request for max_tokens tokens.
   static std::string Completion(int max_tokens, std::string extra_headers = "") {
-    const std::string body = R"({"prompt": "hi", "max_tokens": )" + std::to_string(max_tokens) + "}";
+    const std::string body =
+        R"({"prompt": "hi", "max_tokens": )" + std::to_string(max_tokens) + "}";
     return "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n" +
            extra_headers + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   }
@@ -98,8 +99,8 @@ TEST_CASE("Ambiguous or unsupported framing is refused with its status, then clo
        post + "Transfer-Encoding: chunked\r\nContent-Length: 26\r\n\r\n" + chunked_body, 400,
        "ambiguous_framing", "both Content-Length and Transfer-Encoding"},
       {"Transfer-Encoding: gzip with Content-Length",
-       post + "Transfer-Encoding: gzip\r\nContent-Length: 5\r\n\r\nhello", 400,
-       "ambiguous_framing", "both Content-Length and Transfer-Encoding ('gzip')"},
+       post + "Transfer-Encoding: gzip\r\nContent-Length: 5\r\n\r\nhello", 400, "ambiguous_framing",
+       "both Content-Length and Transfer-Encoding ('gzip')"},
       {"two different Content-Lengths",
        post + "Content-Length: 5\r\nContent-Length: 6\r\n\r\nhello!", 400, "bad_content_length",
        "two different Content-Length values"},
@@ -116,15 +117,14 @@ TEST_CASE("Ambiguous or unsupported framing is refused with its status, then clo
       {"two Transfer-Encoding: chunked headers",
        post + "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked_body,
        400, "bad_transfer_encoding", "chunked is applied more than once"},
-      {"a declared body over server.max_body_bytes",
-       post + "Content-Length: 100000000\r\n\r\n", 413, "payload_too_large",
-       "larger than server.max_body_bytes (4096 bytes)"},
-      {"chunks adding up to more than server.max_body_bytes",
-       post + "Transfer-Encoding: chunked\r\n\r\n1000\r\n" + std::string(4096, 'a') +
-           "\r\n10\r\n" + std::string(16, 'b') + "\r\n0\r\n\r\n",
+      {"a declared body over server.max_body_bytes", post + "Content-Length: 100000000\r\n\r\n",
        413, "payload_too_large", "larger than server.max_body_bytes (4096 bytes)"},
-      {"a bad chunk size", post + "Transfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n",
-       400, "malformed_request", "malformed request body"},
+      {"chunks adding up to more than server.max_body_bytes",
+       post + "Transfer-Encoding: chunked\r\n\r\n1000\r\n" + std::string(4096, 'a') + "\r\n10\r\n" +
+           std::string(16, 'b') + "\r\n0\r\n\r\n",
+       413, "payload_too_large", "larger than server.max_body_bytes (4096 bytes)"},
+      {"a bad chunk size", post + "Transfer-Encoding: chunked\r\n\r\nzz\r\nhello\r\n0\r\n\r\n", 400,
+       "malformed_request", "malformed request body"},
       {"a head over 64 KiB", post + "X-Big: " + std::string(70000, 'h') + "\r\n\r\n", 431,
        "headers_too_large", "larger than 65536 bytes"},
       {"a malformed request line", "GET\x01 / HTTP/1.1\r\n\r\n", 400, "malformed_request",
@@ -159,7 +159,8 @@ TEST_CASE("The API key is checked on the head, before any body byte is read", "[
   Server s(o, "s3cret");
   SECTION("a 1 GiB body declared and never sent: 401 at once, then closed") {
     RawConnection c = s.Connect();
-    REQUIRE(c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1073741824\r\n\r\n"));
+    REQUIRE(
+        c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1073741824\r\n\r\n"));
     auto r = c.ReadResponse(5s);
     RequireError(r, 401, "invalid_api_key", "Authorization: Bearer <key>");
     REQUIRE(r->Header("WWW-Authenticate") == "Bearer");
@@ -167,8 +168,9 @@ TEST_CASE("The API key is checked on the head, before any body byte is read", "[
   }
   SECTION("the same for a chunked body, and Expect: 100-continue gets no 100") {
     RawConnection c = s.Connect();
-    REQUIRE(c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
-                   "Transfer-Encoding: chunked\r\nAuthorization: Bearer wrong\r\n\r\n"));
+    REQUIRE(
+        c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+               "Transfer-Encoding: chunked\r\nAuthorization: Bearer wrong\r\n\r\n"));
     auto r = c.ReadResponse(5s);
     RequireError(r, 401, "invalid_api_key", "Bearer");
     REQUIRE(r->head.rfind("HTTP/1.1 401", 0) == 0);
@@ -176,9 +178,10 @@ TEST_CASE("The API key is checked on the head, before any body byte is read", "[
   SECTION("with the key (scheme in any case) and Expect: 100-continue, the body is read") {
     RawConnection c = s.Connect();
     const std::string body = R"({"prompt": "hi", "max_tokens": 3})";
-    REQUIRE(c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
-                   "Authorization: bearer s3cret\r\nContent-Length: " +
-                   std::to_string(body.size()) + "\r\n\r\n"));
+    REQUIRE(
+        c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+               "Authorization: bearer s3cret\r\nContent-Length: " +
+               std::to_string(body.size()) + "\r\n\r\n"));
     // The 100 arrives before the body is sent (ReadResponse would skip it).
     std::string got;
     while (got.find("\r\n\r\n") == std::string::npos) {
@@ -215,7 +218,8 @@ TEST_CASE("Slow, silent and idle connections are timed out; they hold no thread"
   RawConnection half_head = s.Connect();
   REQUIRE(half_head.Send("POST /v1/completions HTTP/1.1\r\nHo"));
   RawConnection half_body = s.Connect();
-  REQUIRE(half_body.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{"));
+  REQUIRE(
+      half_body.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{"));
   RawConnection idle = s.Connect();
   REQUIRE(idle.Send(Server::Completion(2)));
   REQUIRE(CompletionText(idle.ReadResponse()) == "ab");
@@ -228,8 +232,7 @@ TEST_CASE("Slow, silent and idle connections are timed out; they hold no thread"
   RequireError(silent.ReadResponse(), 408, "request_timeout",
                "the request head did not arrive within server.http_header_timeout_s (0.3 s)");
   REQUIRE(silent.WaitClosed());
-  RequireError(half_head.ReadResponse(), 408, "request_timeout",
-               "server.http_header_timeout_s");
+  RequireError(half_head.ReadResponse(), 408, "request_timeout", "server.http_header_timeout_s");
   REQUIRE(half_head.WaitClosed());
   RequireError(half_body.ReadResponse(), 408, "request_timeout",
                "the request body did not arrive within server.http_body_timeout_s (0.3 s)");
@@ -306,7 +309,8 @@ TEST_CASE("A stream whose client stops reading is cancelled once its buffer fill
   s.engine.token_interval = absl::Microseconds(20);
   // Never read, with a small window: the unsent bytes pile up in the server.
   RawConnection c = s.Connect(/*rcvbuf=*/4096);
-  const std::string body = R"({"prompt": "hi", "max_tokens": 250, "n": 64, "logprobs": 5, "stream": true})";
+  const std::string body =
+      R"({"prompt": "hi", "max_tokens": 250, "n": 64, "logprobs": 5, "stream": true})";
   REQUIRE(c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: " +
                  std::to_string(body.size()) + "\r\n\r\n" + body));
   REQUIRE(s.engine.WaitForCancelled(1) == 1);
@@ -391,9 +395,9 @@ TEST_CASE("HTTPS from server.tls.cert_file and key_file", "[server][http][tls]")
   auto health = client.Get("/health");
   REQUIRE(health);
   REQUIRE(health->status == 200);
-  REQUIRE(client.Post("/v1/completions", R"({"prompt": "hi", "max_tokens": 2})",
-                      "application/json")
-              ->status == 401);
+  REQUIRE(
+      client.Post("/v1/completions", R"({"prompt": "hi", "max_tokens": 2})", "application/json")
+          ->status == 401);
   auto r = client.Post("/v1/completions", {{"Authorization", "Bearer s3cret"}},
                        R"({"prompt": "hi", "max_tokens": 2, "stream": true})", "application/json");
   REQUIRE(r);
