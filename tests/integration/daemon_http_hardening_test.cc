@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "tests/integration/daemon_fixture.h"
 #include "tests/server/raw_http.h"
 
@@ -293,10 +294,15 @@ TEST_CASE("Daemon: every framing finding is refused with its status; the golden 
     REQUIRE(rss_after - rss_before < (16 << 20));
   }
 
-  // The daemon serves on: the reference text, and no block left in use.
+  // The daemon serves on: pipelined behind a health check, the reference
+  // request (chunked, the coding named in capitals) gets the reference
+  // text, and no block is left in use.
   RawConnection golden(port);
-  REQUIRE(golden.Send(
-      Request("POST", "/v1/completions", kGreedyBody, "Authorization: bearer k3y\r\n")));
+  const std::string body = kGreedyBody;
+  REQUIRE(golden.Send(Request("GET", "/health", "") + post +
+                      "Authorization: bearer k3y\r\nTransfer-Encoding: CHUNKED\r\n\r\n" +
+                      absl::StrCat(absl::Hex(body.size())) + "\r\n" + body + "\r\n0\r\n\r\n"));
+  REQUIRE(golden.ReadResponse()->status == 200);
   REQUIRE(CompletionText(golden.ReadResponse()) == testing::GoldenGreedyText());
   const std::string metrics = Metrics(port);
   REQUIRE(MetricValue(metrics, "kvserve_kv_blocks{state=\"active\"}") == 0);
