@@ -233,7 +233,7 @@ TEST_CASE("Daemon: 512 concurrent SSE streams all complete", "[integration][hard
   REQUIRE(MetricValue(metrics, "kvserve_requests_total{finish_reason=\"length\"}") == kStreams + 1);
 }
 
-TEST_CASE("Daemon: every framing finding is refused with its status; the golden text after",
+TEST_CASE("Daemon: every framing finding is refused with its status, the golden text after",
           "[integration][hardening]") {
   DaemonProcess d({"server.api_key=k3y", "server.max_body_bytes=64KiB"});
   const int port = d.http_port();
@@ -309,7 +309,7 @@ TEST_CASE("Daemon: every framing finding is refused with its status; the golden 
   REQUIRE(MetricValue(metrics, "kvserve_http_responses_total{code=\"401\"}") == 1);
 }
 
-TEST_CASE("Daemon: streams nobody reads are cancelled; their blocks return, RSS stays flat",
+TEST_CASE("Daemon: streams nobody reads are cancelled, their blocks return, RSS stays flat",
           "[integration][hardening]") {
   DaemonProcess d({"server.http_stream_buffer_bytes=1MiB"});
   const int port = d.http_port();

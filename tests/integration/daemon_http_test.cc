@@ -417,7 +417,7 @@ TEST_CASE("Daemon: SIGTERM refuses new work, finishes in-flight streams and exit
 namespace kvserve {
 namespace {
 
-TEST_CASE("Daemon: kv_policy evicts per request; the golden text stays exact beside it",
+TEST_CASE("Daemon: kv_policy evicts per request and the golden text stays exact beside it",
           "[integration][eviction]") {
   DaemonProcess d({"cache.eviction_budget=64"});
   // streaming runs past the model's 512 positions.

@@ -10,7 +10,7 @@
 namespace kvserve {
 namespace {
 
-TEST_CASE("The Bearer scheme is matched case-insensitively; the key is not", "[server][auth]") {
+TEST_CASE("The Bearer scheme is matched case-insensitively, the key exactly", "[server][auth]") {
   const ApiKeys keys({"s3cret"});
   REQUIRE(keys.Authorize("Bearer s3cret"));
   REQUIRE(keys.Authorize("bearer s3cret"));

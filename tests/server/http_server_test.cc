@@ -205,8 +205,7 @@ TEST_CASE("The API key is checked on the head, before any body byte is read", "[
   }
 }
 
-TEST_CASE("Slow, silent and idle connections are timed out; they hold no thread",
-          "[server][http]") {
+TEST_CASE("Slow, silent and idle connections are timed out and hold no thread", "[server][http]") {
   HttpService::Options o;
   o.threads = 1;  // one io thread serves all of them
   o.header_timeout = absl::Milliseconds(300);
