@@ -29,8 +29,10 @@
 //
 // Keep-alive has no request limit. Pipelined requests are answered in order:
 // the next request is parsed once the previous response is written. While a
-// handler runs the connection keeps reading (up to 64 KiB ahead) to notice a
-// client that leaves: then the exchange ends early.
+// handler runs, the connection keeps one read open to notice a client that
+// leaves (end of stream or reset: the exchange ends early, which cancels a
+// generation); once bytes of a next request arrive it stops reading until
+// the response is done.
 //
 // Backpressure: a response's unsent bytes (queued plus being written) are
 // bounded by max_unsent_bytes. A stream whose client stops reading fills it;
