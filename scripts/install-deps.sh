@@ -14,6 +14,7 @@ packages=(
   libbenchmark-dev python3 python3-grpcio python3-numpy nodejs npm prometheus nginx
   gnuplot-nox
   clang libclang-rt-14-dev
+  libboost-dev libssl-dev openssl
 )
 if [[ "${KVSERVE_DEPS_EXTRA:-}" != "" ]]; then
   read -r -a extra <<<"${KVSERVE_DEPS_EXTRA}"

@@ -192,6 +192,16 @@ Field Path(std::string key, std::function<void(ServeConfig&, std::string)> assig
           }};
 }
 
+// A timeout in seconds (suffixes as ParseSeconds), > 0.
+Field Timeout(std::string key, std::function<void(ServeConfig&, double)> assign) {
+  return {key, [=](ServeConfig& c, const std::string& text, Source, const std::string&) {
+            KV_ASSIGN_OR_RETURN(double v, ParseSeconds(key, text));
+            if (v <= 0) return Bad(key, "a duration in seconds > 0 (e.g. 10, 2.5s, 500ms)", text);
+            assign(c, v);
+            return absl::OkStatus();
+          }};
+}
+
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
 const std::vector<Field>& Fields() {
@@ -347,6 +357,35 @@ const std::vector<Field>& Fields() {
                     c.server.http_threads = static_cast<int32_t>(v);
                   }),
               Bool("server.reuse_port", [](ServeConfig& c, bool v) { c.server.reuse_port = v; }),
+              // server: HTTP connection limits and TLS
+              Timeout("server.http_header_timeout_s",
+                      [](ServeConfig& c, double v) { c.server.http_header_timeout_s = v; }),
+              Timeout("server.http_body_timeout_s",
+                      [](ServeConfig& c, double v) { c.server.http_body_timeout_s = v; }),
+              Timeout("server.http_idle_timeout_s",
+                      [](ServeConfig& c, double v) { c.server.http_idle_timeout_s = v; }),
+              Timeout("server.http_write_timeout_s",
+                      [](ServeConfig& c, double v) { c.server.http_write_timeout_s = v; }),
+              Int("server.max_connections", 1, 1 << 20, "an integer in [1, 1048576]",
+                  [](ServeConfig& c, int64_t v) {
+                    c.server.max_connections = static_cast<int32_t>(v);
+                  }),
+              {"server.http_stream_buffer_bytes",
+               [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+                 KV_ASSIGN_OR_RETURN(int64_t v,
+                                     ParseBytes("server.http_stream_buffer_bytes", text));
+                 if (v < 1) {
+                   return Bad("server.http_stream_buffer_bytes", "a positive byte count", text);
+                 }
+                 c.server.http_stream_buffer_bytes = v;
+                 return absl::OkStatus();
+               }},
+              Path("server.api_key_file",
+                   [](ServeConfig& c, std::string v) { c.server.api_key_file = std::move(v); }),
+              Path("server.tls.cert_file",
+                   [](ServeConfig& c, std::string v) { c.server.tls.cert_file = std::move(v); }),
+              Path("server.tls.key_file",
+                   [](ServeConfig& c, std::string v) { c.server.tls.key_file = std::move(v); }),
               // limits (the request cost budget; see ServeConfig::Limits)
               {"limits.max_prompt_bytes",
                [](ServeConfig& c, const std::string& text, Source, const std::string&) {
@@ -473,6 +512,17 @@ absl::Status ApplyYaml(ServeConfig& config, const YAML::Node& root, const std::s
       const YAML::Node& value = kv.second;
       if (key == "model.chat_template" && value.IsMap()) {
         KV_RETURN_IF_ERROR(SetChatTemplateMap(config, value));
+        continue;
+      }
+      if (key == "server.tls" && value.IsMap()) {  // a nested map of keys
+        for (const auto& sub : value) {
+          const std::string sub_key = absl::StrCat(key, ".", sub.first.as<std::string>());
+          if (FindField(sub_key) == nullptr) return UnknownKey(sub_key);
+          if (sub.second.IsNull()) continue;
+          if (!sub.second.IsScalar()) return Bad(sub_key, "a single value", Describe(sub.second));
+          KV_RETURN_IF_ERROR(
+              SetScalar(config, sub_key, sub.second.Scalar(), Source::kFile, base_dir));
+        }
         continue;
       }
       if (FindField(key) == nullptr) return UnknownKey(key);
@@ -684,8 +734,29 @@ std::string ServeConfigKeyHelp(const std::string& key) {
       {"server.max_body_bytes", "largest HTTP request body"},
       {"server.max_queue", "waiting requests beyond this get 429 / RESOURCE_EXHAUSTED"},
       {"server.api_key", "require Authorization: Bearer <key>; empty: no auth"},
-      {"server.http_threads", "concurrent HTTP connections served"},
+      {"server.http_threads",
+       "HTTP io threads, and as many workers parsing request bodies (4); connections and "
+       "streams take no thread of their own"},
       {"server.reuse_port", "SO_REUSEPORT: share the ports with other kvserve processes (false)"},
+      {"server.http_header_timeout_s",
+       "seconds: a request head must arrive within this of its first byte (of the accept on a "
+       "new connection), else 408 and close (10)"},
+      {"server.http_body_timeout_s",
+       "seconds: a request body must arrive within this after its head, else 408 and close (30)"},
+      {"server.http_idle_timeout_s",
+       "seconds: a kept-alive connection with no new request is closed after this (60)"},
+      {"server.http_write_timeout_s",
+       "seconds: a response write that makes no progress this long closes the connection (30)"},
+      {"server.max_connections",
+       "integer: open HTTP connections; one more is answered 503 and closed (4096)"},
+      {"server.http_stream_buffer_bytes",
+       "bytes: unsent SSE output per stream; a client that stops reading past this has its "
+       "request cancelled and the connection closed (1MiB)"},
+      {"server.api_key_file",
+       "path: more API keys, one a line ('#' comments); any configured key is accepted"},
+      {"server.tls.cert_file",
+       "path: PEM certificate chain; with server.tls.key_file the HTTP port speaks HTTPS only"},
+      {"server.tls.key_file", "path: PEM private key of server.tls.cert_file"},
       {"limits.max_prompt_bytes",
        "bytes of a text prompt (chat: as rendered), refused before tokenizing; 0: 32 x "
        "max_prompt_tokens"},

@@ -74,8 +74,20 @@ struct ServeConfig {
     int64_t max_body_bytes = 8 << 20;  // larger HTTP bodies get 413
     int32_t max_queue = 4096;          // waiting requests beyond this get 429
     std::string api_key;               // "" = no auth; else "Authorization: Bearer <key>"
-    int32_t http_threads = 64;         // concurrent HTTP connections served
+    int32_t http_threads = 4;          // HTTP io threads (and as many request parsers)
     bool reuse_port = false;           // SO_REUSEPORT: share the ports with other processes
+    // HTTP connection limits and TLS (server/http_server.h).
+    double http_header_timeout_s = 10;           // a request head must arrive within this (408)
+    double http_body_timeout_s = 30;             // a body within this after its head (408)
+    double http_idle_timeout_s = 60;             // a kept-alive connection without a request closes
+    double http_write_timeout_s = 30;            // a response write without progress closes
+    int32_t max_connections = 4096;              // open HTTP connections; beyond: 503 and close
+    int64_t http_stream_buffer_bytes = 1 << 20;  // unsent SSE bytes; beyond: request cancelled
+    std::string api_key_file;                    // more API keys, one a line
+    struct Tls {
+      std::string cert_file;  // PEM certificate chain; with key_file: HTTPS
+      std::string key_file;   // PEM private key
+    } tls;
   } server;
   // The request cost budget (scheduler/request_validation.h), the same over
   // HTTP and gRPC, and the per-client concurrency limit

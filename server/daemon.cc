@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -9,10 +10,13 @@
 
 #include <cstdlib>
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "server/auth.h"
 #include "server/engine_builder.h"
 #include "server/grpc_service.h"
 #include "server/http_service.h"
@@ -68,6 +72,17 @@ bool InstallSignalHandlers() {
 
 const char* SignalName(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
 
+// Every connection is a descriptor: take the hard limit, not the (often
+// 1024) soft one, so server.max_connections is what caps them.
+void RaiseDescriptorLimit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur >= lim.rlim_max) return;
+  lim.rlim_cur = lim.rlim_max;
+  if (setrlimit(RLIMIT_NOFILE, &lim) != 0) {
+    spdlog::warn("cannot raise the open-file limit: {}", std::strerror(errno));
+  }
+}
+
 }  // namespace
 
 int RunDaemon(const ServeConfig& config) {
@@ -80,9 +95,25 @@ int RunDaemon(const ServeConfig& config) {
     return 1;
   }
   signal(SIGPIPE, SIG_IGN);
+  RaiseDescriptorLimit();
 
+  std::vector<std::string> keys;
+  if (!config.server.api_key.empty()) keys.push_back(config.server.api_key);
+  if (!config.server.api_key_file.empty()) {
+    absl::StatusOr<std::vector<std::string>> more =
+        ApiKeys::ReadKeyFile(config.server.api_key_file);
+    if (!more.ok()) {
+      spdlog::critical("{}", std::string(more.status().message()));
+      return 1;
+    }
+    keys.insert(keys.end(), more->begin(), more->end());
+  }
   ServerMetrics metrics;
-  ServingState state(&metrics, config.model.chat_template, config.server.api_key);
+  // TODO(lead): gRPC authorizes through ServingState, which holds one key;
+  // have it call ApiKeys::Authorize (server/auth.h) so it accepts every key
+  // of server.api_key_file and the Bearer scheme case-insensitively. Until
+  // then it gets the first key: closed, not open, when only a file is set.
+  ServingState state(&metrics, config.model.chat_template, keys.empty() ? "" : keys.front());
 
   HttpService::Options http_options;
   http_options.host = config.server.host;
@@ -90,6 +121,15 @@ int RunDaemon(const ServeConfig& config) {
   http_options.max_body_bytes = config.server.max_body_bytes;
   http_options.threads = config.server.http_threads;
   http_options.reuse_port = config.server.reuse_port;
+  http_options.header_timeout = absl::Seconds(config.server.http_header_timeout_s);
+  http_options.body_timeout = absl::Seconds(config.server.http_body_timeout_s);
+  http_options.idle_timeout = absl::Seconds(config.server.http_idle_timeout_s);
+  http_options.write_timeout = absl::Seconds(config.server.http_write_timeout_s);
+  http_options.max_connections = config.server.max_connections;
+  http_options.stream_buffer_bytes = config.server.http_stream_buffer_bytes;
+  http_options.tls_cert_file = config.server.tls.cert_file;
+  http_options.tls_key_file = config.server.tls.key_file;
+  http_options.api_keys = std::make_shared<const ApiKeys>(keys);
   HttpService http(&state, http_options);
   if (absl::Status s = http.Start(); !s.ok()) {
     spdlog::critical("{}", std::string(s.message()));
@@ -101,8 +141,9 @@ int RunDaemon(const ServeConfig& config) {
     http.Stop();
     return 1;
   }
-  spdlog::info("listening: http {}:{}, grpc {}:{} (not ready: loading {})", config.server.host,
-               http.port(), config.server.host, grpc.port(), config.model.path);
+  spdlog::info("listening: http{} {}:{}, grpc {}:{} (not ready: loading {})",
+               config.server.tls.cert_file.empty() ? "" : "s", config.server.host, http.port(),
+               config.server.host, grpc.port(), config.model.path);
 
   absl::StatusOr<BuiltEngine> built = absl::UnknownError("not loaded");
   const absl::Time load_start = absl::Now();
@@ -160,14 +201,22 @@ int RunDaemon(const ServeConfig& config) {
   spdlog::info("{}: draining ({} calls in flight, up to {:.1f}s)", SignalName(sig),
                state.calls_in_flight(), config.server.shutdown_timeout);
   built->engine->Drain(deadline);
-  if (!state.WaitForCalls(std::max(deadline, absl::Now()) + kFlushGrace)) {
+  const bool idle = state.WaitForCalls(std::max(deadline, absl::Now()) + kFlushGrace);
+  if (!idle) {
     spdlog::warn("{} calls still open after the grace period; closing them",
                  state.calls_in_flight());
   }
+  // HTTP keeps answering (503 for new work) until the very end: a late
+  // client gets an answer, not a refused connection.
+  // TODO(lead): the gRPC side should likewise answer UNAVAILABLE until exit
+  // instead of shutting down here (grpc_service.*).
   grpc.Shutdown(absl::Now() + absl::Seconds(1));
-  http.Stop();
+  // Open calls format output with the engine's tokenizer: close them first.
+  if (!idle) http.Stop();
+  http.DetachEngine();
   built->engine.reset();
   spdlog::info("stopped");
+  http.Stop();
   return 0;
 }
 

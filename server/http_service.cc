@@ -1,12 +1,14 @@
 #include "server/http_service.h"
 
-#include <httplib.h>
-#include <sys/socket.h>
-
+#include <atomic>
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "scheduler/engine_config.h"
 #include "server/logging.h"
@@ -17,24 +19,24 @@ namespace {
 
 using json = nlohmann::json;
 
-// How long a streaming handler waits for engine output before checking the
-// client is still there.
-constexpr absl::Duration kStreamPoll = absl::Milliseconds(250);
-
 int64_t UnixNow() {
   return std::chrono::duration_cast<std::chrono::seconds>(
              std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
-void SendJson(httplib::Response& res, int status, const json& body) {
-  res.status = status;
-  res.set_content(DumpJson(body), "application/json");
+HttpResponse JsonResponse(int status, const json& body) {
+  HttpResponse r;
+  r.status = status;
+  r.body = DumpJson(body);
+  return r;
 }
 
-void SendError(httplib::Response& res, const ApiError& e) {
-  res.status = e.http_status;
-  res.set_content(e.Body(), "application/json");
+HttpResponse ErrorResponse(const ApiError& e) {
+  HttpResponse r;
+  r.status = e.http_status;
+  r.body = e.Body();
+  return r;
 }
 
 ApiError Unavailable(ServingState::Phase phase) {
@@ -51,270 +53,291 @@ ApiError Unavailable(ServingState::Phase phase) {
   return e;
 }
 
-// Per-request state of a streaming response, shared by httplib's content
-// provider (called repeatedly on the connection's thread) and its releaser.
-struct SseCall {
-  ServingState* state;
-  std::shared_ptr<RequestStream> stream;
-  StreamFormatter formatter;
-  std::string request_id;
-  absl::Time start;
+}  // namespace
+
+// One generation request from submission to its last byte. Owned by its
+// exchange (and, briefly, by whatever runs it); the stream's notification
+// holds it weakly. Destroyed before it finished — client gone, not
+// reading, server stopping — it cancels the request, which frees its blocks
+// at the engine's next step.
+struct HttpService::GenerateCall : std::enable_shared_from_this<GenerateCall> {
+  GenerateCall(ServingState* state, std::shared_ptr<HttpExchange> exchange,
+               std::shared_ptr<RequestStream> stream, std::string request_id, bool sse)
+      : state(state),
+        exchange(std::move(exchange)),
+        stream(std::move(stream)),
+        request_id(std::move(request_id)),
+        sse(sse),
+        start(absl::Now()) {}
+
+  ~GenerateCall() {
+    stream->SetNotify(nullptr);
+    if (!finished) {
+      stream->Cancel();
+      LogRequest(spdlog::level::info, request_id,
+                 "{} cancelled after {:.3f}s (client gone, not reading, or server stopping)",
+                 sse ? "stream" : "request", absl::ToDoubleSeconds(absl::Now() - start));
+      state->CallFinished();
+    }
+  }
+
+  // Engine thread: schedule one Drain on the exchange's strand.
+  void Notify() {
+    if (drain_posted.exchange(true)) return;
+    exchange->Post([self = shared_from_this()] { self->Drain(); });
+  }
+
+  // On the strand: everything the stream holds goes to the client.
+  void Drain() {
+    drain_posted.store(false);
+    if (finished) return;
+    GenerateOutput out;
+    RequestStream::Pop pop;
+    if (!sse) {
+      while ((pop = stream->TryNext(&out)) == RequestStream::Pop::kOutput) accumulator->Add(out);
+      if (pop != RequestStream::Pop::kEnd) return;
+      Finish();
+      if (!accumulator->error().empty()) {
+        ApiError e;
+        e.http_status = 500;
+        e.type = "server_error";
+        e.message = accumulator->error();
+        LogRequest(spdlog::level::err, request_id, "generation failed: {}", accumulator->error());
+        HttpResponse r = ErrorResponse(e);
+        r.headers.emplace_back("X-Request-Id", request_id);
+        return exchange->Respond(std::move(r));
+      }
+      LogRequest(spdlog::level::debug, request_id, "done");
+      HttpResponse r = JsonResponse(200, accumulator->ToJson(response_id, created, model));
+      r.headers.emplace_back("X-Request-Id", request_id);
+      return exchange->Respond(std::move(r));
+    }
+    std::string events;
+    if (!started) {
+      started = true;
+      HttpResponse head;
+      head.content_type = "text/event-stream";
+      head.headers = {{"Cache-Control", "no-cache"}, {"X-Request-Id", request_id}};
+      exchange->StartStream(std::move(head));
+      events = formatter->Start();
+    }
+    // Written output by output (they coalesce into one socket write): a
+    // client that stopped reading is found out within one output.
+    while ((pop = stream->TryNext(&out)) == RequestStream::Pop::kOutput) {
+      events += formatter->Add(out);
+      exchange->Write(events);
+      events.clear();
+      if (exchange->ended()) return;  // the client stopped reading: cancelled when released
+    }
+    if (pop == RequestStream::Pop::kEnd) events += formatter->Finish();
+    exchange->Write(events);
+    if (exchange->ended()) return;
+    if (pop == RequestStream::Pop::kEnd) {
+      Finish();
+      LogRequest(spdlog::level::info, request_id, "stream done after {:.3f}s",
+                 absl::ToDoubleSeconds(absl::Now() - start));
+      exchange->EndStream();
+    }
+  }
+
+  // Counted out of the in-flight calls before the last byte is queued, so a
+  // client that has its answer sees the call finished.
+  void Finish() {
+    finished = true;
+    state->CallFinished();
+  }
+
+  ServingState* const state;
+  const std::shared_ptr<HttpExchange> exchange;
+  const std::shared_ptr<RequestStream> stream;
+  const std::string request_id;
+  const bool sse;
+  const absl::Time start;
+  std::string response_id;
+  std::string model;
+  int64_t created = 0;
+  std::optional<ResponseAccumulator> accumulator;  // !sse
+  std::optional<StreamFormatter> formatter;        // sse
   bool started = false;
   bool finished = false;
-  bool client_gone = false;
+  std::atomic<bool> drain_posted{false};
 };
-
-}  // namespace
 
 HttpService::HttpService(ServingState* state, Options options)
     : state_(state),
       options_(std::move(options)),
       created_(UnixNow()),
-      server_(std::make_unique<httplib::Server>()) {
-  Register();
+      keys_(options_.api_keys != nullptr
+                ? options_.api_keys
+                : std::make_shared<const ApiKeys>(std::vector<std::string>{state->api_key()})) {
+  HttpServer::Options o;
+  o.host = options_.host;
+  o.port = options_.port;
+  o.reuse_port = options_.reuse_port;
+  o.io_threads = options_.threads;
+  o.header_timeout = options_.header_timeout;
+  o.body_timeout = options_.body_timeout;
+  o.idle_timeout = options_.idle_timeout;
+  o.write_timeout = options_.write_timeout;
+  o.max_connections = options_.max_connections;
+  o.max_body_bytes = options_.max_body_bytes;
+  o.max_unsent_bytes = options_.stream_buffer_bytes;
+  o.tls_cert_file = options_.tls_cert_file;
+  o.tls_key_file = options_.tls_key_file;
+  server_ = std::make_unique<HttpServer>(
+      o, [this](const HttpRequest& head) { return Authorize(head); },
+      [this](std::shared_ptr<HttpExchange> ex) { Handle(std::move(ex)); },
+      [this](int status) { state_->metrics().CountHttpResponse(status); });
 }
 
 HttpService::~HttpService() { Stop(); }
 
-void HttpService::Register() {
-  httplib::Server& s = *server_;
-  const int threads = options_.threads;
-  s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  s.set_payload_max_length(static_cast<size_t>(options_.max_body_bytes));
-  // httplib listens with a backlog of 5, too few for a burst of clients
-  // connecting at once; keep the listening socket to widen it after bind.
-  // Not httplib's defaults, which set SO_REUSEPORT: a second daemon on the
-  // same port would then start without a word and split the traffic.
-  s.set_socket_options([this](socket_t sock) {
-    int yes = 1;
-    ::setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    if (options_.reuse_port) ::setsockopt(sock, SOL_SOCKET, SO_REUSEPORT, &yes, sizeof(yes));
-    listen_fd_ = sock;
-  });
-  s.set_read_timeout(30, 0);
-  s.set_write_timeout(10, 0);
-  // Without TCP_NODELAY a response written in two pieces (headers, then
-  // body) on a kept-alive connection waits for the client's delayed ACK:
-  // about 40 ms per request (Nagle). Linux copies the option from the
-  // listening socket to every accepted one.
-  s.set_tcp_nodelay(true);
-
-  s.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (req.path.rfind("/v1/", 0) == 0 &&
-        !state_->Authorized(req.get_header_value("Authorization"))) {
-      ApiError e;
-      e.http_status = 401;
-      e.message = "Incorrect or missing API key: send 'Authorization: Bearer <key>'";
-      e.code = "invalid_api_key";
-      SendError(res, e);
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-
-  // Whatever httplib answers on its own (unknown path, oversized body,
-  // malformed request) still gets an OpenAI-style JSON body.
-  s.set_error_handler(httplib::Server::HandlerWithResponse(
-      [this](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty() || res.is_chunked_content_provider_) {
-          return httplib::Server::HandlerResponse::Unhandled;
-        }
-        ApiError e;
-        e.http_status = res.status;
-        switch (res.status) {
-          case 404:
-            e.type = "not_found_error";
-            e.message = absl::StrCat("no route for ", req.method, " ", req.path);
-            break;
-          case 413:
-            e.message = absl::StrCat("the request body is larger than server.max_body_bytes (",
-                                     options_.max_body_bytes, " bytes)");
-            e.code = "payload_too_large";
-            break;
-          default:
-            e.message = absl::StrCat("HTTP ", res.status);
-            break;
-        }
-        SendError(res, e);
-        return httplib::Server::HandlerResponse::Handled;
-      }));
-
-  s.set_logger([this](const httplib::Request& req, const httplib::Response& res) {
-    state_->metrics().CountHttpResponse(res.status);
-    spdlog::debug("http {} {} -> {}", req.method, req.path, res.status);
-  });
-
-  s.Post("/v1/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    HandleGenerate(/*chat=*/false, req, res);
-  });
-  s.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
-    HandleGenerate(/*chat=*/true, req, res);
-  });
-  s.Get("/v1/models",
-        [this](const httplib::Request&, httplib::Response& res) { HandleModels(res); });
-  s.Get("/health", [this](const httplib::Request&, httplib::Response& res) { HandleHealth(res); });
-  s.Get("/metrics",
-        [this](const httplib::Request&, httplib::Response& res) { HandleMetrics(res); });
-}
-
 absl::Status HttpService::Start() {
-  int port = options_.port;
-  if (port == 0) {
-    port = server_->bind_to_any_port(options_.host);
-  } else if (!server_->bind_to_port(options_.host, port)) {
-    port = -1;
-  }
-  if (port <= 0) {
-    return absl::UnavailableError(absl::StrCat("server.http_port: cannot listen on ", options_.host,
-                                               ":", options_.port, " (in use, or a bad host?)"));
-  }
-  port_ = port;
-  if (listen_fd_ >= 0) ::listen(listen_fd_, SOMAXCONN);
-  thread_ = std::thread([this] { server_->listen_after_bind(); });
+  workers_ = std::make_unique<boost::asio::thread_pool>(std::max(1, options_.threads));
+  if (absl::Status s = server_->Start(); !s.ok()) return s;
+  port_ = server_->port();
   return absl::OkStatus();
 }
 
 void HttpService::Stop() {
-  if (thread_.joinable()) {
-    server_->stop();
-    thread_.join();
+  server_->Stop();
+  if (workers_ != nullptr) {
+    workers_->stop();
+    workers_->join();
   }
 }
 
-void HttpService::HandleHealth(httplib::Response& res) {
+void HttpService::DetachEngine() {
+  absl::MutexLock lock(&engine_mu_);
+  engine_detached_ = true;
+}
+
+std::optional<HttpResponse> HttpService::Authorize(const HttpRequest& head) const {
+  if (!absl::StartsWith(head.path, "/v1/") || keys_->Authorize(head.Header("Authorization"))) {
+    return std::nullopt;
+  }
+  ApiError e;
+  e.http_status = 401;
+  e.message = "Incorrect or missing API key: send 'Authorization: Bearer <key>'";
+  e.code = "invalid_api_key";
+  HttpResponse r = ErrorResponse(e);
+  r.headers.emplace_back("WWW-Authenticate", "Bearer");
+  return r;
+}
+
+void HttpService::Handle(std::shared_ptr<HttpExchange> ex) {
+  const HttpRequest& req = ex->request();
+  if (req.method == "GET") {
+    if (req.path == "/health") return ex->Respond(Health());
+    if (req.path == "/metrics") return ex->Respond(Metrics());
+    if (req.path == "/v1/models") return ex->Respond(Models());
+  } else if (req.method == "POST") {
+    if (req.path == "/v1/completions") return HandleGenerate(/*chat=*/false, std::move(ex));
+    if (req.path == "/v1/chat/completions") return HandleGenerate(/*chat=*/true, std::move(ex));
+  }
+  ApiError e;
+  e.http_status = 404;
+  e.type = "not_found_error";
+  e.message = absl::StrCat("no route for ", req.method, " ", req.path);
+  ex->Respond(ErrorResponse(e));
+}
+
+HttpResponse HttpService::Health() const {
   switch (state_->phase()) {
     case ServingState::Phase::kReady:
-      SendJson(res, 200, {{"status", "ready"}});
-      break;
+      return JsonResponse(200, {{"status", "ready"}});
     case ServingState::Phase::kLoading:
-      SendJson(res, 503, {{"status", "loading"}});
-      break;
+      return JsonResponse(503, {{"status", "loading"}});
     case ServingState::Phase::kDraining:
-      SendJson(res, 503, {{"status", "draining"}});
       break;
   }
+  return JsonResponse(503, {{"status", "draining"}});
 }
 
-void HttpService::HandleMetrics(httplib::Response& res) {
-  Engine* engine = state_->engine();
-  std::string text =
+HttpResponse HttpService::Metrics() const {
+  HttpResponse r;
+  r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  absl::ReaderMutexLock lock(&engine_mu_);
+  Engine* engine = engine_detached_ ? nullptr : state_->engine();
+  r.body =
       engine != nullptr ? state_->metrics().Scrape(engine->GetStats()) : state_->metrics().Scrape();
-  res.status = 200;
-  res.set_content(text, "text/plain; version=0.0.4; charset=utf-8");
+  return r;
 }
 
-void HttpService::HandleModels(httplib::Response& res) {
-  if (state_->engine() == nullptr) return SendError(res, Unavailable(state_->phase()));
+HttpResponse HttpService::Models() const {
+  if (state_->engine() == nullptr) return ErrorResponse(Unavailable(state_->phase()));
   const ServedModelInfo& info = state_->info();
-  SendJson(res, 200,
-           {{"object", "list"},
-            {"data", json::array({{{"id", info.name},
-                                   {"object", "model"},
-                                   {"created", created_},
-                                   {"owned_by", "kvserve"},
-                                   {"max_model_len", info.max_model_len}}})}});
+  return JsonResponse(200, {{"object", "list"},
+                            {"data", json::array({{{"id", info.name},
+                                                   {"object", "model"},
+                                                   {"created", created_},
+                                                   {"owned_by", "kvserve"},
+                                                   {"max_model_len", info.max_model_len}}})}});
 }
 
-void HttpService::HandleGenerate(bool chat, const httplib::Request& req, httplib::Response& res) {
-  const ApiKind kind = chat ? ApiKind::kChat : ApiKind::kCompletion;
-  Engine* engine = state_->engine();
-  if (!state_->ready() || engine == nullptr) return SendError(res, Unavailable(state_->phase()));
-
-  ApiContext ctx;
-  ctx.tokenizer = &engine->tokenizer();
-  ctx.chat_template = &state_->chat_template();
-  ctx.model_name = state_->info().name;
-  ctx.max_model_len = state_->info().max_model_len;
-  ctx.default_sampling = engine->model_config().DefaultSampling();
-  ctx.default_kv_policy = std::string(EvictionPolicyName(engine->config().eviction.policy));
-  ApiRequest api;
-  if (std::optional<ApiError> e = ParseApiRequest(kind, req.body, ctx, &api)) {
-    spdlog::info("http {} rejected: {} (param {})", req.path, e->message, e->param);
-    return SendError(res, *e);
-  }
-
-  std::string request_id = req.get_header_value("X-Request-Id");
-  if (!IsAcceptableRequestId(request_id)) request_id = NewRequestId();
-  api.request.request_id = request_id;
-  const std::string response_id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", request_id);
-  const int64_t created = UnixNow();
-  res.set_header("X-Request-Id", request_id);
-
-  absl::StatusOr<std::shared_ptr<RequestStream>> submitted = engine->Submit(api.request);
-  if (!submitted.ok()) {
-    LogRequest(spdlog::level::info, request_id, "refused by the engine: {}",
-               std::string(submitted.status().message()));
-    return SendError(res, ApiErrorFromStatus(submitted.status(), chat ? "messages" : "prompt"));
-  }
-  std::shared_ptr<RequestStream> stream = *std::move(submitted);
-  LogRequest(spdlog::level::info, request_id, "{} prompt_tokens={} max_tokens={} n={} stream={}",
-             req.path, api.request.prompt_token_ids.size(), api.request.max_tokens, api.request.n,
-             api.stream);
-  state_->CallStarted();
-
-  if (!api.stream) {
-    ResponseAccumulator acc(api, &engine->tokenizer());
-    GenerateOutput out;
-    while (stream->Next(&out) == RequestStream::Pop::kOutput) acc.Add(out);
-    state_->CallFinished();
-    if (!acc.error().empty()) {
-      ApiError e;
-      e.http_status = 500;
-      e.type = "server_error";
-      e.message = acc.error();
-      LogRequest(spdlog::level::err, request_id, "generation failed: {}", acc.error());
-      return SendError(res, e);
+void HttpService::HandleGenerate(bool chat, std::shared_ptr<HttpExchange> ex) {
+  // Parsing tokenizes the prompt: off the io threads.
+  boost::asio::post(*workers_, [this, chat, ex = std::move(ex)] {
+    auto reply = [&ex](HttpResponse r) {
+      ex->Post([ex, r = std::move(r)]() mutable { ex->Respond(std::move(r)); });
+    };
+    const HttpRequest& req = ex->request();
+    const ApiKind kind = chat ? ApiKind::kChat : ApiKind::kCompletion;
+    absl::ReaderMutexLock lock(&engine_mu_);
+    Engine* engine = engine_detached_ ? nullptr : state_->engine();
+    if (!state_->ready() || engine == nullptr) {
+      return reply(ErrorResponse(Unavailable(state_->phase())));
     }
-    LogRequest(spdlog::level::debug, request_id, "done");
-    return SendJson(res, 200, acc.ToJson(response_id, created, api.model));
-  }
 
-  auto call = std::make_shared<SseCall>(SseCall{
-      state_, stream, StreamFormatter(api, &engine->tokenizer(), response_id, created, api.model),
-      request_id, absl::Now()});
-  res.status = 200;
-  res.set_header("Cache-Control", "no-cache");
-  res.set_chunked_content_provider(
-      "text/event-stream",
-      [call](size_t, httplib::DataSink& sink) {
-        if (call->finished) {
-          sink.done();
-          return true;
-        }
-        std::string events;
-        if (!call->started) {
-          call->started = true;
-          events = call->formatter.Start();
-        }
-        GenerateOutput out;
-        RequestStream::Pop pop = call->stream->Next(&out, kStreamPoll);
-        while (pop == RequestStream::Pop::kOutput) {
-          events += call->formatter.Add(out);
-          pop = call->stream->TryNext(&out);  // send everything already there at once
-        }
-        if (pop == RequestStream::Pop::kEnd) events += call->formatter.Finish();
-        const bool gone =
-            events.empty() ? !sink.is_writable() : !sink.write(events.data(), events.size());
-        if (gone) {
-          call->client_gone = true;
-          call->stream->Cancel();
-          return false;
-        }
-        if (pop == RequestStream::Pop::kEnd) {
-          call->finished = true;
-          sink.done();
-        }
-        return true;
-      },
-      [call](bool) {
-        // Whatever ended the response (done, write failure, server stop), a
-        // request still running has nobody left to read it.
-        if (!call->finished) call->stream->Cancel();
-        LogRequest(spdlog::level::info, call->request_id, "stream {} after {:.3f}s",
-                   call->finished ? "done" : "cancelled (client gone)",
-                   absl::ToDoubleSeconds(absl::Now() - call->start));
-        call->state->CallFinished();
-      });
+    ApiContext ctx;
+    ctx.tokenizer = &engine->tokenizer();
+    ctx.chat_template = &state_->chat_template();
+    ctx.model_name = state_->info().name;
+    ctx.max_model_len = state_->info().max_model_len;
+    ctx.default_sampling = engine->model_config().DefaultSampling();
+    ctx.default_kv_policy = std::string(EvictionPolicyName(engine->config().eviction.policy));
+    ApiRequest api;
+    if (std::optional<ApiError> e = ParseApiRequest(kind, req.body, ctx, &api)) {
+      spdlog::info("http {} rejected: {} (param {})", req.path, e->message, e->param);
+      return reply(ErrorResponse(*e));
+    }
+
+    std::string request_id(req.Header("X-Request-Id"));
+    if (!IsAcceptableRequestId(request_id)) request_id = NewRequestId();
+    api.request.request_id = request_id;
+    absl::StatusOr<std::shared_ptr<RequestStream>> submitted = engine->Submit(api.request);
+    if (!submitted.ok()) {
+      LogRequest(spdlog::level::info, request_id, "refused by the engine: {}",
+                 std::string(submitted.status().message()));
+      HttpResponse r =
+          ErrorResponse(ApiErrorFromStatus(submitted.status(), chat ? "messages" : "prompt"));
+      r.headers.emplace_back("X-Request-Id", request_id);
+      return reply(std::move(r));
+    }
+    LogRequest(spdlog::level::info, request_id, "{} prompt_tokens={} max_tokens={} n={} stream={}",
+               req.path, api.request.prompt_token_ids.size(), api.request.max_tokens, api.request.n,
+               api.stream);
+    state_->CallStarted();
+    auto call =
+        std::make_shared<GenerateCall>(state_, ex, *std::move(submitted), request_id, api.stream);
+    call->response_id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", request_id);
+    call->created = UnixNow();
+    call->model = api.model;
+    if (api.stream) {
+      call->formatter.emplace(api, &engine->tokenizer(), call->response_id, call->created,
+                              api.model);
+    } else {
+      call->accumulator.emplace(api, &engine->tokenizer());
+    }
+    call->stream->SetNotify([weak = std::weak_ptr<GenerateCall>(call)] {
+      if (std::shared_ptr<GenerateCall> c = weak.lock()) c->Notify();
+    });
+    // If the exchange has already ended, the call is released unrun: cancelled.
+    ex->Post([call]() mutable {
+      call->exchange->Attach(call);
+      call->Drain();
+    });
+  });
 }
 
 }  // namespace kvserve

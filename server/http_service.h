@@ -1,35 +1,46 @@
-// HttpService: the OpenAI-compatible HTTP front end (cpp-httplib).
+// HttpService: the OpenAI-compatible HTTP front end, on the event-driven
+// connection layer of server/http_server.h.
 //
 //   POST /v1/completions, POST /v1/chat/completions   plain JSON or SSE (`stream: true`)
 //   GET  /v1/models                                   the one served model
 //   GET  /health                                      200 ready; 503 loading or draining
 //   GET  /metrics                                     Prometheus text format
 //
-// Errors are OpenAI error objects: 400 for bad bodies (naming the field),
-// 401 without the configured bearer key, 404 for another model or path, 413
-// over server.max_body_bytes, 429 when the engine queue is full, 503 while
-// loading or draining, 500 when generation fails.
+// Errors are OpenAI error objects: 400 for bad bodies (naming the field) and
+// bad framing, 401 without a configured bearer key (checked on the head,
+// before the body is read), 404 for another model or path, 408 for a
+// request that arrives too slowly, 413 over server.max_body_bytes, 429 when
+// the engine queue is full, 501 for a transfer coding other than chunked,
+// 503 while loading or draining (and over server.max_connections), 500 when
+// generation fails.
 //
-// A streaming response holds one httplib worker thread while it runs (the
-// library is thread-per-connection); it wakes on engine output and cancels
-// the request as soon as a write to the client fails.
+// No request holds a thread while it waits for the engine. Parsing and
+// tokenizing a body runs on a small worker pool (server.http_threads
+// threads, beside as many io threads); the request is then submitted and
+// its outputs reach the connection by the stream's notification, so a
+// response — whole or SSE — is written as the engine produces it. A
+// stream's unsent bytes are bounded (server.http_stream_buffer_bytes): a
+// client that stops reading has its request CANCELLED (blocks freed) and
+// its connection closed. A client that disconnects cancels its request too.
 //
-// Thread-safety: Start/Stop from one thread; handlers run on httplib's pool.
+// Thread-safety: Start/Stop/DetachEngine from one thread; handlers run on
+// the io threads and the worker pool.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/auth.h"
+#include "server/http_server.h"
 #include "server/serving_state.h"
 
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-}  // namespace httplib
+namespace boost::asio {
+class thread_pool;
+}  // namespace boost::asio
 
 namespace kvserve {
 
@@ -39,10 +50,21 @@ class HttpService {
     std::string host = "127.0.0.1";
     int port = 0;  // 0: any free port
     int64_t max_body_bytes = 8 << 20;
-    int threads = 64;
+    // io threads, and as many workers that parse and tokenize bodies.
+    int threads = 4;
     // SO_REUSEPORT: let other processes bind the same port (off: a port in
     // use fails Start).
     bool reuse_port = false;
+    absl::Duration header_timeout = absl::Seconds(10);
+    absl::Duration body_timeout = absl::Seconds(30);
+    absl::Duration idle_timeout = absl::Seconds(60);
+    absl::Duration write_timeout = absl::Seconds(30);
+    int max_connections = 4096;
+    int64_t stream_buffer_bytes = 1 << 20;
+    std::string tls_cert_file;  // both set: HTTPS
+    std::string tls_key_file;
+    // Null: the state's server.api_key alone.
+    std::shared_ptr<const ApiKeys> api_keys;
   };
 
   HttpService(ServingState* state, Options options);
@@ -50,27 +72,41 @@ class HttpService {
   HttpService(const HttpService&) = delete;
   HttpService& operator=(const HttpService&) = delete;
 
-  // Binds and starts serving on a background thread.
+  // Binds and starts serving on background threads.
   absl::Status Start();
   // The bound port (after Start).
   int port() const { return port_; }
-  // Closes the listener, ends open connections and joins the threads.
+  // Open connections.
+  int connections() const { return server_->connections(); }
+  // From now on no handler touches the engine (/metrics leaves out its
+  // numbers, generation answers 503): call before destroying the engine
+  // while still serving. Waits for handlers using it to finish.
+  void DetachEngine();
+  // Closes the listener and every connection, cancelling what they run,
+  // and joins the threads.
   void Stop();
 
  private:
-  void Register();
-  void HandleGenerate(bool chat, const httplib::Request& req, httplib::Response& res);
-  void HandleModels(httplib::Response& res);
-  void HandleHealth(httplib::Response& res);
-  void HandleMetrics(httplib::Response& res);
+  struct GenerateCall;
+
+  std::optional<HttpResponse> Authorize(const HttpRequest& head) const;
+  void Handle(std::shared_ptr<HttpExchange> exchange);
+  void HandleGenerate(bool chat, std::shared_ptr<HttpExchange> exchange);
+  HttpResponse Health() const;
+  HttpResponse Metrics() const;
+  HttpResponse Models() const;
 
   ServingState* const state_;
   const Options options_;
   const int64_t created_;  // unix seconds, reported as the model's `created`
-  std::unique_ptr<httplib::Server> server_;
-  std::thread thread_;
+  std::shared_ptr<const ApiKeys> keys_;
+  std::unique_ptr<HttpServer> server_;
+  std::unique_ptr<boost::asio::thread_pool> workers_;
   int port_ = 0;
-  int listen_fd_ = -1;
+
+  // Readers: handlers that use the engine; the writer detaches it.
+  mutable absl::Mutex engine_mu_;
+  bool engine_detached_ ABSL_GUARDED_BY(engine_mu_) = false;
 };
 
 }  // namespace kvserve

@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "cache/status_macros.h"
+#include "util/status_macros.h"
 
 namespace kvserve {
 

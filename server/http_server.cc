@@ -1,0 +1,901 @@
+#include "server/http_server.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <boost/asio.hpp>
+#include <boost/asio/ssl.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <chrono>
+#include <future>
+#include <limits>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "server/logging.h"
+#include "server/openai_protocol.h"
+
+namespace kvserve {
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr uint32_t kHeaderLimit = 64 * 1024;
+// After a refusal, how long the client's remaining bytes are read and
+// dropped before the socket closes (so it reads our answer, not a reset).
+constexpr auto kLinger = std::chrono::seconds(2);
+// Connections over the cap still get their 503; beyond this many at once
+// they are closed without one.
+constexpr int kMaxRefusing = 1024;
+constexpr auto kAcceptRetry = std::chrono::milliseconds(50);
+
+// (Debian's Abseil has its own string_view: compare std ones here.)
+bool IEquals(std::string_view a, std::string_view b) {
+  return a.size() == b.size() && beast::iequals(beast::string_view(a.data(), a.size()),
+                                                beast::string_view(b.data(), b.size()));
+}
+
+Clock::duration ToClock(absl::Duration d) { return absl::ToChronoNanoseconds(d); }
+
+std::string SecondsText(absl::Duration d) {
+  return absl::StrFormat("%g s", absl::ToDoubleSeconds(d));
+}
+
+HttpResponse ErrorResponse(int status, std::string message, std::string code,
+                           std::string type = "invalid_request_error") {
+  ApiError e;
+  e.http_status = status;
+  e.message = std::move(message);
+  e.code = std::move(code);
+  e.type = std::move(type);
+  HttpResponse r;
+  r.status = status;
+  r.body = e.Body();
+  return r;
+}
+
+// The response head: status line and headers, up to the blank line.
+std::string Head(const HttpResponse& r, bool keep_alive, int request_version,
+                 std::optional<size_t> content_length, bool chunked) {
+  std::string h =
+      absl::StrCat("HTTP/1.1 ", r.status, " ", std::string(HttpReason(r.status)), "\r\n");
+  if (!r.content_type.empty()) absl::StrAppend(&h, "Content-Type: ", r.content_type, "\r\n");
+  for (const auto& [name, value] : r.headers) absl::StrAppend(&h, name, ": ", value, "\r\n");
+  if (content_length) absl::StrAppend(&h, "Content-Length: ", *content_length, "\r\n");
+  if (chunked) h += "Transfer-Encoding: chunked\r\n";
+  if (!keep_alive) {
+    h += "Connection: close\r\n";
+  } else if (request_version == 10) {
+    h += "Connection: keep-alive\r\n";
+  }
+  h += "\r\n";
+  return h;
+}
+
+// RFC 9112 6.1: the only transfer coding we decode is chunked, once, last.
+std::optional<HttpResponse> CheckTransferEncoding(
+    const http::request_parser<http::string_body>& p) {
+  const auto& fields = p.get();
+  if (fields.count(http::field::transfer_encoding) == 0) return std::nullopt;
+  std::vector<std::string> codings;
+  std::string all;
+  for (auto it = fields.find(http::field::transfer_encoding);
+       it != fields.end() && it->name() == http::field::transfer_encoding; ++it) {
+    const std::string value(it->value());
+    absl::StrAppend(&all, all.empty() ? "" : ", ", value);
+    for (absl::string_view c : absl::StrSplit(value, ',')) {
+      codings.push_back(absl::AsciiStrToLower(absl::StripAsciiWhitespace(c)));
+    }
+  }
+  if (fields.count(http::field::content_length) > 0) {
+    return ErrorResponse(400,
+                         absl::StrCat("ambiguous framing: the request has both Content-Length and "
+                                      "Transfer-Encoding ('",
+                                      all, "')"),
+                         "ambiguous_framing");
+  }
+  for (const std::string& c : codings) {
+    if (c != "chunked") {
+      return ErrorResponse(501,
+                           absl::StrCat("Transfer-Encoding '", all,
+                                        "' is not supported: the only transfer coding "
+                                        "accepted is chunked"),
+                           "unsupported_transfer_encoding");
+    }
+  }
+  if (codings.size() != 1) {
+    return ErrorResponse(
+        400, absl::StrCat("Transfer-Encoding '", all, "' applies chunked more than once"),
+        "bad_transfer_encoding");
+  }
+  return std::nullopt;
+}
+
+class ExchangeImpl;
+
+// What an exchange needs of its connection (whatever its stream type).
+class ConnectionBase {
+ public:
+  virtual ~ConnectionBase() = default;
+  virtual void PostFor(std::shared_ptr<ExchangeImpl> ex, std::function<void()> fn) = 0;
+  virtual void Respond(ExchangeImpl* ex, HttpResponse r) = 0;
+  virtual void StartStream(ExchangeImpl* ex, HttpResponse head) = 0;
+  virtual void Write(ExchangeImpl* ex, std::string_view data) = 0;
+  virtual void EndStream(ExchangeImpl* ex) = 0;
+  // Server stop: ends the exchange and closes the socket (posted to the strand).
+  virtual void Shutdown() = 0;
+};
+
+class ExchangeImpl final : public HttpExchange, public std::enable_shared_from_this<ExchangeImpl> {
+ public:
+  ExchangeImpl(std::weak_ptr<ConnectionBase> conn, HttpRequest request)
+      : conn_(std::move(conn)), request_(std::move(request)) {}
+
+  const HttpRequest& request() const override { return request_; }
+  void Post(std::function<void()> fn) override {
+    if (std::shared_ptr<ConnectionBase> c = conn_.lock())
+      c->PostFor(shared_from_this(), std::move(fn));
+  }
+  void Attach(std::shared_ptr<void> state) override {
+    if (!ended_) state_ = std::move(state);
+  }
+  bool ended() const override { return ended_; }
+  void Respond(HttpResponse r) override {
+    if (auto c = conn_.lock(); c && !ended_) c->Respond(this, std::move(r));
+  }
+  void StartStream(HttpResponse head) override {
+    if (auto c = conn_.lock(); c && !ended_) c->StartStream(this, std::move(head));
+  }
+  void Write(std::string_view data) override {
+    if (auto c = conn_.lock(); c && !ended_) c->Write(this, data);
+  }
+  void EndStream() override {
+    if (auto c = conn_.lock(); c && !ended_) c->EndStream(this);
+  }
+
+  // On the strand: marks the end and releases the attached state.
+  void End() {
+    ended_ = true;
+    std::shared_ptr<void> state = std::move(state_);
+    state.reset();
+  }
+
+ private:
+  std::weak_ptr<ConnectionBase> conn_;
+  HttpRequest request_;
+  std::shared_ptr<void> state_;
+  bool ended_ = false;
+};
+
+}  // namespace
+
+struct HttpServer::Core {
+  Core(Options o, Authorize a, Handler h, Observer obs)
+      : options(std::move(o)),
+        authorize(std::move(a)),
+        handler(std::move(h)),
+        observer(std::move(obs)),
+        acceptor(asio::make_strand(ioc)),
+        accept_retry(acceptor.get_executor()) {}
+
+  const Options options;
+  const Authorize authorize;
+  const Handler handler;
+  const Observer observer;
+  asio::io_context ioc;
+  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
+  tcp::acceptor acceptor;
+  asio::steady_timer accept_retry;
+  std::unique_ptr<asio::ssl::context> tls;
+  std::vector<std::thread> threads;
+
+  // Posting from outside the io threads stops with Stop().
+  absl::Mutex mu;
+  bool stopped ABSL_GUARDED_BY(mu) = false;
+  // Live connections, for Stop().
+  absl::Mutex conns_mu;
+  uint64_t next_id ABSL_GUARDED_BY(conns_mu) = 0;
+  absl::flat_hash_map<uint64_t, std::weak_ptr<ConnectionBase>> conns ABSL_GUARDED_BY(conns_mu);
+  std::atomic<int> connections{0};
+  std::atomic<int> refusing{0};
+};
+
+namespace {
+
+template <class Stream>
+class Connection final : public ConnectionBase,
+                         public std::enable_shared_from_this<Connection<Stream>> {
+ public:
+  static constexpr bool kTls = !std::is_same_v<Stream, tcp::socket>;
+
+  Connection(std::shared_ptr<HttpServer::Core> core, tcp::socket socket, bool refuse)
+      : core_(std::move(core)),
+        stream_(MakeStream(*core_, std::move(socket))),
+        timer_(Socket().get_executor()),
+        refuse_(refuse) {
+    (refuse_ ? core_->refusing : core_->connections).fetch_add(1);
+  }
+
+  ~Connection() override {
+    if (exchange_) exchange_->End();
+    (refuse_ ? core_->refusing : core_->connections).fetch_sub(1);
+    if (id_ != 0) {
+      absl::MutexLock lock(&core_->conns_mu);
+      core_->conns.erase(id_);
+    }
+  }
+
+  void Start() {
+    {
+      absl::MutexLock lock(&core_->conns_mu);
+      id_ = ++core_->next_id;
+      core_->conns[id_] = this->shared_from_this();
+    }
+    beast::error_code ec;
+    Socket().set_option(tcp::no_delay(true), ec);
+    if (auto ep = Socket().remote_endpoint(ec); !ec) {
+      peer_ = absl::StrCat(ep.address().to_string(), ":", ep.port());
+    }
+    if constexpr (kTls) {
+      phase_ = Phase::kHandshake;
+      SetReadDeadline(core_->options.header_timeout);
+      stream_.async_handshake(asio::ssl::stream_base::server,
+                              [self = this->shared_from_this()](beast::error_code ec) {
+                                self->read_deadline_ = Clock::time_point::max();
+                                if (ec) return self->CloseNow();
+                                self->AfterHandshake();
+                              });
+    } else {
+      AfterHandshake();
+    }
+  }
+
+  void PostFor(std::shared_ptr<ExchangeImpl> ex, std::function<void()> fn) override {
+    absl::ReaderMutexLock lock(&core_->mu);
+    if (core_->stopped) return;
+    asio::post(Socket().get_executor(),
+               [self = this->shared_from_this(), ex = std::move(ex), fn = std::move(fn)] {
+                 if (!ex->ended()) fn();
+               });
+  }
+
+  void Respond(ExchangeImpl* ex, HttpResponse r) override {
+    if (ex != exchange_.get()) return;
+    Observe(r.status);
+    std::string out = Head(r, keep_alive_, version_, r.body.size(), /*chunked=*/false);
+    out += r.body;
+    EndExchange();
+    response_complete_ = true;
+    Enqueue(std::move(out));
+  }
+
+  void StartStream(ExchangeImpl* ex, HttpResponse head) override {
+    if (ex != exchange_.get() || streaming_) return;
+    Observe(head.status);
+    streaming_ = true;
+    // HTTP/1.0 has no chunked coding: the body ends with the connection.
+    chunked_ = version_ != 10;
+    if (!chunked_) keep_alive_ = false;
+    Enqueue(Head(head, keep_alive_, version_, std::nullopt, chunked_));
+  }
+
+  void Write(ExchangeImpl* ex, std::string_view data) override {
+    if (ex != exchange_.get() || !streaming_ || data.empty()) return;
+    if (chunked_) {
+      std::string chunk = absl::StrCat(absl::Hex(data.size()), "\r\n");
+      chunk.append(data);
+      chunk += "\r\n";
+      Enqueue(std::move(chunk));
+    } else {
+      Enqueue(std::string(data));
+    }
+    const int64_t unsent = static_cast<int64_t>(pending_.size() + inflight_.size() - written_);
+    if (unsent > core_->options.max_unsent_bytes && exchange_ != nullptr) {
+      spdlog::warn(
+          "http {} {} from {}: the client is not reading ({} bytes unsent, over "
+          "server.http_stream_buffer_bytes = {}); ending the response",
+          exchange_->request().method, exchange_->request().path, peer_, unsent,
+          core_->options.max_unsent_bytes);
+      CloseNow();
+    }
+  }
+
+  void EndStream(ExchangeImpl* ex) override {
+    if (ex != exchange_.get() || !streaming_) return;
+    EndExchange();
+    response_complete_ = true;
+    if (chunked_) {
+      Enqueue("0\r\n\r\n");
+    } else {
+      keep_alive_ = false;
+      if (!writing_) OnDrained();
+    }
+  }
+
+  void Shutdown() override {
+    asio::post(Socket().get_executor(), [self = this->shared_from_this()] { self->CloseNow(); });
+  }
+
+ private:
+  enum class Phase { kHandshake, kIdle, kHeader, kBody, kHandling, kLinger, kClosed };
+
+  static Stream MakeStream(HttpServer::Core& core, tcp::socket socket) {
+    if constexpr (kTls) {
+      return Stream(std::move(socket), *core.tls);
+    } else {
+      return socket;
+    }
+  }
+
+  tcp::socket& Socket() {
+    if constexpr (kTls) {
+      return stream_.next_layer();
+    } else {
+      return stream_;
+    }
+  }
+
+  void AfterHandshake() {
+    if (refuse_) {
+      keep_alive_ = false;
+      close_after_ = true;
+      response_complete_ = true;
+      HttpResponse r =
+          ErrorResponse(503,
+                        absl::StrCat("too many open connections (server.max_connections = ",
+                                     core_->options.max_connections, "); retry later"),
+                        "too_many_connections", "service_unavailable");
+      Observe(r.status);
+      std::string out = Head(r, false, 11, r.body.size(), false) + r.body;
+      Enqueue(std::move(out));
+      return;
+    }
+    ReadRequest(/*first=*/true);
+  }
+
+  // ---- reading -------------------------------------------------------------
+
+  void ReadRequest(bool first) {
+    parser_.emplace();
+    parser_->header_limit(kHeaderLimit);
+    // The limit waits until the head has been checked (authorization first).
+    // (Not boost::none: Beast 1.74 compares a length with an empty optional
+    // as "over the limit".)
+    parser_->body_limit(std::numeric_limits<uint64_t>::max());
+    if (first || buffer_.size() > 0) {
+      ReadHeader();
+    } else {
+      phase_ = Phase::kIdle;
+      SetReadDeadline(core_->options.idle_timeout);
+      if (!reading_) StartRead();
+    }
+  }
+
+  // One read into the buffer: the first byte of the next request (idle),
+  // a client leaving while its request runs (handling), or what a refused
+  // client still sends (linger).
+  void StartRead() {
+    reading_ = true;
+    stream_.async_read_some(
+        buffer_.prepare(16 * 1024),
+        [self = this->shared_from_this()](beast::error_code ec, size_t n) { self->OnRead(ec, n); });
+  }
+
+  void OnRead(beast::error_code ec, size_t n) {
+    reading_ = false;
+    if (phase_ == Phase::kClosed) return;
+    if (ec) {
+      if (phase_ == Phase::kHandling && exchange_) {
+        spdlog::debug("http {} {} from {}: the client left before the response ended",
+                      exchange_->request().method, exchange_->request().path, peer_);
+      }
+      return CloseNow();
+    }
+    buffer_.commit(n);
+    switch (phase_) {
+      case Phase::kIdle:
+        return ReadHeader();
+      case Phase::kHandling:
+        // Keep watching only while nothing of a next request has arrived.
+        if (buffer_.size() == 0) StartRead();
+        return;
+      case Phase::kLinger:
+        buffer_.consume(buffer_.size());
+        return StartRead();
+      default:
+        return;
+    }
+  }
+
+  void ReadHeader() {
+    phase_ = Phase::kHeader;
+    SetReadDeadline(core_->options.header_timeout);
+    reading_ = true;
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+  }
+
+  void OnHeader(beast::error_code ec) {
+    reading_ = false;
+    if (phase_ == Phase::kClosed) return;
+    ClearReadDeadline();
+    if (timed_out_) {
+      return Refuse(ErrorResponse(
+          408,
+          absl::StrCat("the request head did not arrive within server.http_header_timeout_s (",
+                       SecondsText(core_->options.header_timeout), ")"),
+          "request_timeout"));
+    }
+    if (ec) {
+      const auto& fields = parser_->get();
+      if (ec == http::error::header_limit) {
+        return Refuse(ErrorResponse(
+            431, absl::StrCat("the request head is larger than ", kHeaderLimit, " bytes"),
+            "headers_too_large"));
+      }
+      if (ec == http::error::bad_content_length || ec == http::error::bad_transfer_encoding) {
+        const bool has_cl = fields.count(http::field::content_length) > 0;
+        const bool has_te = fields.count(http::field::transfer_encoding) > 0;
+        if (has_cl && has_te == false && ec == http::error::bad_content_length) {
+          return Refuse(ErrorResponse(400,
+                                      "ambiguous framing: the request has two different "
+                                      "Content-Length values",
+                                      "bad_content_length"));
+        }
+        if ((ec == http::error::bad_content_length && has_te) ||
+            (ec == http::error::bad_transfer_encoding && has_cl)) {
+          return Refuse(ErrorResponse(400,
+                                      "ambiguous framing: the request has both Content-Length "
+                                      "and Transfer-Encoding",
+                                      "ambiguous_framing"));
+        }
+        if (ec == http::error::bad_transfer_encoding) {
+          return Refuse(ErrorResponse(400, "Transfer-Encoding: chunked is applied more than once",
+                                      "bad_transfer_encoding"));
+        }
+        return Refuse(
+            ErrorResponse(400, "Content-Length is not a valid length (or lists different values)",
+                          "bad_content_length"));
+      }
+      // The client closed between requests, or vanished.
+      if (ec == http::error::end_of_stream || ec == asio::error::eof ||
+          ec == asio::error::connection_reset || ec == asio::error::operation_aborted ||
+          ec == asio::ssl::error::stream_truncated) {
+        return CloseNow();
+      }
+      return Refuse(ErrorResponse(400, absl::StrCat("malformed HTTP request: ", ec.message()),
+                                  "malformed_request"));
+    }
+    if (std::optional<HttpResponse> bad = CheckTransferEncoding(*parser_)) return Refuse(*bad);
+
+    const auto& h = parser_->get();
+    version_ = h.version();
+    request_ = HttpRequest();
+    request_.method = std::string(h.method_string());
+    request_.target = std::string(h.target());
+    request_.path = request_.target.substr(0, request_.target.find('?'));
+    request_.version = version_;
+    request_.peer = peer_;
+    for (const auto& f : h) request_.headers.emplace_back(f.name_string(), f.value());
+
+    const bool has_body = !parser_->is_done();
+    if (core_->authorize) {
+      if (std::optional<HttpResponse> refused = core_->authorize(request_)) {
+        if (has_body) return Refuse(*std::move(refused));
+        keep_alive_ = parser_->keep_alive();
+        return RespondDirect(*std::move(refused));
+      }
+    }
+    if (auto cl = parser_->content_length();
+        cl && *cl > static_cast<uint64_t>(core_->options.max_body_bytes)) {
+      return Refuse(TooLarge());
+    }
+    if (!has_body) return Dispatch();
+    if (IEquals(request_.Header("Expect"), "100-continue") && version_ == 11) {
+      Enqueue("HTTP/1.1 100 Continue\r\n\r\n");
+    }
+    phase_ = Phase::kBody;
+    parser_->body_limit(static_cast<uint64_t>(core_->options.max_body_bytes));
+    SetReadDeadline(core_->options.body_timeout);
+    reading_ = true;
+    http::async_read(
+        stream_, buffer_, *parser_,
+        [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnBody(ec); });
+  }
+
+  void OnBody(beast::error_code ec) {
+    reading_ = false;
+    if (phase_ == Phase::kClosed) return;
+    ClearReadDeadline();
+    if (timed_out_) {
+      return Refuse(ErrorResponse(
+          408,
+          absl::StrCat("the request body did not arrive within server.http_body_timeout_s (",
+                       SecondsText(core_->options.body_timeout), ")"),
+          "request_timeout"));
+    }
+    if (ec == http::error::body_limit) return Refuse(TooLarge());
+    if (ec == http::error::end_of_stream || ec == asio::error::eof ||
+        ec == http::error::partial_message || ec == asio::error::connection_reset ||
+        ec == asio::error::operation_aborted || ec == asio::ssl::error::stream_truncated) {
+      return CloseNow();
+    }
+    if (ec) {
+      return Refuse(ErrorResponse(400, absl::StrCat("malformed request body: ", ec.message()),
+                                  "malformed_request"));
+    }
+    request_.body = std::move(parser_->get().body());
+    Dispatch();
+  }
+
+  HttpResponse TooLarge() const {
+    return ErrorResponse(413,
+                         absl::StrCat("the request body is larger than server.max_body_bytes (",
+                                      core_->options.max_body_bytes, " bytes)"),
+                         "payload_too_large");
+  }
+
+  void Dispatch() {
+    phase_ = Phase::kHandling;
+    keep_alive_ = parser_->keep_alive();
+    streaming_ = false;
+    chunked_ = false;
+    exchange_ = std::make_shared<ExchangeImpl>(this->weak_from_this(), std::move(request_));
+    self_ = this->shared_from_this();
+    if (!reading_ && buffer_.size() == 0) StartRead();
+    std::shared_ptr<ExchangeImpl> ex = exchange_;
+    core_->handler(ex);
+  }
+
+  // ---- writing -------------------------------------------------------------
+
+  void Observe(int status) {
+    if (core_->observer) core_->observer(status);
+    if (exchange_) {
+      spdlog::debug("http {} {} -> {}", exchange_->request().method, exchange_->request().path,
+                    status);
+    }
+  }
+
+  // A response decided before the request reached a handler.
+  void RespondDirect(HttpResponse r) {
+    Observe(r.status);
+    phase_ = Phase::kHandling;
+    response_complete_ = true;
+    Enqueue(Head(r, keep_alive_, version_, r.body.size(), false) + r.body);
+  }
+
+  // Answers and closes without reading what is left of the request.
+  void Refuse(HttpResponse r) {
+    spdlog::debug("http refused a request from {}: {} {}", peer_, r.status, r.body);
+    keep_alive_ = false;
+    close_after_ = true;
+    RespondDirect(std::move(r));
+  }
+
+  void EndExchange() {
+    if (!exchange_) return;
+    std::shared_ptr<ExchangeImpl> ex = std::move(exchange_);
+    ex->End();
+    self_.reset();
+  }
+
+  void Enqueue(std::string bytes) {
+    if (phase_ == Phase::kClosed) return;
+    pending_ += bytes;
+    if (!writing_) Flush();
+  }
+
+  // Writes piece by piece so the write deadline measures progress, not the
+  // time a whole (possibly large) response takes.
+  void Flush() {
+    if (written_ == inflight_.size()) {
+      inflight_.swap(pending_);
+      pending_.clear();
+      written_ = 0;
+    }
+    writing_ = true;
+    write_deadline_ = Clock::now() + ToClock(core_->options.write_timeout);
+    ArmTimer();
+    stream_.async_write_some(asio::buffer(inflight_.data() + written_, inflight_.size() - written_),
+                             [self = this->shared_from_this()](beast::error_code ec, size_t n) {
+                               self->OnWrite(ec, n);
+                             });
+  }
+
+  void OnWrite(beast::error_code ec, size_t n) {
+    writing_ = false;
+    if (phase_ == Phase::kClosed) return;
+    if (ec) return CloseNow();
+    written_ += n;
+    if (written_ < inflight_.size() || !pending_.empty()) return Flush();
+    inflight_.clear();
+    written_ = 0;
+    write_deadline_ = Clock::time_point::max();
+    if (response_complete_ && exchange_ == nullptr) OnDrained();
+  }
+
+  // The response is written in full.
+  void OnDrained() {
+    response_complete_ = false;
+    streaming_ = false;
+    if (close_after_ || !keep_alive_) return Linger();
+    ReadRequest(/*first=*/false);
+  }
+
+  // ---- closing -------------------------------------------------------------
+
+  // Half-closes and drops what the client still sends for a moment.
+  void Linger() {
+    phase_ = Phase::kLinger;
+    beast::error_code ec;
+    Socket().shutdown(tcp::socket::shutdown_send, ec);
+    if (ec) return CloseNow();
+    read_deadline_ = Clock::now() + kLinger;
+    ArmTimer();
+    if (!reading_) StartRead();
+  }
+
+  // Ends the exchange and closes at once. Whatever is still unsent is
+  // dropped with a reset (SO_LINGER 0) rather than left in the kernel for a
+  // client that is not reading.
+  void CloseNow() {
+    if (phase_ == Phase::kClosed) return;
+    phase_ = Phase::kClosed;
+    EndExchange();
+    beast::error_code ec;
+    timer_.cancel();
+    if (writing_ || !pending_.empty()) Socket().set_option(asio::socket_base::linger(true, 0), ec);
+    Socket().close(ec);
+    self_.reset();
+  }
+
+  // ---- deadlines -----------------------------------------------------------
+
+  void SetReadDeadline(absl::Duration d) {
+    timed_out_ = false;
+    read_deadline_ = Clock::now() + ToClock(d);
+    ArmTimer();
+  }
+  void ClearReadDeadline() {
+    read_deadline_ = Clock::time_point::max();
+    ArmTimer();
+  }
+
+  // One timer serves both deadlines. It is re-armed only when a deadline
+  // moves earlier; a wait that fires early re-checks and re-arms (so a
+  // stream's many writes do not each reset it).
+  void ArmTimer() {
+    const Clock::time_point next = std::min(read_deadline_, write_deadline_);
+    if (next == Clock::time_point::max() || next >= armed_) return;
+    armed_ = next;
+    timer_.expires_at(next);
+    timer_.async_wait([self = this->shared_from_this()](beast::error_code ec) {
+      if (!ec) self->OnTimer();
+    });
+  }
+
+  void OnTimer() {
+    if (phase_ == Phase::kClosed) return;
+    armed_ = Clock::time_point::max();
+    const Clock::time_point now = Clock::now();
+    if (now >= write_deadline_) {
+      spdlog::info(
+          "http: a response to {} made no progress for server.http_write_timeout_s; "
+          "closing",
+          peer_);
+      return CloseNow();
+    }
+    if (now >= read_deadline_) {
+      read_deadline_ = Clock::time_point::max();
+      switch (phase_) {
+        case Phase::kHeader:
+        case Phase::kBody:
+          if constexpr (!kTls) {
+            // The pending read ends with operation_aborted; its handler answers 408.
+            timed_out_ = true;
+            beast::error_code ec;
+            Socket().cancel(ec);
+            return;
+          }
+          return CloseNow();
+        default:  // idle keep-alive, handshake, linger
+          return CloseNow();
+      }
+    }
+    ArmTimer();
+  }
+
+  std::shared_ptr<HttpServer::Core> core_;
+  Stream stream_;
+  asio::steady_timer timer_;
+  const bool refuse_;
+  uint64_t id_ = 0;
+  std::string peer_;
+
+  Phase phase_ = Phase::kHeader;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  HttpRequest request_;
+  int version_ = 11;
+  bool keep_alive_ = true;
+  bool close_after_ = false;
+  bool reading_ = false;
+  bool timed_out_ = false;
+
+  std::shared_ptr<ExchangeImpl> exchange_;
+  // Keeps the connection alive while a handler holds its exchange and no
+  // socket operation is pending.
+  std::shared_ptr<Connection> self_;
+  bool streaming_ = false;
+  bool chunked_ = false;
+  bool response_complete_ = false;
+
+  std::string pending_;   // queued, not yet handed to a write
+  std::string inflight_;  // being written
+  size_t written_ = 0;    // of inflight_
+  bool writing_ = false;
+
+  Clock::time_point read_deadline_ = Clock::time_point::max();
+  Clock::time_point write_deadline_ = Clock::time_point::max();
+  Clock::time_point armed_ = Clock::time_point::max();
+};
+
+using PlainConnection = Connection<tcp::socket>;
+using TlsConnection = Connection<asio::ssl::stream<tcp::socket>>;
+
+void Accept(std::shared_ptr<HttpServer::Core> core) {
+  HttpServer::Core* c = core.get();
+  c->acceptor.async_accept(asio::make_strand(c->ioc), [core = std::move(core)](beast::error_code ec,
+                                                                               tcp::socket socket) {
+    if (!core->acceptor.is_open()) return;
+    if (ec) {
+      // Out of descriptors (or a transient error): try again shortly
+      // rather than spin.
+      spdlog::warn("http: accept failed: {}", ec.message());
+      core->accept_retry.expires_after(kAcceptRetry);
+      core->accept_retry.async_wait([core](beast::error_code e) {
+        if (!e) Accept(core);
+      });
+      return;
+    }
+    const bool refuse = core->connections.load() >= core->options.max_connections;
+    if (refuse && core->refusing.load() >= kMaxRefusing) {
+      beast::error_code ignored;
+      socket.close(ignored);
+    } else if (core->tls) {
+      std::make_shared<TlsConnection>(core, std::move(socket), refuse)->Start();
+    } else {
+      std::make_shared<PlainConnection>(core, std::move(socket), refuse)->Start();
+    }
+    Accept(core);
+  });
+}
+
+}  // namespace
+
+std::string_view HttpRequest::Header(std::string_view name) const {
+  for (const auto& [n, v] : headers) {
+    if (IEquals(n, name)) return v;
+  }
+  return {};
+}
+
+std::string_view HttpReason(int status) {
+  beast::string_view r = http::obsolete_reason(static_cast<http::status>(status));
+  return std::string_view(r.data(), r.size());
+}
+
+HttpServer::HttpServer(Options options, Authorize authorize, Handler handler, Observer observer)
+    : options_(options),
+      core_(std::make_shared<Core>(std::move(options), std::move(authorize), std::move(handler),
+                                   std::move(observer))) {}
+
+HttpServer::~HttpServer() { Stop(); }
+
+int HttpServer::connections() const { return core_->connections.load(); }
+
+absl::Status HttpServer::Start() {
+  Core& c = *core_;
+  if (options_.tls_cert_file.empty() != options_.tls_key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "server.tls.cert_file and server.tls.key_file: set both (HTTPS) or neither");
+  }
+  if (!options_.tls_cert_file.empty()) {
+    c.tls = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
+    c.tls->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
+                       asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
+                       asio::ssl::context::no_tlsv1_1 | asio::ssl::context::single_dh_use);
+    beast::error_code ec;
+    c.tls->use_certificate_chain_file(options_.tls_cert_file, ec);
+    if (ec) {
+      return absl::InvalidArgumentError(absl::StrCat("server.tls.cert_file: cannot use '",
+                                                     options_.tls_cert_file, "': ", ec.message()));
+    }
+    c.tls->use_private_key_file(options_.tls_key_file, asio::ssl::context::pem, ec);
+    if (ec) {
+      return absl::InvalidArgumentError(absl::StrCat("server.tls.key_file: cannot use '",
+                                                     options_.tls_key_file, "': ", ec.message()));
+    }
+  }
+
+  const std::string where = absl::StrCat("server.http_port: cannot listen on ", options_.host, ":",
+                                         options_.port, " (in use, or a bad host?)");
+  beast::error_code ec;
+  tcp::endpoint endpoint;
+  asio::ip::address address = asio::ip::make_address(options_.host, ec);
+  if (!ec) {
+    endpoint = tcp::endpoint(address, static_cast<uint16_t>(options_.port));
+  } else {
+    tcp::resolver resolver(c.ioc);
+    auto results = resolver.resolve(options_.host, std::to_string(options_.port), ec);
+    if (ec || results.empty()) return absl::UnavailableError(where);
+    endpoint = results.begin()->endpoint();
+  }
+  c.acceptor.open(endpoint.protocol(), ec);
+  if (ec) return absl::UnavailableError(where);
+  c.acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+  if (options_.reuse_port) {
+    int yes = 1;
+    ::setsockopt(c.acceptor.native_handle(), SOL_SOCKET, SO_REUSEPORT, &yes, sizeof(yes));
+  }
+  c.acceptor.bind(endpoint, ec);
+  if (ec) return absl::UnavailableError(where);
+  c.acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) return absl::UnavailableError(where);
+  port_ = c.acceptor.local_endpoint().port();
+
+  c.work.emplace(c.ioc.get_executor());
+  Accept(core_);
+  const int threads = std::max(1, options_.io_threads);
+  for (int i = 0; i < threads; ++i) {
+    c.threads.emplace_back([core = core_.get()] { core->ioc.run(); });
+  }
+  return absl::OkStatus();
+}
+
+void HttpServer::Stop() {
+  Core& c = *core_;
+  if (c.threads.empty()) return;
+  {
+    absl::MutexLock lock(&c.mu);
+    c.stopped = true;
+  }
+  // Close the listener first (on its strand) so no connection starts after
+  // the ones below are told to close.
+  std::promise<void> closed;
+  asio::post(c.acceptor.get_executor(), [core = core_, &closed] {
+    beast::error_code ec;
+    core->acceptor.close(ec);
+    core->accept_retry.cancel();
+    closed.set_value();
+  });
+  closed.get_future().wait();
+  std::vector<std::shared_ptr<ConnectionBase>> open;
+  {
+    absl::MutexLock lock(&c.conns_mu);
+    for (auto& [id, weak] : c.conns) {
+      if (auto conn = weak.lock()) open.push_back(std::move(conn));
+    }
+  }
+  for (auto& conn : open) conn->Shutdown();
+  open.clear();
+  c.work.reset();
+  for (std::thread& t : c.threads) t.join();
+  c.threads.clear();
+}
+
+}  // namespace kvserve
