@@ -17,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/auth.h"
+#include "server/client_limiter.h"
 #include "server/engine_builder.h"
 #include "server/grpc_service.h"
 #include "server/http_service.h"
@@ -109,11 +110,10 @@ int RunDaemon(const ServeConfig& config) {
     keys.insert(keys.end(), more->begin(), more->end());
   }
   ServerMetrics metrics;
-  // TODO(lead): gRPC authorizes through ServingState, which holds one key;
-  // have it call ApiKeys::Authorize (server/auth.h) so it accepts every key
-  // of server.api_key_file and the Bearer scheme case-insensitively. Until
-  // then it gets the first key: closed, not open, when only a file is set.
-  ServingState state(&metrics, config.model.chat_template, keys.empty() ? "" : keys.front());
+  auto api_keys = std::make_shared<const ApiKeys>(keys);
+  ServingState state(&metrics, config.model.chat_template, api_keys);
+  // One per-client count over both front ends.
+  auto limiter = std::make_shared<ClientLimiter>(config.limits.max_concurrent_per_client);
 
   HttpService::Options http_options;
   http_options.host = config.server.host;
@@ -129,13 +129,17 @@ int RunDaemon(const ServeConfig& config) {
   http_options.stream_buffer_bytes = config.server.http_stream_buffer_bytes;
   http_options.tls_cert_file = config.server.tls.cert_file;
   http_options.tls_key_file = config.server.tls.key_file;
-  http_options.api_keys = std::make_shared<const ApiKeys>(keys);
+  http_options.api_keys = api_keys;
+  http_options.limits = config.ToRequestLimits();
+  http_options.limiter = limiter;
   HttpService http(&state, http_options);
   if (absl::Status s = http.Start(); !s.ok()) {
     spdlog::critical("{}", std::string(s.message()));
     return 1;
   }
-  GrpcService grpc(&state);
+  GrpcService::Options grpc_options = GrpcService::OptionsFromConfig(config);
+  grpc_options.limiter = limiter;
+  GrpcService grpc(&state, std::move(grpc_options));
   if (absl::Status s = grpc.Start(config.server.host, config.server.grpc_port, config.server.reuse_port); !s.ok()) {
     spdlog::critical("{}", std::string(s.message()));
     http.Stop();
@@ -206,16 +210,16 @@ int RunDaemon(const ServeConfig& config) {
     spdlog::warn("{} calls still open after the grace period; closing them",
                  state.calls_in_flight());
   }
-  // HTTP keeps answering (503 for new work) until the very end: a late
-  // client gets an answer, not a refused connection.
-  // TODO(lead): the gRPC side should likewise answer UNAVAILABLE until exit
-  // instead of shutting down here (grpc_service.*).
-  grpc.Shutdown(absl::Now() + absl::Seconds(1));
+  // Both front ends keep answering (HTTP 503, gRPC UNAVAILABLE for new
+  // work) until the very end: a late client gets an answer, not a refused
+  // connection. StopServing returns once no gRPC call uses the engine.
+  grpc.StopServing(absl::Now() + absl::Seconds(1));
   // Open calls format output with the engine's tokenizer: close them first.
   if (!idle) http.Stop();
   http.DetachEngine();
   built->engine.reset();
   spdlog::info("stopped");
+  grpc.Shutdown(absl::Now());
   http.Stop();
   return 0;
 }

@@ -41,27 +41,6 @@ grpc::Status ToGrpc(const absl::Status& s, grpc::CallbackServerContext* ctx = nu
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
 }
 
-// "Bearer <key>" with the scheme in any case (RFC 9110 schemes are
-// case-insensitive). The key is compared in time that depends on its length
-// only, not on how much of it matches. (A private copy until server/auth
-// serves both front ends.)
-bool BearerMatches(std::string_view authorization, std::string_view key) {
-  constexpr std::string_view kScheme = "bearer ";
-  if (authorization.size() < kScheme.size() ||
-      !absl::EqualsIgnoreCase(absl::string_view(authorization.data(), kScheme.size()),
-                              absl::string_view(kScheme.data(), kScheme.size()))) {
-    return false;
-  }
-  std::string_view token = authorization.substr(kScheme.size());
-  while (!token.empty() && token.front() == ' ') token.remove_prefix(1);
-  unsigned char diff = token.size() == key.size() ? 0 : 1;
-  for (size_t i = 0; i < key.size(); ++i) {
-    const unsigned char t = i < token.size() ? static_cast<unsigned char>(token[i]) : 0;
-    diff |= static_cast<unsigned char>(t ^ static_cast<unsigned char>(key[i]));
-  }
-  return diff == 0;
-}
-
 std::string_view Metadata(const grpc::CallbackServerContext& ctx, const char* key) {
   const auto& md = ctx.client_metadata();
   auto it = md.find(key);
@@ -72,7 +51,7 @@ std::string_view Metadata(const grpc::CallbackServerContext& ctx, const char* ke
 // Refuses calls the daemon cannot take: no model yet, draining, wrong key.
 grpc::Status Admit(const ServingState& state, const grpc::CallbackServerContext& ctx,
                    bool needs_ready) {
-  if (!state.api_key().empty() && !BearerMatches(Metadata(ctx, "authorization"), state.api_key())) {
+  if (!state.Authorized(Metadata(ctx, "authorization"))) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         "missing or wrong 'authorization: Bearer <key>' metadata");
   }
@@ -334,7 +313,12 @@ struct CallEnv {
     return l;
   }
   std::string ClientOf(const grpc::CallbackServerContext& ctx) const {
-    return ClientKey(state->api_key(), ctx.peer());
+    // With keys, a client is the key it presented (Admit checked it).
+    std::string_view key;
+    if (!state->api_keys()->empty()) {
+      key = BearerToken(Metadata(ctx, "authorization")).value_or(std::string_view());
+    }
+    return ClientKey(key, ctx.peer());
   }
 };
 
@@ -773,6 +757,8 @@ GrpcService::Options GrpcService::OptionsFromConfig(const ServeConfig& config) {
   o.limits = config.ToRequestLimits();
   o.max_concurrent_per_client = config.limits.max_concurrent_per_client;
   o.max_unsent_outputs = config.limits.max_unsent_outputs;
+  o.tls_cert_file = config.server.tls.cert_file;
+  o.tls_key_file = config.server.tls.key_file;
   return o;
 }
 

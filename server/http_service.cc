@@ -161,6 +161,7 @@ struct HttpService::GenerateCall : std::enable_shared_from_this<GenerateCall> {
   bool started = false;
   bool finished = false;
   std::atomic<bool> drain_posted{false};
+  ClientLimiter::Token client_slot;  // the client's concurrency slot (limits.max_concurrent_per_client)
 };
 
 HttpService::HttpService(ServingState* state, Options options)
@@ -169,7 +170,7 @@ HttpService::HttpService(ServingState* state, Options options)
       created_(UnixNow()),
       keys_(options_.api_keys != nullptr
                 ? options_.api_keys
-                : std::make_shared<const ApiKeys>(std::vector<std::string>{state->api_key()})) {
+                : state->api_keys()) {
   HttpServer::Options o;
   o.host = options_.host;
   o.port = options_.port;
@@ -296,6 +297,18 @@ void HttpService::HandleGenerate(bool chat, std::shared_ptr<HttpExchange> ex) {
     ctx.max_model_len = state_->info().max_model_len;
     ctx.default_sampling = engine->model_config().DefaultSampling();
     ctx.default_kv_policy = std::string(EvictionPolicyName(engine->config().eviction.policy));
+    ctx.limits = options_.limits;
+    ClientLimiter::Token slot;
+    if (options_.limiter != nullptr) {
+      std::string_view key;
+      if (!keys_->empty()) key = BearerToken(req.Header("Authorization")).value_or(std::string_view());
+      absl::StatusOr<ClientLimiter::Token> t = options_.limiter->Acquire(ClientKey(key, req.peer));
+      if (!t.ok()) {
+        spdlog::info("http {} refused: {}", req.path, std::string(t.status().message()));
+        return reply(ErrorResponse(ApiErrorFromStatus(t.status(), "")));
+      }
+      slot = *std::move(t);
+    }
     ApiRequest api;
     if (std::optional<ApiError> e = ParseApiRequest(kind, req.body, ctx, &api)) {
       spdlog::info("http {} rejected: {} (param {})", req.path, e->message, e->param);
@@ -320,6 +333,7 @@ void HttpService::HandleGenerate(bool chat, std::shared_ptr<HttpExchange> ex) {
     state_->CallStarted();
     auto call =
         std::make_shared<GenerateCall>(state_, ex, *std::move(submitted), request_id, api.stream);
+    call->client_slot = std::move(slot);
     call->response_id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-", request_id);
     call->created = UnixNow();
     call->model = api.model;

@@ -34,7 +34,9 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "scheduler/request_validation.h"
 #include "server/auth.h"
+#include "server/client_limiter.h"
 #include "server/http_server.h"
 #include "server/serving_state.h"
 
@@ -65,6 +67,13 @@ class HttpService {
     std::string tls_key_file;
     // Null: the state's server.api_key alone.
     std::shared_ptr<const ApiKeys> api_keys;
+    // The request cost budget (the config's limits section; limits left 0
+    // are derived from the served model's max_model_len).
+    RequestLimits limits = kDefaultRequestLimits;
+    // Generation calls open at once per client (its API key, or its peer
+    // address without auth); shared with gRPC so both count together.
+    // Null: no limit.
+    std::shared_ptr<ClientLimiter> limiter;
   };
 
   HttpService(ServingState* state, Options options);

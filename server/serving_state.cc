@@ -36,17 +36,17 @@ void ServingState::StartDraining() {
   metrics_->SetReady(false);
 }
 
-bool ServingState::Authorized(std::string_view authorization) const {
-  if (api_key_.empty()) return true;
-  // Compare every byte so the time taken does not reveal a matching prefix.
-  const std::string expected = absl::StrCat("Bearer ", api_key_);
-  if (authorization.size() != expected.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < expected.size(); ++i) {
-    diff |= static_cast<unsigned char>(authorization[i] ^ expected[i]);
-  }
-  return diff == 0;
-}
+ServingState::ServingState(ServerMetrics* metrics, ChatTemplate chat_template,
+                           std::shared_ptr<const ApiKeys> api_keys)
+    : metrics_(metrics),
+      chat_template_(std::move(chat_template)),
+      api_keys_(api_keys != nullptr ? std::move(api_keys) : std::make_shared<const ApiKeys>()) {}
+
+ServingState::ServingState(ServerMetrics* metrics, ChatTemplate chat_template,
+                           const std::string& api_key)
+    : ServingState(metrics, std::move(chat_template),
+                   std::make_shared<const ApiKeys>(api_key.empty() ? std::vector<std::string>{}
+                                                                   : std::vector<std::string>{api_key})) {}
 
 void ServingState::CallStarted() {
   absl::MutexLock lock(&mu_);

@@ -13,12 +13,15 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "model/model_runner.h"
 #include "scheduler/engine.h"
+#include "server/auth.h"
 #include "server/chat_template.h"
 #include "server/metrics.h"
 
@@ -46,8 +49,11 @@ class ServingState {
  public:
   enum class Phase { kLoading, kReady, kDraining };
 
-  ServingState(ServerMetrics* metrics, ChatTemplate chat_template, std::string api_key)
-      : metrics_(metrics), chat_template_(std::move(chat_template)), api_key_(std::move(api_key)) {}
+  // `api_keys` null or empty: no authentication.
+  ServingState(ServerMetrics* metrics, ChatTemplate chat_template,
+               std::shared_ptr<const ApiKeys> api_keys);
+  // One key ("" = none).
+  ServingState(ServerMetrics* metrics, ChatTemplate chat_template, const std::string& api_key);
 
   // Publishes the engine and becomes ready.
   void SetReady(Engine* engine, ServedModelInfo info);
@@ -61,10 +67,13 @@ class ServingState {
   const ServedModelInfo& info() const { return info_; }  // valid once ready
   ServerMetrics& metrics() const { return *metrics_; }
   const ChatTemplate& chat_template() const { return chat_template_; }
-  // "" = no authentication.
-  const std::string& api_key() const { return api_key_; }
-  // True when `authorization` ("Bearer <key>") matches, or no key is set.
-  bool Authorized(std::string_view authorization) const;
+  // The keys both front ends check (never null; empty = no authentication).
+  const std::shared_ptr<const ApiKeys>& api_keys() const { return api_keys_; }
+  // True when `authorization` ("Bearer <key>", scheme in any case) names one
+  // of the keys, or no key is set (constant-time compare: server/auth.h).
+  bool Authorized(std::string_view authorization) const {
+    return api_keys_->Authorize(authorization);
+  }
 
   // Generation calls still running (streams included).
   void CallStarted();
@@ -76,7 +85,7 @@ class ServingState {
  private:
   ServerMetrics* const metrics_;
   const ChatTemplate chat_template_;
-  const std::string api_key_;
+  const std::shared_ptr<const ApiKeys> api_keys_;
   std::atomic<Phase> phase_{Phase::kLoading};
   std::atomic<Engine*> engine_{nullptr};
   ServedModelInfo info_;  // written once before phase_ becomes kReady
