@@ -219,16 +219,8 @@ TEST_CASE("int4_kc: preemption (recompute and swap), forks and prefix hits keep 
     setup.max_num_batched_tokens = 16;  // the prompt ends mid-block after chunks
     setup.max_num_seqs = 16;
     auto engine = MakeEngine(setup);
-    std::vector<int32_t> prompt = Stories().tokenizer->Encode(DevStories()[3], true);
-    prompt.resize(100);  // 6 full blocks and 4 rows in the tail
-    GenerateRequest req;
-    req.prompt_token_ids = prompt;
-    req.max_tokens = 40;
-    req.ignore_eos = true;
-    req.sampling.temperature = 1.0f;
-    req.sampling.top_k = 40;
+    GenerateRequest req = testing::ForkRequest();  // 6 full blocks and 4 rows in the tail
     req.sampling.seed = 99;
-    req.n = 4;
     const Result together = RunOne(*engine, req);
     const EngineStats st = engine->GetStats();
     REQUIRE(st.kv.cow_copies == 3);  // three samples copy the shared tail once each

@@ -1,71 +1,70 @@
 // EngineStats -> kvserve.v1.Stats: every wire field comes from its one
-// source field (distinct values, so a swapped pair fails).
+// source field (each gets a distinct value, so a swapped pair fails).
 #include "server/stats_proto.h"
 
 #include <catch2/catch.hpp>
+#include <functional>
+#include <string>
+#include <vector>
 
 namespace kvserve {
 namespace {
 
-TEST_CASE("ToProto fills every Stats field from EngineStats", "[server]") {
-  EngineStats s;
-  s.num_waiting = 1;
-  s.num_running = 2;
-  s.num_swapped = 3;
-  s.kv.num_blocks = 4;
-  s.kv.num_free_blocks = 5;
-  s.kv.num_active_blocks = 6;
-  s.kv.num_cached_blocks = 7;
-  s.kv.active_usage = 0.25;
-  s.kv.usage_with_cached = 0.75;
-  s.steps = 10;
-  s.batched_tokens = 11;
-  s.prompt_tokens = 12;
-  s.generated_tokens = 13;
-  s.preemptions = 14;
-  s.kv.prefix_query_tokens = 15;
-  s.kv.prefix_hit_tokens = 16;
-  s.kv.cow_copies = 17;
-  s.kv.swapped_out_blocks = 18;
-  s.kv.swapped_in_blocks = 19;
-  s.kv.evicted_cached_blocks = 20;
-  s.requests_finished_stop = 21;
-  s.requests_finished_length = 22;
-  s.requests_finished_cancelled = 23;
-  s.requests_finished_error = 24;
-  s.requests_rejected = 25;
+// One wire field: how to set its source in EngineStats, how to read it back.
+struct Field {
+  std::string name;
+  std::function<void(EngineStats&, int64_t)> set;
+  std::function<double(const v1::Stats&)> get;
+};
 
+// clang-format off
+#define KV_FIELD(wire, source)                                   \
+  Field{#wire, [](EngineStats& s, int64_t v) { s.source = v; },  \
+        [](const v1::Stats& p) { return static_cast<double>(p.wire()); }}
+// clang-format on
+
+TEST_CASE("ToProto fills every Stats field from EngineStats", "[server]") {
+  const std::vector<Field> fields = {
+      KV_FIELD(num_waiting, num_waiting),
+      KV_FIELD(num_running, num_running),
+      KV_FIELD(num_swapped, num_swapped),
+      KV_FIELD(kv_blocks_total, kv.num_blocks),
+      KV_FIELD(kv_blocks_free, kv.num_free_blocks),
+      KV_FIELD(kv_blocks_active, kv.num_active_blocks),
+      KV_FIELD(kv_blocks_cached, kv.num_cached_blocks),
+      KV_FIELD(kv_usage_active, kv.active_usage),
+      KV_FIELD(kv_usage_with_cached, kv.usage_with_cached),
+      KV_FIELD(steps, steps),
+      KV_FIELD(batched_tokens, batched_tokens),
+      KV_FIELD(prompt_tokens, prompt_tokens),
+      KV_FIELD(generated_tokens, generated_tokens),
+      KV_FIELD(preemptions, preemptions),
+      KV_FIELD(prefix_queries_tokens, kv.prefix_query_tokens),
+      KV_FIELD(prefix_hits_tokens, kv.prefix_hit_tokens),
+      KV_FIELD(cow_copies, kv.cow_copies),
+      KV_FIELD(swap_out_blocks, kv.swapped_out_blocks),
+      KV_FIELD(swap_in_blocks, kv.swapped_in_blocks),
+      KV_FIELD(cached_block_evictions, kv.evicted_cached_blocks),
+      KV_FIELD(requests_finished_stop, requests_finished_stop),
+      KV_FIELD(requests_finished_length, requests_finished_length),
+      KV_FIELD(requests_finished_cancelled, requests_finished_cancelled),
+      KV_FIELD(requests_finished_error, requests_finished_error),
+      KV_FIELD(requests_rejected, requests_rejected),
+  };
+  // Every field of the message is listed.
+  REQUIRE(v1::Stats::descriptor()->field_count() == static_cast<int>(fields.size()));
+  EngineStats s;
+  for (size_t i = 0; i < fields.size(); ++i) fields[i].set(s, static_cast<int64_t>(i + 1));
   v1::Stats p;
-  p.set_steps(99);  // overwritten
+  p.set_steps(999);  // overwritten
   ToProto(s, &p);
-  CHECK(p.num_waiting() == 1);
-  CHECK(p.num_running() == 2);
-  CHECK(p.num_swapped() == 3);
-  CHECK(p.kv_blocks_total() == 4);
-  CHECK(p.kv_blocks_free() == 5);
-  CHECK(p.kv_blocks_active() == 6);
-  CHECK(p.kv_blocks_cached() == 7);
-  CHECK(p.kv_usage_active() == 0.25);
-  CHECK(p.kv_usage_with_cached() == 0.75);
-  CHECK(p.steps() == 10);
-  CHECK(p.batched_tokens() == 11);
-  CHECK(p.prompt_tokens() == 12);
-  CHECK(p.generated_tokens() == 13);
-  CHECK(p.preemptions() == 14);
-  CHECK(p.prefix_queries_tokens() == 15);
-  CHECK(p.prefix_hits_tokens() == 16);
-  CHECK(p.cow_copies() == 17);
-  CHECK(p.swap_out_blocks() == 18);
-  CHECK(p.swap_in_blocks() == 19);
-  CHECK(p.cached_block_evictions() == 20);
-  CHECK(p.requests_finished_stop() == 21);
-  CHECK(p.requests_finished_length() == 22);
-  CHECK(p.requests_finished_cancelled() == 23);
-  CHECK(p.requests_finished_error() == 24);
-  CHECK(p.requests_rejected() == 25);
-  // Every field of the message is one of the above.
-  CHECK(v1::Stats::descriptor()->field_count() == 25);
+  for (size_t i = 0; i < fields.size(); ++i) {
+    INFO(fields[i].name);
+    CHECK(fields[i].get(p) == static_cast<double>(i + 1));
+  }
 }
+
+#undef KV_FIELD
 
 }  // namespace
 }  // namespace kvserve
