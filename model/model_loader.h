@@ -3,7 +3,7 @@
 //   * an HF directory: config.json + model.safetensors (or shards with
 //     model.safetensors.index.json) + tokenizer.json or tokenizer.model
 //   * "dummy:<preset>": random weights of a real shape (tiny, llama-2-7b,
-//     llama-2-70b, llama-3-8b, mistral-7b)
+//     llama-2-70b, llama-3-8b, mistral-7b, stories110m-shape)
 // The tokenizer is `tokenizer_path` when given (a tokenizer.json or a
 // SentencePiece .model); otherwise an HF directory's own (tokenizer.json
 // preferred, tokenizer.model otherwise: hf_tokenizer.h), or the single

@@ -23,7 +23,9 @@
 // GCC 12's _mm512_broadcast_f32x8 and _mm512_extractf32x8_ps pass an
 // _mm512_undefined_ps() as the unused merge source, which -Wmaybe-uninitialized
 // reports once per call site; the value is never read.
+#if !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 namespace kvserve::cpu::internal {
 namespace {
