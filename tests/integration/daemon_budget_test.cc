@@ -286,5 +286,59 @@ TEST_CASE("Daemon: a config file over 1 MiB is refused before parsing", "[integr
   REQUIRE(out.find("bytes, more than the 1048576 (1 MiB) a config may have") != std::string::npos);
 }
 
+TEST_CASE("Daemon: gRPC streams whose clients stop reading are cancelled, blocks freed",
+          "[integration]") {
+  DaemonProcess d;
+  Client c(d);
+  // Clients that announce a small window and never read.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);
+  auto channel =
+      grpc::CreateCustomChannel(d.grpc_target(), grpc::InsecureChannelCredentials(), args);
+  auto stub = v1::Generation::NewStub(channel);
+  v1::GenerateRequest req;
+  req.set_prompt("Once upon a time");
+  req.set_n(64);
+  req.set_max_tokens(500);
+  req.set_logprobs(20);
+  req.set_ignore_eos(true);
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  std::vector<std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>>> readers;
+  for (int i = 0; i < 4; ++i) {
+    contexts.push_back(std::make_unique<grpc::ClientContext>());
+    readers.push_back(stub->Generate(contexts.back().get(), req));
+  }
+  // The engine stops generating for them (their buffers filled) and frees
+  // their blocks while the streams are still open and unread.
+  v1::Stats stats;
+  for (int i = 0; i < 1200; ++i) {
+    stats = c.Stats();
+    if (stats.requests_finished_cancelled() == 4 && stats.kv_blocks_active() == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  REQUIRE(stats.requests_finished_cancelled() == 4);
+  REQUIRE(stats.kv_blocks_active() == 0);
+  REQUIRE(stats.num_running() == 0);
+  // Far fewer than 4 x 64 x 500 tokens were made for them.
+  REQUIRE(stats.generated_tokens() < 4 * 64 * 500 / 2);
+  // A client that reads now gets what was sent, then the reason.
+  v1::GenerateResponse r;
+  while (readers[0]->Read(&r)) {
+  }
+  const grpc::Status st = readers[0]->Finish();
+  REQUIRE(st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  REQUIRE(st.error_message() ==
+          "the client read too slowly: more than 4096 outputs waited to be sent "
+          "(limits.max_unsent_outputs); the request was cancelled");
+  for (auto& ctx : contexts) ctx->TryCancel();
+  for (size_t i = 1; i < readers.size(); ++i) {
+    while (readers[i]->Read(&r)) {
+    }
+    readers[i]->Finish();
+  }
+  RequireGoldenAndIdle(c);
+}
+
 }  // namespace
 }  // namespace kvserve
