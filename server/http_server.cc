@@ -36,6 +36,9 @@ constexpr uint32_t kHeaderLimit = 64 * 1024;
 // After a refusal, how long the client's remaining bytes are read and
 // dropped before the socket closes (so it reads our answer, not a reset).
 constexpr auto kLinger = std::chrono::seconds(2);
+// ... and at most this much of it (a client pushing a refused body at full
+// speed must not keep an io thread busy).
+constexpr size_t kLingerBytes = 64 << 20;
 // Connections over the cap still get their 503; beyond this many at once
 // they are closed without one.
 constexpr int kMaxRefusing = 1024;
@@ -412,7 +415,9 @@ class Connection final : public ConnectionBase,
         if (buffer_.size() == 0) StartRead();
         return;
       case Phase::kLinger:
+        lingered_ += buffer_.size();
         buffer_.consume(buffer_.size());
+        if (lingered_ > kLingerBytes) return CloseNow();
         return StartRead();
       default:
         return;
@@ -735,6 +740,7 @@ class Connection final : public ConnectionBase,
   bool close_after_ = false;
   bool reading_ = false;
   bool timed_out_ = false;
+  size_t lingered_ = 0;  // bytes dropped after a refusal
 
   std::shared_ptr<ExchangeImpl> exchange_;
   // Keeps the connection alive while a handler holds its exchange and no

@@ -225,7 +225,7 @@ TEST_CASE("Slow, silent and idle connections are timed out and hold no thread", 
   {
     RawConnection other = s.Connect();
     REQUIRE(other.Send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
-    REQUIRE(other.ReadResponse(1s)->status == 200);
+    REQUIRE(other.ReadResponse(10s)->status == 200);
   }
 
   RequireError(silent.ReadResponse(), 408, "request_timeout",
