@@ -57,6 +57,9 @@ inline EngineConfig EngineConfigOf(const EngineSetup& s) {
   config.preemption_mode = s.mode;
   config.prefix_caching = s.prefix_caching;
   config.debug_check_invariants = true;
+  // Endless streaming-eviction requests (tests that cancel or drain them)
+  // ask for far more than the default n x max_tokens budget.
+  config.request_limits.max_generated_tokens = int64_t{1} << 40;
   return config;
 }
 

@@ -363,9 +363,10 @@ TEST_CASE("Daemon: one client's calls over HTTP and gRPC share its concurrency l
   v1::GenerateRequest endless = Small();
   endless.set_max_tokens(30000);
   endless.mutable_kv_policy()->set_policy("streaming");
+  endless.mutable_kv_policy()->set_budget(64);
   auto reader = stub->Generate(&long_ctx, endless);
   v1::GenerateResponse first;
-  REQUIRE(reader->Read(&first));
+  if (!reader->Read(&first)) FAIL("the long call ended: " << reader->Finish().error_message());
   std::atomic<bool> stop{false};
   std::thread drain([&] {
     v1::GenerateResponse r;

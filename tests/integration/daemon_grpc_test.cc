@@ -158,10 +158,11 @@ TEST_CASE("Daemon: a gRPC client cancelling mid-stream frees its KV blocks", "[i
   DaemonProcess d;
   GrpcClient c(d);
   grpc::ClientContext ctx;
-  // A request that cannot end on its own: streaming eviction is not held to
-  // max_model_len, and it asks for a billion tokens.
+  // A request far longer than the test: streaming eviction is not held to
+  // max_model_len, and it asks for 30,000 tokens (within limits.max_generated_tokens,
+  // 64 x max_model_len); it is cancelled after its first event.
   v1::GenerateRequest req = Greedy();
-  req.set_max_tokens(1 << 29);
+  req.set_max_tokens(30000);
   req.set_ignore_eos(true);
   req.mutable_kv_policy()->set_policy("streaming");
   req.mutable_kv_policy()->set_budget(48);
