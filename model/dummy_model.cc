@@ -1,9 +1,10 @@
 #include "model/dummy_model.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <new>
 #include <thread>
 
 #include "absl/status/status.h"
@@ -18,6 +19,7 @@ namespace kvserve {
 namespace {
 
 constexpr char kMaxBytesEnv[] = "KVSERVE_DUMMY_MAX_BYTES";
+constexpr uint64_t kHugePage = uint64_t{2} << 20;
 
 struct Preset {
   const char* name;
@@ -203,13 +205,20 @@ absl::StatusOr<LlamaWeights> LoadDummyModel(std::string_view name, uint64_t max_
                      numel, " parameters), over the limit of ", HumanBytes(max_bytes), "; set ",
                      kMaxBytesEnv, " to allow more (shapes alone come from DummyPresetConfig)"));
   }
-  std::shared_ptr<float[]> buffer;
-  try {
-    buffer.reset(new float[numel]);  // uninitialized: every element is filled below
-  } catch (const std::bad_alloc&) {
+  // Uninitialized (every element is filled below), in 2 MiB-aligned memory
+  // offered to the kernel as huge pages: every matrix then starts 64-byte
+  // aligned (no load of a kernel straddles two cache lines), and streaming
+  // the weights once per decode step takes 512 times fewer TLB misses.
+  const uint64_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+  float* raw = static_cast<float*>(std::aligned_alloc(kHugePage, rounded));
+  if (raw == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat(kDummyPrefix, c.name, ": cannot allocate ",
                                                      HumanBytes(bytes), " of fp32 weights"));
   }
+#if defined(MADV_HUGEPAGE)
+  madvise(raw, rounded, MADV_HUGEPAGE);  // advice only: without it, 4 KiB pages
+#endif
+  std::shared_ptr<float[]> buffer(raw, [](float* p) { std::free(p); });
   FillRandom(buffer.get(), numel, seed);
 
   // Carve the buffer into tensors in the fixed order; norms become all-ones
