@@ -90,6 +90,15 @@ std::string Metrics(int port) {
   return r->body;
 }
 
+// Under AddressSanitizer freed memory waits in a quarantine (256 MiB by
+// default) and every allocation carries redzones, so the daemon's RSS says
+// nothing about what it keeps; the RSS bounds hold for the normal build only.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kRssIsMeaningful = false;
+#else
+constexpr bool kRssIsMeaningful = true;
+#endif
+
 // Resident bytes of this test's `kvserve` child (one daemon at a time).
 int64_t DaemonRss() {
   const std::string me = std::to_string(getpid());
@@ -291,7 +300,7 @@ TEST_CASE("Daemon: every framing finding is refused with its status, the golden 
     const int64_t rss_after = DaemonRss();
     INFO("sent " << sent_mib << " MiB; RSS " << rss_before / 1e6 << " -> " << rss_after / 1e6
                  << " MB");
-    REQUIRE(rss_after - rss_before < (16 << 20));
+    if (kRssIsMeaningful) REQUIRE(rss_after - rss_before < (16 << 20));
   }
 
   // The daemon serves on: pipelined behind a health check, the reference
@@ -340,7 +349,7 @@ TEST_CASE("Daemon: streams nobody reads are cancelled, their blocks return, RSS 
   INFO("RSS " << rss_before / 1e6 << " -> " << rss_after / 1e6 << " MB");
   REQUIRE(MetricValue(metrics, "kvserve_kv_blocks{state=\"active\"}") == 0);
   REQUIRE(MetricValue(metrics, "kvserve_requests_total{finish_reason=\"cancelled\"}") == kClients);
-  REQUIRE(rss_after - rss_before < (64 << 20));
+  if (kRssIsMeaningful) REQUIRE(rss_after - rss_before < (64 << 20));
   WARN("10 unread n=64 logprobs streams: daemon RSS " << rss_before / 1e6 << " -> "
                                                       << rss_after / 1e6 << " MB");
 }

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <string>
 
+#include "model/dummy_model.h"
 #include "tests/test_util.h"
 
 namespace kvserve {
@@ -41,6 +42,13 @@ TEST_CASE("kvserve plan: sizes need a unit, and the exit status says whether any
     REQUIRE(RunPlan("--model llama-3-8b --memory 80GiB --context 4096 --kv-dtype int8*3", &out) ==
             2);
     REQUIRE(out.find("'int8*3' names 3 layers but the model has 32") != std::string::npos);
+  }
+  SECTION("--help names every preset") {
+    REQUIRE(RunPlan("--help", &out) == 0);
+    for (const std::string& preset : DummyPresetNames()) {
+      INFO(preset);
+      REQUIRE(out.find(preset) != std::string::npos);
+    }
   }
   SECTION("nothing fits: exit 3 with the reason") {
     REQUIRE(RunPlan("--model llama-2-70b --memory 100GiB --context 4096", &out) == 3);
