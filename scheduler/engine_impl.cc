@@ -394,6 +394,8 @@ absl::Status EngineImpl::RunCopies() {
   if (!copies.swap_out.empty()) KV_RETURN_IF_ERROR(runner_->SwapOut(copies.swap_out));
   if (!copies.copies.empty()) KV_RETURN_IF_ERROR(runner_->CopyBlocks(copies.copies));
   if (!copies.swap_in.empty()) KV_RETURN_IF_ERROR(runner_->SwapIn(copies.swap_in));
+  // Eviction's refills, last: a move's source may be a block copied above.
+  if (!copies.slot_moves.empty()) KV_RETURN_IF_ERROR(runner_->MoveSlots(copies.slot_moves));
   return absl::OkStatus();
 }
 

@@ -14,6 +14,7 @@
 
 #include "cache/learned_evictor.h"
 #include "model/cpu_model_runner.h"
+#include "model/evicting_sequence.h"
 #include "model/model_loader.h"
 #include "scheduler/engine.h"
 #include "tests/engine_harness.h"
@@ -197,6 +198,77 @@ TEST_CASE("A greedy request without eviction keeps the golden text while others 
   const EngineStats st = engine->GetStats();
   CHECK(st.kv_evictions[static_cast<int>(EvictionPolicyKind::kStreaming)] > 0);
   RequireAllBlocksFree(*engine);
+}
+
+// The engine must carry out every copy eviction asks for, the slot moves
+// that refill holes included: its greedy tokens equal those of
+// EvictingSequence (model/evicting_sequence.h), which drives one sequence
+// through the same evictor and cache manager and runs the moves itself.
+TEST_CASE("An evicting request's greedy tokens equal EvictingSequence's, slot moves included",
+          "[scheduler][eviction]") {
+  struct Case {
+    const char* name;
+    EvictionPolicyKind kind;
+    int32_t budget;
+    int32_t sinks;
+  };
+  const Case c = GENERATE(Case{"h2o", EvictionPolicyKind::kH2o, 40, -1},
+                          Case{"scissorhands", EvictionPolicyKind::kScissorhands, 36, -1},
+                          Case{"streaming", EvictionPolicyKind::kStreaming, 48, 4},
+                          Case{"sliding_window", EvictionPolicyKind::kSlidingWindow, 32, -1});
+  INFO(c.name);
+  Setup setup;
+  setup.block_size = 4;
+  setup.num_blocks = 256;
+  auto engine = MakeEngine(setup);
+  const std::vector<int32_t> prompt = Stories().tokenizer->Encode(testing::DevStories()[3].substr(0, 300), true);
+  constexpr int32_t kNew = 150;
+  GenerateRequest req;
+  req.prompt_token_ids = prompt;
+  req.max_tokens = kNew;
+  req.ignore_eos = true;
+  req.sampling.temperature = 0.0f;
+  req.kv_policy = Policy(c.name, c.budget, c.sinks);
+  const Result got = RunOne(*engine, req);
+  REQUIRE(got.tokens[0].size() == kNew);
+  const EngineStats stats = engine->GetStats();
+  RequireAllBlocksFree(*engine);
+
+  CpuRunnerOptions opt;
+  opt.block_size = setup.block_size;
+  opt.num_blocks = setup.num_blocks;
+  auto runner = CpuModelRunner::Create(Stories().weights, opt);
+  REQUIRE(runner.ok());
+  EvictionParams params;
+  params.policy = c.kind;
+  params.budget = c.budget;
+  if (c.sinks >= 0) params.sink_tokens = c.sinks;
+  REQUIRE(params.Validate(kEvictionRequestFields).ok());
+  EvictingSequence seq(**runner, MakeEvictionPolicy(c.kind), params,
+                       c.budget + setup.block_size);
+  std::vector<int32_t> stream = prompt;
+  std::vector<int32_t> want;
+  std::vector<float> logits;
+  const int32_t vocab = Stories().weights.config.vocab_size;
+  while (static_cast<int32_t>(want.size()) < kNew) {
+    const int32_t begin = seq.computed();
+    const int32_t left = static_cast<int32_t>(prompt.size()) - begin;
+    const int32_t rows = left > 0 ? seq.StepRows(left) : 1;
+    REQUIRE(seq.Step(stream, begin, begin + rows, &logits).ok());
+    if (begin + rows < static_cast<int32_t>(stream.size())) continue;  // prompt left
+    const float* last = logits.data() + static_cast<size_t>(rows - 1) * vocab;
+    const int32_t next = static_cast<int32_t>(std::max_element(last, last + vocab) - last);
+    want.push_back(next);
+    stream.push_back(next);
+  }
+  REQUIRE(got.tokens[0] == want);
+  // The case must exercise what it is about: entries were evicted, and for
+  // the scored policies survivors were moved into holes.
+  REQUIRE(seq.evictor()->num_evicted() > 0);
+  if (c.kind == EvictionPolicyKind::kH2o || c.kind == EvictionPolicyKind::kScissorhands) {
+    REQUIRE(seq.kv().Stats().kv_eviction_slot_moves > 0);
+    REQUIRE(stats.kv.kv_eviction_slot_moves > 0);
+  }
 }
 
 TEST_CASE("An evicting sequence holds at most budget / block_size + 2 blocks",
