@@ -7,11 +7,14 @@
 // format. Outputs within the tolerances of paged_attention_sim_test.cc,
 // masses within 2e-5 absolute (a key's mass sums at most num_heads weights,
 // each computed from the same scores as the CPU's up to fp32 summation
-// order), the gathered statistics and the moved bytes exactly.
+// order), the gathered statistics and the moved bytes exactly; and RoPE at
+// positions past its table (rope_kernel.cuh with host-computed rows) bit for
+// bit as cpu::ApplyRope with the CPU's angles.
 // clang-format off
 #include "tests/kernels/cuda_sim/cuda_sim.h"  // first: the shims the kernel source needs
 #include "kernels/cuda/paged_attention_kernel.cuh"
 #include "kernels/cuda/move_slots_kernel.cuh"
+#include "kernels/cuda/rope_kernel.cuh"
 // clang-format on
 
 #include <catch2/catch.hpp>
@@ -22,6 +25,7 @@
 
 #include "cache/block_copy.h"
 #include "cache/kv_pages.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/gpu_attention_plan.h"
 #include "tests/kernels/attention_problem.h"
 
@@ -317,6 +321,63 @@ TEST_CASE("simulated CUDA slot moves copy exactly the CPU runner's bytes, every 
       REQUIRE(got == want);
       REQUIRE(got != before);  // the moves changed something
     }
+  }
+}
+
+TEST_CASE("simulated RoPE past the table takes the host rows, bit for bit as the CPU",
+          "[kernels][cuda_sim][eviction]") {
+  std::mt19937_64 rng(5);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  for (RopeStyle style : {RopeStyle::kInterleaved, RopeStyle::kNeox}) {
+    const int max_positions = 50, head_dim = 16, half = head_dim / 2, nq = 2, nkv = 1, tokens = 3;
+    const cpu::RopeTable table(max_positions, head_dim, 10000.0f);
+    // The CPU's RopeAt past the table computes as the table does: a table
+    // long enough to hold the positions gives its very numbers.
+    const cpu::RopeTable big(2000, head_dim, 10000.0f);
+    const int64_t stride = (nq + 2 * nkv) * head_dim;
+    std::vector<float> qkv(tokens * stride);
+    for (float& x : qkv) x = normal(rng);
+    const std::vector<int32_t> positions = {7, 50, 1999};
+    std::vector<float> want = qkv;
+    std::vector<float> row_cos(tokens * half, NAN), row_sin(tokens * half, NAN);
+    for (int t = 0; t < tokens; ++t) {
+      float* row = want.data() + t * stride;
+      const bool inter = style == RopeStyle::kInterleaved;
+      cpu::ApplyRope(row, nq, head_dim, big.cos(positions[t]), big.sin(positions[t]), inter);
+      cpu::ApplyRope(row + nq * head_dim, nkv, head_dim, big.cos(positions[t]),
+                     big.sin(positions[t]), inter);
+      if (positions[t] >= max_positions) {
+        std::memcpy(row_cos.data() + t * half, big.cos(positions[t]), half * 4);
+        std::memcpy(row_sin.data() + t * half, big.sin(positions[t]), half * 4);
+      }
+    }
+    RopeParams p;
+    p.q = qkv.data();
+    p.k = qkv.data() + nq * head_dim;
+    p.q_stride = p.k_stride = stride;
+    p.positions = positions.data();
+    p.cos = table.cos(0);
+    p.sin = table.sin(0);
+    p.max_positions = max_positions;
+    p.num_tokens = tokens;
+    p.num_q_heads = nq;
+    p.num_kv_heads = nkv;
+    p.head_dim = head_dim;
+    p.style = style;
+    std::vector<float> without = qkv;
+    p.row_cos = row_cos.data();
+    p.row_sin = row_sin.data();
+    cuda_sim::Launch(rope_detail::RopeKernel<float>, dim3(tokens), rope_detail::kThreads, nullptr,
+                     0, p);
+    REQUIRE(std::memcmp(qkv.data(), want.data(), qkv.size() * 4) == 0);
+    // Without the rows, a position past the table is NaN (as before).
+    p.q = without.data();
+    p.k = without.data() + nq * head_dim;
+    p.row_cos = p.row_sin = nullptr;
+    cuda_sim::Launch(rope_detail::RopeKernel<float>, dim3(tokens), rope_detail::kThreads, nullptr,
+                     0, p);
+    REQUIRE(std::memcmp(without.data(), want.data(), stride * 4) == 0);
+    REQUIRE(std::isnan(without[stride]));
   }
 }
 
