@@ -225,8 +225,8 @@ struct CudaModelRunner::Impl {
     bool sinks = false, mass = false, rope_rows = false, sink_rope_rows = false;
     int64_t num_sinks_off = 0, sink_pos_off = 0, mass_offset_off = 0, stats_offset_off = 0,
             rope_off = 0, sink_rope_off = 0;  // byte offsets in ev_dev
-    int64_t num_keys = 0;   // floats of key_mass this step
-    int64_t num_stats = 0;  // floats of stats this step (ReadAttentionStats)
+    int64_t num_keys = 0;                     // floats of key_mass this step
+    int64_t num_stats = 0;                    // floats of stats this step (ReadAttentionStats)
   } ev;
   std::vector<float> inv_freq;  // config.RopeInvFreq(), for positions past the table
   std::vector<uint8_t> ev_scratch;
@@ -1010,8 +1010,8 @@ absl::Status CudaModelRunner::Impl::PlanEviction(const BatchInput& batch) {
   const int32_t max_pos = config.max_position_embeddings;
   const int half = config.head_dim / 2;
   Eviction e;
-  e.sinks = std::any_of(batch.num_sinks.begin(), batch.num_sinks.end(),
-                        [](int32_t n) { return n > 0; });
+  e.sinks =
+      std::any_of(batch.num_sinks.begin(), batch.num_sinks.end(), [](int32_t n) { return n > 0; });
   e.mass = std::any_of(batch.attention_stats.begin(), batch.attention_stats.end(),
                        [](uint8_t x) { return x != 0; });
   e.rope_rows = std::any_of(batch.positions.begin(), batch.positions.end(),
@@ -1101,15 +1101,13 @@ absl::Status CudaModelRunner::Impl::PlanEviction(const BatchInput& batch) {
   }
   if (e.mass) {
     if (softmax_stats == nullptr) {
-      KV_ASSIGN_OR_RETURN(softmax_stats,
-                          DeviceAlloc(int64_t{max_tokens} * config.num_heads * 2 * 4,
-                                      "the attention softmax statistics"));
+      KV_ASSIGN_OR_RETURN(softmax_stats, DeviceAlloc(int64_t{max_tokens} * config.num_heads * 2 * 4,
+                                                     "the attention softmax statistics"));
     }
     KV_RETURN_IF_ERROR(Grow(key_mass, key_mass_capacity, std::max<int64_t>(e.num_keys, 1) * 4,
                             stream, "the attention key mass"));
-    KV_RETURN_IF_ERROR(Grow(attn_stats, attn_stats_capacity,
-                            std::max<int64_t>(e.num_stats, 1) * 4, stream,
-                            "the attention statistics"));
+    KV_RETURN_IF_ERROR(Grow(attn_stats, attn_stats_capacity, std::max<int64_t>(e.num_stats, 1) * 4,
+                            stream, "the attention statistics"));
   }
   if (off > ev_capacity) {
     KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
@@ -1350,9 +1348,7 @@ absl::Status CudaModelRunner::SwapIn(std::span<const BlockCopy> copies) {
                      "SwapIn");
 }
 
-bool CudaModelRunner::supports_eviction() const {
-  return !impl_->format.layout().has_tails();
-}
+bool CudaModelRunner::supports_eviction() const { return !impl_->format.layout().has_tails(); }
 
 absl::Status CudaModelRunner::MoveSlots(std::span<const SlotMove> moves) {
   Impl& m = *impl_;
@@ -1368,12 +1364,12 @@ absl::Status CudaModelRunner::ReadAttentionStats(std::span<float> out) {
   KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
   const int64_t n = m.ev.active && m.ev.mass ? m.ev.num_stats : 0;
   if (static_cast<int64_t>(out.size()) < n) {
-    return absl::InvalidArgumentError(absl::StrCat("attention stats buffer has ", out.size(),
-                                                   " floats, the batch recorded ", n));
+    return absl::InvalidArgumentError(
+        absl::StrCat("attention stats buffer has ", out.size(), " floats, the batch recorded ", n));
   }
   if (n == 0) return absl::OkStatus();
-  KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.data(), m.attn_stats.get(), n * 4,
-                                          cudaMemcpyDeviceToHost, m.stream));
+  KV_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(out.data(), m.attn_stats.get(), n * 4, cudaMemcpyDeviceToHost, m.stream));
   return CudaStatus(cudaStreamSynchronize(m.stream), "ReadAttentionStats");
 }
 

@@ -222,10 +222,10 @@ absl::Status GatherAttentionMass(const GatherMassParams& p, cudaStream_t stream)
       p.out == nullptr || p.batch.query_start == nullptr || p.batch.context_len == nullptr) {
     return absl::InvalidArgumentError("GatherAttentionMass: a pointer is null");
   }
-  attention_detail::GatherArgs g{p.batch, p.sliding_window, p.key_mass, p.key_mass_offset,
-                                 p.stats_offset, p.out};
-  attention_detail::GatherMassKernel<<<static_cast<unsigned>(p.batch.num_seqs), kThreads, 0,
-                                       stream>>>(g);
+  attention_detail::GatherArgs g{p.batch,           p.sliding_window, p.key_mass,
+                                 p.key_mass_offset, p.stats_offset,   p.out};
+  attention_detail::
+      GatherMassKernel<<<static_cast<unsigned>(p.batch.num_seqs), kThreads, 0, stream>>>(g);
   return CudaStatus(cudaGetLastError(), "GatherAttentionMass launch");
 }
 

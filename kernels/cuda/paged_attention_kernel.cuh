@@ -128,8 +128,7 @@ __device__ __forceinline__ const GpuAttentionPlanHeader& PlanHeader(const int32_
 
 // q . k of a sink key with the row's sink query (global memory), in the
 // order of the shared-memory loop.
-__device__ inline float SinkDot(const KernelArgs& a, int64_t qo, const float2* k2,
-                                      int pairs) {
+__device__ inline float SinkDot(const KernelArgs& a, int64_t qo, const float2* k2, int pairs) {
   float dot = 0.0f;
   for (int i = 0; i < pairs; ++i) {
     const float2 y = k2[i];
@@ -218,7 +217,8 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const __grid_constan
         const float2* k2 = reinterpret_cast<const float2*>(k_s + j * ld);
         float dot = 0.0f;
         if (key < sinks) {
-          const int64_t qo = (item.row_begin + m / hpc) * a.q_stride + int64_t(head0 + m % hpc) * hd;
+          const int64_t qo =
+              (item.row_begin + m / hpc) * a.q_stride + int64_t(head0 + m % hpc) * hd;
           dot = SinkDot(a, qo, k2, pairs);
         } else {
           const float2* q2 = reinterpret_cast<const float2*>(q_s + m * ld);
@@ -312,7 +312,8 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const __grid_constan
   }
 }
 
-inline __global__ void __launch_bounds__(kThreads) MergeKernel(const __grid_constant__ KernelArgs a) {
+inline __global__ void __launch_bounds__(kThreads)
+    MergeKernel(const __grid_constant__ KernelArgs a) {
   const GpuAttentionPlanHeader& header = PlanHeader(a.plan);
   if (static_cast<int32_t>(blockIdx.x) >= header.num_merges) return;
   const GpuAttentionMergeItem merge =
@@ -426,7 +427,8 @@ struct GatherArgs {
   float* out;
 };
 
-inline __global__ void __launch_bounds__(kThreads) GatherMassKernel(const __grid_constant__ GatherArgs g) {
+inline __global__ void __launch_bounds__(kThreads)
+    GatherMassKernel(const __grid_constant__ GatherArgs g) {
   const int32_t b = static_cast<int32_t>(blockIdx.x);
   const int64_t so = g.stats_offset[b];
   if (so < 0) return;

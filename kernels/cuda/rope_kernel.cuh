@@ -35,10 +35,10 @@ __global__ void __launch_bounds__(kThreads) RopeKernel(const RopeParams p) {
   const bool in_table = pos >= 0 && pos < p.max_positions;
   const bool past = pos >= p.max_positions && p.row_cos != nullptr;  // host-computed row t
   const bool valid = in_table || past;
-  const float* cos_row = past ? p.row_cos + t * half
-                              : p.cos + static_cast<int64_t>(in_table ? pos : 0) * half;
-  const float* sin_row = past ? p.row_sin + t * half
-                              : p.sin + static_cast<int64_t>(in_table ? pos : 0) * half;
+  const float* cos_row =
+      past ? p.row_cos + t * half : p.cos + static_cast<int64_t>(in_table ? pos : 0) * half;
+  const float* sin_row =
+      past ? p.row_sin + t * half : p.sin + static_cast<int64_t>(in_table ? pos : 0) * half;
   const int q_heads = p.q != nullptr ? p.num_q_heads : 0;
   const int k_heads = p.k != nullptr ? p.num_kv_heads : 0;
   const int pairs = (q_heads + k_heads) * half;

@@ -46,10 +46,10 @@ constexpr size_t kSmemBytes =
 // The eviction inputs of a problem: sinks per sequence, a sink query per
 // row, which sequences record mass.
 struct Eviction {
-  std::vector<int32_t> num_sinks;       // [B]
-  std::vector<float> sink_q;            // like p.q
-  std::vector<int64_t> mass_offset;     // [T]
-  std::vector<int64_t> stats_offset;    // [B], layer 0
+  std::vector<int32_t> num_sinks;     // [B]
+  std::vector<float> sink_q;          // like p.q
+  std::vector<int64_t> mass_offset;   // [T]
+  std::vector<int64_t> stats_offset;  // [B], layer 0
   int64_t total_keys = 0, total_stats = 0;
 };
 
@@ -184,7 +184,8 @@ std::vector<float> CpuGather(const Problem& p, int window, const Eviction& e,
 std::vector<float> SimGather(const Problem& p, int window, const Eviction& e,
                              const std::vector<float>& mass) {
   std::vector<float> out(e.total_stats, NAN);
-  attention_detail::GatherArgs g{ViewOf(p.batch), window, mass.data(), e.mass_offset.data(),
+  attention_detail::GatherArgs g{ViewOf(p.batch),       window,
+                                 mass.data(),           e.mass_offset.data(),
                                  e.stats_offset.data(), out.data()};
   cuda_sim::Launch(attention_detail::GatherMassKernel, dim3(p.batch.num_seqs()),
                    attention_detail::kThreads, nullptr, 0, g);

@@ -62,8 +62,7 @@ std::unique_ptr<ModelRunner> MakeRunner(const Setup& s) {
 }
 
 std::unique_ptr<Engine> MakeEngine(const Setup& s) {
-  auto engine =
-      Engine::Create(testing::EngineConfigOf(s), MakeRunner(s), Stories().tokenizer);
+  auto engine = Engine::Create(testing::EngineConfigOf(s), MakeRunner(s), Stories().tokenizer);
   INFO(engine.status().ToString());
   REQUIRE(engine.ok());
   return std::move(*engine);
@@ -109,7 +108,8 @@ BatchInput Step(const std::vector<int32_t>& ids, std::vector<int32_t>& cached,
 int64_t StatsFloats(const BatchInput& b, int layers) {
   int64_t n = 0;
   for (int32_t k = 0; k < b.num_seqs(); ++k) {
-    if (!b.attention_stats.empty() && b.attention_stats[k] != 0) n += int64_t{layers} * b.context_len[k];
+    if (!b.attention_stats.empty() && b.attention_stats[k] != 0)
+      n += int64_t{layers} * b.context_len[k];
   }
   return n;
 }
@@ -126,9 +126,10 @@ void RequireClose(const std::vector<float>& gpu, const std::vector<float>& cpu, 
   REQUIRE(worst <= tol);
 }
 
-TEST_CASE("[gpu] sinks, attention statistics, positions past the table and slot moves match "
-          "the CPU runner",
-          "[gpu][eviction]") {
+TEST_CASE(
+    "[gpu] sinks, attention statistics, positions past the table and slot moves match "
+    "the CPU runner",
+    "[gpu][eviction]") {
   for (KvDtype kv : {KvDtype::kFp32, KvDtype::kInt8, KvDtype::kK8V4}) {
     DYNAMIC_SECTION("kv " << KvDtypeName(kv)) {
       Setup gpu;
@@ -142,15 +143,14 @@ TEST_CASE("[gpu] sinks, attention statistics, positions past the table and slot 
       auto* cuda = dynamic_cast<CudaModelRunner*>(g.get());
       REQUIRE(cuda != nullptr);
       const int layers = g->config().num_layers;
-      const std::vector<int32_t> ids =
-          Stories().tokenizer->Encode("Once upon a time, there was a little girl named Lily.", true);
+      const std::vector<int32_t> ids = Stories().tokenizer->Encode(
+          "Once upon a time, there was a little girl named Lily.", true);
       std::vector<int32_t> cg = {0, 0, 0}, cc = cg;
       // Seq 0: 4 sinks, positions 600.. (past 512); seq 1: stats only;
       // seq 2: neither.
       const std::vector<int32_t> shift = {600, 0, 0}, sinks = {4, 0, 0};
       const std::vector<uint8_t> stats = {1, 1, 0};
-      auto step = [&](std::vector<int32_t> rows, std::vector<int32_t> sk,
-                      std::vector<uint8_t> st) {
+      auto step = [&](std::vector<int32_t> rows, std::vector<int32_t> sk, std::vector<uint8_t> st) {
         const BatchInput bg = Step(ids, cg, rows, shift, sk, st);
         const BatchInput bc = Step(ids, cc, rows, shift, sk, st);
         std::vector<float> lg(bg.logits_rows.size() * 512), lc(lg.size());
@@ -212,9 +212,9 @@ TEST_CASE("[gpu] sinks, attention statistics, positions past the table and slot 
 
 std::vector<GenerateRequest> EvictingRequests(uint32_t seed, int count) {
   std::mt19937 rng(seed);
-  const KvPolicyOverride policies[] = {Policy("streaming", 48, 4), Policy("streaming", 40, 0),
-                                       Policy("h2o", 40),          Policy("scissorhands", 36),
-                                       Policy("sliding_window", 32), Policy("none", 0)};
+  const KvPolicyOverride policies[] = {
+      Policy("streaming", 48, 4), Policy("streaming", 40, 0),   Policy("h2o", 40),
+      Policy("scissorhands", 36), Policy("sliding_window", 32), Policy("none", 0)};
   std::vector<GenerateRequest> reqs;
   for (int i = 0; i < count; ++i) {
     GenerateRequest r = Greedy(RandomSnippet(rng, 400), 40 + rng() % 60);
@@ -246,9 +246,9 @@ TEST_CASE("[gpu] every eviction policy gives the CPU engine's greedy tokens", "[
         REQUIRE(on_gpu[i].tokens == on_cpu[i].tokens);
       }
       const EngineStats st = g->GetStats();
-      for (EvictionPolicyKind k : {EvictionPolicyKind::kSlidingWindow,
-                                   EvictionPolicyKind::kStreaming, EvictionPolicyKind::kH2o,
-                                   EvictionPolicyKind::kScissorhands}) {
+      for (EvictionPolicyKind k :
+           {EvictionPolicyKind::kSlidingWindow, EvictionPolicyKind::kStreaming,
+            EvictionPolicyKind::kH2o, EvictionPolicyKind::kScissorhands}) {
         INFO(EvictionPolicyName(k));
         CHECK(st.kv_evictions[static_cast<int>(k)] > 0);
       }
