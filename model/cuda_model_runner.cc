@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <string>
 #include <utility>
@@ -23,6 +24,7 @@
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/kv_write.h"
+#include "kernels/cuda/move_slots.h"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/rms_norm.h"
 #include "kernels/cuda/rope.h"
@@ -212,6 +214,31 @@ struct CudaModelRunner::Impl {
   // The last Forward.
   int32_t last_logits_rows = -1;  // real rows; -1: no valid logits
 
+  // ---- KV eviction (cache/eviction_policy.h) ----
+  // A step with sinks, recorded attention or a position past the RoPE table
+  // runs eagerly (the decode graphs are captured without them; their device
+  // metadata has varying sizes), with its eviction metadata in a second
+  // upload (ev_host -> ev_dev) laid out by PlanEviction. Buffers are
+  // allocated at the first such step and grown as needed.
+  struct Eviction {
+    bool active = false;  // RunForward reads the fields below
+    bool sinks = false, mass = false, rope_rows = false, sink_rope_rows = false;
+    int64_t num_sinks_off = 0, sink_pos_off = 0, mass_offset_off = 0, stats_offset_off = 0,
+            rope_off = 0, sink_rope_off = 0;  // byte offsets in ev_dev
+    int64_t num_keys = 0;                     // floats of key_mass this step
+    int64_t num_stats = 0;                    // floats of stats this step (ReadAttentionStats)
+  } ev;
+  std::vector<float> inv_freq;  // config.RopeInvFreq(), for positions past the table
+  std::vector<uint8_t> ev_scratch;
+  HostBuffer ev_host;
+  DeviceBuffer ev_dev;
+  int64_t ev_capacity = 0;
+  cudaEvent_t ev_uploaded = nullptr;
+  DeviceBuffer sink_q;         // [max_tokens][qkv_dim]: the q columns, rotated at cache indices
+  DeviceBuffer softmax_stats;  // [max_tokens][num_heads][2]
+  DeviceBuffer key_mass, attn_stats;
+  int64_t key_mass_capacity = 0, attn_stats_capacity = 0;  // floats
+
   ~Impl();
 
   uint8_t* Act(const DeviceBuffer& b, int64_t elements) const { return b.get() + elements * elem; }
@@ -231,6 +258,8 @@ struct CudaModelRunner::Impl {
   absl::Status RunCopies(std::span<const BlockCopy> copies, const uint8_t* src, int32_t src_blocks,
                          uint8_t* dst, int32_t dst_blocks, const char* what);
   absl::Status ForwardBatch(const BatchInput& batch);
+  absl::Status PlanEviction(const BatchInput& batch);
+  absl::Status RunMoves(std::span<const SlotMove> moves);
   absl::Status SampleRows(std::span<const SampleRow> rows, std::span<SampledToken> out);
 };
 
@@ -242,6 +271,7 @@ CudaModelRunner::Impl::~Impl() {
   }
   if (batch_uploaded != nullptr) cudaEventDestroy(batch_uploaded);
   if (copies_uploaded != nullptr) cudaEventDestroy(copies_uploaded);
+  if (ev_uploaded != nullptr) cudaEventDestroy(ev_uploaded);
   gemm.reset();
   if (stream != nullptr) cudaStreamDestroy(stream);
 }
@@ -332,6 +362,8 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   KV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
   KV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&m.batch_uploaded, cudaEventDisableTiming));
   KV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&m.copies_uploaded, cudaEventDisableTiming));
+  KV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&m.ev_uploaded, cudaEventDisableTiming));
+  m.inv_freq = c.RopeInvFreq();
 
   KV_RETURN_IF_ERROR(m.UploadWeights(weights));
   weights = LlamaWeights();  // the host copy is no longer needed
@@ -761,6 +793,33 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
                                     c.head_dim, qkv_dim));
       }
     }
+    const uint8_t* ev_base = ev.active ? ev_dev.get() : nullptr;
+    if (ev.active && ev.sinks) {
+      // The sink query: the same q rotated at the row's cache index (its
+      // in-cache position), kept at q's stride.
+      KV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(sink_q.get(), qkv_dim * elem, qkv.get(),
+                                                qkv_dim * elem, q_dim * elem, T,
+                                                cudaMemcpyDeviceToDevice, stream));
+      cuda::RopeParams sr;
+      sr.q = sink_q.get();
+      sr.q_stride = qkv_dim;
+      sr.positions = reinterpret_cast<const int32_t*>(ev_base + ev.sink_pos_off);
+      sr.cos = reinterpret_cast<const float*>(rope_cos.get());
+      sr.sin = reinterpret_cast<const float*>(rope_sin.get());
+      sr.max_positions = c.max_position_embeddings;
+      if (ev.sink_rope_rows) {
+        sr.row_cos = reinterpret_cast<const float*>(ev_base + ev.sink_rope_off);
+        sr.row_sin = sr.row_cos + int64_t{T} * (c.head_dim / 2);
+      }
+      sr.num_tokens = T;
+      sr.num_q_heads = c.num_heads;
+      sr.num_kv_heads = c.num_kv_heads;
+      sr.head_dim = c.head_dim;
+      sr.style = c.rope_style == RopeStyle::kInterleaved ? cuda::RopeStyle::kInterleaved
+                                                         : cuda::RopeStyle::kNeox;
+      sr.dtype = act;
+      KV_RETURN_IF_ERROR(cuda::ApplyRope(sr, stream));
+    }
     cuda::RopeParams rope;
     rope.q = qkv.get();
     rope.k = Act(qkv, q_dim);
@@ -770,6 +829,10 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
     rope.cos = reinterpret_cast<const float*>(rope_cos.get());
     rope.sin = reinterpret_cast<const float*>(rope_sin.get());
     rope.max_positions = c.max_position_embeddings;
+    if (ev.active && ev.rope_rows) {
+      rope.row_cos = reinterpret_cast<const float*>(ev_base + ev.rope_off);
+      rope.row_sin = rope.row_cos + int64_t{T} * (c.head_dim / 2);
+    }
     rope.num_tokens = T;
     rope.num_q_heads = c.num_heads;
     rope.num_kv_heads = c.num_kv_heads;
@@ -805,7 +868,27 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
     pa.launch = launch;
     pa.workspace = attn_workspace.get();
     pa.workspace_bytes = attn_workspace_bytes;
+    if (ev.active && ev.sinks) {
+      pa.sink_q = sink_q.get();
+      pa.num_sinks = reinterpret_cast<const int32_t*>(ev_base + ev.num_sinks_off);
+    }
+    if (ev.active && ev.mass) {
+      pa.key_mass = reinterpret_cast<float*>(key_mass.get());
+      pa.key_mass_offset = reinterpret_cast<const int64_t*>(ev_base + ev.mass_offset_off);
+      pa.softmax_stats = reinterpret_cast<float*>(softmax_stats.get());
+    }
     KV_RETURN_IF_ERROR(cuda::PagedAttention(pa, stream));
+    if (ev.active && ev.mass) {
+      cuda::GatherMassParams g;
+      g.batch = view;
+      g.sliding_window = c.sliding_window;
+      g.key_mass = pa.key_mass;
+      g.key_mass_offset = pa.key_mass_offset;
+      g.stats_offset = reinterpret_cast<const int64_t*>(ev_base + ev.stats_offset_off) +
+                       int64_t{layer} * s.num_seqs;
+      g.out = reinterpret_cast<float*>(attn_stats.get());
+      KV_RETURN_IF_ERROR(cuda::GatherAttentionMass(g, stream));
+    }
 
     KV_RETURN_IF_ERROR(gemm->Linear({.x = attn.get(), .w = Weight(w.wo), .y = x.get(), .rows = T,
                                      .in = q_dim, .out = dim, .accumulate = true,
@@ -844,9 +927,12 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
 
 absl::Status CudaModelRunner::Impl::ForwardBatch(const BatchInput& batch) {
   last_logits_rows = -1;
+  ev = Eviction();
   BatchLimits limits;
   limits.vocab_size = config.vocab_size;
-  limits.max_positions = config.max_position_embeddings;
+  // Positions past the RoPE table (sequences that evict) get host-computed
+  // cos/sin rows (PlanEviction).
+  limits.max_positions = std::numeric_limits<int32_t>::max();
   limits.num_blocks = num_blocks;
   limits.block_size = format.block_size();
   limits.sliding_window = config.sliding_window;
@@ -873,8 +959,9 @@ absl::Status CudaModelRunner::Impl::ForwardBatch(const BatchInput& batch) {
     last_logits_rows = 0;
     return absl::OkStatus();
   }
+  KV_RETURN_IF_ERROR(PlanEviction(batch));
   const GraphStep* graph = nullptr;
-  if (!graphs.empty() && IsPureDecode(batch)) {
+  if (!graphs.empty() && !ev.active && IsPureDecode(batch)) {
     if (auto it = graphs.find(GraphBucketFor(buckets, B)); it != graphs.end()) {
       graph = &it->second;
     }
@@ -895,6 +982,185 @@ absl::Status CudaModelRunner::Impl::ForwardBatch(const BatchInput& batch) {
   }
   last_logits_rows = R;
   return absl::OkStatus();
+}
+
+// ---- KV eviction ---------------------------------------------------------------
+
+namespace {
+
+// Grows `buf` to at least `bytes` (and `capacity` with it); the stream must
+// be idle so that no queued work reads the old buffer.
+absl::Status Grow(DeviceBuffer& buf, int64_t& capacity, int64_t bytes, cudaStream_t stream,
+                  const char* what) {
+  if (bytes <= capacity) return absl::OkStatus();
+  KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  buf.reset();
+  capacity = 0;
+  KV_ASSIGN_OR_RETURN(buf, DeviceAlloc(bytes, what));
+  capacity = bytes;
+  return absl::OkStatus();
+}
+
+int64_t Align16(int64_t n) { return (n + 15) / 16 * 16; }
+
+}  // namespace
+
+absl::Status CudaModelRunner::Impl::PlanEviction(const BatchInput& batch) {
+  const int32_t T = batch.num_tokens(), B = batch.num_seqs(), L = config.num_layers;
+  const int32_t max_pos = config.max_position_embeddings;
+  const int half = config.head_dim / 2;
+  Eviction e;
+  e.sinks =
+      std::any_of(batch.num_sinks.begin(), batch.num_sinks.end(), [](int32_t n) { return n > 0; });
+  e.mass = std::any_of(batch.attention_stats.begin(), batch.attention_stats.end(),
+                       [](uint8_t x) { return x != 0; });
+  e.rope_rows = std::any_of(batch.positions.begin(), batch.positions.end(),
+                            [&](int32_t p) { return p >= max_pos; });
+  e.active = e.sinks || e.mass || e.rope_rows;
+  if (!e.active) {
+    ev = e;
+    return absl::OkStatus();
+  }
+  const BatchView view = ViewOf(batch);
+  std::vector<int32_t> sink_pos;
+  if (e.sinks) {
+    sink_pos.resize(T);
+    for (int32_t b = 0; b < B; ++b) {
+      for (int32_t r = batch.query_start[b]; r < batch.query_start[b + 1]; ++r) {
+        sink_pos[r] = view.CacheIndex(b, r);
+      }
+    }
+    e.sink_rope_rows =
+        std::any_of(sink_pos.begin(), sink_pos.end(), [&](int32_t p) { return p >= max_pos; });
+  }
+  // Layout of the upload, 16-byte aligned sections.
+  int64_t off = 0;
+  auto section = [&](int64_t bytes) {
+    const int64_t at = off;
+    off += Align16(bytes);
+    return at;
+  };
+  if (e.sinks) {
+    e.num_sinks_off = section(int64_t{B} * 4);
+    e.sink_pos_off = section(int64_t{T} * 4);
+  }
+  if (e.mass) {
+    e.mass_offset_off = section(int64_t{T} * 8);
+    e.stats_offset_off = section(int64_t{L} * B * 8);
+  }
+  if (e.rope_rows) e.rope_off = section(int64_t{T} * half * 8);
+  if (e.sink_rope_rows) e.sink_rope_off = section(int64_t{T} * half * 8);
+  ev_scratch.assign(off, 0);
+  uint8_t* base = ev_scratch.data();
+  if (e.sinks) {
+    int32_t* ns = reinterpret_cast<int32_t*>(base + e.num_sinks_off);
+    for (int32_t b = 0; b < B; ++b) ns[b] = std::max(0, batch.num_sinks[b]);
+    std::memcpy(base + e.sink_pos_off, sink_pos.data(), int64_t{T} * 4);
+  }
+  if (e.mass) {
+    // As the CPU runner (model/cpu_forward.cc PlanEviction): each recorded
+    // row's keys in row order; each recorded sequence's [L][context_len].
+    int64_t* mo = reinterpret_cast<int64_t*>(base + e.mass_offset_off);
+    int64_t* so = reinterpret_cast<int64_t*>(base + e.stats_offset_off);
+    std::fill(mo, mo + T, int64_t{-1});
+    std::fill(so, so + int64_t{L} * B, int64_t{-1});
+    for (int32_t b = 0; b < static_cast<int32_t>(batch.attention_stats.size()); ++b) {
+      if (batch.attention_stats[b] == 0) continue;
+      for (int32_t r = batch.query_start[b]; r < batch.query_start[b + 1]; ++r) {
+        mo[r] = e.num_keys;
+        e.num_keys += NumKeys(view.CacheIndex(b, r), config.sliding_window);
+      }
+      for (int32_t l = 0; l < L; ++l) {
+        so[int64_t{l} * B + b] = e.num_stats + int64_t{l} * batch.context_len[b];
+      }
+      e.num_stats += int64_t{L} * batch.context_len[b];
+    }
+  }
+  // cos/sin rows for positions past the table, as the CPU's RopeAt: the
+  // angle in float, then cosf / sinf.
+  auto rope_rows = [&](int64_t at, auto pos_of) {
+    float* cs = reinterpret_cast<float*>(base + at);
+    float* sn = cs + int64_t{T} * half;
+    for (int32_t t = 0; t < T; ++t) {
+      const int32_t pos = pos_of(t);
+      if (pos < max_pos) continue;
+      for (int j = 0; j < half; ++j) {
+        const float val = static_cast<float>(pos) * inv_freq[j];
+        cs[int64_t{t} * half + j] = cosf(val);
+        sn[int64_t{t} * half + j] = sinf(val);
+      }
+    }
+  };
+  if (e.rope_rows) rope_rows(e.rope_off, [&](int32_t t) { return batch.positions[t]; });
+  if (e.sink_rope_rows) rope_rows(e.sink_rope_off, [&](int32_t t) { return sink_pos[t]; });
+
+  // Device buffers (first eviction step, then growth).
+  if (e.sinks && sink_q == nullptr) {
+    KV_ASSIGN_OR_RETURN(sink_q,
+                        DeviceAlloc(int64_t{max_tokens} * qkv_dim * elem, "the sink queries"));
+  }
+  if (e.mass) {
+    if (softmax_stats == nullptr) {
+      KV_ASSIGN_OR_RETURN(softmax_stats, DeviceAlloc(int64_t{max_tokens} * config.num_heads * 2 * 4,
+                                                     "the attention softmax statistics"));
+    }
+    KV_RETURN_IF_ERROR(Grow(key_mass, key_mass_capacity, std::max<int64_t>(e.num_keys, 1) * 4,
+                            stream, "the attention key mass"));
+    KV_RETURN_IF_ERROR(Grow(attn_stats, attn_stats_capacity, std::max<int64_t>(e.num_stats, 1) * 4,
+                            stream, "the attention statistics"));
+  }
+  if (off > ev_capacity) {
+    KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+    ev_host.reset();
+    ev_dev.reset();
+    ev_capacity = 0;
+    const int64_t cap = std::max<int64_t>(off * 2, 4096);
+    KV_ASSIGN_OR_RETURN(ev_host, PinnedAlloc(cap, "the eviction staging"));
+    KV_ASSIGN_OR_RETURN(ev_dev, DeviceAlloc(cap, "the eviction staging"));
+    ev_capacity = cap;
+  }
+  // The previous eviction upload must have left the pinned buffer.
+  KV_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(ev_uploaded));
+  std::memcpy(ev_host.get(), base, off);
+  if (off > 0) {
+    KV_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(ev_dev.get(), ev_host.get(), off, cudaMemcpyHostToDevice, stream));
+  }
+  KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(ev_uploaded, stream));
+  ev = e;
+  return absl::OkStatus();
+}
+
+absl::Status CudaModelRunner::Impl::RunMoves(std::span<const SlotMove> moves) {
+  if (moves.empty()) return absl::OkStatus();
+  const int64_t num_slots = int64_t{num_blocks} * format.block_size();
+  for (const SlotMove& mv : moves) {
+    if (mv.src < 0 || mv.src >= num_slots || mv.dst < 0 || mv.dst >= num_slots) {
+      std::fprintf(
+          stderr,
+          "CudaModelRunner::MoveSlots: slot move %lld -> %lld outside the pool (%lld slots)\n",
+          static_cast<long long>(mv.src), static_cast<long long>(mv.dst),
+          static_cast<long long>(num_slots));
+      std::abort();
+    }
+  }
+  // The copy list buffers carry the moves: one move is two int32 pairs' bytes.
+  const int64_t n = static_cast<int64_t>(moves.size());
+  static_assert(sizeof(SlotMove) == 16);
+  KV_RETURN_IF_ERROR(EnsureCopyCapacity(2 * n));
+  KV_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(copies_uploaded));
+  std::memcpy(copies_host.get(), moves.data(), cuda::MoveListBytes(n));
+  KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(copies_dev.get(), copies_host.get(),
+                                          cuda::MoveListBytes(n), cudaMemcpyHostToDevice, stream));
+  KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(copies_uploaded, stream));
+  cuda::MoveSlotsParams p;
+  p.pool = kv_pool.get();
+  p.num_layers = config.num_layers;
+  p.num_blocks = num_blocks;
+  p.layout = format.layout();
+  p.moves = reinterpret_cast<const int64_t*>(copies_dev.get());
+  p.num_moves = static_cast<int32_t>(n);
+  return cuda::MoveSlots(p, stream);
 }
 
 // ---- Sampling ----------------------------------------------------------------
@@ -1080,6 +1346,31 @@ absl::Status CudaModelRunner::SwapIn(std::span<const BlockCopy> copies) {
   KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
   return m.RunCopies(copies, m.swap_dev, m.num_swap_blocks, m.kv_pool.get(), m.num_blocks,
                      "SwapIn");
+}
+
+bool CudaModelRunner::supports_eviction() const { return !impl_->format.layout().has_tails(); }
+
+absl::Status CudaModelRunner::MoveSlots(std::span<const SlotMove> moves) {
+  Impl& m = *impl_;
+  KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
+  if (m.format.layout().has_tails()) {
+    return absl::UnimplementedError("KV slot moves need a format without tails (not int4_kc)");
+  }
+  return m.RunMoves(moves);
+}
+
+absl::Status CudaModelRunner::ReadAttentionStats(std::span<float> out) {
+  Impl& m = *impl_;
+  KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
+  const int64_t n = m.ev.active && m.ev.mass ? m.ev.num_stats : 0;
+  if (static_cast<int64_t>(out.size()) < n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attention stats buffer has ", out.size(), " floats, the batch recorded ", n));
+  }
+  if (n == 0) return absl::OkStatus();
+  KV_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(out.data(), m.attn_stats.get(), n * 4, cudaMemcpyDeviceToHost, m.stream));
+  return CudaStatus(cudaStreamSynchronize(m.stream), "ReadAttentionStats");
 }
 
 absl::Status CudaModelRunner::Synchronize() {

@@ -84,6 +84,12 @@ class CudaModelRunner final : public ModelRunner {
   absl::Status CopyBlocks(std::span<const BlockCopy> copies) override;
   absl::Status SwapOut(std::span<const BlockCopy> copies) override;
   absl::Status SwapIn(std::span<const BlockCopy> copies) override;
+  // KV eviction (model_runner.h): every per-token format (int4_kc is refused
+  // at Create). Eviction steps (sinks, recorded attention, positions past the
+  // RoPE table) run eagerly, never from a decode graph.
+  bool supports_eviction() const override;
+  absl::Status MoveSlots(std::span<const SlotMove> moves) override;
+  absl::Status ReadAttentionStats(std::span<float> out) override;
 
   // For tests and benchmarks.
   struct Counters {

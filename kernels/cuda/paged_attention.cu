@@ -154,6 +154,14 @@ absl::Status PagedAttention(const PagedAttentionParams& params, cudaStream_t str
                  p.workspace_bytes);
     }
   }
+  if ((p.sink_q == nullptr) != (p.num_sinks == nullptr)) {
+    return absl::InvalidArgumentError("PagedAttention: sink_q and num_sinks go together");
+  }
+  const bool mass = p.key_mass != nullptr;
+  if (mass != (p.key_mass_offset != nullptr) || mass != (p.softmax_stats != nullptr)) {
+    return absl::InvalidArgumentError(
+        "PagedAttention: key_mass, key_mass_offset and softmax_stats go together");
+  }
   if (launch.num_merges > 0 && launch.num_partials == 0) {
     return Bad("launch.num_partials", "> 0 with merges", launch.num_partials);
   }
@@ -174,6 +182,11 @@ absl::Status PagedAttention(const PagedAttentionParams& params, cudaStream_t str
   args.plan = p.plan;
   args.workspace = static_cast<float*>(p.workspace);
   args.slot_floats = GpuAttentionSlotFloats(shape);
+  args.sink_q = p.sink_q;
+  args.num_sinks = p.num_sinks;
+  args.softmax_stats = p.softmax_stats;
+  args.key_mass = p.key_mass;
+  args.key_mass_offset = p.key_mass_offset;
 
   static const cudaError_t smem_status = [] {
     for (KvElem e : {KvElem::kFp32, KvElem::kFp16, KvElem::kBf16, KvElem::kFp8E4m3, KvElem::kInt8,
@@ -193,7 +206,27 @@ absl::Status PagedAttention(const PagedAttentionParams& params, cudaStream_t str
     MergeKernel<<<static_cast<unsigned>(launch.num_merges), kThreads, 0, stream>>>(args);
     KV_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "PagedAttention merge launch"));
   }
+  if (mass) {
+    const KernelFn mass_kernel = attention_detail::MassKernelFor(layout.k.elem);
+    if (mass_kernel == nullptr) return Bad("kv.layout.k.elem", "a per-token element type", 0);
+    if (p.batch.num_tokens <= 0) return Bad("batch.num_tokens", "> 0 with key_mass", 0);
+    mass_kernel<<<static_cast<unsigned>(p.batch.num_tokens), kThreads, 0, stream>>>(args);
+    KV_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "PagedAttention mass launch"));
+  }
   return absl::OkStatus();
+}
+
+absl::Status GatherAttentionMass(const GatherMassParams& p, cudaStream_t stream) {
+  if (p.batch.num_seqs <= 0) return absl::OkStatus();
+  if (p.key_mass == nullptr || p.key_mass_offset == nullptr || p.stats_offset == nullptr ||
+      p.out == nullptr || p.batch.query_start == nullptr || p.batch.context_len == nullptr) {
+    return absl::InvalidArgumentError("GatherAttentionMass: a pointer is null");
+  }
+  attention_detail::GatherArgs g{p.batch,           p.sliding_window, p.key_mass,
+                                 p.key_mass_offset, p.stats_offset,   p.out};
+  attention_detail::
+      GatherMassKernel<<<static_cast<unsigned>(p.batch.num_seqs), kThreads, 0, stream>>>(g);
+  return CudaStatus(cudaGetLastError(), "GatherAttentionMass launch");
 }
 
 }  // namespace kvserve::cuda

@@ -63,6 +63,24 @@ struct PagedAttentionParams {
   // launch.num_partials) bytes, 8-byte aligned; null when num_partials is 0.
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
+
+  // Optional, for KV eviction (cache/eviction_policy.h), with the contract
+  // of cpu::PagedAttentionParams; all null: off (the kernels then do no
+  // extra work beyond a branch per CTA).
+  // Sinks: a row of sequence b scores keys at cache indices below
+  // num_sinks[b] with its sink_q row ([num_tokens][q_stride] like q, RoPE
+  // applied at the row's cache index) instead of q. Both or neither.
+  const void* sink_q = nullptr;
+  const int32_t* num_sinks = nullptr;  // [num_seqs], device
+  // Mass: row r with key_mass_offset[r] >= 0 gets at key_mass[
+  // key_mass_offset[r] + (j - KeyBegin(i))] the softmax weight of key j
+  // summed over its query heads. Needs softmax_stats, device scratch of
+  // [num_tokens][num_heads][2] floats (each head's final max and sum), which
+  // the attention and merge kernels fill; a third launch (one CTA per row)
+  // then recomputes each recorded key's score. All three or none.
+  float* key_mass = nullptr;
+  const int64_t* key_mass_offset = nullptr;  // [num_tokens], device
+  float* softmax_stats = nullptr;
 };
 
 // The shape the plan for these params must be made with.
@@ -72,5 +90,21 @@ GpuAttentionShape ShapeOf(const PagedAttentionParams& params);
 // size or an unsupported K/V element pair; otherwise the launch's status.
 // launch.num_items == 0 launches nothing.
 absl::Status PagedAttention(const PagedAttentionParams& params, cudaStream_t stream);
+
+// One layer's attention statistics from PagedAttention's key_mass: for each
+// sequence b with stats_offset[b] >= 0 (the offset of this layer's row,
+// [context_len[b]] floats), out[stats_offset[b] + j] = the sum over b's rows,
+// in row order, of the row's mass of key j; 0 for keys no row attends. The
+// CPU runner's order of additions (model/cpu_forward.cc
+// GatherAttentionStats), so equal masses give equal statistics.
+struct GatherMassParams {
+  BatchView batch;  // device query_start, context_len, block_table... as above
+  int32_t sliding_window = 0;
+  const float* key_mass = nullptr;
+  const int64_t* key_mass_offset = nullptr;  // [num_tokens], device
+  const int64_t* stats_offset = nullptr;     // [num_seqs], device
+  float* out = nullptr;
+};
+absl::Status GatherAttentionMass(const GatherMassParams& params, cudaStream_t stream);
 
 }  // namespace kvserve::cuda

@@ -77,6 +77,12 @@ struct KernelArgs {
   const int32_t* plan;
   float* workspace;
   int64_t slot_floats;  // GpuAttentionSlotFloats
+  // KV eviction (all null when the step asks for none; see paged_attention.h).
+  const void* sink_q = nullptr;              // [T][q_stride] like q, or null
+  const int32_t* num_sinks = nullptr;        // [num_seqs], or null
+  float* softmax_stats = nullptr;            // [T][num_heads][2] (max, sum), or null
+  float* key_mass = nullptr;                 // MassKernel's output, or null
+  const int64_t* key_mass_offset = nullptr;  // [T]; negative: row not recorded
 };
 
 __device__ __forceinline__ float LoadAct(const void* base, ActDtype dtype, int64_t i) {
@@ -120,6 +126,18 @@ __device__ __forceinline__ const GpuAttentionPlanHeader& PlanHeader(const int32_
   return *reinterpret_cast<const GpuAttentionPlanHeader*>(plan);
 }
 
+// q . k of a sink key with the row's sink query (global memory), in the
+// order of the shared-memory loop.
+__device__ inline float SinkDot(const KernelArgs& a, int64_t qo, const float2* k2, int pairs) {
+  float dot = 0.0f;
+  for (int i = 0; i < pairs; ++i) {
+    const float2 y = k2[i];
+    dot += LoadAct(a.sink_q, a.dtype, qo + 2 * i) * y.x;
+    dot += LoadAct(a.sink_q, a.dtype, qo + 2 * i + 1) * y.y;
+  }
+  return dot;
+}
+
 template <KvElem KE, KvElem VE>
 __global__ void __launch_bounds__(kThreads) AttentionKernel(const __grid_constant__ KernelArgs a) {
   const GpuAttentionPlanHeader& header = PlanHeader(a.plan);
@@ -140,6 +158,9 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const __grid_constan
   const int lane = tid % 32, warp = tid / 32;
   const int32_t first_index = a.batch.CacheIndex(item.seq, item.row_begin);
   const int32_t* table = a.batch.BlockRow(item.seq);
+  // Keys below `sinks` are scored with the sink query (read from global
+  // memory: a few keys of the first tile); 0 when the step has no sinks.
+  const int32_t sinks = a.num_sinks != nullptr ? a.num_sinks[item.seq] : 0;
 
   extern __shared__ float4 smem4[];
   float* q_s = reinterpret_cast<float*>(smem4);
@@ -193,13 +214,19 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const __grid_constan
       const int32_t key = t0 + j;
       float s = -INFINITY;
       if (j < n && key <= index && key >= KeyBegin(index, a.sliding_window)) {
-        const float2* q2 = reinterpret_cast<const float2*>(q_s + m * ld);
         const float2* k2 = reinterpret_cast<const float2*>(k_s + j * ld);
         float dot = 0.0f;
-        for (int i = 0; i < pairs; ++i) {
-          const float2 x = q2[i], y = k2[i];
-          dot += x.x * y.x;
-          dot += x.y * y.y;
+        if (key < sinks) {
+          const int64_t qo =
+              (item.row_begin + m / hpc) * a.q_stride + int64_t(head0 + m % hpc) * hd;
+          dot = SinkDot(a, qo, k2, pairs);
+        } else {
+          const float2* q2 = reinterpret_cast<const float2*>(q_s + m * ld);
+          for (int i = 0; i < pairs; ++i) {
+            const float2 x = q2[i], y = k2[i];
+            dot += x.x * y.x;
+            dot += x.y * y.y;
+          }
         }
         s = dot * a.scale;
       }
@@ -260,6 +287,12 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const __grid_constan
       StoreAct(a.out, a.dtype, o, acc[s].x * inv);
       StoreAct(a.out, a.dtype, o + 1, acc[s].y * inv);
     }
+    if (a.softmax_stats != nullptr && tid < nq) {
+      const int64_t row = item.row_begin + tid / hpc;
+      float* st = a.softmax_stats + (row * a.num_heads + head0 + tid % hpc) * 2;
+      st[0] = max_s[tid];
+      st[1] = sum_s[tid];
+    }
     return;
   }
 #pragma unroll
@@ -279,7 +312,8 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const __grid_constan
   }
 }
 
-__global__ void __launch_bounds__(kThreads) MergeKernel(const __grid_constant__ KernelArgs a) {
+inline __global__ void __launch_bounds__(kThreads)
+    MergeKernel(const __grid_constant__ KernelArgs a) {
   const GpuAttentionPlanHeader& header = PlanHeader(a.plan);
   if (static_cast<int32_t>(blockIdx.x) >= header.num_merges) return;
   const GpuAttentionMergeItem merge =
@@ -304,10 +338,112 @@ __global__ void __launch_bounds__(kThreads) MergeKernel(const __grid_constant__ 
       acc += w * slot[2 * a.num_heads + head * hd + c];
     }
     StoreAct(a.out, a.dtype, int64_t(merge.row) * a.out_stride + int64_t(head) * hd + c, acc / sum);
+    if (a.softmax_stats != nullptr && c == 0) {
+      float* st = a.softmax_stats + (int64_t(merge.row) * a.num_heads + head) * 2;
+      st[0] = max_all;
+      st[1] = sum;
+    }
   }
 }
 
 using KernelFn = void (*)(KernelArgs);
+
+// Per-key attention mass (KV eviction), after the attention and merge
+// kernels. Grid: (num_tokens); block: kThreads. CTA r exits unless row r is
+// recorded (key_mass_offset[r] >= 0); each thread owns keys lo + tid, lo +
+// tid + kThreads, ... of the row's window and, per query head in ascending
+// order (the CPU's order), recomputes the score as the attention kernel did
+// (same decoder, same dot order) and adds expf(s - max) / sum with the
+// head's final (max, sum) from softmax_stats. One writer per key: no atomics,
+// deterministic.
+template <KvElem KE>
+__global__ void __launch_bounds__(kThreads) MassKernel(const __grid_constant__ KernelArgs a) {
+  const int32_t r = static_cast<int32_t>(blockIdx.x);
+  const int64_t off = a.key_mass_offset[r];
+  if (off < 0) return;
+  const KvPageLayout& layout = a.kv.layout;
+  const int hd = layout.head_dim, pairs = hd / 2, bs = layout.block_size;
+  const int32_t b = a.batch.SeqOfRow(r);
+  const int32_t idx = a.batch.CacheIndex(b, r);
+  const int32_t lo = KeyBegin(idx, a.sliding_window);
+  const int32_t* table = a.batch.BlockRow(b);
+  const int32_t sinks = a.num_sinks != nullptr ? a.num_sinks[b] : 0;
+  const float* st = a.softmax_stats + int64_t(r) * a.num_heads * 2;
+  for (int32_t key = lo + static_cast<int32_t>(threadIdx.x); key <= idx; key += kThreads) {
+    const uint8_t* block = a.kv.Block(table[key / bs]);
+    const int slot = key % bs;
+    const void* qbase = key < sinks ? a.sink_q : a.q;
+    float total = 0.0f;
+    for (int h = 0; h < a.num_heads; ++h) {
+      const int kv_head = h / a.group;
+      const uint8_t* krow = block + layout.RowOffset(layout.k, kv_head, slot);
+      const uint8_t* kmeta = block + layout.MetaOffset(layout.k, kv_head, slot);
+      const int64_t qo = int64_t(r) * a.q_stride + int64_t(h) * hd;
+      float dot = 0.0f;
+      for (int i = 0; i < pairs; ++i) {
+        const float2 y = kv_decode::DecodePair<KE>(krow, kmeta, i, layout.k.group_size);
+        dot += LoadAct(qbase, a.dtype, qo + 2 * i) * y.x;
+        dot += LoadAct(qbase, a.dtype, qo + 2 * i + 1) * y.y;
+      }
+      const float s = dot * a.scale;
+      total += expf(s - st[2 * h]) / st[2 * h + 1];
+    }
+    a.key_mass[off + (key - lo)] = total;
+  }
+}
+
+// The mass kernel of a K element type (the V type does not matter), null
+// for int4_kc. Six instantiations.
+inline KernelFn MassKernelFor(KvElem k) {
+  switch (k) {
+    case KvElem::kFp32:
+      return MassKernel<KvElem::kFp32>;
+    case KvElem::kFp16:
+      return MassKernel<KvElem::kFp16>;
+    case KvElem::kBf16:
+      return MassKernel<KvElem::kBf16>;
+    case KvElem::kFp8E4m3:
+      return MassKernel<KvElem::kFp8E4m3>;
+    case KvElem::kInt8:
+      return MassKernel<KvElem::kInt8>;
+    case KvElem::kInt4:
+      return MassKernel<KvElem::kInt4>;
+    default:
+      return nullptr;
+  }
+}
+
+// Attention statistics of one layer (KV eviction): for each sequence b with
+// stats_offset[b] >= 0, out[stats_offset[b] + j] for j < context_len[b] =
+// the sum over its rows, in row order from 0.0f, of the row's mass of key j
+// (0 where no row attends j): the CPU runner's GatherAttentionStats order.
+// Grid: (num_seqs); block: kThreads, striding over j.
+struct GatherArgs {
+  BatchView batch;
+  int32_t sliding_window;
+  const float* key_mass;
+  const int64_t* key_mass_offset;  // [T]
+  const int64_t* stats_offset;     // [num_seqs]; negative: not recorded; includes the layer
+  float* out;
+};
+
+inline __global__ void __launch_bounds__(kThreads)
+    GatherMassKernel(const __grid_constant__ GatherArgs g) {
+  const int32_t b = static_cast<int32_t>(blockIdx.x);
+  const int64_t so = g.stats_offset[b];
+  if (so < 0) return;
+  const int32_t ctx = g.batch.context_len[b];
+  const int32_t r0 = g.batch.query_start[b], r1 = g.batch.query_start[b + 1];
+  for (int32_t j = static_cast<int32_t>(threadIdx.x); j < ctx; j += kThreads) {
+    float acc = 0.0f;
+    for (int32_t r = r0; r < r1; ++r) {
+      const int32_t idx = g.batch.CacheIndex(b, r);
+      const int32_t lo = KeyBegin(idx, g.sliding_window);
+      if (j >= lo && j <= idx) acc += g.key_mass[g.key_mass_offset[r] + (j - lo)];
+    }
+    g.out[so + j] = acc;
+  }
+}
 
 // The attention kernel of a KV format (K element, V element): one
 // instantiation per format the CUDA backend supports, null otherwise. The

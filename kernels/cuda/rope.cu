@@ -39,6 +39,9 @@ absl::Status ApplyRope(const RopeParams& params, cudaStream_t stream) {
   }
   if (p.num_tokens == 0 || (p.q == nullptr && p.k == nullptr)) return absl::OkStatus();
   if (p.positions == nullptr) return absl::InvalidArgumentError("ApplyRope: positions is null");
+  if ((p.row_cos == nullptr) != (p.row_sin == nullptr)) {
+    return absl::InvalidArgumentError("ApplyRope: row_cos and row_sin go together");
+  }
   if (p.cos == nullptr || p.sin == nullptr) {
     return absl::InvalidArgumentError("ApplyRope: cos or sin table is null");
   }

@@ -16,9 +16,9 @@
 // widened exactly, rotated in fp32 and rounded once.
 //
 // Positions: positions[t] (the device BatchView's positions) must lie in
-// [0, max_positions); the runner checks them on the host before upload. A
-// token whose position is outside gets NaN in all its q and k values
-// instead of an out-of-bounds read.
+// [0, max_positions), or past it with row_cos / row_sin given; the runner
+// checks them on the host before upload. A token whose position is outside
+// gets NaN in all its q and k values instead of an out-of-bounds read.
 //
 // Thread-safety: stateless; enqueued on `stream`, no synchronisation.
 #pragma once
@@ -45,6 +45,14 @@ struct RopeParams {
   const float* cos = nullptr;          // [max_positions][head_dim / 2], device
   const float* sin = nullptr;          // [max_positions][head_dim / 2], device
   int32_t max_positions = 0;
+  // Optional, for positions past the table (KV eviction runs sequences past
+  // max_position_embeddings): token t with positions[t] >= max_positions
+  // takes cos/sin from row t of these, [num_tokens][head_dim / 2] each,
+  // computed on the host as the CPU computes them (model/cpu_forward.cc
+  // RopeAt), so the rotation stays bitwise the CPU's. Null: such tokens get
+  // NaN as below.
+  const float* row_cos = nullptr;
+  const float* row_sin = nullptr;
   int32_t num_tokens = 0;
   int32_t num_q_heads = 0;
   int32_t num_kv_heads = 0;

@@ -2,7 +2,8 @@
 //
 // Algorithm: one thread block per token; each thread rotates (head, j)
 // pairs of that token, q heads first, then k heads, reading cos/sin of the
-// token's position from the table. Each pair is read and written by one
+// token's position from the table (or from the token's own row past the
+// table). Each pair is read and written by one
 // thread only, so the update in place needs no barrier.
 //
 // Grid: (num_tokens). Block: (kThreads).
@@ -31,9 +32,13 @@ __global__ void __launch_bounds__(kThreads) RopeKernel(const RopeParams p) {
   const int64_t t = blockIdx.x;
   const int half = p.head_dim / 2;
   const int32_t pos = p.positions[t];
-  const bool valid = pos >= 0 && pos < p.max_positions;
-  const float* cos_row = p.cos + static_cast<int64_t>(valid ? pos : 0) * half;
-  const float* sin_row = p.sin + static_cast<int64_t>(valid ? pos : 0) * half;
+  const bool in_table = pos >= 0 && pos < p.max_positions;
+  const bool past = pos >= p.max_positions && p.row_cos != nullptr;  // host-computed row t
+  const bool valid = in_table || past;
+  const float* cos_row =
+      past ? p.row_cos + t * half : p.cos + static_cast<int64_t>(in_table ? pos : 0) * half;
+  const float* sin_row =
+      past ? p.row_sin + t * half : p.sin + static_cast<int64_t>(in_table ? pos : 0) * half;
   const int q_heads = p.q != nullptr ? p.num_q_heads : 0;
   const int k_heads = p.k != nullptr ? p.num_kv_heads : 0;
   const int pairs = (q_heads + k_heads) * half;
