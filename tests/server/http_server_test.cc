@@ -4,6 +4,8 @@
 // timeouts, the connection cap, keep-alive and pipelining, backpressure on a
 // stream nobody reads, clients that leave, and TLS.
 #include <httplib.h>
+#include <openssl/ssl.h>
+#include <sys/time.h>
 
 #include <catch2/catch.hpp>
 #include <fstream>
@@ -422,6 +424,114 @@ TEST_CASE("HTTPS from server.tls.cert_file and key_file", "[server][http][tls]")
     bad.tls_key_file = dir + "/cert.pem";
     HttpService http2(&state, bad);
     REQUIRE(http2.Start().message().rfind("server.tls.key_file: cannot use", 0) == 0);
+  }
+}
+
+// A TLS client on a raw socket that sends exactly the bytes it is given
+// (half a head, half a body), which a client library will not.
+class RawTlsConnection {
+ public:
+  explicit RawTlsConnection(int port) : tcp_(port), ctx_(SSL_CTX_new(TLS_client_method())) {
+    ssl_ = SSL_new(ctx_);
+    SSL_set_fd(ssl_, tcp_.fd());
+    handshaken_ = tcp_.connected() && SSL_connect(ssl_) == 1;
+  }
+  ~RawTlsConnection() {
+    SSL_free(ssl_);
+    SSL_CTX_free(ctx_);
+  }
+  RawTlsConnection(const RawTlsConnection&) = delete;
+  RawTlsConnection& operator=(const RawTlsConnection&) = delete;
+
+  bool handshaken() const { return handshaken_; }
+  bool Send(std::string_view bytes) {
+    return SSL_write(ssl_, bytes.data(), static_cast<int>(bytes.size())) ==
+           static_cast<int>(bytes.size());
+  }
+  // The decrypted bytes the server sends up to its close; nullopt when a
+  // read waits longer than `timeout` (the server has not closed).
+  std::optional<std::string> ReadUntilClosed(std::chrono::milliseconds timeout) {
+    timeval tv{};
+    tv.tv_sec = timeout.count() / 1000;
+    tv.tv_usec = (timeout.count() % 1000) * 1000;
+    setsockopt(tcp_.fd(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    std::string out;
+    char buf[4096];
+    for (;;) {
+      const int n = SSL_read(ssl_, buf, sizeof(buf));
+      if (n > 0) {
+        out.append(buf, static_cast<size_t>(n));
+        continue;
+      }
+      // A close with or without close_notify (the server half-closes the TCP
+      // connection after a refusal), or a reset.
+      const int err = SSL_get_error(ssl_, n);
+      if (err == SSL_ERROR_ZERO_RETURN || err == SSL_ERROR_SYSCALL || err == SSL_ERROR_SSL) {
+        return out;
+      }
+      return std::nullopt;
+    }
+  }
+
+ private:
+  testing::RawConnection tcp_;
+  SSL_CTX* ctx_;
+  SSL* ssl_ = nullptr;
+  bool handshaken_ = false;
+};
+
+TEST_CASE("Over TLS, slow heads and bodies get the same 408 as over plain TCP",
+          "[server][http][tls]") {
+  const std::string dir = testing::MakeTempDir("tls-timeout");
+  MakeCertificate(dir);
+  HttpService::Options o;
+  o.tls_cert_file = dir + "/cert.pem";
+  o.tls_key_file = dir + "/key.pem";
+  o.header_timeout = absl::Milliseconds(300);
+  o.body_timeout = absl::Milliseconds(300);
+  Server s(o);
+  // The exact bytes of the answer, then the close.
+  auto require_408 = [](RawTlsConnection& c, const std::string& message) {
+    const std::optional<std::string> got = c.ReadUntilClosed(10s);
+    REQUIRE(got.has_value());
+    INFO(*got);
+    const size_t head_end = got->find("\r\n\r\n");
+    REQUIRE(head_end != std::string::npos);
+    const std::string body = got->substr(head_end + 4);
+    REQUIRE(got->substr(0, head_end + 4) ==
+            "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+            "Content-Length: " +
+                std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n");
+    const json e = json::parse(body)["error"];
+    REQUIRE(e["code"] == "request_timeout");
+    REQUIRE(e["type"] == "invalid_request_error");
+    REQUIRE(e["message"] == message);
+  };
+  const std::string head_message =
+      "the request head did not arrive within server.http_header_timeout_s (0.3 s)";
+  SECTION("nothing sent after the handshake") {
+    RawTlsConnection c(s.http->port());
+    REQUIRE(c.handshaken());
+    require_408(c, head_message);
+  }
+  SECTION("half a head") {
+    RawTlsConnection c(s.http->port());
+    REQUIRE(c.handshaken());
+    REQUIRE(c.Send("POST /v1/completions HTTP/1.1\r\nHo"));
+    require_408(c, head_message);
+  }
+  SECTION("half a body") {
+    RawTlsConnection c(s.http->port());
+    REQUIRE(c.handshaken());
+    REQUIRE(c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{"));
+    require_408(c, "the request body did not arrive within server.http_body_timeout_s (0.3 s)");
+  }
+  SECTION("a whole request in time is not timed out") {
+    RawTlsConnection c(s.http->port());
+    REQUIRE(c.handshaken());
+    REQUIRE(c.Send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+    // The connection stays open past the 408 deadlines: the read times out.
+    REQUIRE_FALSE(c.ReadUntilClosed(1s).has_value());
   }
 }
 
