@@ -11,6 +11,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "server/http_service.h"
@@ -369,6 +370,54 @@ TEST_CASE("Stop ends open streams and cancels their requests", "[server][http]")
   REQUIRE(s->state.WaitForCalls(absl::Now() + absl::Seconds(10)));
   REQUIRE(c.WaitClosed());
 }
+// The value of kvserve_http_open_connections in a /metrics body.
+int OpenConnectionsGauge(const std::string& metrics) {
+  const std::string series = "\nkvserve_http_open_connections ";
+  const size_t pos = metrics.find(series);
+  REQUIRE(pos != std::string::npos);
+  return std::stoi(metrics.substr(pos + series.size()));
+}
+
+// Waits (at most 10 s) until the server counts `open` connections: it
+// notices a client's close asynchronously.
+void WaitForConnections(const Server& s, int open) {
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (s.http->connections() != open && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  REQUIRE(s.http->connections() == open);
+}
+
+TEST_CASE("kvserve_http_open_connections counts idle keep-alive connections until they close",
+          "[server][http][metrics]") {
+  Server s;
+  RawConnection scraper = s.Connect();
+  auto scrape = [&scraper] {
+    REQUIRE(scraper.Send("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"));
+    const std::optional<RawResponse> r = scraper.ReadResponse();
+    REQUIRE(r.has_value());
+    REQUIRE(r->status == 200);
+    REQUIRE(r->Header("Connection").empty());  // kept alive
+    return OpenConnectionsGauge(r->body);
+  };
+  REQUIRE(scrape() == 1);  // the scraper's own
+  constexpr int kIdle = 5;
+  {
+    std::vector<RawConnection> idle;
+    for (int i = 0; i < kIdle; ++i) {
+      idle.push_back(s.Connect());
+      REQUIRE(idle.back().Send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+      REQUIRE(idle.back().ReadResponse()->status == 200);
+    }
+    REQUIRE(scrape() == 1 + kIdle);
+    // Still open after another exchange on one of them.
+    REQUIRE(idle[2].Send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+    REQUIRE(idle[2].ReadResponse()->status == 200);
+    REQUIRE(scrape() == 1 + kIdle);
+  }
+  WaitForConnections(s, 1);
+  REQUIRE(scrape() == 1);
+}
 
 // A self-signed certificate for 127.0.0.1, made with the openssl CLI.
 void MakeCertificate(const std::string& dir) {
@@ -533,6 +582,31 @@ TEST_CASE("Over TLS, slow heads and bodies get the same 408 as over plain TCP",
     // The connection stays open past the 408 deadlines: the read times out.
     REQUIRE_FALSE(c.ReadUntilClosed(1s).has_value());
   }
+}
+
+TEST_CASE("kvserve_http_open_connections counts TLS connections", "[server][http][tls][metrics]") {
+  const std::string dir = testing::MakeTempDir("tls-gauge");
+  MakeCertificate(dir);
+  HttpService::Options o;
+  o.tls_cert_file = dir + "/cert.pem";
+  o.tls_key_file = dir + "/key.pem";
+  Server s(o);
+  constexpr int kIdle = 3;
+  {
+    std::vector<std::unique_ptr<RawTlsConnection>> idle;
+    for (int i = 0; i < kIdle; ++i) {
+      idle.push_back(std::make_unique<RawTlsConnection>(s.http->port()));
+      REQUIRE(idle.back()->handshaken());
+    }
+    RawTlsConnection scraper(s.http->port());
+    REQUIRE(scraper.handshaken());
+    REQUIRE(scraper.Send("GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+    const std::optional<std::string> got = scraper.ReadUntilClosed(10s);
+    REQUIRE(got.has_value());
+    REQUIRE(got->rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+    REQUIRE(OpenConnectionsGauge(*got) == kIdle + 1);
+  }
+  WaitForConnections(s, 0);
 }
 
 }  // namespace
