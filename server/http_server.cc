@@ -424,26 +424,48 @@ class Connection final : public ConnectionBase,
     }
   }
 
-  void ReadHeader() {
-    phase_ = Phase::kHeader;
-    SetReadDeadline(core_->options.header_timeout);
+  void ReadHeader() { ReadUnderDeadline(Phase::kHeader); }
+
+  // Reads the head (kHeader) or the rest of the body (kBody) under its
+  // deadline. A deadline that fires cancels the read (OnTimer), and the
+  // completion answers 408 naming the setting, over TLS as over plain TCP.
+  void ReadUnderDeadline(Phase phase) {
+    phase_ = phase;
+    const bool head = phase == Phase::kHeader;
+    SetReadDeadline(head ? core_->options.header_timeout : core_->options.body_timeout);
     reading_ = true;
-    http::async_read_header(
-        stream_, buffer_, *parser_,
-        [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnHeader(ec); });
+    auto done = [self = this->shared_from_this()](beast::error_code ec, size_t) {
+      self->OnReadUnderDeadline(ec);
+    };
+    if (head) {
+      http::async_read_header(stream_, buffer_, *parser_, std::move(done));
+    } else {
+      http::async_read(stream_, buffer_, *parser_, std::move(done));
+    }
   }
 
-  void OnHeader(beast::error_code ec) {
+  void OnReadUnderDeadline(beast::error_code ec) {
     reading_ = false;
     if (phase_ == Phase::kClosed) return;
     ClearReadDeadline();
+    const bool head = phase_ == Phase::kHeader;
     if (timed_out_) {
       return Refuse(ErrorResponse(
           408,
-          absl::StrCat("the request head did not arrive within server.http_header_timeout_s (",
-                       SecondsText(core_->options.header_timeout), ")"),
+          absl::StrCat(
+              "the request ", head ? "head" : "body", " did not arrive within server.http_",
+              head ? "header" : "body", "_timeout_s (",
+              SecondsText(head ? core_->options.header_timeout : core_->options.body_timeout), ")"),
           "request_timeout"));
     }
+    if (head) {
+      OnHeader(ec);
+    } else {
+      OnBody(ec);
+    }
+  }
+
+  void OnHeader(beast::error_code ec) {
     if (ec) {
       const auto& fields = parser_->get();
       if (ec == http::error::header_limit) {
@@ -512,26 +534,11 @@ class Connection final : public ConnectionBase,
     if (IEquals(request_.Header("Expect"), "100-continue") && version_ == 11) {
       Enqueue("HTTP/1.1 100 Continue\r\n\r\n");
     }
-    phase_ = Phase::kBody;
     parser_->body_limit(static_cast<uint64_t>(core_->options.max_body_bytes));
-    SetReadDeadline(core_->options.body_timeout);
-    reading_ = true;
-    http::async_read(
-        stream_, buffer_, *parser_,
-        [self = this->shared_from_this()](beast::error_code ec, size_t) { self->OnBody(ec); });
+    ReadUnderDeadline(Phase::kBody);
   }
 
   void OnBody(beast::error_code ec) {
-    reading_ = false;
-    if (phase_ == Phase::kClosed) return;
-    ClearReadDeadline();
-    if (timed_out_) {
-      return Refuse(ErrorResponse(
-          408,
-          absl::StrCat("the request body did not arrive within server.http_body_timeout_s (",
-                       SecondsText(core_->options.body_timeout), ")"),
-          "request_timeout"));
-    }
     if (ec == http::error::body_limit) return Refuse(TooLarge());
     if (ec == http::error::end_of_stream || ec == asio::error::eof ||
         ec == http::error::partial_message || ec == asio::error::connection_reset ||
@@ -708,15 +715,15 @@ class Connection final : public ConnectionBase,
       read_deadline_ = Clock::time_point::max();
       switch (phase_) {
         case Phase::kHeader:
-        case Phase::kBody:
-          if constexpr (!kTls) {
-            // The pending read ends with operation_aborted; its handler answers 408.
-            timed_out_ = true;
-            beast::error_code ec;
-            Socket().cancel(ec);
-            return;
-          }
-          return CloseNow();
+        case Phase::kBody: {
+          // The pending read ends with operation_aborted and its completion
+          // answers 408. Over TLS too: cancelling the socket read leaves the
+          // TLS session able to write (OpenSSL keeps reads and writes apart).
+          timed_out_ = true;
+          beast::error_code ec;
+          Socket().cancel(ec);
+          return;
+        }
         default:  // idle keep-alive, handshake, linger
           return CloseNow();
       }

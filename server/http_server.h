@@ -13,7 +13,7 @@
 //  - connections beyond max_connections: 503, then close;
 //  - a request head not complete within header_timeout of its first byte
 //    (of the accept for a new connection): 408, close; a body not complete
-//    within body_timeout of its head: 408, close; no new request within
+//    within body_timeout of its head: 408, close (over TLS too); no new request within
 //    idle_timeout of the last response: closed quietly;
 //  - a response write that makes no progress for write_timeout: closed;
 //  - heads over 64 KiB: 431.

@@ -258,6 +258,7 @@ HttpResponse HttpService::Health() const {
 HttpResponse HttpService::Metrics() const {
   HttpResponse r;
   r.content_type = "text/plain; version=0.0.4; charset=utf-8";
+  state_->metrics().SetHttpOpenConnections(server_->connections());
   absl::ReaderMutexLock lock(&engine_mu_);
   Engine* engine = engine_detached_ ? nullptr : state_->engine();
   r.body =

@@ -79,6 +79,7 @@ struct ServerMetrics::Handles {
   Histogram* request_prompt_tokens;
   Histogram* request_generation_tokens;
   Gauge* ready;
+  Gauge* http_open_connections;
   Gauge* weight_bytes;
   Gauge* activation_bytes;
   Gauge* block_bytes;
@@ -208,6 +209,9 @@ ServerMetrics::ServerMetrics()
       &NewGauge(r, "kvserve_kv_swap_blocks_capacity", "KV blocks in the host swap pool.");
   h_->cpu_seconds = &NewCounter(r, "process_cpu_seconds_total",
                                 "Total user and system CPU time spent in seconds.");
+  h_->http_open_connections =
+      &NewGauge(r, "kvserve_http_open_connections",
+                "HTTP connections currently open, TLS included (not those refused over the cap).");
   h_->http_responses = &prometheus::BuildCounter()
                             .Name("kvserve_http_responses_total")
                             .Help("HTTP responses by status code.")
@@ -235,6 +239,8 @@ void ServerMetrics::CountHttpResponse(int status) {
   }
   c->Increment();
 }
+
+void ServerMetrics::SetHttpOpenConnections(int open) { h_->http_open_connections->Set(open); }
 
 void ServerMetrics::SetReady(bool ready) { h_->ready->Set(ready ? 1 : 0); }
 

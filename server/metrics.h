@@ -43,6 +43,9 @@ class ServerMetrics {
   void ObserveRequest(const RequestMetrics& m);
   // One HTTP response, by status code ("200", "400", ...).
   void CountHttpResponse(int status);
+  // HTTP connections open now, TLS included (HttpServer::connections(), set
+  // by the /metrics handler just before it scrapes).
+  void SetHttpOpenConnections(int open);
   // Whether the daemon accepts work (1) or is loading/draining (0).
   void SetReady(bool ready);
   // What the model runner allocated (set once the model is loaded): bytes of

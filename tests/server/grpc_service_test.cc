@@ -51,6 +51,37 @@ struct GrpcFixture {
   std::unique_ptr<v1::Generation::Stub> stub;
 };
 
+// The kvserve-field trailer of a finished call ("" when absent).
+std::string FieldTrailer(const grpc::ClientContext& ctx) {
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  auto it = trailers.find("kvserve-field");
+  return it == trailers.end() ? "" : std::string(it->second.data(), it->second.size());
+}
+
+// A generation that runs until it is cancelled: the fake engine streams
+// endless tokens a millisecond apart. The first one has been read.
+struct EndlessStream {
+  explicit EndlessStream(GrpcFixture& f) {
+    f.engine.reply_length = 1 << 30;
+    f.engine.token_interval = absl::Milliseconds(1);
+    v1::GenerateRequest req;
+    req.set_max_tokens(10000);
+    reader = f.stub->Generate(&ctx, req);
+    REQUIRE(reader->Read(&first));
+  }
+  // Reads what is left and returns the call's status.
+  grpc::Status Finish() {
+    v1::GenerateResponse r;
+    while (reader->Read(&r)) {
+    }
+    return reader->Finish();
+  }
+
+  grpc::ClientContext ctx;  // outlives the reader
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader;
+  v1::GenerateResponse first;
+};
+
 // field: when given, the kvserve-field trailer ("" when absent).
 std::vector<v1::GenerateResponse> Generate(GrpcFixture& f, const v1::GenerateRequest& req,
                                            grpc::Status* status, std::string* field = nullptr) {
@@ -60,11 +91,7 @@ std::vector<v1::GenerateResponse> Generate(GrpcFixture& f, const v1::GenerateReq
   v1::GenerateResponse r;
   while (reader->Read(&r)) out.push_back(r);
   *status = reader->Finish();
-  if (field != nullptr) {
-    const auto& trailers = ctx.GetServerTrailingMetadata();
-    auto it = trailers.find("kvserve-field");
-    *field = it == trailers.end() ? "" : std::string(it->second.data(), it->second.size());
-  }
+  if (field != nullptr) *field = FieldTrailer(ctx);
   return out;
 }
 
@@ -217,19 +244,10 @@ TEST_CASE("gRPC checks the bearer key when one is configured", "[server]") {
 
 TEST_CASE("A gRPC client cancelling mid-stream cancels the request", "[server]") {
   GrpcFixture f;
-  f.engine.reply_length = 1 << 30;
-  f.engine.token_interval = absl::Milliseconds(1);
-  grpc::ClientContext ctx;
-  v1::GenerateRequest req;
-  req.set_max_tokens(10000);
-  auto reader = f.stub->Generate(&ctx, req);
-  v1::GenerateResponse r;
-  REQUIRE(reader->Read(&r));
-  REQUIRE(r.text() == "a");
-  ctx.TryCancel();
-  while (reader->Read(&r)) {
-  }
-  REQUIRE(reader->Finish().error_code() == grpc::StatusCode::CANCELLED);
+  EndlessStream stream(f);
+  REQUIRE(stream.first.text() == "a");
+  stream.ctx.TryCancel();
+  REQUIRE(stream.Finish().error_code() == grpc::StatusCode::CANCELLED);
   REQUIRE(f.engine.WaitForCancelled(1) == 1);
   REQUIRE(f.state.WaitForCalls(absl::Now() + absl::Seconds(10)));
 }
@@ -253,11 +271,7 @@ grpc::Status RawCall(GrpcFixture& f, const std::string& method, const std::strin
   });
   absl::MutexLock lock(&mu);
   mu.Await(absl::Condition(&done));
-  if (field != nullptr) {
-    const auto& trailers = ctx.GetServerTrailingMetadata();
-    auto it = trailers.find("kvserve-field");
-    *field = it == trailers.end() ? "" : std::string(it->second.data(), it->second.size());
-  }
+  if (field != nullptr) *field = FieldTrailer(ctx);
   return status;
 }
 
@@ -381,14 +395,7 @@ TEST_CASE("gRPC limits concurrent calls per client", "[server]") {
   GrpcService::Options options;
   options.max_concurrent_per_client = 1;
   GrpcFixture f(true, "", options);
-  f.engine.reply_length = 1 << 30;
-  f.engine.token_interval = absl::Milliseconds(1);
-  grpc::ClientContext ctx;
-  v1::GenerateRequest req;
-  req.set_max_tokens(10000);
-  auto reader = f.stub->Generate(&ctx, req);
-  v1::GenerateResponse r;
-  REQUIRE(reader->Read(&r));  // one call open
+  EndlessStream stream(f);  // one call open
   v1::GenerateRequest small;
   small.set_max_tokens(2);
   grpc::Status st;
@@ -401,10 +408,8 @@ TEST_CASE("gRPC limits concurrent calls per client", "[server]") {
   v1::TokenizeRequest tr;
   v1::TokenizeResponse tresp;
   REQUIRE(f.stub->Tokenize(&tctx, tr, &tresp).error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
-  ctx.TryCancel();
-  while (reader->Read(&r)) {
-  }
-  reader->Finish();
+  stream.ctx.TryCancel();
+  stream.Finish();
   REQUIRE(f.state.WaitForCalls(absl::Now() + absl::Seconds(10)));
   // The slot is back once the call is done.
   for (int i = 0; i < 100; ++i) {
@@ -516,23 +521,13 @@ TEST_CASE("gRPC serves TLS from a certificate and key file", "[server]") {
 
 TEST_CASE("gRPC after StopServing: every call UNAVAILABLE on a port still open", "[server]") {
   GrpcFixture f;
-  f.engine.reply_length = 1 << 30;
-  f.engine.token_interval = absl::Milliseconds(1);
-  // A stream still open when the drain ends.
-  grpc::ClientContext ctx;
-  v1::GenerateRequest req;
-  req.set_max_tokens(10000);
-  auto reader = f.stub->Generate(&ctx, req);
-  v1::GenerateResponse r;
-  REQUIRE(reader->Read(&r));
+  EndlessStream stream(f);  // still open when the drain ends
   f.state.StartDraining();
   // It is cancelled at the deadline, and then nothing uses the engine.
   const absl::Time start = absl::Now();
   REQUIRE(f.service.StopServing(absl::Now() + absl::Milliseconds(200)));
   REQUIRE(absl::Now() - start >= absl::Milliseconds(200));
-  while (reader->Read(&r)) {
-  }
-  REQUIRE(reader->Finish().error_code() == grpc::StatusCode::CANCELLED);
+  REQUIRE(stream.Finish().error_code() == grpc::StatusCode::CANCELLED);
   REQUIRE(f.engine.WaitForCancelled(1) == 1);
   // A new client connects and gets an answer (not a refused connection),
   // for every method, without the engine.

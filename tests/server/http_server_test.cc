@@ -4,11 +4,14 @@
 // timeouts, the connection cap, keep-alive and pipelining, backpressure on a
 // stream nobody reads, clients that leave, and TLS.
 #include <httplib.h>
+#include <openssl/ssl.h>
+#include <sys/time.h>
 
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "server/http_service.h"
@@ -367,6 +370,54 @@ TEST_CASE("Stop ends open streams and cancels their requests", "[server][http]")
   REQUIRE(s->state.WaitForCalls(absl::Now() + absl::Seconds(10)));
   REQUIRE(c.WaitClosed());
 }
+// The value of kvserve_http_open_connections in a /metrics body.
+int OpenConnectionsGauge(const std::string& metrics) {
+  const std::string series = "\nkvserve_http_open_connections ";
+  const size_t pos = metrics.find(series);
+  REQUIRE(pos != std::string::npos);
+  return std::stoi(metrics.substr(pos + series.size()));
+}
+
+// Waits (at most 10 s) until the server counts `open` connections: it
+// notices a client's close asynchronously.
+void WaitForConnections(const Server& s, int open) {
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (s.http->connections() != open && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  REQUIRE(s.http->connections() == open);
+}
+
+TEST_CASE("kvserve_http_open_connections counts idle keep-alive connections until they close",
+          "[server][http][metrics]") {
+  Server s;
+  RawConnection scraper = s.Connect();
+  auto scrape = [&scraper] {
+    REQUIRE(scraper.Send("GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"));
+    const std::optional<RawResponse> r = scraper.ReadResponse();
+    REQUIRE(r.has_value());
+    REQUIRE(r->status == 200);
+    REQUIRE(r->Header("Connection").empty());  // kept alive
+    return OpenConnectionsGauge(r->body);
+  };
+  REQUIRE(scrape() == 1);  // the scraper's own
+  constexpr int kIdle = 5;
+  {
+    std::vector<RawConnection> idle;
+    for (int i = 0; i < kIdle; ++i) {
+      idle.push_back(s.Connect());
+      REQUIRE(idle.back().Send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+      REQUIRE(idle.back().ReadResponse()->status == 200);
+    }
+    REQUIRE(scrape() == 1 + kIdle);
+    // Still open after another exchange on one of them.
+    REQUIRE(idle[2].Send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+    REQUIRE(idle[2].ReadResponse()->status == 200);
+    REQUIRE(scrape() == 1 + kIdle);
+  }
+  WaitForConnections(s, 1);
+  REQUIRE(scrape() == 1);
+}
 
 // A self-signed certificate for 127.0.0.1, made with the openssl CLI.
 void MakeCertificate(const std::string& dir) {
@@ -423,6 +474,139 @@ TEST_CASE("HTTPS from server.tls.cert_file and key_file", "[server][http][tls]")
     HttpService http2(&state, bad);
     REQUIRE(http2.Start().message().rfind("server.tls.key_file: cannot use", 0) == 0);
   }
+}
+
+// A TLS client on a raw socket that sends exactly the bytes it is given
+// (half a head, half a body), which a client library will not.
+class RawTlsConnection {
+ public:
+  explicit RawTlsConnection(int port) : tcp_(port), ctx_(SSL_CTX_new(TLS_client_method())) {
+    ssl_ = SSL_new(ctx_);
+    SSL_set_fd(ssl_, tcp_.fd());
+    handshaken_ = tcp_.connected() && SSL_connect(ssl_) == 1;
+  }
+  ~RawTlsConnection() {
+    SSL_free(ssl_);
+    SSL_CTX_free(ctx_);
+  }
+  RawTlsConnection(const RawTlsConnection&) = delete;
+  RawTlsConnection& operator=(const RawTlsConnection&) = delete;
+
+  bool handshaken() const { return handshaken_; }
+  bool Send(std::string_view bytes) {
+    return SSL_write(ssl_, bytes.data(), static_cast<int>(bytes.size())) ==
+           static_cast<int>(bytes.size());
+  }
+  // The decrypted bytes the server sends up to its close; nullopt when a
+  // read waits longer than `timeout` (the server has not closed).
+  std::optional<std::string> ReadUntilClosed(std::chrono::milliseconds timeout) {
+    timeval tv{};
+    tv.tv_sec = timeout.count() / 1000;
+    tv.tv_usec = (timeout.count() % 1000) * 1000;
+    setsockopt(tcp_.fd(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    std::string out;
+    char buf[4096];
+    for (;;) {
+      const int n = SSL_read(ssl_, buf, sizeof(buf));
+      if (n > 0) {
+        out.append(buf, static_cast<size_t>(n));
+        continue;
+      }
+      // A close with or without close_notify (the server half-closes the TCP
+      // connection after a refusal), or a reset.
+      const int err = SSL_get_error(ssl_, n);
+      if (err == SSL_ERROR_ZERO_RETURN || err == SSL_ERROR_SYSCALL || err == SSL_ERROR_SSL) {
+        return out;
+      }
+      return std::nullopt;
+    }
+  }
+
+ private:
+  testing::RawConnection tcp_;
+  SSL_CTX* ctx_;
+  SSL* ssl_ = nullptr;
+  bool handshaken_ = false;
+};
+
+TEST_CASE("Over TLS, slow heads and bodies get the same 408 as over plain TCP",
+          "[server][http][tls]") {
+  const std::string dir = testing::MakeTempDir("tls-timeout");
+  MakeCertificate(dir);
+  HttpService::Options o;
+  o.tls_cert_file = dir + "/cert.pem";
+  o.tls_key_file = dir + "/key.pem";
+  o.header_timeout = absl::Milliseconds(300);
+  o.body_timeout = absl::Milliseconds(300);
+  Server s(o);
+  // The exact bytes of the answer, then the close.
+  auto require_408 = [](RawTlsConnection& c, const std::string& message) {
+    const std::optional<std::string> got = c.ReadUntilClosed(10s);
+    REQUIRE(got.has_value());
+    INFO(*got);
+    const size_t head_end = got->find("\r\n\r\n");
+    REQUIRE(head_end != std::string::npos);
+    const std::string body = got->substr(head_end + 4);
+    REQUIRE(got->substr(0, head_end + 4) ==
+            "HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+            "Content-Length: " +
+                std::to_string(body.size()) + "\r\nConnection: close\r\n\r\n");
+    const json e = json::parse(body)["error"];
+    REQUIRE(e["code"] == "request_timeout");
+    REQUIRE(e["type"] == "invalid_request_error");
+    REQUIRE(e["message"] == message);
+  };
+  const std::string head_message =
+      "the request head did not arrive within server.http_header_timeout_s (0.3 s)";
+  SECTION("nothing sent after the handshake") {
+    RawTlsConnection c(s.http->port());
+    REQUIRE(c.handshaken());
+    require_408(c, head_message);
+  }
+  SECTION("half a head") {
+    RawTlsConnection c(s.http->port());
+    REQUIRE(c.handshaken());
+    REQUIRE(c.Send("POST /v1/completions HTTP/1.1\r\nHo"));
+    require_408(c, head_message);
+  }
+  SECTION("half a body") {
+    RawTlsConnection c(s.http->port());
+    REQUIRE(c.handshaken());
+    REQUIRE(c.Send("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\n\r\n{"));
+    require_408(c, "the request body did not arrive within server.http_body_timeout_s (0.3 s)");
+  }
+  SECTION("a whole request in time is not timed out") {
+    RawTlsConnection c(s.http->port());
+    REQUIRE(c.handshaken());
+    REQUIRE(c.Send("GET /health HTTP/1.1\r\nHost: x\r\n\r\n"));
+    // The connection stays open past the 408 deadlines: the read times out.
+    REQUIRE_FALSE(c.ReadUntilClosed(1s).has_value());
+  }
+}
+
+TEST_CASE("kvserve_http_open_connections counts TLS connections", "[server][http][tls][metrics]") {
+  const std::string dir = testing::MakeTempDir("tls-gauge");
+  MakeCertificate(dir);
+  HttpService::Options o;
+  o.tls_cert_file = dir + "/cert.pem";
+  o.tls_key_file = dir + "/key.pem";
+  Server s(o);
+  constexpr int kIdle = 3;
+  {
+    std::vector<std::unique_ptr<RawTlsConnection>> idle;
+    for (int i = 0; i < kIdle; ++i) {
+      idle.push_back(std::make_unique<RawTlsConnection>(s.http->port()));
+      REQUIRE(idle.back()->handshaken());
+    }
+    RawTlsConnection scraper(s.http->port());
+    REQUIRE(scraper.handshaken());
+    REQUIRE(scraper.Send("GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"));
+    const std::optional<std::string> got = scraper.ReadUntilClosed(10s);
+    REQUIRE(got.has_value());
+    REQUIRE(got->rfind("HTTP/1.1 200 OK\r\n", 0) == 0);
+    REQUIRE(OpenConnectionsGauge(*got) == kIdle + 1);
+  }
+  WaitForConnections(s, 0);
 }
 
 }  // namespace

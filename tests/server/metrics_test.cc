@@ -124,10 +124,17 @@ TEST_CASE("Finished requests feed the latency histograms", "[server]") {
   m.CountHttpResponse(200);
   m.CountHttpResponse(429);
   m.SetReady(true);
+  m.SetHttpOpenConnections(7);
   text = m.Scrape();
   REQUIRE(Sample(text, "kvserve_http_responses_total{code=\"200\"}") == 2);
   REQUIRE(Sample(text, "kvserve_http_responses_total{code=\"429\"}") == 1);
   REQUIRE(Sample(text, "kvserve_ready") == 1);
+  REQUIRE(text.find("# HELP kvserve_http_open_connections HTTP connections currently open, TLS "
+                    "included (not those refused over the cap).\n"
+                    "# TYPE kvserve_http_open_connections gauge\n"
+                    "kvserve_http_open_connections 7\n") != std::string::npos);
+  m.SetHttpOpenConnections(2);
+  REQUIRE(Sample(m.Scrape(), "kvserve_http_open_connections") == 2);
 }
 
 TEST_CASE("promtool check metrics accepts the exposition", "[server]") {
@@ -142,6 +149,7 @@ TEST_CASE("promtool check metrics accepts the exposition", "[server]") {
   r.e2e_s = 0.5;
   m.ObserveRequest(r);
   m.CountHttpResponse(200);
+  m.SetHttpOpenConnections(3);
   std::string path = testing::MakeTempDir("metrics") + "/metrics.txt";
   {
     std::ofstream out(path);
