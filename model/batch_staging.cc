@@ -140,9 +140,8 @@ absl::Status FillBatchStaging(const BatchInput& batch, std::span<const int32_t> 
   for (int32_t i = R; i < s.num_logits_rows; ++i) logits_rows[i] = T + (i - R);
 
   if (!batch.tail_ids.empty() && static_cast<int32_t>(batch.tail_ids.size()) != B) {
-    return absl::InvalidArgumentError(absl::StrCat("batch staging: tail_ids has ",
-                                                   batch.tail_ids.size(), " entries for ", B,
-                                                   " sequences"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch staging: tail_ids has ", batch.tail_ids.size(), " entries for ", B, " sequences"));
   }
   int32_t* tail_ids = At<int32_t>(dst, layout.tail_ids);
   std::fill(tail_ids, tail_ids + s.num_seqs, -1);

@@ -144,7 +144,8 @@ struct PoolShape {
   int64_t bytes = 0;
 };
 
-static PoolShape PlanPoolShape(const std::vector<KvFormat>& formats, int32_t blocks, int32_t tails) {
+static PoolShape PlanPoolShape(const std::vector<KvFormat>& formats, int32_t blocks,
+                               int32_t tails) {
   PoolShape p;
   p.blocks = blocks;
   p.tails = tails;
@@ -254,7 +255,9 @@ struct CudaModelRunner::Impl {
 
   uint8_t* Act(const DeviceBuffer& b, int64_t elements) const { return b.get() + elements * elem; }
   uint8_t* Weight(const DeviceMatrix& m) const { return weights.get() + m.offset; }
-  PoolShape ShapeFor(int32_t blocks, int32_t tails) const { return PlanPoolShape(formats, blocks, tails); }
+  PoolShape ShapeFor(int32_t blocks, int32_t tails) const {
+    return PlanPoolShape(formats, blocks, tails);
+  }
 
   absl::Status UploadWeights(const LlamaWeights& w);
   absl::Status AllocateActivations();
@@ -651,7 +654,8 @@ absl::Status CudaModelRunner::Impl::ProfileRun() {
   }
 
   const PoolShape shape = ShapeFor(blocks, has_tails ? static_cast<int32_t>(lens.size()) : 0);
-  KV_ASSIGN_OR_RETURN(DeviceBuffer temp_pool, DeviceAlloc(shape.bytes, "the profile run's KV pool"));
+  KV_ASSIGN_OR_RETURN(DeviceBuffer temp_pool,
+                      DeviceAlloc(shape.bytes, "the profile run's KV pool"));
   KV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(temp_pool.get(), 0, shape.bytes, stream));
   kv_pool.reset(temp_pool.release());
   num_blocks = blocks;
@@ -1083,9 +1087,9 @@ absl::Status CudaModelRunner::Impl::SampleRows(std::span<const SampleRow> rows,
 
 // ---- Copies ------------------------------------------------------------------
 
-absl::Status CudaModelRunner::Impl::RunCopies(std::span<const BlockCopy> copies,
-                                              const uint8_t* src, const PoolShape& from,
-                                              uint8_t* dst, const PoolShape& to, const char* what) {
+absl::Status CudaModelRunner::Impl::RunCopies(std::span<const BlockCopy> copies, const uint8_t* src,
+                                              const PoolShape& from, uint8_t* dst,
+                                              const PoolShape& to, const char* what) {
   if (copies.empty()) return absl::OkStatus();
   // Ids past a pool's blocks name its tails (cache/block_copy.h); a copy is
   // block to block or tail to tail. Block pairs first, then tail pairs
@@ -1098,8 +1102,8 @@ absl::Status CudaModelRunner::Impl::RunCopies(std::span<const BlockCopy> copies,
       const bool tail = cp.src >= from.blocks;
       const int32_t s = tail ? cp.src - from.blocks : cp.src;
       const int32_t d = tail ? cp.dst - to.blocks : cp.dst;
-      if (cp.src < 0 || cp.dst < 0 || s >= (tail ? from.tails : from.blocks) ||
-          d < 0 || d >= (tail ? to.tails : to.blocks)) {
+      if (cp.src < 0 || cp.dst < 0 || s >= (tail ? from.tails : from.blocks) || d < 0 ||
+          d >= (tail ? to.tails : to.blocks)) {
         std::fprintf(stderr,
                      "CudaModelRunner::%s: %s copy %d -> %d outside the pools (%d + %d tails, %d "
                      "+ %d tails)\n",

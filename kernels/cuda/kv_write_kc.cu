@@ -35,8 +35,9 @@ absl::Status Check(const char* fn, KvKcWriteParams& p) {
   }
   if (l.k.elem != KvElem::kInt4Channel || l.v.elem != KvElem::kInt4 || !l.has_tails() ||
       l.tail.elem != KvElem::kFp16) {
-    return Bad(fn, "kv.layout must be int4_kc with fp16 tails (KvFormat::Create(kInt4Kc, ..., "
-                   "KvElem::kFp16))");
+    return Bad(fn,
+               "kv.layout must be int4_kc with fp16 tails (KvFormat::Create(kInt4Kc, ..., "
+               "KvElem::kFp16))");
   }
   if (l.k.row_bytes != l.head_dim / 2 || l.k.meta_bytes != kInt4ChannelHeader + 2 * l.head_dim ||
       l.v.row_bytes != l.head_dim / 2 || l.v.group_size <= 0 || l.v.group_size % 2 != 0 ||
@@ -82,8 +83,9 @@ absl::Status SealKvBlocks(const KvKcWriteParams& params, cudaStream_t stream) {
     using T = decltype(tag);
     kv_kc_detail::SealKernel<T><<<grid, kThreads, 0, stream>>>(p);
   });
-  if (!known) return Bad("SealKvBlocks", absl::StrCat("dtype ", static_cast<int>(p.dtype),
-                                                      " is not an ActDtype"));
+  if (!known)
+    return Bad("SealKvBlocks",
+               absl::StrCat("dtype ", static_cast<int>(p.dtype), " is not an ActDtype"));
   return CudaStatus(cudaGetLastError(), "SealKvBlocks launch");
 }
 
@@ -98,8 +100,9 @@ absl::Status WriteKvTails(const KvKcWriteParams& params, cudaStream_t stream) {
     using T = decltype(tag);
     kv_kc_detail::TailKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
   });
-  if (!known) return Bad("WriteKvTails", absl::StrCat("dtype ", static_cast<int>(p.dtype),
-                                                      " is not an ActDtype"));
+  if (!known)
+    return Bad("WriteKvTails",
+               absl::StrCat("dtype ", static_cast<int>(p.dtype), " is not an ActDtype"));
   return CudaStatus(cudaGetLastError(), "WriteKvTails launch");
 }
 

@@ -69,8 +69,8 @@ __device__ __forceinline__ float RowValue(const KvKcWriteParams& p, const SeqRow
         Load16(s.tail + f.TailRowOffset(v, h, i % f.block_size) + 2 * static_cast<int64_t>(c)));
   }
   const int64_t t = s.row0 + (i - s.first);
-  const T* src = v ? static_cast<const T*>(p.v) + t * p.v_stride
-                   : static_cast<const T*>(p.k) + t * p.k_stride;
+  const T* src =
+      v ? static_cast<const T*>(p.v) + t * p.v_stride : static_cast<const T*>(p.k) + t * p.k_stride;
   return RoundToFp16(ToFloat(src[static_cast<int64_t>(h) * f.head_dim + c]));
 }
 
@@ -133,7 +133,8 @@ __global__ void __launch_bounds__(kThreads) SealKernel(const KvKcWriteParams p) 
       int cmin = 0, cmax = 0;
       if (unit != 0.0f) {
         const float step = Mul(kLevels, unit);
-        cmin = static_cast<int>(kv_encode::ClampF(floorf(Div(Sub(mn[d], lo), step)), 0.0f, kTopCode));
+        cmin =
+            static_cast<int>(kv_encode::ClampF(floorf(Div(Sub(mn[d], lo), step)), 0.0f, kTopCode));
         cmax = static_cast<int>(kv_encode::ClampF(ceilf(Div(Sub(mx[d], lo), step)),
                                                   static_cast<float>(cmin), kTopCode));
         float zero = Fma(static_cast<float>(kInt4ChannelLevels * cmin), unit, lo);
@@ -200,7 +201,7 @@ __global__ void __launch_bounds__(kThreads) TailKernel(const KvKcWriteParams p) 
   if (tail_id < 0) return;
   uint8_t* dst = p.kv.Tail(tail_id) + f.TailRowOffset(v, h, i % bs);
   const T* src = (v ? static_cast<const T*>(p.v) + t * p.v_stride
-                     : static_cast<const T*>(p.k) + t * p.k_stride) +
+                    : static_cast<const T*>(p.k) + t * p.k_stride) +
                  static_cast<int64_t>(h) * hd;
   for (int c = lane; c < hd; c += 32) {
     const float x = ToFloat(src[c]);

@@ -46,7 +46,8 @@ absl::Status PagedAttentionKc(const PagedAttentionKcParams& params, cudaStream_t
   if (layout.k.elem != KvElem::kInt4Channel || layout.v.elem != KvElem::kInt4 ||
       !layout.has_tails() || layout.tail.elem != KvElem::kFp16) {
     return Bad("kv.layout", "int4_kc with fp16 tails (k, v, tail elements)",
-               static_cast<int64_t>(layout.k.elem) * 256 + static_cast<int64_t>(layout.v.elem) * 16 +
+               static_cast<int64_t>(layout.k.elem) * 256 +
+                   static_cast<int64_t>(layout.v.elem) * 16 +
                    static_cast<int64_t>(layout.tail.elem));
   }
   if (layout.v.group_size <= 0 || layout.v.group_size % 2 != 0 || hd % layout.v.group_size != 0) {

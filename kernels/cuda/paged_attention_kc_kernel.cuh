@@ -142,7 +142,8 @@ __device__ __forceinline__ const GpuAttentionPlanHeader& PlanHeader(const int32_
   return *reinterpret_cast<const GpuAttentionPlanHeader*>(plan);
 }
 
-__global__ void __launch_bounds__(kThreads) AttentionKcKernel(const __grid_constant__ KernelArgs a) {
+__global__ void __launch_bounds__(kThreads)
+    AttentionKcKernel(const __grid_constant__ KernelArgs a) {
   const GpuAttentionPlanHeader& header = PlanHeader(a.plan);
   if (static_cast<int32_t>(blockIdx.x) >= header.num_items) return;
   const GpuAttentionWorkItem item =

@@ -71,9 +71,9 @@ struct Step {
 // Rows [from, to) of every sequence as one batch; block tables and tails
 // from the case's assignment.
 inline Step MakeStep(const KcCase& c, const std::vector<std::vector<float>>& k_all,
-              const std::vector<std::vector<float>>& v_all, const std::vector<int>& from,
-              const std::vector<int>& to, const std::vector<int32_t>& table, int max_blocks,
-              const std::vector<int32_t>& tails) {
+                     const std::vector<std::vector<float>>& v_all, const std::vector<int>& from,
+                     const std::vector<int>& to, const std::vector<int32_t>& table, int max_blocks,
+                     const std::vector<int32_t>& tails) {
   Step s;
   BatchInput& b = s.batch;
   b.Clear();
@@ -107,7 +107,7 @@ inline cpu::KvBlockWriteParams CpuWrite(const Step& s, Pool& pool) {
 }
 
 inline std::vector<float> CpuAttention(const KcCase& c, const Step& s, const std::vector<float>& q,
-                                Pool& pool) {
+                                       Pool& pool) {
   std::vector<float> out(q.size(), -777.0f);
   cpu::PagedAttentionParams a;
   a.q = q.data();
@@ -134,13 +134,13 @@ inline int DifferingBytes(const std::vector<uint8_t>& a, const std::vector<uint8
 // pools after the seal, after the tail write, and its attention output.
 struct KcProblem {
   int num_seqs = 0;
-  Pool before;      // the state before the step
+  Pool before;  // the state before the step
   Step step;
-  std::vector<float> q;       // [T][num_heads][head_dim]
-  Pool sealed;                // before + cpu::FlushKvBlocks
-  std::vector<float> out;     // cpu::PagedAttention on `sealed`
-  Pool written;               // sealed + cpu::WriteKvTails
-  double vmax = 0.0;          // max |v| over every row (error scale)
+  std::vector<float> q;    // [T][num_heads][head_dim]
+  Pool sealed;             // before + cpu::FlushKvBlocks
+  std::vector<float> out;  // cpu::PagedAttention on `sealed`
+  Pool written;            // sealed + cpu::WriteKvTails
+  double vmax = 0.0;       // max |v| over every row (error scale)
 };
 
 inline KcProblem BuildKcProblem(const KcCase& c) {

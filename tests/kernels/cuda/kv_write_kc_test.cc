@@ -7,11 +7,12 @@
 // refuse layouts that are not int4_kc with fp16 tails. The same problems
 // run in make test through the simulator (cuda_sim/int4_kc_sim_test.cc);
 // here they run on the hardware, with larger shapes.
+#include "kernels/cuda/kv_write_kc.h"
+
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <vector>
 
-#include "kernels/cuda/kv_write_kc.h"
 #include "kernels/cuda/paged_attention_kc.h"
 #include "kernels/gpu_attention_plan.h"
 #include "tests/kernels/cuda/device_buffer.h"
@@ -159,9 +160,9 @@ TEST_CASE("CUDA int4_kc launchers refuse other layouts, naming the field", "[gpu
   w.batch = d.Batch(p);
   w.kv = d.Kv(p);
   KvKcWriteParams plain = w;
-  plain.kv.layout = KvFormat::Create(KvDtype::kInt4, c.num_kv_heads, c.head_dim, c.block_size,
-                                     c.int4_group)
-                        ->layout();
+  plain.kv.layout =
+      KvFormat::Create(KvDtype::kInt4, c.num_kv_heads, c.head_dim, c.block_size, c.int4_group)
+          ->layout();
   RequireBadField(SealKvBlocks(plain, nullptr), "kv.layout");
   RequireBadField(WriteKvTails(plain, nullptr), "kv.layout");
   KvKcWriteParams fp32_tails = w;

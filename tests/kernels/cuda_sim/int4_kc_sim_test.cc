@@ -47,8 +47,8 @@ KvKcWriteParams SimWrite(const Step& s, Pool& pool) {
   KvKcWriteParams w;
   w.k = s.k.data();
   w.v = s.v.data();
-  w.k_stride = w.v_stride = int64_t(pool.pages.format(0).num_kv_heads()) *
-                            pool.pages.format(0).head_dim();
+  w.k_stride = w.v_stride =
+      int64_t(pool.pages.format(0).num_kv_heads()) * pool.pages.format(0).head_dim();
   w.dtype = ActDtype::kFp32;
   w.batch = ViewOf(s.batch);
   w.kv = LayerView(pool.pages, 0);
@@ -121,10 +121,10 @@ void CheckCase(const KcCase& c) {
   }
   // Tails.
   const int64_t items = int64_t(t) * c.num_kv_heads * 2;
-  cuda_sim::Launch(kv_kc_detail::TailKernel<float>,
-                   dim3(static_cast<unsigned>((items + kv_kc_detail::kWarps - 1) /
-                                              kv_kc_detail::kWarps)),
-                   kv_kc_detail::kThreads, nullptr, 0, sw);
+  cuda_sim::Launch(
+      kv_kc_detail::TailKernel<float>,
+      dim3(static_cast<unsigned>((items + kv_kc_detail::kWarps - 1) / kv_kc_detail::kWarps)),
+      kv_kc_detail::kThreads, nullptr, 0, sw);
   REQUIRE(DifferingBytes(p.written.Tails(), sim.Tails()) == 0);
   REQUIRE(DifferingBytes(p.written.Blocks(), sim.Blocks()) == 0);
 }

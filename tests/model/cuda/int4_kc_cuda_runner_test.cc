@@ -65,15 +65,13 @@ KcEngine MakeKcEngine(const KcSetup& s) {
   if (s.device != "cpu") REQUIRE(t.cuda != nullptr);
   t.num_tails = (*runner)->num_tail_blocks();
   t.num_swap_tails = (*runner)->num_swap_tail_blocks();
-  auto engine =
-      Engine::Create(testing::EngineConfigOf(s), std::move(*runner), Stories().tokenizer);
+  auto engine = Engine::Create(testing::EngineConfigOf(s), std::move(*runner), Stories().tokenizer);
   REQUIRE(engine.ok());
   t.engine = std::move(*engine);
   return t;
 }
 
-TEST_CASE("[gpu] int4_kc and int8,int4_kc*,int8 KV give the CPU backend's greedy tokens",
-          "[gpu]") {
+TEST_CASE("[gpu] int4_kc and int8,int4_kc*,int8 KV give the CPU backend's greedy tokens", "[gpu]") {
   std::mt19937 rng(4242);
   std::vector<GenerateRequest> reqs;
   reqs.push_back(Greedy("", 100));  // BOS alone: every block sealed from decode steps
