@@ -37,6 +37,8 @@ struct KcCase {
   std::vector<int> ctx;    // context after the step
   std::vector<int> q_len;  // rows of the step
   uint32_t seed = 1;
+  // Every K, V and q value exact in bf16 (so a bf16 copy is the same input).
+  bool bf16_exact = false;
   std::string Name() const {
     std::string s = absl::StrCat("hd", head_dim, " kv", num_kv_heads, " g", group, " bs",
                                  block_size, " int4g", int4_group, " w", window, " seqs");
@@ -182,6 +184,10 @@ inline KcProblem BuildKcProblem(const KcCase& c) {
       const int d = static_cast<int>(i % c.head_dim);
       k_all[q][i] = normal(rng) * (1.0f + (d % 5)) + (d % 3 == 0 ? 4.0f : 0.0f);
       v_all[q][i] = normal(rng) + (i % 3 == 0 ? 1.5f : 0.0f);
+      if (c.bf16_exact) {
+        k_all[q][i] = cpu::Bf16ToFloat(cpu::FloatToBf16(k_all[q][i]));
+        v_all[q][i] = cpu::Bf16ToFloat(cpu::FloatToBf16(v_all[q][i]));
+      }
       vmax = std::max(vmax, double(std::fabs(v_all[q][i])));
     }
   }
@@ -201,7 +207,10 @@ inline KcProblem BuildKcProblem(const KcCase& c) {
   }
   p.step = MakeStep(c, k_all, v_all, first, end, table, max_blocks, tails);
   p.q.resize(static_cast<size_t>(p.step.batch.num_tokens()) * row * c.group);
-  for (float& x : p.q) x = normal(rng);
+  for (float& x : p.q) {
+    x = normal(rng);
+    if (c.bf16_exact) x = cpu::Bf16ToFloat(cpu::FloatToBf16(x));
+  }
   p.sealed.CopyFrom(p.before);
   cpu::FlushKvBlocks(CpuWrite(p.step, p.sealed), 0, nseq);
   p.out = CpuAttention(c, p.step, p.q, p.sealed);
