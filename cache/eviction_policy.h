@@ -47,10 +47,10 @@
 // every key inside the kernel: it costs a rotation per key per head per
 // step, needs per-key positions, and splits the prefix cache between
 // rotated and unrotated pages. A second query costs one RoPE per row.
-//   CUDA backend (not implemented there yet): its attention kernel takes the
-// same optional sink_q [T][num_heads][head_dim] and per-sequence num_sinks,
-// and scores keys at cache indices < num_sinks[b] with sink_q; RoPE must
-// accept positions past its precomputed table.
+//   CUDA backend: its attention kernel takes the same optional sink_q
+// [T][num_heads][head_dim] and per-sequence num_sinks and scores keys at
+// cache indices < num_sinks[b] with sink_q; RoPE reads host-computed rows
+// for positions past its precomputed table.
 //
 // Thread-safety: policies are immutable and may be shared by every sequence;
 // EvictionState is owned by one sequence (engine thread).

@@ -40,6 +40,7 @@ StagingLayout PlanStaging(const StagingShape& s) {
   l.context_len = Take(&c, int64_t{s.num_seqs} * 4);
   l.block_table = Take(&c, int64_t{s.num_seqs} * s.block_table_stride * 4);
   l.logits_rows = Take(&c, int64_t{s.num_logits_rows} * 4);
+  l.tail_ids = Take(&c, int64_t{s.num_seqs} * 4);
   l.attention = Take(&c, int64_t{s.attention_words} * 4);
   l.total_bytes = AlignUp(c);
   return l;
@@ -137,6 +138,14 @@ absl::Status FillBatchStaging(const BatchInput& batch, std::span<const int32_t> 
   int32_t* logits_rows = At<int32_t>(dst, layout.logits_rows);
   std::copy(batch.logits_rows.begin(), batch.logits_rows.end(), logits_rows);
   for (int32_t i = R; i < s.num_logits_rows; ++i) logits_rows[i] = T + (i - R);
+
+  if (!batch.tail_ids.empty() && static_cast<int32_t>(batch.tail_ids.size()) != B) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "batch staging: tail_ids has ", batch.tail_ids.size(), " entries for ", B, " sequences"));
+  }
+  int32_t* tail_ids = At<int32_t>(dst, layout.tail_ids);
+  std::fill(tail_ids, tail_ids + s.num_seqs, -1);
+  std::copy(batch.tail_ids.begin(), batch.tail_ids.end(), tail_ids);
 
   std::copy(attention_words.begin(), attention_words.end(), At<int32_t>(dst, layout.attention));
   return absl::OkStatus();

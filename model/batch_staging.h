@@ -10,6 +10,8 @@
 //   context_len   int32 [B]
 //   block_table   int32 [B][stride]
 //   logits_rows   int32 [R]
+//   tail_ids      int32 [B]        (int4_kc tails; -1: none, and for every
+//                                   sequence when BatchInput::tail_ids is empty)
 //   attention     int32 [W]        (GpuAttentionPlan::words(), kernels/gpu_attention_plan.h)
 // Every section starts on a kStagingAlign boundary (the attention plan wants
 // 16 bytes; slot_mapping 8), so a section's device address is the buffer's
@@ -24,7 +26,7 @@
 // graph captured for P reads every step's metadata at the same addresses.
 // Padding rows (FillBatchStaging with a padded shape) are harmless: token 0 at
 // position 0, slot -1 (no write), one new row per padded sequence with
-// context 1, block row of zeros, logits rows T_real .. P-1; the attention plan
+// context 1, block row of zeros, tail -1, logits rows T_real .. P-1; the attention plan
 // has no work for them, and every other kernel is row-independent, so they
 // never change a real row.
 //
@@ -60,7 +62,7 @@ struct StagingRange {
 struct StagingLayout {
   StagingShape shape;
   StagingRange token_ids, positions, slot_mapping, query_start, context_len, block_table,
-      logits_rows, attention;
+      logits_rows, tail_ids, attention;
   int64_t total_bytes = 0;  // the one upload: [0, total_bytes)
 };
 

@@ -24,8 +24,10 @@
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/kv_write.h"
+#include "kernels/cuda/kv_write_kc.h"
 #include "kernels/cuda/move_slots.h"
 #include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/paged_attention_kc.h"
 #include "kernels/cuda/rms_norm.h"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/sample.h"
@@ -134,6 +136,34 @@ class Progress {
 
 }  // namespace
 
+// Where each layer's blocks and tails sit in a pool of `blocks` blocks and
+// `tails` tails (see Impl's KV pools).
+struct PoolShape {
+  int32_t blocks = 0;
+  int32_t tails = 0;
+  std::vector<int64_t> layer_offset;  // [L] start of layer l's blocks
+  std::vector<int64_t> tail_offset;   // [L] start of layer l's tails (-1: none)
+  int64_t bytes = 0;
+};
+
+static PoolShape PlanPoolShape(const std::vector<KvFormat>& formats, int32_t blocks,
+                               int32_t tails) {
+  PoolShape p;
+  p.blocks = blocks;
+  p.tails = tails;
+  int64_t off = 0;
+  for (const KvFormat& f : formats) {
+    p.layer_offset.push_back(off);
+    off += int64_t{blocks} * f.block_bytes();
+  }
+  for (const KvFormat& f : formats) {
+    p.tail_offset.push_back(f.has_tails() && tails > 0 ? off : -1);
+    if (f.has_tails()) off += int64_t{tails} * f.tail_block_bytes();
+  }
+  p.bytes = off;
+  return p;
+}
+
 // A captured decode step for one batch bucket.
 struct GraphStep {
   int32_t bucket = 0;
@@ -147,7 +177,9 @@ struct CudaModelRunner::Impl {
   // ---- configuration ----
   int device = 0;
   ModelConfig config;
-  KvFormat format;
+  KvFormat format;                // layer 0's (kv_format())
+  std::vector<KvFormat> formats;  // one per layer (per-layer cache.kv_dtype lists)
+  bool has_tails = false;         // some layer is int4_kc (fp16 tails)
   WeightDtype weight_dtype = WeightDtype::kBf16;
   ActDtype act = ActDtype::kBf16;
   int64_t elem = 2;
@@ -202,12 +234,19 @@ struct CudaModelRunner::Impl {
   HostBuffer copies_host;
   DeviceBuffer copies_dev;
   int64_t copies_capacity = 0;  // pairs
-  // KV pools.
-  DeviceBuffer kv_pool;  // [num_layers][num_blocks][block_bytes]
+  // KV pools. Each pool is, layer after layer, [num_blocks][block_bytes of
+  // the layer], then, for each layer that keeps tails, [num_tails][tail
+  // bytes] (PoolShape). With one format this is cache/kv_pages.h's
+  // [num_layers][num_blocks][block_bytes].
+  DeviceBuffer kv_pool;
   int32_t num_blocks = 0;
-  HostBuffer swap_host;  // [num_layers][num_swap_blocks][block_bytes], pinned + mapped
+  int32_t num_tails = 0;
+  PoolShape pool_shape;
+  HostBuffer swap_host;  // the same layout for the swap pool, pinned + mapped
   uint8_t* swap_dev = nullptr;
   int32_t num_swap_blocks = 0;
+  int32_t num_swap_tails = 0;
+  PoolShape swap_shape;
   // Graphs.
   std::vector<int32_t> buckets;
   std::map<int32_t, GraphStep> graphs;
@@ -243,7 +282,9 @@ struct CudaModelRunner::Impl {
 
   uint8_t* Act(const DeviceBuffer& b, int64_t elements) const { return b.get() + elements * elem; }
   uint8_t* Weight(const DeviceMatrix& m) const { return weights.get() + m.offset; }
-  int64_t LayerPoolBytes() const { return int64_t{num_blocks} * format.block_bytes(); }
+  PoolShape ShapeFor(int32_t blocks, int32_t tails) const {
+    return PlanPoolShape(formats, blocks, tails);
+  }
 
   absl::Status UploadWeights(const LlamaWeights& w);
   absl::Status AllocateActivations();
@@ -255,8 +296,9 @@ struct CudaModelRunner::Impl {
   absl::Status Upload(const BatchInput& batch, std::span<const int32_t> words,
                       const StagingLayout& layout);
   absl::Status RunForward(const StagingLayout& layout, const GpuAttentionLaunch& launch);
-  absl::Status RunCopies(std::span<const BlockCopy> copies, const uint8_t* src, int32_t src_blocks,
-                         uint8_t* dst, int32_t dst_blocks, const char* what);
+  absl::Status RunCopies(std::span<const BlockCopy> copies, const uint8_t* src,
+                         const PoolShape& src_shape, uint8_t* dst, const PoolShape& dst_shape,
+                         const char* what);
   absl::Status ForwardBatch(const BatchInput& batch);
   absl::Status PlanEviction(const BatchInput& batch);
   absl::Status RunMoves(std::span<const SlotMove> moves);
@@ -316,25 +358,31 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
         absl::StrCat("model.device: ", options.device, ": the device sampler takes a vocabulary of "
                      "at most ", kMaxSampleVocab, "; the model has ", c.vocab_size));
   }
-  // int4_kc (tails, per-channel K) and per-layer lists run on the CPU backend only so far.
-  if (!options.kv_dtype.is_uniform() || options.kv_dtype.Uses(KvDtype::kInt4Kc)) {
-    return absl::UnimplementedError(absl::StrCat(
-        "cache.kv_dtype: ", options.kv_dtype.ToString(), ": the CUDA runner keeps one per-token "
-        "dtype in every layer (int4_kc and per-layer lists run on model.device: cpu)"));
+  // One format per layer; int4_kc layers keep their partial blocks in fp16 tails.
+  absl::StatusOr<std::vector<KvDtype>> dtypes = options.kv_dtype.Resolve(c.num_layers);
+  if (!dtypes.ok()) {
+    return absl::Status(dtypes.status().code(),
+                        absl::StrCat("cache.kv_dtype: ", std::string(dtypes.status().message())));
   }
-  absl::StatusOr<KvFormat> format =
-      KvFormat::Create(options.kv_dtype.first_dtype(), c.num_kv_heads, c.head_dim,
-                       options.block_size, options.int4_group_size);
-  if (!format.ok()) {
-    return absl::Status(format.status().code(),
-                        absl::StrCat("cache: ", std::string(format.status().message())));
+  std::vector<KvFormat> formats;
+  for (KvDtype dtype : *dtypes) {
+    absl::StatusOr<KvFormat> format =
+        KvFormat::Create(dtype, c.num_kv_heads, c.head_dim, options.block_size,
+                         options.int4_group_size, KvElem::kFp16);
+    if (!format.ok()) {
+      return absl::Status(format.status().code(),
+                          absl::StrCat("cache: ", std::string(format.status().message())));
+    }
+    formats.push_back(*format);
   }
 
   auto impl = std::make_unique<Impl>();
   Impl& m = *impl;
   m.device = device.ordinal;
   m.config = c;
-  m.format = *format;
+  m.format = formats[0];
+  m.formats = formats;
+  for (const KvFormat& f : formats) m.has_tails |= f.has_tails();
   m.weight_dtype = dtype;
   m.act = ToAct(dtype);
   m.elem = cuda::ActDtypeSize(m.act);
@@ -389,7 +437,17 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   pool.enforce_available = true;
   pool.weight_bytes = m.info.weight_bytes;
   pool.activation_bytes = m.info.activation_bytes;
-  pool.bytes_per_block = m.format.block_bytes() * c.num_layers;
+  // Tails as on the CPU (model/runner_factory.cc): two per sequence slot,
+  // as many in the swap pool; their bytes come off the budget first.
+  m.num_tails = m.has_tails ? 2 * m.max_seqs : 0;
+  m.num_swap_tails = m.has_tails && options.num_swap_blocks > 0 ? m.num_tails : 0;
+  int64_t bytes_per_block = 0, bytes_per_tail = 0;
+  for (const KvFormat& f : m.formats) {
+    bytes_per_block += f.block_bytes();
+    bytes_per_tail += f.tail_block_bytes();
+  }
+  pool.bytes_per_block = bytes_per_block;
+  pool.fixed_bytes = bytes_per_tail * m.num_tails;
   pool.block_size = options.block_size;
   pool.max_model_len = m.max_model_len;
   pool.max_num_seqs = m.max_seqs;
@@ -398,7 +456,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   m.num_swap_blocks = options.num_swap_blocks;
   m.info.kv_bytes_per_block = pool.bytes_per_block;
   m.info.num_blocks = plan.num_blocks;
-  m.info.kv_pool_bytes = plan.pool_bytes;
+  m.info.kv_pool_bytes = plan.pool_bytes + pool.fixed_bytes;  // int4_kc tails included
   m.info.kv_pool_tokens = plan.num_tokens;
   m.info.pool_sized_from = plan.sized_from;
   KV_RETURN_IF_ERROR(m.AllocatePools());
@@ -624,17 +682,21 @@ absl::Status CudaModelRunner::Impl::ProfileRun() {
     batch.context_len.push_back(len);
     batch.block_table.insert(batch.block_table.end(), row.begin(), row.end());
     batch.logits_rows.push_back(batch.num_tokens() - 1);
+    if (has_tails) batch.tail_ids.push_back(static_cast<int32_t>(batch.tail_ids.size()));
   }
 
-  const int64_t pool_bytes = int64_t{blocks} * format.block_bytes() * config.num_layers;
-  KV_ASSIGN_OR_RETURN(DeviceBuffer temp_pool, DeviceAlloc(pool_bytes, "the profile run's KV pool"));
-  KV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(temp_pool.get(), 0, pool_bytes, stream));
+  const PoolShape shape = ShapeFor(blocks, has_tails ? static_cast<int32_t>(lens.size()) : 0);
+  KV_ASSIGN_OR_RETURN(DeviceBuffer temp_pool,
+                      DeviceAlloc(shape.bytes, "the profile run's KV pool"));
+  KV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(temp_pool.get(), 0, shape.bytes, stream));
   kv_pool.reset(temp_pool.release());
   num_blocks = blocks;
+  num_tails = shape.tails;
+  pool_shape = shape;
   absl::Status s = ForwardBatch(batch);
   if (s.ok()) {
     const BlockCopy copy[] = {{0, 1}};
-    s = RunCopies(copy, kv_pool.get(), num_blocks, kv_pool.get(), num_blocks, "ProfileRun");
+    s = RunCopies(copy, kv_pool.get(), pool_shape, kv_pool.get(), pool_shape, "ProfileRun");
   }
   if (s.ok()) {
     // Every chunk row reads the one logits row: the gathered path.
@@ -648,16 +710,20 @@ absl::Status CudaModelRunner::Impl::ProfileRun() {
   if (s.ok()) s = CudaStatus(cudaStreamSynchronize(stream), "the profile run");
   kv_pool.reset();
   num_blocks = 0;
+  num_tails = 0;
+  pool_shape = PoolShape();
   last_logits_rows = -1;
   return s;
 }
 
 absl::Status CudaModelRunner::Impl::AllocatePools() {
-  const int64_t bytes = int64_t{num_blocks} * format.block_bytes() * config.num_layers;
+  pool_shape = ShapeFor(num_blocks, num_tails);
+  swap_shape = ShapeFor(num_swap_blocks, num_swap_tails);
+  const int64_t bytes = pool_shape.bytes;
   KV_ASSIGN_OR_RETURN(kv_pool, DeviceAlloc(bytes, "the KV pool (cache.*)"));
   KV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(kv_pool.get(), 0, bytes, stream));
   if (num_swap_blocks > 0) {
-    const int64_t swap_bytes = int64_t{num_swap_blocks} * format.block_bytes() * config.num_layers;
+    const int64_t swap_bytes = swap_shape.bytes;
     KV_ASSIGN_OR_RETURN(swap_host,
                         PinnedAlloc(swap_bytes, "the swap pool (cache.num_swap_blocks)",
                                     cudaHostAllocMapped | cudaHostAllocPortable));
@@ -747,6 +813,7 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
   view.context_len = reinterpret_cast<const int32_t*>(base + l.context_len.offset);
   view.block_table = reinterpret_cast<const int32_t*>(base + l.block_table.offset);
   view.logits_rows = reinterpret_cast<const int32_t*>(base + l.logits_rows.offset);
+  view.tail_ids = reinterpret_cast<const int32_t*>(base + l.tail_ids.offset);
   view.num_tokens = T;
   view.num_seqs = s.num_seqs;
   view.max_blocks_per_seq = std::max(1, s.block_table_stride);
@@ -775,9 +842,22 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
   for (int layer = 0; layer < c.num_layers; ++layer) {
     const DeviceLayerWeights& w = wl.layers[layer];
     PagedKvView kv;
-    kv.pages = kv_pool.get() + int64_t{layer} * LayerPoolBytes();
+    kv.pages = kv_pool.get() + pool_shape.layer_offset[layer];
     kv.num_blocks = num_blocks;
-    kv.layout = format.layout();
+    kv.layout = formats[layer].layout();
+    const bool kc = kv.layout.has_tails();  // int4_kc: seal, attention, tails
+    if (kc) {
+      kv.tails = kv_pool.get() + pool_shape.tail_offset[layer];
+      kv.num_tails = num_tails;
+    }
+    cuda::KvKcWriteParams kcw;
+    kcw.k = Act(qkv, q_dim);
+    kcw.v = Act(qkv, q_dim + kv_dim);
+    kcw.k_stride = qkv_dim;
+    kcw.v_stride = qkv_dim;
+    kcw.dtype = act;
+    kcw.batch = view;
+    kcw.kv = kv;
 
     KV_RETURN_IF_ERROR(rms_norm(x.get(), Weight(w.attn_norm), h.get(), T, dim));
     KV_RETURN_IF_ERROR(gemm->Linear({.x = h.get(), .w = Weight(w.wqkv), .y = qkv.get(), .rows = T,
@@ -851,7 +931,7 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
     kw.num_tokens = T;
     kw.kv = kv;
     kw.dtype = act;
-    KV_RETURN_IF_ERROR(cuda::WriteKv(kw, stream));
+    KV_RETURN_IF_ERROR(kc ? cuda::SealKvBlocks(kcw, stream) : cuda::WriteKv(kw, stream));
 
     cuda::PagedAttentionParams pa;
     pa.q = qkv.get();
@@ -868,26 +948,38 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
     pa.launch = launch;
     pa.workspace = attn_workspace.get();
     pa.workspace_bytes = attn_workspace_bytes;
-    if (ev.active && ev.sinks) {
-      pa.sink_q = sink_q.get();
-      pa.num_sinks = reinterpret_cast<const int32_t*>(ev_base + ev.num_sinks_off);
-    }
-    if (ev.active && ev.mass) {
-      pa.key_mass = reinterpret_cast<float*>(key_mass.get());
-      pa.key_mass_offset = reinterpret_cast<const int64_t*>(ev_base + ev.mass_offset_off);
-      pa.softmax_stats = reinterpret_cast<float*>(softmax_stats.get());
-    }
-    KV_RETURN_IF_ERROR(cuda::PagedAttention(pa, stream));
-    if (ev.active && ev.mass) {
-      cuda::GatherMassParams g;
-      g.batch = view;
-      g.sliding_window = c.sliding_window;
-      g.key_mass = pa.key_mass;
-      g.key_mass_offset = pa.key_mass_offset;
-      g.stats_offset = reinterpret_cast<const int64_t*>(ev_base + ev.stats_offset_off) +
-                       int64_t{layer} * s.num_seqs;
-      g.out = reinterpret_cast<float*>(attn_stats.get());
-      KV_RETURN_IF_ERROR(cuda::GatherAttentionMass(g, stream));
+    if (kc) {
+      const cuda::PagedAttentionKcParams pk{.attn = pa,
+                                            .new_k = kcw.k,
+                                            .new_v = kcw.v,
+                                            .new_k_stride = qkv_dim,
+                                            .new_v_stride = qkv_dim};
+      KV_RETURN_IF_ERROR(cuda::PagedAttentionKc(pk, stream));
+      KV_RETURN_IF_ERROR(cuda::WriteKvTails(kcw, stream));
+    } else {
+      // Eviction (sinks, attention mass) only reaches per-token formats:
+      // supports_eviction() is false when any layer is int4_kc.
+      if (ev.active && ev.sinks) {
+        pa.sink_q = sink_q.get();
+        pa.num_sinks = reinterpret_cast<const int32_t*>(ev_base + ev.num_sinks_off);
+      }
+      if (ev.active && ev.mass) {
+        pa.key_mass = reinterpret_cast<float*>(key_mass.get());
+        pa.key_mass_offset = reinterpret_cast<const int64_t*>(ev_base + ev.mass_offset_off);
+        pa.softmax_stats = reinterpret_cast<float*>(softmax_stats.get());
+      }
+      KV_RETURN_IF_ERROR(cuda::PagedAttention(pa, stream));
+      if (ev.active && ev.mass) {
+        cuda::GatherMassParams g;
+        g.batch = view;
+        g.sliding_window = c.sliding_window;
+        g.key_mass = pa.key_mass;
+        g.key_mass_offset = pa.key_mass_offset;
+        g.stats_offset = reinterpret_cast<const int64_t*>(ev_base + ev.stats_offset_off) +
+                         int64_t{layer} * s.num_seqs;
+        g.out = reinterpret_cast<float*>(attn_stats.get());
+        KV_RETURN_IF_ERROR(cuda::GatherAttentionMass(g, stream));
+      }
     }
 
     KV_RETURN_IF_ERROR(gemm->Linear({.x = attn.get(), .w = Weight(w.wo), .y = x.get(), .rows = T,
@@ -935,6 +1027,7 @@ absl::Status CudaModelRunner::Impl::ForwardBatch(const BatchInput& batch) {
   limits.max_positions = std::numeric_limits<int32_t>::max();
   limits.num_blocks = num_blocks;
   limits.block_size = format.block_size();
+  limits.num_tails = num_tails;
   limits.sliding_window = config.sliding_window;
   KV_RETURN_IF_ERROR(ValidateBatch(batch, limits));
   const int32_t T = batch.num_tokens(), B = batch.num_seqs();
@@ -1262,34 +1355,75 @@ absl::Status CudaModelRunner::Impl::SampleRows(std::span<const SampleRow> rows,
 
 // ---- Copies ------------------------------------------------------------------
 
-absl::Status CudaModelRunner::Impl::RunCopies(std::span<const BlockCopy> copies,
-                                              const uint8_t* src, int32_t src_blocks,
-                                              uint8_t* dst, int32_t dst_blocks, const char* what) {
+absl::Status CudaModelRunner::Impl::RunCopies(std::span<const BlockCopy> copies, const uint8_t* src,
+                                              const PoolShape& from, uint8_t* dst,
+                                              const PoolShape& to, const char* what) {
   if (copies.empty()) return absl::OkStatus();
-  for (const BlockCopy& cp : copies) {
-    if (cp.src < 0 || cp.src >= src_blocks || cp.dst < 0 || cp.dst >= dst_blocks) {
-      std::fprintf(stderr, "CudaModelRunner::%s: block copy %d -> %d outside the pools (%d, %d)\n",
-                   what, cp.src, cp.dst, src_blocks, dst_blocks);
-      std::abort();
+  // Ids past a pool's blocks name its tails (cache/block_copy.h); a copy is
+  // block to block or tail to tail. Block pairs first, then tail pairs
+  // (tail-local ids), in one upload.
+  std::vector<BlockCopy> pairs;
+  pairs.reserve(copies.size());
+  int64_t num_block_pairs = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (const BlockCopy& cp : copies) {
+      const bool tail = cp.src >= from.blocks;
+      const int32_t s = tail ? cp.src - from.blocks : cp.src;
+      const int32_t d = tail ? cp.dst - to.blocks : cp.dst;
+      if (cp.src < 0 || cp.dst < 0 || s >= (tail ? from.tails : from.blocks) || d < 0 ||
+          d >= (tail ? to.tails : to.blocks)) {
+        std::fprintf(stderr,
+                     "CudaModelRunner::%s: %s copy %d -> %d outside the pools (%d + %d tails, %d "
+                     "+ %d tails)\n",
+                     what, tail ? "tail" : "block", cp.src, cp.dst, from.blocks, from.tails,
+                     to.blocks, to.tails);
+        std::abort();
+      }
+      if (tail == (pass == 1)) pairs.push_back({s, d});
     }
+    if (pass == 0) num_block_pairs = static_cast<int64_t>(pairs.size());
   }
-  const int64_t n = static_cast<int64_t>(copies.size());
+  const int64_t n = static_cast<int64_t>(pairs.size());
   KV_RETURN_IF_ERROR(EnsureCopyCapacity(n));
   KV_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(copies_uploaded));
-  std::memcpy(copies_host.get(), copies.data(), cuda::CopyListBytes(n));
+  std::memcpy(copies_host.get(), pairs.data(), cuda::CopyListBytes(n));
   KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(copies_dev.get(), copies_host.get(),
                                           cuda::CopyListBytes(n), cudaMemcpyHostToDevice, stream));
   KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(copies_uploaded, stream));
-  cuda::CopyBlocksParams p;
-  p.src = src;
-  p.dst = dst;
-  p.src_num_blocks = src_blocks;
-  p.dst_num_blocks = dst_blocks;
-  p.num_layers = config.num_layers;
-  p.block_bytes = format.block_bytes();
-  p.copies = reinterpret_cast<const int32_t*>(copies_dev.get());
-  p.num_copies = static_cast<int32_t>(n);
-  return cuda::CopyBlocks(p, stream);
+  const int32_t* list = reinterpret_cast<const int32_t*>(copies_dev.get());
+  const int L = config.num_layers;
+  bool uniform = true;
+  for (const KvFormat& f : formats) uniform &= f.block_bytes() == formats[0].block_bytes();
+  // Blocks: one launch over every layer when they share a block size (the
+  // regions are then [L][blocks][block_bytes]), else one per layer.
+  for (int layer = 0; num_block_pairs > 0 && layer < L; ++layer) {
+    cuda::CopyBlocksParams p;
+    p.src = src + from.layer_offset[layer];
+    p.dst = dst + to.layer_offset[layer];
+    p.src_num_blocks = from.blocks;
+    p.dst_num_blocks = to.blocks;
+    p.num_layers = uniform ? L : 1;
+    p.block_bytes = formats[layer].block_bytes();
+    p.copies = list;
+    p.num_copies = static_cast<int32_t>(num_block_pairs);
+    KV_RETURN_IF_ERROR(cuda::CopyBlocks(p, stream));
+    if (uniform) break;
+  }
+  // Tails: one launch per layer that keeps them.
+  for (int layer = 0; n > num_block_pairs && layer < L; ++layer) {
+    if (!formats[layer].has_tails()) continue;
+    cuda::CopyBlocksParams p;
+    p.src = src + from.tail_offset[layer];
+    p.dst = dst + to.tail_offset[layer];
+    p.src_num_blocks = from.tails;
+    p.dst_num_blocks = to.tails;
+    p.num_layers = 1;
+    p.block_bytes = formats[layer].tail_block_bytes();
+    p.copies = list + 2 * num_block_pairs;
+    p.num_copies = static_cast<int32_t>(n - num_block_pairs);
+    KV_RETURN_IF_ERROR(cuda::CopyBlocks(p, stream));
+  }
+  return absl::OkStatus();
 }
 
 // ---- ModelRunner ---------------------------------------------------------------
@@ -1298,6 +1432,8 @@ const ModelConfig& CudaModelRunner::config() const { return impl_->config; }
 const KvFormat& CudaModelRunner::kv_format() const { return impl_->format; }
 int32_t CudaModelRunner::num_blocks() const { return impl_->num_blocks; }
 int32_t CudaModelRunner::num_swap_blocks() const { return impl_->num_swap_blocks; }
+int32_t CudaModelRunner::num_tail_blocks() const { return impl_->num_tails; }
+int32_t CudaModelRunner::num_swap_tail_blocks() const { return impl_->num_swap_tails; }
 const RunnerMemoryInfo& CudaModelRunner::memory_info() const { return impl_->info; }
 const CudaModelRunner::Counters& CudaModelRunner::counters() const { return impl_->counters; }
 const std::vector<int32_t>& CudaModelRunner::graph_buckets() const { return impl_->buckets; }
@@ -1330,31 +1466,39 @@ absl::Status CudaModelRunner::ReadLogits(std::span<float> out) {
 absl::Status CudaModelRunner::CopyBlocks(std::span<const BlockCopy> copies) {
   Impl& m = *impl_;
   KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
-  return m.RunCopies(copies, m.kv_pool.get(), m.num_blocks, m.kv_pool.get(), m.num_blocks,
+  return m.RunCopies(copies, m.kv_pool.get(), m.pool_shape, m.kv_pool.get(), m.pool_shape,
                      "CopyBlocks");
 }
 
 absl::Status CudaModelRunner::SwapOut(std::span<const BlockCopy> copies) {
   Impl& m = *impl_;
   KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
-  return m.RunCopies(copies, m.kv_pool.get(), m.num_blocks, m.swap_dev, m.num_swap_blocks,
-                     "SwapOut");
+  return m.RunCopies(copies, m.kv_pool.get(), m.pool_shape, m.swap_dev, m.swap_shape, "SwapOut");
 }
 
 absl::Status CudaModelRunner::SwapIn(std::span<const BlockCopy> copies) {
   Impl& m = *impl_;
   KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
-  return m.RunCopies(copies, m.swap_dev, m.num_swap_blocks, m.kv_pool.get(), m.num_blocks,
-                     "SwapIn");
+  return m.RunCopies(copies, m.swap_dev, m.swap_shape, m.kv_pool.get(), m.pool_shape, "SwapIn");
 }
 
-bool CudaModelRunner::supports_eviction() const { return !impl_->format.layout().has_tails(); }
+// Slot moves (cuda::MoveSlots) take one page layout for every layer: one
+// per-token dtype throughout, no int4_kc tails.
+bool CudaModelRunner::supports_eviction() const {
+  const Impl& m = *impl_;
+  if (m.has_tails) return false;
+  for (const KvFormat& f : m.formats) {
+    if (f.dtype() != m.format.dtype()) return false;
+  }
+  return true;
+}
 
 absl::Status CudaModelRunner::MoveSlots(std::span<const SlotMove> moves) {
   Impl& m = *impl_;
   KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
-  if (m.format.layout().has_tails()) {
-    return absl::UnimplementedError("KV slot moves need a format without tails (not int4_kc)");
+  if (!supports_eviction()) {
+    return absl::UnimplementedError(
+        "KV slot moves need one per-token cache.kv_dtype in every layer (no int4_kc)");
   }
   return m.RunMoves(moves);
 }
@@ -1385,9 +1529,9 @@ absl::StatusOr<std::vector<uint8_t>> CudaModelRunner::ReadBlock(int layer, int32
         absl::StrCat("ReadBlock: layer ", layer, " block ", block, " is outside the pool"));
   }
   KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
-  std::vector<uint8_t> out(m.format.block_bytes());
-  const uint8_t* src =
-      m.kv_pool.get() + int64_t{layer} * m.LayerPoolBytes() + int64_t{block} * m.format.block_bytes();
+  const int64_t block_bytes = m.formats[layer].block_bytes();
+  std::vector<uint8_t> out(block_bytes);
+  const uint8_t* src = m.kv_pool.get() + m.pool_shape.layer_offset[layer] + block * block_bytes;
   KV_CUDA_RETURN_IF_ERROR(
       cudaMemcpyAsync(out.data(), src, out.size(), cudaMemcpyDeviceToHost, m.stream));
   KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(m.stream));

@@ -14,10 +14,13 @@
 //               batch (plus sampling and a block copy) on a temporary pool,
 //               so every lazy allocation has happened: the free memory then
 //               is what the KV pool may take (model/kv_pool_plan.h);
-//   KV pool     one cudaMalloc (never managed memory),
-//               [num_layers][num_blocks][block_bytes] (cache/kv_pages.h's
-//               layout, so a block reads the same on the CPU), zeroed;
-//   swap pool   cache.num_swap_blocks blocks of pinned, mapped host memory;
+//   KV pool     one cudaMalloc (never managed memory), zeroed: each
+//               layer's [num_blocks][block_bytes of its format] (a block
+//               reads the same on the CPU; one format gives cache/kv_pages.h's
+//               [num_layers][num_blocks][block_bytes]), then for int4_kc
+//               layers [num_tails][tail_block_bytes] of fp16 tails;
+//   swap pool   cache.num_swap_blocks blocks (and as many tails as the
+//               device pool) of pinned, mapped host memory, same layout;
 //   graphs      one CUDA graph per decode batch bucket (model/graph_buckets.h)
 //               when model.cuda_graphs.
 //
@@ -30,7 +33,9 @@
 // host can build step n + 1 while the device runs step n.
 //
 // Forward, per layer: RMSNorm -> QKV GEMM (+ bias) -> [q/k RMSNorm] -> RoPE
-// -> KV write -> paged attention -> O GEMM accumulating into the residual
+// -> KV write -> paged attention (int4_kc layers: seal full blocks ->
+// attention over sealed blocks + tail -> tail write, kernels/cuda/
+// kv_write_kc.h) -> O GEMM accumulating into the residual
 // (+ bias) -> RMSNorm -> gate_up GEMM -> SwiGLU (in place) -> down GEMM
 // accumulating into the residual. Then the logits rows are gathered, normed
 // and multiplied by the LM head into fp32 logits [rows][vocab] that stay on
@@ -75,6 +80,10 @@ class CudaModelRunner final : public ModelRunner {
   const KvFormat& kv_format() const override;
   int32_t num_blocks() const override;
   int32_t num_swap_blocks() const override;
+  // int4_kc layers (cache.kv_dtype int4_kc, alone or in a per-layer list):
+  // fp16 tails, two per sequence slot in each pool (as the CPU runner).
+  int32_t num_tail_blocks() const override;
+  int32_t num_swap_tail_blocks() const override;
   const RunnerMemoryInfo& memory_info() const override;
 
   using ModelRunner::Forward;

@@ -125,11 +125,11 @@ class ModelRunner {
   // ---- KV eviction (cache/eviction_policy.h) --------------------------------
   // Whether the backend implements MoveSlots, ReadAttentionStats and
   // BatchInput's num_sinks / attention_stats; the engine refuses eviction
-  // policies otherwise. The CPU runner does. A CUDA runner needs: a slot-move
-  // kernel (one token's K and V rows and scales per kv head and layer,
-  // independent moves), the attention kernel's optional sink query and
-  // per-key mass output (kernels/cpu/paged_attention.h has the contract),
-  // and RoPE at positions past its table.
+  // policies otherwise. The CPU runner does for every format but int4_kc;
+  // the CUDA runner for one per-token format in every layer (a slot-move
+  // kernel, the attention kernel's optional sink query and per-key mass
+  // output with the contract of kernels/cpu/paged_attention.h, and RoPE at
+  // positions past its table).
   virtual bool supports_eviction() const { return false; }
   // Runs eviction's slot moves (StepCopies::slot_moves, after the other
   // copies): each copies one token's K/V, every layer, scales included.

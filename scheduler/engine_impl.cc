@@ -74,8 +74,9 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
     if (!runner->supports_eviction()) {
       return Invalid(absl::StrCat("cache.eviction_policy ",
                                   std::string(EvictionPolicyName(eviction.policy)),
-                                  " needs KV eviction, which the CPU runner has for every "
-                                  "cache.kv_dtype but int4_kc"));
+                                  " needs KV eviction, which this model runner does not have "
+                                  "for this cache.kv_dtype (CPU: every one but int4_kc; "
+                                  "CUDA: one per-token dtype in every layer)"));
     }
     if (window > 0 && eviction.budget > window) {
       return Invalid(absl::StrCat("cache.eviction_budget (", eviction.budget,
@@ -193,8 +194,9 @@ absl::Status EngineImpl::ResolveEviction(const KvPolicyOverride& o, RequestState
   if (!runner_->supports_eviction()) {
     return FieldError("kv_policy.policy",
                       absl::StrCat("kv_policy.policy \"", name,
-                                   "\" needs KV eviction, which the CPU runner has for "
-                                   "every cache.kv_dtype but int4_kc"));
+                                   "\" needs KV eviction, which this model runner does not have "
+                                   "for this cache.kv_dtype (CPU: every one but int4_kc; "
+                                   "CUDA: one per-token dtype in every layer)"));
   }
   const int32_t window = model_config_.sliding_window;
   if (window > 0 && p.budget > window) {

@@ -84,9 +84,9 @@ absl::Status WriteKv(const KvWriteParams& params, cudaStream_t stream) {
                             l.block_bytes));
   }
   if (l.k.elem == KvElem::kInt4Channel || l.v.elem == KvElem::kInt4Channel) {
-    return absl::UnimplementedError(
-        "WriteKv: int4_kc pages (per-channel K over a block, full-precision tails) have no CUDA "
-        "kernel yet");
+    // int4_kc K is quantized per block once the block is full: its rows go
+    // through fp16 tails (kv_write_kc.h: SealKvBlocks, WriteKvTails).
+    return Bad("kv.layout is int4_kc: write it with SealKvBlocks and WriteKvTails (kv_write_kc.h)");
   }
   KV_RETURN_IF_ERROR(CheckPart(l, l.k, "k"));
   KV_RETURN_IF_ERROR(CheckPart(l, l.v, "v"));

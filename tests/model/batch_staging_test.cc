@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <string>
 #include <vector>
 
 namespace kvserve {
@@ -52,9 +53,11 @@ TEST_CASE("Staging layout: every section aligned, the batch part first", "[model
   REQUIRE(l.block_table.offset == 144);
   REQUIRE(l.block_table.bytes == 24);
   REQUIRE(l.logits_rows.offset == 176);
-  REQUIRE(l.attention.offset == 192);
+  REQUIRE(l.tail_ids.offset == 192);
+  REQUIRE(l.tail_ids.bytes == 8);
+  REQUIRE(l.attention.offset == 208);
   REQUIRE(l.attention.bytes == 48);
-  REQUIRE(l.total_bytes == 240);
+  REQUIRE(l.total_bytes == 256);
   // Same shape, same layout (what a replayed graph relies on).
   REQUIRE(PlanStaging(s).attention.offset == l.attention.offset);
 }
@@ -72,6 +75,7 @@ TEST_CASE("An eager step is staged as it is", "[model]") {
   REQUIRE(Read<int32_t>(buf, l.context_len, 2) == b.context_len);
   REQUIRE(Read<int32_t>(buf, l.block_table, 4) == b.block_table);
   REQUIRE(Read<int32_t>(buf, l.logits_rows, 2) == b.logits_rows);
+  REQUIRE(Read<int32_t>(buf, l.tail_ids, 2) == std::vector<int32_t>{-1, -1});  // none given
   REQUIRE(Read<int32_t>(buf, l.attention, 4) == words);
   // Gaps between sections are zero; bytes past the layout are not touched.
   REQUIRE(buf[l.token_ids.offset + 8] == 0);
@@ -95,6 +99,20 @@ TEST_CASE("A decode step is padded to its graph bucket", "[model]") {
           std::vector<int32_t>{3, 0, 0, 4, 5, 0, 0, 0, 0, 0, 0, 0});
   REQUIRE(Read<int32_t>(buf, l.logits_rows, 4) == std::vector<int32_t>{0, 1, 2, 3});
   REQUIRE(Read<int32_t>(buf, l.attention, 8) == std::vector<int32_t>{5, 6, 7, 0, 0, 0, 0, 0});
+  REQUIRE(Read<int32_t>(buf, l.tail_ids, 4) == std::vector<int32_t>{-1, -1, -1, -1});
+}
+
+TEST_CASE("int4_kc tail ids are staged per sequence, padding sequences have none", "[model]") {
+  BatchInput b = TwoDecodes();
+  b.tail_ids = {3, -1};
+  const StagingLayout l = PlanStaging(PaddedDecodeShape(4, /*max_blocks_per_seq=*/3, 8));
+  std::vector<uint8_t> buf(l.total_bytes, 0xAB);
+  REQUIRE(FillBatchStaging(b, {}, l, buf).ok());
+  REQUIRE(Read<int32_t>(buf, l.tail_ids, 4) == std::vector<int32_t>{3, -1, -1, -1});
+  b.tail_ids = {3};
+  const absl::Status s = FillBatchStaging(b, {}, l, buf);
+  REQUIRE(s.code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(std::string(s.message()).find("tail_ids") != std::string::npos);
 }
 
 TEST_CASE("Pure decode: one row per sequence, every row wants logits", "[model]") {
