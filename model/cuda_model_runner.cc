@@ -107,10 +107,6 @@ ActDtype ToAct(WeightDtype d) {
   }
 }
 
-std::string GiBText(int64_t bytes) {
-  return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / kGiB);
-}
-
 // Prints "\rlabel 42% (1.2 / 15.0 GiB)" on stderr for totals above 1 GiB.
 class Progress {
  public:
