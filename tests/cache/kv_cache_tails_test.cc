@@ -195,7 +195,7 @@ TEST_CASE("Running out of tails is a ResourceExhausted value that changes nothin
   testing::CheckKvCache(kv, live);
 }
 
-TEST_CASE("Only full, computed blocks are filed; a prefix hit leaves the tail to compute",
+TEST_CASE("Only full, computed blocks are filed, and a prefix hit leaves the tail to compute",
           "[cache]") {
   KvCacheManager kv(TinyWithTails());
   REQUIRE(kv.Allocate(1, Range(100, 10)).ok());

@@ -265,7 +265,7 @@ TEST_CASE("ThreadPool runs each chunk exactly once per Run", "[kernels]") {
   }
 }
 
-TEST_CASE("SplitRange covers [0, n) with contiguous ranges", "[kernels]") {
+TEST_CASE("SplitRange covers 0 .. n with contiguous ranges", "[kernels]") {
   for (int64_t n : {0, 1, 5, 64}) {
     for (int parts : {1, 2, 3}) {
       int64_t prev_end = 0;

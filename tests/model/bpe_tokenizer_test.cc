@@ -322,7 +322,7 @@ TEST_CASE("An HF directory's tokenizer: tokenizer.json first, tokenizer.model ot
   }
 }
 
-TEST_CASE("The split regex runs with Oniguruma's meaning of \\s", "[model]") {
+TEST_CASE("The split regex uses Oniguruma's whitespace class (backslash s)", "[model]") {
   SECTION("\\s and \\S become White_Space classes, inside and outside brackets") {
     const std::string ws =
         R"(\t-\r\x{20}\x{85}\x{A0}\x{1680}\x{2000}-\x{200A}\x{2028}\x{2029}\x{202F}\x{205F}\x{3000})";

@@ -9,7 +9,7 @@
 namespace kvserve {
 namespace {
 
-TEST_CASE("ClientLimiter holds each client to its limit; tokens give slots back", "[server]") {
+TEST_CASE("ClientLimiter holds each client to its limit, and tokens give slots back", "[server]") {
   ClientLimiter limiter(2);
   std::vector<ClientLimiter::Token> a;
   for (int i = 0; i < 2; ++i) {

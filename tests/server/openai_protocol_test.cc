@@ -298,7 +298,7 @@ TEST_CASE("Bad requests name the field, OpenAI style", "[server]") {
   }
 }
 
-TEST_CASE("kv_policy is a policy name or an object; bad fields are named", "[server]") {
+TEST_CASE("kv_policy is a policy name or an object, and bad fields are named", "[server]") {
   KvPolicyOverride k = Parse(ApiKind::kCompletion, R"({"prompt": "a", "kv_policy": {
       "policy": "h2o", "budget": 128, "recent_tokens": 32}})")
                            .request.kv_policy;
