@@ -28,12 +28,19 @@
 #include <cstring>
 
 #include "kernels/cuda/exact_math.cuh"
+#include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/kv_decode.cuh"
 #include "kernels/cuda/kv_encode.cuh"
 #include "kernels/cuda/paged_attention_kc.h"
 #include "kernels/gpu_attention_plan.h"
 
 namespace kvserve::cuda::attention_kc_detail {
+
+using attention_common::LoadAct;
+using attention_common::PlanHeader;
+using attention_common::StoreAct;
+using attention_common::WarpMax;
+using attention_common::WarpSum;
 
 inline constexpr int kThreads = 128;
 inline constexpr int kWarps = kThreads / 32;
@@ -76,43 +83,6 @@ struct KernelArgs {
   int64_t new_v_stride;
 };
 
-__device__ __forceinline__ float LoadAct(const void* base, ActDtype dtype, int64_t i) {
-  switch (dtype) {
-    case ActDtype::kFp16:
-      return __half2float(static_cast<const __half*>(base)[i]);
-    case ActDtype::kBf16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-    default:
-      return static_cast<const float*>(base)[i];
-  }
-}
-
-__device__ __forceinline__ void StoreAct(void* base, ActDtype dtype, int64_t i, float v) {
-  switch (dtype) {
-    case ActDtype::kFp16:
-      static_cast<__half*>(base)[i] = __float2half_rn(v);
-      break;
-    case ActDtype::kBf16:
-      static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v);
-      break;
-    default:
-      static_cast<float*>(base)[i] = v;
-      break;
-  }
-}
-
-__device__ __forceinline__ float WarpMax(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  }
-  return v;
-}
-
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
 // Channels 2i, 2i + 1 of an int4_kc K row: codes in `row`, the head's block
 // meta in `meta`; exactly cpu::DequantizeRow's values.
 __device__ __forceinline__ float2 DecodeChannelPair(const uint8_t* row, const uint8_t* meta,
@@ -136,10 +106,6 @@ __device__ __forceinline__ float2 DecodeChannelPair(const uint8_t* row, const ui
 __device__ __forceinline__ float RoundToFp16(float x) {
   using namespace kv_encode;
   return Fp16ToFloat(FloatToFp16(Saturate(x, kFp16Max)));
-}
-
-__device__ __forceinline__ const GpuAttentionPlanHeader& PlanHeader(const int32_t* plan) {
-  return *reinterpret_cast<const GpuAttentionPlanHeader*>(plan);
 }
 
 __global__ void __launch_bounds__(kThreads)

@@ -39,10 +39,17 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/cuda/attention_common.cuh"
 #include "kernels/cuda/kv_decode.cuh"
 #include "kernels/cuda/paged_attention.h"
 
 namespace kvserve::cuda::attention_detail {
+
+using attention_common::LoadAct;
+using attention_common::PlanHeader;
+using attention_common::StoreAct;
+using attention_common::WarpMax;
+using attention_common::WarpSum;
 
 inline constexpr int kThreads = 128;
 inline constexpr int kWarps = kThreads / 32;
@@ -84,47 +91,6 @@ struct KernelArgs {
   float* key_mass = nullptr;                 // MassKernel's output, or null
   const int64_t* key_mass_offset = nullptr;  // [T]; negative: row not recorded
 };
-
-__device__ __forceinline__ float LoadAct(const void* base, ActDtype dtype, int64_t i) {
-  switch (dtype) {
-    case ActDtype::kFp16:
-      return __half2float(static_cast<const __half*>(base)[i]);
-    case ActDtype::kBf16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-    default:
-      return static_cast<const float*>(base)[i];
-  }
-}
-
-__device__ __forceinline__ void StoreAct(void* base, ActDtype dtype, int64_t i, float v) {
-  switch (dtype) {
-    case ActDtype::kFp16:
-      static_cast<__half*>(base)[i] = __float2half_rn(v);
-      break;
-    case ActDtype::kBf16:
-      static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v);
-      break;
-    default:
-      static_cast<float*>(base)[i] = v;
-      break;
-  }
-}
-
-__device__ __forceinline__ float WarpMax(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
-  }
-  return v;
-}
-
-__device__ __forceinline__ float WarpSum(float v) {
-  for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
-  return v;
-}
-
-__device__ __forceinline__ const GpuAttentionPlanHeader& PlanHeader(const int32_t* plan) {
-  return *reinterpret_cast<const GpuAttentionPlanHeader*>(plan);
-}
 
 // q . k of a sink key with the row's sink query (global memory), in the
 // order of the shared-memory loop.
