@@ -15,6 +15,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "model/model_loader.h"
+#include "model/runner_factory.h"
 #include "scheduler/detokenizer.h"
 #include "scheduler/engine.h"
 #include "tests/test_util.h"
@@ -61,6 +62,19 @@ inline EngineConfig EngineConfigOf(const EngineSetup& s) {
   // ask for far more than the default n x max_tokens budget.
   config.request_limits.max_generated_tokens = int64_t{1} << 40;
   return config;
+}
+
+// The runner options the setup fixes (pool, batch and length limits); the
+// caller sets the device, dtypes and graphs.
+inline RunnerOptions RunnerOptionsOf(const EngineSetup& s) {
+  RunnerOptions o;
+  o.block_size = s.block_size;
+  o.num_blocks = s.num_blocks;
+  o.num_swap_blocks = s.num_swap_blocks;
+  o.max_num_seqs = s.max_num_seqs;
+  o.max_num_batched_tokens = s.max_num_batched_tokens;
+  o.max_model_len = s.max_model_len;
+  return o;
 }
 
 // Everything one request streamed, per sample.

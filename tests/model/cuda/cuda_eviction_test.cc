@@ -43,17 +43,11 @@ struct Setup : testing::EngineSetup {
 };
 
 std::unique_ptr<ModelRunner> MakeRunner(const Setup& s) {
-  RunnerOptions o;
+  RunnerOptions o = testing::RunnerOptionsOf(s);
   o.device = s.device;
   o.dtype = "fp32";
   o.cuda_graphs = s.cuda_graphs;
   o.kv_dtype = s.kv_dtype;
-  o.block_size = s.block_size;
-  o.num_blocks = s.num_blocks;
-  o.num_swap_blocks = s.num_swap_blocks;
-  o.max_num_seqs = s.max_num_seqs;
-  o.max_num_batched_tokens = s.max_num_batched_tokens;
-  o.max_model_len = s.max_model_len;
   absl::StatusOr<std::unique_ptr<ModelRunner>> r = CreateModelRunner(Stories().weights, o);
   INFO(r.status().message());
   REQUIRE(r.ok());

@@ -47,16 +47,10 @@ struct KcEngine {
 };
 
 KcEngine MakeKcEngine(const KcSetup& s) {
-  RunnerOptions o;
+  RunnerOptions o = testing::RunnerOptionsOf(s);
   o.device = s.device;
   o.dtype = "fp32";
   o.kv_dtype = *KvDtypeSpec::Parse(s.kv_dtype);
-  o.block_size = s.block_size;
-  o.num_blocks = s.num_blocks;
-  o.num_swap_blocks = s.num_swap_blocks;
-  o.max_num_seqs = s.max_num_seqs;
-  o.max_num_batched_tokens = s.max_num_batched_tokens;
-  o.max_model_len = s.max_model_len;
   absl::StatusOr<std::unique_ptr<ModelRunner>> runner = CreateModelRunner(Stories().weights, o);
   INFO(runner.status().message());
   REQUIRE(runner.ok());
