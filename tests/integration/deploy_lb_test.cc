@@ -167,6 +167,23 @@ struct Replica {
   std::string http_addr() const { return "127.0.0.1:" + std::to_string(http_port); }
 };
 
+// A minimal nginx.conf in dir that includes dir/kvserve.conf (a rendering),
+// with its temp paths under dir/temp.
+void WriteNginxConf(const std::string& dir, int worker_connections) {
+  fs::create_directories(dir + "/temp");
+  std::ofstream(dir + "/nginx.conf") << "worker_processes 1;\n"
+                                     << "events { worker_connections " << worker_connections
+                                     << "; }\n"
+                                     << "http {\n"
+                                     << "    client_body_temp_path temp/body;\n"
+                                     << "    proxy_temp_path temp/proxy;\n"
+                                     << "    fastcgi_temp_path temp/fastcgi;\n"
+                                     << "    uwsgi_temp_path temp/uwsgi;\n"
+                                     << "    scgi_temp_path temp/scgi;\n"
+                                     << "    include kvserve.conf;\n"
+                                     << "}\n";
+}
+
 // `kvserve serve` on the shipped configs/default.yaml, with the reference
 // model's paths (KVSERVE_SHARED may move them) and free ports.
 Replica StartReplica(const std::string& dir, const std::string& name,
@@ -238,17 +255,7 @@ Balancer StartNginx(const std::string& dir, const std::vector<const Replica*>& r
   }
   // As root, nginx's workers run as `nobody` and must reach their temp dirs.
   chmod(dir.c_str(), 0755);
-  fs::create_directories(dir + "/temp");
-  std::ofstream(dir + "/nginx.conf") << "worker_processes 1;\n"
-                                     << "events { worker_connections 512; }\n"
-                                     << "http {\n"
-                                     << "    client_body_temp_path temp/body;\n"
-                                     << "    proxy_temp_path temp/proxy;\n"
-                                     << "    fastcgi_temp_path temp/fastcgi;\n"
-                                     << "    uwsgi_temp_path temp/uwsgi;\n"
-                                     << "    scgi_temp_path temp/scgi;\n"
-                                     << "    include kvserve.conf;\n"
-                                     << "}\n";
+  WriteNginxConf(dir, 512);
   for (int attempt = 0; attempt < 3; ++attempt) {
     Balancer b;
     b.http_port = testing::FreeLoopbackPort();
@@ -962,17 +969,7 @@ TEST_CASE("Deploy: the shipped nginx config is render.sh's output for Kubernetes
 // nginx's messages in *out.
 int NginxTest(const std::string& dir, const std::string& render_args, std::string* out) {
   if (!fs::exists(kNginx)) FAIL(kNginx << " is missing (Debian package nginx)");
-  fs::create_directories(dir + "/temp");
-  std::ofstream(dir + "/nginx.conf") << "worker_processes 1;\n"
-                                     << "events { worker_connections 64; }\n"
-                                     << "http {\n"
-                                     << "    client_body_temp_path temp/body;\n"
-                                     << "    proxy_temp_path temp/proxy;\n"
-                                     << "    fastcgi_temp_path temp/fastcgi;\n"
-                                     << "    uwsgi_temp_path temp/uwsgi;\n"
-                                     << "    scgi_temp_path temp/scgi;\n"
-                                     << "    include kvserve.conf;\n"
-                                     << "}\n";
+  WriteNginxConf(dir, 64);
   REQUIRE(testing::RunCommand("bash " + SourcePath("deploy/nginx/render.sh") + " --access-log " +
                                   dir + "/access.log " + render_args + " > " + dir +
                                   "/kvserve.conf",
