@@ -42,11 +42,13 @@ test: build
 # The unit and integration tests built with AddressSanitizer (LeakSanitizer
 # included) and UndefinedBehaviorSanitizer, CUDA off, in $(ASAN_BUILD_DIR).
 # SANITIZE_TESTS, a ctest -R regex, runs a subset (empty: every test), and
-# SANITIZE_TARGETS builds only the binaries it needs (empty: all).
+# SANITIZE_TARGETS builds only the binaries it needs (empty: all);
+# SANITIZE_EXCLUDE, a ctest -E regex, leaves tests out.
 # Leaks of third-party libraries are suppressed in tests/sanitize/lsan.supp.
 ASAN_BUILD_DIR ?= build-asan
 SANITIZE_TESTS ?=
 SANITIZE_TARGETS ?=
+SANITIZE_EXCLUDE ?=
 SANITIZE_ENV = ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:detect_stack_use_after_return=0 \
   LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitize/lsan.supp:print_suppressions=0 \
   UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
@@ -58,7 +60,7 @@ $(ASAN_BUILD_DIR)/CMakeCache.txt:
 test-sanitize: deps $(ASAN_BUILD_DIR)/CMakeCache.txt
 	cmake --build $(ASAN_BUILD_DIR) -j$(JOBS) $(if $(SANITIZE_TARGETS),--target $(SANITIZE_TARGETS))
 	cd $(ASAN_BUILD_DIR) && $(SANITIZE_ENV) ctest --output-on-failure -j$(JOBS) --timeout 2400 \
-	  $(if $(SANITIZE_TESTS),-R '$(SANITIZE_TESTS)')
+	  $(if $(SANITIZE_TESTS),-R '$(SANITIZE_TESTS)') $(if $(SANITIZE_EXCLUDE),-E '$(SANITIZE_EXCLUDE)')
 
 # libFuzzer on every parser for FUZZ_SECONDS (default 300) each, in a clang
 # build (build-fuzz); the corpus grows in build-fuzz/corpus, crashes land in
