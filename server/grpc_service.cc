@@ -341,7 +341,15 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     }
     if (g.prompt_token_ids.empty()) {
       // Tokenizing may take a while: not on a thread other calls need.
-      env_.workers->Run([this, g = std::move(g)]() mutable { Submit(std::move(g)); });
+      env_.workers->Run([this, g = std::move(g)]() mutable {
+        try {
+          Submit(std::move(g));
+        } catch (const std::exception& e) {
+          // A bug, not the client's: the call ends, the daemon serves on.
+          spdlog::error("grpc Generate: internal error: {}", e.what());
+          FinishNow(grpc::Status(grpc::StatusCode::INTERNAL, "internal error"));
+        }
+      });
     } else {
       Submit(std::move(g));
     }

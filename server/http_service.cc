@@ -278,8 +278,25 @@ HttpResponse HttpService::Models() const {
 }
 
 void HttpService::HandleGenerate(bool chat, std::shared_ptr<HttpExchange> ex) {
-  // Parsing tokenizes the prompt: off the io threads.
+  // Parsing tokenizes the prompt: off the io threads. No exception leaves
+  // the worker (it would end the process): one that gets here is a bug,
+  // answered with a 500 and logged, and the daemon goes on serving.
   boost::asio::post(*workers_, [this, chat, ex = std::move(ex)] {
+    try {
+      GenerateOnWorker(chat, ex);
+    } catch (const std::exception& e) {
+      spdlog::error("http {}: internal error: {}", ex->request().path, e.what());
+      ApiError err;
+      err.http_status = 500;
+      err.type = "server_error";
+      err.message = "internal error while handling the request";
+      ex->Post([ex, r = ErrorResponse(err)]() mutable { ex->Respond(std::move(r)); });
+    }
+  });
+}
+
+void HttpService::GenerateOnWorker(bool chat, const std::shared_ptr<HttpExchange>& ex) {
+  {
     auto reply = [&ex](HttpResponse r) {
       ex->Post([ex, r = std::move(r)]() mutable { ex->Respond(std::move(r)); });
     };
@@ -352,7 +369,7 @@ void HttpService::HandleGenerate(bool chat, std::shared_ptr<HttpExchange> ex) {
       call->exchange->Attach(call);
       call->Drain();
     });
-  });
+  }
 }
 
 }  // namespace kvserve

@@ -101,6 +101,8 @@ class HttpService {
   std::optional<HttpResponse> Authorize(const HttpRequest& head) const;
   void Handle(std::shared_ptr<HttpExchange> exchange);
   void HandleGenerate(bool chat, std::shared_ptr<HttpExchange> exchange);
+  // The body of HandleGenerate on a worker thread; may throw (caught there).
+  void GenerateOnWorker(bool chat, const std::shared_ptr<HttpExchange>& exchange);
   HttpResponse Health() const;
   HttpResponse Metrics() const;
   HttpResponse Models() const;

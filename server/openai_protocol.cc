@@ -3,12 +3,14 @@
 #include <cmath>
 #include <limits>
 #include <utility>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "model/field_status.h"
 #include "scheduler/detokenizer.h"
 #include "scheduler/request_validation.h"
 #include "server/client_limiter.h"
+#include "server/json_body.h"
 #include "server/request_budget.h"
 
 namespace kvserve {
@@ -281,7 +283,13 @@ std::optional<ApiError> ChatTemplateInputs(const json& body, const std::string& 
   if (kwargs != nullptr && !kwargs->is_object()) {
     return WrongType("chat_template_kwargs", "an object", *kwargs);
   }
-  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(raw_body);
+  // The body parsed once already, so this parse succeeds.
+  std::variant<nlohmann::ordered_json, JsonBodyError> parsed =
+      ParseOrderedJsonBody(raw_body, kMaxJsonDepth);
+  if (const JsonBodyError* err = std::get_if<JsonBodyError>(&parsed)) {
+    return InvalidRequest(err->path, err->message);
+  }
+  const nlohmann::ordered_json& ordered = std::get<nlohmann::ordered_json>(parsed);
   for (size_t k = 0; k < chat->size(); ++k) (*chat)[k].fields = ordered["messages"][k];
   if (tools != nullptr) options->tools = ordered["tools"];
   if (kwargs != nullptr) options->variables = ordered["chat_template_kwargs"];
@@ -426,20 +434,11 @@ ApiError ApiErrorFromStatus(const absl::Status& status, const std::string& promp
 
 std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
                                         const ApiContext& ctx, ApiRequest* out) {
-  json j;
-  bool too_deep = false;
-  try {
-    j = json::parse(body, [&too_deep](int depth, json::parse_event_t, json&) {
-      too_deep = too_deep || depth > kMaxJsonDepth;
-      return true;
-    });
-  } catch (const json::parse_error& e) {
-    return InvalidRequest("", absl::StrCat("invalid JSON body: ", e.what()));
+  std::variant<json, JsonBodyError> parsed = ParseJsonBody(body, kMaxJsonDepth);
+  if (const JsonBodyError* err = std::get_if<JsonBodyError>(&parsed)) {
+    return InvalidRequest(err->path, err->message);
   }
-  if (too_deep) {
-    return InvalidRequest(
-        "", absl::StrCat("the JSON body is nested more than ", kMaxJsonDepth, " levels deep"));
-  }
+  const json& j = std::get<json>(parsed);
   if (!j.is_object()) return InvalidRequest("", "the request body must be a JSON object");
 
   ApiRequest r;

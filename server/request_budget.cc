@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "spdlog/spdlog.h"
 #include "util/status_macros.h"
 
 namespace kvserve {
@@ -55,7 +56,13 @@ void PromptWorkers::Loop() {
       work = std::move(queue_.front());
       queue_.pop_front();
     }
-    work();
+    // Work finishes its own call on failure; an exception that still gets
+    // here must not end the process (std::thread would call terminate).
+    try {
+      work();
+    } catch (const std::exception& e) {
+      spdlog::error("prompt worker: uncaught exception: {}", e.what());
+    }
   }
 }
 

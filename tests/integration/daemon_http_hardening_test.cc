@@ -318,6 +318,48 @@ TEST_CASE("Daemon: every framing finding is refused with its status, the golden 
   REQUIRE(MetricValue(metrics, "kvserve_http_responses_total{code=\"401\"}") == 1);
 }
 
+// Issue 21's critical finding: a JSON number beyond a double (1e309) in a
+// request body ended the process (nlohmann's out_of_range escaped the
+// worker thread). Each is a 400 naming the field; the daemon serves on.
+TEST_CASE("Daemon: numbers beyond a double are a 400 naming the field, the daemon serves on",
+          "[integration][hardening]") {
+  DaemonProcess d({"server.api_key=k3y"});
+  const int port = d.http_port();
+  const std::string key = "Authorization: Bearer k3y\r\n";
+  struct Case {
+    const char* path;
+    const char* body;
+    const char* param;
+  };
+  const Case cases[] = {
+      {"/v1/completions", R"({"prompt": "a", "max_tokens": 1e309})", "max_tokens"},
+      {"/v1/completions", R"({"prompt": "a", "temperature": -1e999})", "temperature"},
+      {"/v1/completions", R"({"prompt": [1, 2, 1e309]})", "prompt[2]"},
+      {"/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x", "n": 1E400}]})", "messages[0].n"},
+      {"/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function",
+           "function": {"name": "f", "parameters": {"maximum": -2e308}}}]})",
+       "tools[0].function.parameters.maximum"},
+  };
+  for (const Case& c : cases) {
+    INFO(c.body);
+    RawConnection conn(port);
+    REQUIRE(conn.Send(Request("POST", c.path, c.body, key)));
+    auto r = conn.ReadResponse(10s);
+    REQUIRE(r.has_value());
+    INFO(r->body);
+    REQUIRE(r->status == 400);
+    json e = json::parse(r->body)["error"];
+    REQUIRE(e["type"] == "invalid_request_error");
+    REQUIRE(e["param"] == c.param);
+  }
+  RawConnection golden(port);
+  REQUIRE(golden.Send(Request("POST", "/v1/completions", kGreedyBody, key)));
+  REQUIRE(CompletionText(golden.ReadResponse()) == testing::GoldenGreedyText());
+  REQUIRE(MetricValue(Metrics(port), "kvserve_kv_blocks{state=\"active\"}") == 0);
+}
+
 TEST_CASE("Daemon: streams nobody reads are cancelled, their blocks return, RSS stays flat",
           "[integration][hardening]") {
   DaemonProcess d({"server.http_stream_buffer_bytes=1MiB"});

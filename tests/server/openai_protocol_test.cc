@@ -633,5 +633,59 @@ TEST_CASE("The cost budget refuses before tokenizing, naming the field", "[serve
   REQUIRE(r.request.prompt_token_ids.size() == 10);
 }
 
+
+// Every field a request body may carry, at the top level and nested, holding
+// a number no double can hold: a 400 naming the field, never an exception
+// (an out_of_range escaping the parser once ended the daemon).
+TEST_CASE("Numbers beyond a double in any field are a 400 naming the field", "[server]") {
+  const char* fields[] = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens",
+                          "temperature", "top_p", "top_k", "min_p", "n", "best_of", "seed",
+                          "stop", "stop_token_ids", "stream", "stream_options", "logprobs",
+                          "top_logprobs", "echo", "suffix", "user", "presence_penalty",
+                          "frequency_penalty", "repetition_penalty", "logit_bias", "ignore_eos",
+                          "priority", "cache_salt", "kv_policy", "tools", "tool_choice",
+                          "chat_template_kwargs", "add_generation_prompt", "response_format",
+                          "an_unknown_field"};
+  const char* numbers[] = {"1e309", "-1e999", "1E+400", "123e456789"};
+  for (ApiKind kind : {ApiKind::kCompletion, ApiKind::kChat}) {
+    const std::string base = kind == ApiKind::kChat
+                                 ? R"("messages": [{"role": "user", "content": "x"}])"
+                                 : R"("prompt": "a")";
+    for (const char* field : fields) {
+      for (const char* number : numbers) {
+        struct Shape {
+          std::string value;
+          std::string path;
+        };
+        const std::string f = field;
+        const Shape shapes[] = {
+            {number, f},
+            {std::string("[1, ") + number + "]", f + "[1]"},
+            {std::string(R"({"inner": [{"deeper": )") + number + "}]}", f + ".inner[0].deeper"},
+        };
+        for (const Shape& shape : shapes) {
+          // The field after the base so it overrides nothing it needs.
+          const std::string body = "{" + base + ", \"" + f + "\": " + shape.value + "}";
+          ApiError e = ParseError(kind, body);
+          INFO(body);
+          REQUIRE(e.http_status == 400);
+          REQUIRE(e.param == shape.path);
+          REQUIRE(e.message ==
+                  "'" + shape.path + "' is a number out of range (beyond a double's +-1.8e308)");
+          REQUIRE(json::parse(e.Body())["error"]["param"] == shape.path);
+        }
+      }
+    }
+  }
+  // Inside a message and inside a tool's schema.
+  REQUIRE(ParseError(ApiKind::kChat,
+                     R"({"messages": [{"role": "user", "content": "x", "weight": 1e309}]})")
+              .param == "messages[0].weight");
+  REQUIRE(ParseError(ApiKind::kChat, R"({"messages": [{"role": "user", "content": "x"}],
+      "tools": [{"type": "function", "function": {"name": "f", "parameters":
+      {"type": "object", "properties": {"x": {"maximum": -1e999}}}}}]})")
+              .param == "tools[0].function.parameters.properties.x.maximum");
+}
+
 }  // namespace
 }  // namespace kvserve
