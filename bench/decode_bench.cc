@@ -41,9 +41,9 @@
 
 #include "cache/block_pool.h"
 #include "kernels/cpu/gemm.h"
-#include "model/cpu_model_runner.h"
-#include "model/llama2c_loader.h"
-#include "model/model_loader.h"
+#include "model/cpu/cpu_model_runner.h"
+#include "model/loader/llama2c_loader.h"
+#include "model/loader/model_loader.h"
 
 namespace kvserve {
 namespace {

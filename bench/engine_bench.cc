@@ -34,8 +34,8 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "model/cpu_model_runner.h"
-#include "model/model_loader.h"
+#include "model/cpu/cpu_model_runner.h"
+#include "model/loader/model_loader.h"
 #include "scheduler/engine.h"
 
 namespace kvserve {

@@ -35,7 +35,7 @@
 #include "bench/loadgen/report.h"
 #include "bench/loadgen/server_metrics.h"
 #include "bench/loadgen/workload.h"
-#include "model/hf_tokenizer.h"
+#include "model/tokenizer/hf_tokenizer.h"
 #include "proto/kvserve.grpc.pb.h"
 
 namespace kvserve::bench {

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "model/hf_tokenizer.h"
+#include "model/tokenizer/hf_tokenizer.h"
 
 namespace {
 

@@ -16,7 +16,7 @@
 //   low_frac      fraction of the last 16 steps below average attention
 //   sink          1 for the first 4 positions of the sequence, else 0
 //   layer_spread  the last step's spread over layers (EvictionState)
-// Label (train-evictor, model/evictor_training.h): the entry's mean weight
+// Label (train-evictor, model/eval/evictor_training.h): the entry's mean weight
 // over the next `horizon` steps is at least the uniform 1 / n.
 //
 // File (text, versioned, validated on load; numbers in C locale):

@@ -1,4 +1,4 @@
-// The dummy-weight generator (model/dummy_model.h) as one host+device
+// The dummy-weight generator (model/loader/dummy_model.h) as one host+device
 // function, so the CUDA runner can fill random weights on the device that
 // equal, bit for bit, what the host loader computes: element i of a stream is
 // a pure function of (stream key, i).

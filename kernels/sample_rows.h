@@ -5,7 +5,7 @@
 // (kernels/sampling_batch.h) and the CUDA kernel (kernels/cuda/sample.h);
 // no dependencies, so device code (C++17) includes it too.
 //
-// Semantics are model/sampler.h's (vLLM's order: penalties -> temperature
+// Semantics are model/sampling/sampler.h's (vLLM's order: penalties -> temperature
 // -> top-k -> top-p -> min-p -> draw; temperature 0 is greedy), except the
 // draw's random source: see kernels/cuda/sample.h.
 //

@@ -5,7 +5,7 @@
 // The tensors are views; `storage` keeps whatever backs them alive (an mmap of
 // an fp32 checkpoint, or vectors converted from fp16/bf16). A dummy model
 // loaded for a device (LoadDummyModelShapes) has shapes but no data, and
-// dummy_seed set: the runner generates the values (model/dummy_model.h).
+// dummy_seed set: the runner generates the values (model/loader/dummy_model.h).
 //
 // Thread-safety: immutable after loading; shared read-only by kernels.
 #pragma once

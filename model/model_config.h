@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "model/sampling_params.h"
+#include "model/sampling/sampling_params.h"
 
 namespace kvserve {
 

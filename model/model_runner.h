@@ -20,7 +20,7 @@
 //
 // Determinism: greedy rows (temperature 0) give the same token on every
 // backend for the same logits. Random draws use the backend's generator: the
-// CPU's std::mt19937_64 per sequence (SampleRow::state, see model/sampler.h),
+// CPU's std::mt19937_64 per sequence (SampleRow::state, see model/sampling/sampler.h),
 // the GPU's Philox keyed by SampleRow::seed at counter output.size(); both
 // depend only on the sequence, never on what it is batched with.
 //
@@ -44,8 +44,8 @@
 #include "cache/kv_format.h"
 #include "kernels/batch_input.h"
 #include "model/model_config.h"
-#include "model/sampler.h"
-#include "model/sampling_params.h"
+#include "model/sampling/sampler.h"
+#include "model/sampling/sampling_params.h"
 
 namespace kvserve {
 

@@ -10,11 +10,11 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "model/cpu_model_runner.h"
-#include "model/kv_pool_plan.h"
+#include "model/cpu/cpu_model_runner.h"
+#include "cache/sizing/kv_pool_plan.h"
 #include "util/status_macros.h"
 #ifdef KVSERVE_HAVE_CUDA
-#include "model/cuda_model_runner.h"
+#include "model/cuda/cuda_model_runner.h"
 #endif
 
 namespace kvserve {

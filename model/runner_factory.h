@@ -4,7 +4,7 @@
 //                model.dtype, one cudaMalloc'd KV pool sized after a profile
 //                forward, pinned swap pool, CUDA graphs for decode
 // A build without CUDA, or a machine without the device, is a start-up error
-// that names model.device. The KV pool is sized by model/kv_pool_plan.h: on
+// that names model.device. The KV pool is sized by cache/sizing/kv_pool_plan.h: on
 // the CPU from cache.num_blocks / memory_bytes / memory_fraction (of
 // MemAvailable after the weights) or the default of max_num_seqs sequences
 // capped at kDefaultCpuKvBudget; on CUDA the same keys with memory_fraction

@@ -18,7 +18,7 @@
 #include <string>
 #include <string_view>
 
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 namespace kvserve {
 

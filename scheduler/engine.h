@@ -26,7 +26,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "model/model_runner.h"
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 #include "scheduler/engine_config.h"
 #include "scheduler/engine_stats.h"
 #include "scheduler/request.h"

@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "model/field_status.h"
+#include "util/field_status.h"
 #include "scheduler/request_validation.h"
 #include "spdlog/spdlog.h"
 #include "util/status_macros.h"

@@ -9,7 +9,7 @@
 #include <utility>
 #include <vector>
 
-#include "model/sampling_params.h"
+#include "model/sampling/sampling_params.h"
 
 namespace kvserve {
 

@@ -1,7 +1,7 @@
 #include "scheduler/request_validation.h"
 
 #include "absl/strings/str_cat.h"
-#include "model/field_status.h"
+#include "util/field_status.h"
 #include "util/status_macros.h"
 
 namespace kvserve {

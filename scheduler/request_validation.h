@@ -4,7 +4,7 @@
 // before any work), and the engine calls it again at Submit with its own
 // tighter limits (n <= scheduler.max_num_seqs) before the checks that need
 // the tokenizer and the pool. Every error is a FieldError
-// (model/field_status.h) naming the request field.
+// (util/field_status.h) naming the request field.
 //
 // The budget, cheapest check first: a text prompt's bytes are checked before
 // it is tokenized (CheckPromptBytes), its tokens right after

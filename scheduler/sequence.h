@@ -38,7 +38,7 @@
 #include "cache/eviction_policy.h"
 #include "cache/kv_cache_manager.h"
 #include "cache/sequence_evictor.h"
-#include "model/sampler.h"
+#include "model/sampling/sampler.h"
 #include "scheduler/detokenizer.h"
 #include "scheduler/request.h"
 #include "scheduler/request_stream.h"

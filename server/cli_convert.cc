@@ -7,9 +7,9 @@
 #include <string>
 #include <string_view>
 
-#include "model/hf_loader.h"
-#include "model/hf_writer.h"
-#include "model/llama2c_loader.h"
+#include "model/loader/hf_loader.h"
+#include "model/loader/hf_writer.h"
+#include "model/loader/llama2c_loader.h"
 #include "server/cli.h"
 #include "server/cli_flags.h"
 

@@ -1,6 +1,6 @@
 // `kvserve eval-kv`: the KV cache quality report, and with --policy the KV
-// eviction study (model/eviction_study.h). Runs real text through the
-// CPU backend once per KV format (model/kv_eval.h does the work) and
+// eviction study (model/eval/eviction_study.h). Runs real text through the
+// CPU backend once per KV format (model/eval/kv_eval.h does the work) and
 // prints, per format, KV bytes per token, perplexity and its change against
 // the fp32 cache, mean KL divergence and top-1 agreement with fp32, and the
 // mean greedy-continuation agreement length; optionally writes JSON. A
@@ -19,11 +19,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "model/cpu_model_runner.h"
-#include "model/eviction_study.h"
-#include "model/evictor_training.h"
-#include "model/kv_eval.h"
-#include "model/model_loader.h"
+#include "model/cpu/cpu_model_runner.h"
+#include "model/eval/eviction_study.h"
+#include "model/eval/evictor_training.h"
+#include "model/eval/kv_eval.h"
+#include "model/loader/model_loader.h"
 #include "server/cli.h"
 #include "server/cli_flags.h"
 #include "util/status_macros.h"

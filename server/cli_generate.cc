@@ -16,10 +16,10 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "model/cpu_threads.h"
-#include "model/model_loader.h"
+#include "model/cpu/cpu_threads.h"
+#include "model/loader/model_loader.h"
 #include "model/runner_factory.h"
-#include "model/sampling_params.h"
+#include "model/sampling/sampling_params.h"
 #include "scheduler/engine.h"
 #include "server/cli.h"
 #include "server/cli_flags.h"

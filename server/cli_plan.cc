@@ -1,6 +1,6 @@
 // `kvserve plan`: how many tokens and sequences fit in a memory budget per KV
 // cache format, for a model given as a preset name or a path. The numbers
-// come from model/capacity_plan.h (exact page layouts), so they match the
+// come from cache/sizing/capacity_plan.h (exact page layouts), so they match the
 // pools the engine builds. Prints a table; --json also writes it as JSON.
 #include <algorithm>
 #include <cstdio>
@@ -12,11 +12,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "model/capacity_plan.h"
-#include "model/dummy_model.h"
-#include "model/hf_loader.h"
+#include "cache/sizing/capacity_plan.h"
+#include "model/loader/dummy_model.h"
+#include "model/loader/hf_loader.h"
 #include "model/model_config.h"
-#include "model/model_loader.h"
+#include "model/loader/model_loader.h"
 #include "server/cli.h"
 #include "server/cli_flags.h"
 #include "util/byte_size.h"

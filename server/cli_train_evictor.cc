@@ -1,6 +1,6 @@
 // `kvserve train-evictor`: trains the predictor of the `learned` KV eviction
 // policy (cache/learned_evictor.h) on a model's attention over real text
-// (model/evictor_training.h) and writes it for cache.evictor_model.
+// (model/eval/evictor_training.h) and writes it for cache.evictor_model.
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,10 +13,10 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "model/cpu_model_runner.h"
-#include "model/eviction_study.h"
-#include "model/evictor_training.h"
-#include "model/model_loader.h"
+#include "model/cpu/cpu_model_runner.h"
+#include "model/eval/eviction_study.h"
+#include "model/eval/evictor_training.h"
+#include "model/loader/model_loader.h"
 #include "server/cli.h"
 #include "server/cli_flags.h"
 

@@ -12,7 +12,7 @@
 //
 // model.chat_template: auto (the default) is resolved at parse time: the
 // chat template the model directory ships (tokenizer_config.json or
-// chat_template.jinja, see model/hf_chat_template.h), else "plain".
+// chat_template.jinja, see model/chat/hf_chat_template.h), else "plain".
 //
 // Thread-safety: plain value type.
 #pragma once
@@ -24,7 +24,7 @@
 #include "absl/status/statusor.h"
 #include "scheduler/engine_config.h"
 #include "scheduler/request_validation.h"
-#include "server/chat_template.h"
+#include "model/chat/chat_template.h"
 
 namespace kvserve {
 

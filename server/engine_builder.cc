@@ -5,9 +5,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "model/cpu_threads.h"
-#include "model/dummy_model.h"
-#include "model/model_loader.h"
+#include "model/cpu/cpu_threads.h"
+#include "model/loader/dummy_model.h"
+#include "model/loader/model_loader.h"
 #include "model/runner_factory.h"
 #include "spdlog/spdlog.h"
 #include "util/status_macros.h"

@@ -1,6 +1,6 @@
 // BuildEngine: from a ServeConfig to a running Engine — load the model and
 // tokenizer, create the model runner for model.device (CreateModelRunner,
-// which sizes the KV pool: model/runner_factory.h, model/kv_pool_plan.h) and
+// which sizes the KV pool: model/runner_factory.h, cache/sizing/kv_pool_plan.h) and
 // start the engine thread. A dummy model on CUDA is not materialized on the
 // host; the runner generates its weights on the device.
 //

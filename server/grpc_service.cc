@@ -14,7 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "model/field_status.h"
+#include "util/field_status.h"
 #include "proto/kvserve.grpc.pb.h"
 #include "scheduler/request_validation.h"
 #include "server/client_limiter.h"

@@ -6,7 +6,7 @@
 #include <variant>
 
 #include "absl/strings/str_cat.h"
-#include "model/field_status.h"
+#include "util/field_status.h"
 #include "scheduler/detokenizer.h"
 #include "scheduler/request_validation.h"
 #include "server/client_limiter.h"

@@ -23,7 +23,7 @@
 // "recent_tokens"}, errors name e.g. kv_policy.budget),
 // priority, and (chat) add_generation_prompt and chat_template_kwargs as
 // vLLM has them. Messages, tools and chat_template_kwargs reach a
-// checkpoint's own chat template (server/chat_template.h); when it refuses a
+// checkpoint's own chat template (model/chat/chat_template.h); when it refuses a
 // conversation (raise_exception) the 400 names `messages`.
 //
 // Thread-safety: free functions; ResponseAccumulator and StreamFormatter are
@@ -38,10 +38,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 #include "scheduler/request.h"
 #include "scheduler/request_validation.h"
-#include "server/chat_template.h"
+#include "model/chat/chat_template.h"
 
 namespace kvserve {
 

@@ -26,7 +26,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 #include "scheduler/request_validation.h"
 
 namespace kvserve {

@@ -22,7 +22,7 @@
 #include "model/model_runner.h"
 #include "scheduler/engine.h"
 #include "server/auth.h"
-#include "server/chat_template.h"
+#include "model/chat/chat_template.h"
 #include "server/metrics.h"
 
 namespace kvserve {

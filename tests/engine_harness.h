@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "model/model_loader.h"
+#include "model/loader/model_loader.h"
 #include "model/runner_factory.h"
 #include "scheduler/detokenizer.h"
 #include "scheduler/engine.h"

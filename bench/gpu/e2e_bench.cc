@@ -13,7 +13,7 @@
 // 3. Capacity: the largest batch of 4096-token sequences whose weights,
 //    activations and KV pool fit in 80% of device memory, per KV format,
 //    measured (a runner is built with that pool and runs decode steps at
-//    that batch) next to `kvserve plan`'s prediction (model/capacity_plan.h,
+//    that batch) next to `kvserve plan`'s prediction (cache/sizing/capacity_plan.h,
 //    which counts weights but not activations).
 //
 //   e2e_bench [--json PATH] [--model dummy:llama-3-8b] [--dtype bf16]
@@ -38,11 +38,11 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "cache/kv_format.h"
-#include "cache/memory_budget.h"
+#include "cache/sizing/memory_budget.h"
 #include "kernels/cuda/read_bandwidth.h"
-#include "model/capacity_plan.h"
-#include "model/cuda_model_runner.h"
-#include "model/model_loader.h"
+#include "cache/sizing/capacity_plan.h"
+#include "model/cuda/cuda_model_runner.h"
+#include "model/loader/model_loader.h"
 #include "model/runner_factory.h"
 #include "nlohmann/json.hpp"
 

@@ -39,7 +39,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 namespace kvserve::bench {
 

@@ -1,6 +1,6 @@
 // Dense GEMMs of the CUDA forward pass through cuBLASLt: y = x W^T (+ y),
 // with W row-major [out][in] as the weights are stored (model/llama_weights.h,
-// model/device_weight_layout.h), x [rows][ldx], y [rows][ldy].
+// model/cuda/host/device_weight_layout.h), x [rows][ldx], y [rows][ldy].
 //
 // Types: x and W share the model dtype (ActDtype). bf16 / fp16 multiply on
 // tensor cores with fp32 accumulation; fp32 uses CUBLAS_COMPUTE_32F_PEDANTIC

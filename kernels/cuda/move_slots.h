@@ -2,7 +2,7 @@
 // StepCopies::slot_moves): each move copies one token's K and V rows and
 // their per-token scales from flat slot src to flat slot dst of the device
 // pool, in every layer and every kv head, exactly the bytes the CPU runner's
-// MoveSlots copies (model/cpu_model_runner.cc); nothing else of either block
+// MoveSlots copies (model/cpu/cpu_model_runner.cc); nothing else of either block
 // changes. One launch for the whole list.
 //
 // Pool: [num_layers][num_blocks][layout.block_bytes] (cache/kv_pages.h).

@@ -95,7 +95,7 @@ absl::Status PagedAttention(const PagedAttentionParams& params, cudaStream_t str
 // sequence b with stats_offset[b] >= 0 (the offset of this layer's row,
 // [context_len[b]] floats), out[stats_offset[b] + j] = the sum over b's rows,
 // in row order, of the row's mass of key j; 0 for keys no row attends. The
-// CPU runner's order of additions (model/cpu_forward.cc
+// CPU runner's order of additions (model/cpu/cpu_forward.cc
 // GatherAttentionStats), so equal masses give equal statistics.
 struct GatherMassParams {
   BatchView batch;  // device query_start, context_len, block_table... as above

@@ -48,7 +48,7 @@ struct RopeParams {
   // Optional, for positions past the table (KV eviction runs sequences past
   // max_position_embeddings): token t with positions[t] >= max_positions
   // takes cos/sin from row t of these, [num_tokens][head_dim / 2] each,
-  // computed on the host as the CPU computes them (model/cpu_forward.cc
+  // computed on the host as the CPU computes them (model/cpu/cpu_forward.cc
   // RopeAt), so the rotation stays bitwise the CPU's. Null: such tokens get
   // NaN as below.
   const float* row_cos = nullptr;

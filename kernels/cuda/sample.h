@@ -2,7 +2,7 @@
 // its raw logprob and the top-n alternatives when asked, so only those few
 // bytes come back to the host.
 //
-// Semantics: model/sampler.h's, per row (SampleRowParams in
+// Semantics: model/sampling/sampler.h's, per row (SampleRowParams in
 // kernels/sample_rows.h; the host packs rows and token histories with
 // kernels/sampling_batch.h into one upload). Penalties -> temperature ->
 // top-k -> top-p -> min-p -> draw; greedy (temperature 0) returns exactly

@@ -2,9 +2,9 @@
 // (the threads that sample the row together) so the very same code runs on
 // the GPU (one thread block per row, kernels/cuda/sample_kernel.cuh) and on
 // the host with a one-thread team (SerialRowTeam below), which is how tests
-// in make test check it against model/sampler.h without a device.
+// in make test check it against model/sampling/sampler.h without a device.
 //
-// Semantics (model/sampler.h's, operation for operation where it matters):
+// Semantics (model/sampling/sampler.h's, operation for operation where it matters):
 //   raw logprobs:  log_softmax of the logits as passed in (NaN as -inf),
 //                  before penalties; top-n by (logit desc, id asc).
 //   penalties:     repetition once per distinct id of prompt + output
@@ -83,7 +83,7 @@ struct RowShared {
 
 KV_HOST_DEVICE inline float NegInf() { return exact::FloatOf(0xff800000u); }
 
-// model/sampler.cc's ExpNonPositive, transcribed (no FMA anywhere): e^x
+// model/sampling/sampler.cc's ExpNonPositive, transcribed (no FMA anywhere): e^x
 // for x <= 0, flushed to 0 below -87.
 KV_HOST_DEVICE inline float ExpNonPositive(float x) {
   using namespace exact;

@@ -1,4 +1,4 @@
-// Filling the device weight arena at load (model/device_weight_layout.h):
+// Filling the device weight arena at load (model/cuda/host/device_weight_layout.h):
 // converting fp32 values already on the device to the model dtype, or
 // generating a dummy model's weights in place (kernels/random_weights.h) so
 // that an 8B dummy model never exists in host memory, or writing ones (dummy

@@ -17,7 +17,7 @@
 #include "bench/loadgen/server_metrics.h"
 #include "bench/loadgen/stats.h"
 #include "bench/loadgen/workload.h"
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 #include "server/metrics.h"
 #include "tests/test_util.h"
 

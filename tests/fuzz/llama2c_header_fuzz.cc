@@ -1,4 +1,4 @@
-// Fuzzes the llama2.c checkpoint reader (model/llama2c_loader.h) on whole
+// Fuzzes the llama2.c checkpoint reader (model/loader/llama2c_loader.h) on whole
 // files held in memory: legacy and version-1 ("ak42") headers.
 //
 // Accepted weights must point inside the file and have the header's shapes.
@@ -7,8 +7,8 @@
 #include <string>
 
 #include "fuzz_util.h"
-#include "model/llama2c_loader.h"
-#include "model/mapped_file.h"
+#include "model/loader/llama2c_loader.h"
+#include "model/loader/mapped_file.h"
 
 namespace {
 

@@ -13,8 +13,8 @@
 #include <string>
 
 #include "fuzz_util.h"
-#include "model/tokenizer.h"
-#include "server/chat_template.h"
+#include "model/tokenizer/tokenizer.h"
+#include "model/chat/chat_template.h"
 #include "server/openai_protocol.h"
 #include "tests/test_util.h"
 

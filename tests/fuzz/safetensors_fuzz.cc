@@ -1,4 +1,4 @@
-// Fuzzes the safetensors header parser (model/safetensors.h) on whole files
+// Fuzzes the safetensors header parser (model/loader/safetensors.h) on whole files
 // held in memory, then reads every tensor it accepted as fp32.
 //
 // Accepted entries must lie inside the data section; a tensor read must give
@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "fuzz_util.h"
-#include "model/mapped_file.h"
-#include "model/safetensors.h"
+#include "model/loader/mapped_file.h"
+#include "model/loader/safetensors.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kvserve;

@@ -1,6 +1,6 @@
 // Fuzzes the tokenizers on arbitrary bytes: the stories260K SentencePiece
 // model and the byte-level BPE of tests/model/tiny_bpe.h (written to a
-// scratch tokenizer.json once, loaded by model/hf_tokenizer.h).
+// scratch tokenizer.json once, loaded by model/tokenizer/hf_tokenizer.h).
 //
 // Input: the first byte picks the tokenizer (bit 0), add_bos (bit 1) and
 // whether the rest is text to encode or token ids to decode (bit 2).
@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "fuzz_util.h"
-#include "model/hf_tokenizer.h"
-#include "model/tokenizer.h"
+#include "model/tokenizer/hf_tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 #include "tests/model/tiny_bpe.h"
 #include "tests/test_util.h"
 

@@ -17,7 +17,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "model/hf_writer.h"
+#include "model/loader/hf_writer.h"
 #include "tests/integration/daemon_fixture.h"
 #include "tests/model/random_weights.h"
 

@@ -3,7 +3,7 @@
 #include <catch2/catch.hpp>
 #include <string>
 
-#include "model/dummy_model.h"
+#include "model/loader/dummy_model.h"
 #include "tests/test_util.h"
 
 namespace kvserve {

@@ -1,5 +1,5 @@
 // The device sampler's algorithm (kernels/cuda/sample_row.cuh), run on the
-// host with a one-thread team, against the CPU sampler (model/sampler.h):
+// host with a one-thread team, against the CPU sampler (model/sampling/sampler.h):
 // greedy tokens and processed logits exactly, draws inside the CPU's
 // survivor sets and distributed as they should be, logprobs to 1e-5, and
 // the Philox generator against Random123's known answers. The [gpu] test

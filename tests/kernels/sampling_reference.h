@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "kernels/sample_rows.h"
-#include "model/sampler.h"
-#include "model/sampling_params.h"
+#include "model/sampling/sampler.h"
+#include "model/sampling/sampling_params.h"
 #include "tests/kernels/sample_row_host.h"
 
 namespace kvserve::testing {
@@ -54,7 +54,7 @@ inline CpuSample RunCpuSampler(const std::vector<float>& logits, const SampleRow
 
 // The tokens a non-greedy draw may pick, from the CPU's processed logits
 // (penalties and temperature applied, NaN as -inf), following
-// model/sampler.h's definitions in double precision. `may` loosens every
+// model/sampling/sampler.h's definitions in double precision. `may` loosens every
 // threshold by `slack` (relative) and `must` tightens it, so a correct
 // sampler's token is always in `may`, and `must` holds the tokens no
 // rounding difference can exclude.

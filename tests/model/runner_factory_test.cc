@@ -5,7 +5,7 @@
 #include <catch2/catch.hpp>
 #include <string>
 
-#include "model/llama2c_loader.h"
+#include "model/loader/llama2c_loader.h"
 #include "tests/test_util.h"
 
 namespace kvserve {

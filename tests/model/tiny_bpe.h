@@ -22,7 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "model/hf_tokenizer.h"
+#include "model/tokenizer/hf_tokenizer.h"
 
 namespace kvserve::testing {
 

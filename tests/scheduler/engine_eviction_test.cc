@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "cache/learned_evictor.h"
-#include "model/cpu_model_runner.h"
-#include "model/evicting_sequence.h"
-#include "model/model_loader.h"
+#include "model/cpu/cpu_model_runner.h"
+#include "model/eval/evicting_sequence.h"
+#include "model/loader/model_loader.h"
 #include "scheduler/engine.h"
 #include "tests/engine_harness.h"
 #include "tests/test_util.h"
@@ -202,7 +202,7 @@ TEST_CASE("A greedy request without eviction keeps the golden text while others 
 
 // The engine must carry out every copy eviction asks for, the slot moves
 // that refill holes included: its greedy tokens equal those of
-// EvictingSequence (model/evicting_sequence.h), which drives one sequence
+// EvictingSequence (model/eval/evicting_sequence.h), which drives one sequence
 // through the same evictor and cache manager and runs the moves itself.
 TEST_CASE("An evicting request's greedy tokens equal EvictingSequence's, slot moves included",
           "[scheduler][eviction]") {

@@ -18,8 +18,8 @@
 
 #include "absl/synchronization/mutex.h"
 #include "cache/kv_dtype_spec.h"
-#include "model/cpu_model_runner.h"
-#include "model/model_loader.h"
+#include "model/cpu/cpu_model_runner.h"
+#include "model/loader/model_loader.h"
 #include "scheduler/detokenizer.h"
 #include "tests/engine_harness.h"
 #include "tests/test_util.h"

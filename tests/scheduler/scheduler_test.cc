@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "model/tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 
 namespace kvserve {
 namespace {

@@ -6,8 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "model/hf_tokenizer.h"
-#include "model/tokenizer.h"
+#include "model/tokenizer/hf_tokenizer.h"
+#include "model/tokenizer/tokenizer.h"
 #include "scheduler/detokenizer.h"
 #include "scheduler/stop_matcher.h"
 #include "tests/model/tiny_bpe.h"

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "model/field_status.h"
+#include "util/field_status.h"
 #include "scheduler/engine.h"
 
 namespace kvserve::testing {

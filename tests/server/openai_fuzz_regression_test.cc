@@ -5,7 +5,7 @@
 #include <catch2/catch.hpp>
 #include <string>
 
-#include "server/chat_template.h"
+#include "model/chat/chat_template.h"
 #include "server/openai_protocol.h"
 
 namespace kvserve {

@@ -2,7 +2,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "model/field_status.h"
+#include "util/field_status.h"
 
 namespace kvserve {
 namespace {

@@ -165,7 +165,7 @@ Result RunSimEviction(const Problem& p, int window, const Eviction& e, ActDtype 
   return res;
 }
 
-// The CPU runner's gather (model/cpu_forward.cc GatherAttentionStats), one layer.
+// The CPU runner's gather (model/cpu/cpu_forward.cc GatherAttentionStats), one layer.
 std::vector<float> CpuGather(const Problem& p, int window, const Eviction& e,
                              const std::vector<float>& mass) {
   std::vector<float> out(e.total_stats, 0.0f);
@@ -265,7 +265,7 @@ TEST_CASE("simulated CUDA attention: eviction outputs off leave the kernel as be
   REQUIRE(WorstError(p, with.out, RunCpu(p, 0)) <= Tolerance(ActDtype::kFp32));
 }
 
-// The CPU runner's MoveSlots copy (model/cpu_model_runner.cc), as reference.
+// The CPU runner's MoveSlots copy (model/cpu/cpu_model_runner.cc), as reference.
 void CpuMoveSlots(HostKvPages& kv, const std::vector<SlotMove>& moves) {
   const int bs = kv.format().block_size();
   for (const SlotMove& m : moves) {

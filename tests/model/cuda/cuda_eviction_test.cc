@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "model/cpu_model_runner.h"
-#include "model/cuda_model_runner.h"
-#include "model/model_loader.h"
+#include "model/cpu/cpu_model_runner.h"
+#include "model/cuda/cuda_model_runner.h"
+#include "model/loader/model_loader.h"
 #include "model/runner_factory.h"
 #include "scheduler/engine.h"
 #include "tests/engine_harness.h"

@@ -9,7 +9,7 @@
 //   - device sampling, block copies and swaps, dummy weights generated on
 //     the device, pool sizing, errors;
 // and every engine test ends with every block back in the pool.
-#include "model/cuda_model_runner.h"
+#include "model/cuda/cuda_model_runner.h"
 
 #include <cuda_runtime.h>
 
@@ -23,11 +23,11 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "model/cpu_model_runner.h"
-#include "model/device_weight_layout.h"
-#include "model/dummy_model.h"
-#include "model/host_sampling.h"
-#include "model/model_loader.h"
+#include "model/cpu/cpu_model_runner.h"
+#include "model/cuda/host/device_weight_layout.h"
+#include "model/loader/dummy_model.h"
+#include "model/sampling/host_sampling.h"
+#include "model/loader/model_loader.h"
 #include "model/runner_factory.h"
 #include "scheduler/engine.h"
 #include "tests/engine_harness.h"

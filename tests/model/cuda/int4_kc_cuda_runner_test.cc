@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "cache/kv_dtype_spec.h"
-#include "model/cuda_model_runner.h"
+#include "model/cuda/cuda_model_runner.h"
 #include "model/runner_factory.h"
 #include "scheduler/engine.h"
 #include "tests/engine_harness.h"

@@ -1,6 +1,6 @@
 // Renders tests/model/node/conversations.json with each checkpoint's
 // own chat template through @huggingface/jinja, the reference renderer, and
-// writes the results as JSON for tests/model/jinja_template_test.cc:
+// writes the results as JSON for tests/model/chat/jinja/jinja_template_test.cc:
 //   {"<template>": {"dir": "<model dir>", "results": {"<case>": {"text": ...} | {"error": ...}}}}
 // The variables match transformers' apply_chat_template (and kvserve's
 // HfChatTemplate::Render): messages, add_generation_prompt, bos_token,

@@ -1,0 +1,187 @@
+#include "model/cpu/cpu_model_runner.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "util/status_macros.h"
+
+namespace kvserve {
+
+absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
+    LlamaWeights weights, const CpuRunnerOptions& options) {
+  const ModelConfig& c = weights.config;
+  KV_RETURN_IF_ERROR(c.Validate());
+  if (options.block_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache.block_size must be > 0, got ", options.block_size));
+  }
+  if (options.num_blocks < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache.num_blocks must be >= 0, got ", options.num_blocks));
+  }
+  if (options.num_swap_blocks < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache.num_swap_blocks must be >= 0, got ", options.num_swap_blocks));
+  }
+  if (options.num_tail_blocks < 0 || options.num_swap_tail_blocks < 0) {
+    return absl::InvalidArgumentError("cache tail blocks must be >= 0");
+  }
+  KV_ASSIGN_OR_RETURN(std::vector<KvDtype> dtypes, options.kv_dtype.Resolve(c.num_layers));
+  std::vector<KvFormat> formats;
+  bool tails = false;
+  for (KvDtype dtype : dtypes) {
+    KV_ASSIGN_OR_RETURN(KvFormat f, KvFormat::Create(dtype, c.num_kv_heads, c.head_dim,
+                                                     options.block_size, options.int4_group_size));
+    tails |= f.has_tails();
+    formats.push_back(f);
+  }
+  const int32_t num_tails = !tails                        ? 0
+                            : options.num_tail_blocks > 0 ? options.num_tail_blocks
+                                                          : kDefaultTailBlocks;
+  const int32_t num_swap_tails = !tails || options.num_swap_blocks == 0 ? 0
+                                 : options.num_swap_tail_blocks > 0 ? options.num_swap_tail_blocks
+                                                                    : num_tails;
+  const int32_t num_blocks =
+      options.num_blocks > 0
+          ? options.num_blocks
+          : (c.max_position_embeddings + options.block_size - 1) / options.block_size;
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<CpuForward> model,
+                      CpuForward::Create(std::move(weights), options.num_threads));
+  return std::unique_ptr<CpuModelRunner>(
+      new CpuModelRunner(std::move(model), formats, num_blocks, options.num_swap_blocks, num_tails,
+                         num_swap_tails, options.pool_sized_from));
+}
+
+CpuModelRunner::CpuModelRunner(std::unique_ptr<CpuForward> model,
+                               const std::vector<KvFormat>& formats, int32_t num_blocks,
+                               int32_t num_swap_blocks, int32_t num_tails, int32_t num_swap_tails,
+                               const std::string& pool_sized_from)
+    : model_(std::move(model)),
+      primary_(formats, num_blocks, num_tails),
+      swap_(formats, num_swap_blocks, num_swap_tails) {
+  const ModelConfig& c = model_->config();
+  RunnerMemoryInfo& m = memory_info_;
+  m.device = "cpu";
+  m.weight_dtype = "fp32";
+  m.weight_bytes = c.NumParams() * int64_t{sizeof(float)};
+  m.kv_bytes_per_block = primary_.bytes_per_block();
+  m.num_blocks = num_blocks;
+  m.kv_pool_bytes = primary_.total_bytes();  // int4_kc tails included
+  m.kv_pool_tokens = int64_t{num_blocks} * primary_.format().block_size();
+  m.num_swap_blocks = num_swap_blocks;
+  m.pool_sized_from = pool_sized_from;
+}
+
+absl::Status CpuModelRunner::Forward(const BatchInput& batch) {
+  logits_.resize(batch.logits_rows.size() * static_cast<size_t>(model_->config().vocab_size));
+  absl::Status s = model_->Forward(batch, primary_, logits_);
+  if (!s.ok()) logits_.clear();
+  return s;
+}
+
+absl::Status CpuModelRunner::Sample(std::span<const SampleRow> rows,
+                                    std::span<SampledToken> out) {
+  return sampler_.Sample(logits_, model_->config().vocab_size, rows, out);
+}
+
+absl::Status CpuModelRunner::ReadLogits(std::span<float> logits) {
+  if (logits.size() < logits_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("logits buffer has ", logits.size(),
+                                                   " floats, the batch needs ", logits_.size()));
+  }
+  std::copy(logits_.begin(), logits_.end(), logits.begin());
+  return absl::OkStatus();
+}
+
+void CpuModelRunner::CopyAcross(const HostKvPages& from, HostKvPages& to,
+                                std::span<const BlockCopy> copies, const char* what) {
+  for (const BlockCopy& cp : copies) {
+    // Ids past a pool's blocks name its tails (cache/block_copy.h).
+    const bool tail = cp.src >= from.num_blocks();
+    const int32_t src = tail ? cp.src - from.num_blocks() : cp.src;
+    const int32_t dst = tail ? cp.dst - to.num_blocks() : cp.dst;
+    const int32_t src_limit = tail ? from.num_tails() : from.num_blocks();
+    const int32_t dst_limit = tail ? to.num_tails() : to.num_blocks();
+    if (src < 0 || src >= src_limit || dst < 0 || dst >= dst_limit) {
+      std::fprintf(stderr,
+                   "CpuModelRunner::%s: %s copy %d -> %d outside the pools (%d + %d tails, %d + "
+                   "%d tails)\n",
+                   what, tail ? "tail" : "block", cp.src, cp.dst, from.num_blocks(),
+                   from.num_tails(), to.num_blocks(), to.num_tails());
+      std::abort();
+    }
+    for (int l = 0; l < from.num_layers(); ++l) {
+      if (tail) {
+        const int64_t bytes = from.format(l).tail_block_bytes();
+        if (bytes > 0) std::memmove(to.tail(l, dst), from.tail(l, src), bytes);
+      } else {
+        std::memmove(to.block(l, dst), from.block(l, src), from.format(l).block_bytes());
+      }
+    }
+  }
+}
+
+absl::Status CpuModelRunner::CopyBlocks(std::span<const BlockCopy> copies) {
+  CopyAcross(primary_, primary_, copies, "CopyBlocks");
+  return absl::OkStatus();
+}
+
+absl::Status CpuModelRunner::SwapOut(std::span<const BlockCopy> copies) {
+  CopyAcross(primary_, swap_, copies, "SwapOut");
+  return absl::OkStatus();
+}
+
+absl::Status CpuModelRunner::SwapIn(std::span<const BlockCopy> copies) {
+  CopyAcross(swap_, primary_, copies, "SwapIn");
+  return absl::OkStatus();
+}
+
+absl::Status CpuModelRunner::MoveSlots(std::span<const SlotMove> moves) {
+  if (primary_.has_tails()) {
+    return absl::UnimplementedError("KV slot moves need a format without tails (not int4_kc)");
+  }
+  const int bs = primary_.format().block_size();
+  const int64_t num_slots = int64_t{primary_.num_blocks()} * bs;
+  for (const SlotMove& m : moves) {
+    if (m.src < 0 || m.src >= num_slots || m.dst < 0 || m.dst >= num_slots) {
+      std::fprintf(
+          stderr,
+          "CpuModelRunner::MoveSlots: slot move %lld -> %lld outside the pool (%lld slots)\n",
+          static_cast<long long>(m.src), static_cast<long long>(m.dst),
+          static_cast<long long>(num_slots));
+      std::abort();
+    }
+    const int32_t sb = static_cast<int32_t>(m.src / bs), so = static_cast<int32_t>(m.src % bs);
+    const int32_t db = static_cast<int32_t>(m.dst / bs), dof = static_cast<int32_t>(m.dst % bs);
+    for (int l = 0; l < primary_.num_layers(); ++l) {
+      const KvPageLayout& lay = primary_.format(l).layout();
+      const uint8_t* src = primary_.block(l, sb);
+      uint8_t* dst = primary_.block(l, db);
+      for (int h = 0; h < lay.num_kv_heads; ++h) {
+        for (const KvPartLayout* part : {&lay.k, &lay.v}) {
+          std::memcpy(dst + lay.RowOffset(*part, h, dof), src + lay.RowOffset(*part, h, so),
+                      part->row_bytes);
+          std::memcpy(dst + lay.MetaOffset(*part, h, dof), src + lay.MetaOffset(*part, h, so),
+                      part->meta_bytes);
+        }
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuModelRunner::ReadAttentionStats(std::span<float> out) {
+  std::span<const float> stats = model_->attention_stats();
+  if (out.size() < stats.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("attention stats buffer has ", out.size(),
+                                                   " floats, the batch recorded ", stats.size()));
+  }
+  std::copy(stats.begin(), stats.end(), out.begin());
+  return absl::OkStatus();
+}
+
+}  // namespace kvserve

@@ -1,0 +1,109 @@
+// CpuModelRunner: the CPU backend of ModelRunner. It owns the model weights,
+// the primary KV pool (host memory, [num_layers][num_blocks][block_bytes])
+// and a second host pool that preempted sequences are swapped into; block
+// ids of both come from the caller's BlockPools.
+//
+// Example:
+//   KV_ASSIGN_OR_RETURN(LoadedModel m, LoadModel(path));
+//   CpuRunnerOptions opt;
+//   opt.block_size = 16;
+//   opt.num_blocks = 64;
+//   KV_ASSIGN_OR_RETURN(auto runner, CpuModelRunner::Create(std::move(m.weights), opt));
+//   KV_RETURN_IF_ERROR(runner->Forward(batch, logits));   // or Forward(batch) + Sample(rows, out)
+//
+// Thread-safety: none; the engine thread owns the runner (Forward may use a
+// private thread pool internally).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cache/kv_dtype_spec.h"
+#include "cache/kv_format.h"
+#include "cache/kv_pages.h"
+#include "model/cpu/cpu_forward.h"
+#include "model/sampling/host_sampling.h"
+#include "model/llama_weights.h"
+#include "model/model_runner.h"
+
+namespace kvserve {
+
+struct CpuRunnerOptions {
+  // One dtype, or one per layer (kv_dtype_spec.h).
+  KvDtypeSpec kv_dtype = KvDtype::kFp32;
+  int block_size = 16;
+  // Primary pool size; 0 means enough blocks for one sequence of
+  // max_position_embeddings tokens.
+  int32_t num_blocks = 0;
+  int32_t num_swap_blocks = 0;
+  int int4_group_size = 64;
+  // int4_kc tails (fp32 on the CPU): 0 means kDefaultTailBlocks when a layer
+  // keeps tails; swap tails, 0: as many as tails when num_swap_blocks > 0.
+  int32_t num_tail_blocks = 0;
+  int32_t num_swap_tail_blocks = 0;
+  // Threads of the forward pass, the caller included; <= 0: one per hardware thread.
+  int num_threads = 0;
+  // For memory_info(): which setting the pool size came from.
+  std::string pool_sized_from = "cache.num_blocks";
+};
+
+class CpuModelRunner final : public ModelRunner {
+ public:
+  static constexpr int32_t kDefaultTailBlocks = 128;
+
+  // Takes the weights (their storage stays alive with the runner). Copying a
+  // LlamaWeights is cheap (its tensors are views on shared storage), so
+  // several runners may share one loaded model.
+  static absl::StatusOr<std::unique_ptr<CpuModelRunner>> Create(LlamaWeights weights,
+                                                                const CpuRunnerOptions& options);
+
+  const ModelConfig& config() const override { return model_->config(); }
+  const KvFormat& kv_format() const override { return primary_.format(); }
+  int32_t num_blocks() const override { return primary_.num_blocks(); }
+  int32_t num_swap_blocks() const override { return swap_.num_blocks(); }
+  int32_t num_tail_blocks() const override { return primary_.num_tails(); }
+  int32_t num_swap_tail_blocks() const override { return swap_.num_tails(); }
+  const RunnerMemoryInfo& memory_info() const override { return memory_info_; }
+
+  using ModelRunner::Forward;
+  absl::Status Forward(const BatchInput& batch) override;
+  // The CPU Sampler over the logits of the last Forward (HostRowSampler).
+  absl::Status Sample(std::span<const SampleRow> rows, std::span<SampledToken> out) override;
+  absl::Status ReadLogits(std::span<float> logits) override;
+  // Host memcpy; never fails. Aborts on a block id outside its pool (the
+  // scheduler's broken invariant).
+  absl::Status CopyBlocks(std::span<const BlockCopy> copies) override;
+  absl::Status SwapOut(std::span<const BlockCopy> copies) override;
+  absl::Status SwapIn(std::span<const BlockCopy> copies) override;
+  // Eviction moves single token rows: not with int4_kc's per-block K scales.
+  bool supports_eviction() const override { return !primary_.has_tails(); }
+  // Host memcpy of each token's rows; aborts on a slot outside the pool.
+  absl::Status MoveSlots(std::span<const SlotMove> moves) override;
+  absl::Status ReadAttentionStats(std::span<float> out) override;
+
+  // The host pages, for tests and tools that inspect the cache.
+  const HostKvPages& primary_pages() const { return primary_; }
+  const HostKvPages& swap_pages() const { return swap_; }
+  int num_threads() const { return model_->num_threads(); }
+
+ private:
+  CpuModelRunner(std::unique_ptr<CpuForward> model, const std::vector<KvFormat>& formats,
+                 int32_t num_blocks, int32_t num_swap_blocks, int32_t num_tails,
+                 int32_t num_swap_tails, const std::string& pool_sized_from);
+
+  static void CopyAcross(const HostKvPages& from, HostKvPages& to,
+                         std::span<const BlockCopy> copies, const char* what);
+
+  std::unique_ptr<CpuForward> model_;
+  HostKvPages primary_;
+  HostKvPages swap_;
+  RunnerMemoryInfo memory_info_;
+  std::vector<float> logits_;  // [logits rows of the last Forward][vocab]
+  HostRowSampler sampler_;
+};
+
+}  // namespace kvserve

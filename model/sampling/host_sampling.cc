@@ -1,0 +1,67 @@
+#include "model/sampling/host_sampling.h"
+
+#include <algorithm>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "util/status_macros.h"
+
+namespace kvserve {
+
+absl::Status ValidateSampleRows(std::span<const SampleRow> rows, size_t out_size,
+                                int64_t num_logits_rows) {
+  if (out_size != rows.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Sample: ", rows.size(), " rows but ", out_size, " outputs"));
+  }
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const SampleRow& r = rows[i];
+    if (r.logits_index < 0 || r.logits_index >= num_logits_rows) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Sample: rows[", i, "].logits_index = ", r.logits_index,
+                       " is outside the last batch's ", num_logits_rows, " logits rows"));
+    }
+    if (r.params == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("Sample: rows[", i, "].params is null"));
+    }
+    if (r.num_logprobs < -1 || r.num_logprobs > kMaxSampleLogprobs) {
+      return absl::InvalidArgumentError(absl::StrCat("Sample: rows[", i, "].num_logprobs = ",
+                                                     r.num_logprobs, " is outside [-1, ",
+                                                     kMaxSampleLogprobs, "]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status HostRowSampler::Sample(std::span<const float> logits, int32_t vocab,
+                                    std::span<const SampleRow> rows,
+                                    std::span<SampledToken> out) {
+  const int64_t num_logits_rows = vocab > 0 ? static_cast<int64_t>(logits.size()) / vocab : 0;
+  KV_RETURN_IF_ERROR(ValidateSampleRows(rows, out.size(), num_logits_rows));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (!rows[i].params->is_greedy() && rows[i].state == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("Sample: rows[", i, "] draws at random but has no generator state"));
+    }
+  }
+  row_.resize(vocab);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const SampleRow& r = rows[i];
+    const float* src = logits.data() + static_cast<int64_t>(r.logits_index) * vocab;
+    std::copy(src, src + vocab, row_.begin());
+    SampledToken& o = out[i];
+    o.top.clear();
+    if (r.num_logprobs < 0) {
+      o.token = sampler_.Sample(row_, *r.params, r.prompt, r.output, r.state);
+      o.logprob = 0.0f;
+      continue;
+    }
+    o.token = sampler_.Sample(row_, *r.params, r.prompt, r.output, r.state, &logprobs_,
+                              r.num_logprobs);
+    o.logprob = logprobs_.chosen.logprob;
+    for (const SampledLogprob& t : logprobs_.top) o.top.emplace_back(t.token, t.logprob);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvserve
