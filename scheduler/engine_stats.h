@@ -3,7 +3,7 @@
 // KvCacheManager::Stats() builds it) as a member rather than copying its
 // fields, so a cache counter added there reaches every front end; each front
 // end converts this struct once (server/metrics.cc for Prometheus,
-// server/stats_proto.h for gRPC).
+// server/grpc/stats_proto.h for gRPC).
 //
 // Counters only grow; gauges are current values. EngineImpl publishes one
 // after every step; GetStats() adds what it sees in the inbox.

@@ -76,7 +76,7 @@ struct ServeConfig {
     std::string api_key;               // "" = no auth; else "Authorization: Bearer <key>"
     int32_t http_threads = 4;          // HTTP io threads (and as many request parsers)
     bool reuse_port = false;           // SO_REUSEPORT: share the ports with other processes
-    // HTTP connection limits and TLS (server/http_server.h).
+    // HTTP connection limits and TLS (server/http/http_server.h).
     double http_header_timeout_s = 10;           // a request head must arrive within this (408)
     double http_body_timeout_s = 30;             // a body within this after its head (408)
     double http_idle_timeout_s = 60;             // a kept-alive connection without a request closes

@@ -1,4 +1,4 @@
-// Fuzzes the OpenAI request parser (server/openai_protocol.h): bodies of
+// Fuzzes the OpenAI request parser (server/openai/openai_protocol.h): bodies of
 // /v1/completions and /v1/chat/completions, tokenized with the stories260K
 // SentencePiece tokenizer and rendered with a pattern template or a Jinja
 // checkpoint template.
@@ -15,7 +15,7 @@
 #include "fuzz_util.h"
 #include "model/tokenizer/tokenizer.h"
 #include "model/chat/chat_template.h"
-#include "server/openai_protocol.h"
+#include "server/openai/openai_protocol.h"
 #include "tests/test_util.h"
 
 namespace kvserve {

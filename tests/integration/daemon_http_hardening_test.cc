@@ -26,7 +26,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "tests/integration/daemon_fixture.h"
-#include "tests/server/raw_http.h"
+#include "tests/server/http/raw_http.h"
 
 namespace kvserve {
 namespace {

@@ -1,5 +1,5 @@
 // Server reflection over the real daemon, in both versions clients ask for:
-// grpc.reflection.v1 (kvserve's own, server/reflection_v1.cc) and gRPC's
+// grpc.reflection.v1 (kvserve's own, server/grpc/reflection_v1.cc) and gRPC's
 // v1alpha. The two are wire-identical, so one set of messages (the v1 ones
 // compiled from proto/) drives both method names.
 #include <grpcpp/grpcpp.h>

@@ -4,7 +4,7 @@
 #include <utility>
 #include <vector>
 
-#include "server/openai_protocol.h"
+#include "server/openai/openai_protocol.h"
 
 namespace kvserve {
 namespace {

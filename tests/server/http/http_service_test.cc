@@ -1,4 +1,4 @@
-#include "server/http_service.h"
+#include "server/http/http_service.h"
 
 #include <httplib.h>
 

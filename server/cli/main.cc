@@ -1,10 +1,10 @@
-// kvserve entry point: dispatches to the subcommands of server/cli.h.
+// kvserve entry point: dispatches to the subcommands of server/cli/commands.h.
 #include <cstdio>
 #include <cstring>
 #include <string_view>
 
 #include "absl/synchronization/mutex.h"
-#include "server/cli.h"
+#include "server/cli/commands.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "server/grpc_service.h"
+#include "server/grpc/grpc_service.h"
 
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>

@@ -21,8 +21,8 @@
 #include "model/runner_factory.h"
 #include "model/sampling/sampling_params.h"
 #include "scheduler/engine.h"
-#include "server/cli.h"
-#include "server/cli_flags.h"
+#include "server/cli/commands.h"
+#include "server/cli/flags.h"
 
 namespace kvserve::cli {
 namespace {

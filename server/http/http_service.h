@@ -1,5 +1,5 @@
 // HttpService: the OpenAI-compatible HTTP front end, on the event-driven
-// connection layer of server/http_server.h.
+// connection layer of server/http/http_server.h.
 //
 //   POST /v1/completions, POST /v1/chat/completions   plain JSON or SSE (`stream: true`)
 //   GET  /v1/models                                   the one served model
@@ -37,7 +37,7 @@
 #include "scheduler/request_validation.h"
 #include "server/auth.h"
 #include "server/client_limiter.h"
-#include "server/http_server.h"
+#include "server/http/http_server.h"
 #include "server/serving_state.h"
 
 namespace boost::asio {

@@ -5,7 +5,7 @@
 #include <string_view>
 #include <vector>
 
-#include "server/cli.h"
+#include "server/cli/commands.h"
 #include "server/config.h"
 #include "server/daemon.h"
 #include "server/engine_builder.h"

@@ -1,4 +1,4 @@
-#include "server/openai_protocol.h"
+#include "server/openai/openai_protocol.h"
 
 #include <cmath>
 #include <limits>
@@ -10,7 +10,7 @@
 #include "scheduler/detokenizer.h"
 #include "scheduler/request_validation.h"
 #include "server/client_limiter.h"
-#include "server/json_body.h"
+#include "server/openai/json_body.h"
 #include "server/request_budget.h"
 
 namespace kvserve {

@@ -17,8 +17,8 @@
 #include "model/eval/eviction_study.h"
 #include "model/eval/evictor_training.h"
 #include "model/loader/model_loader.h"
-#include "server/cli.h"
-#include "server/cli_flags.h"
+#include "server/cli/commands.h"
+#include "server/cli/flags.h"
 
 namespace kvserve::cli {
 namespace {

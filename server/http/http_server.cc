@@ -1,4 +1,4 @@
-#include "server/http_server.h"
+#include "server/http/http_server.h"
 
 #include <sys/socket.h>
 
@@ -10,6 +10,7 @@
 #include <chrono>
 #include <future>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
@@ -20,7 +21,6 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "server/logging.h"
-#include "server/openai_protocol.h"
 
 namespace kvserve {
 
@@ -56,16 +56,21 @@ std::string SecondsText(absl::Duration d) {
   return absl::StrFormat("%g s", absl::ToDoubleSeconds(d));
 }
 
+// The transport's own refusals (framing, limits, timeouts) in the error
+// object every JSON API client here reads: {"error": {"message", "type",
+// "param": null, "code"}}. The transport knows nothing else of the protocol
+// the routes speak.
 HttpResponse ErrorResponse(int status, std::string message, std::string code,
                            std::string type = "invalid_request_error") {
-  ApiError e;
-  e.http_status = status;
-  e.message = std::move(message);
-  e.code = std::move(code);
-  e.type = std::move(type);
+  nlohmann::json e = {{"message", std::move(message)},
+                      {"type", std::move(type)},
+                      {"param", nullptr},
+                      {"code", nullptr}};
+  if (!code.empty()) e["code"] = std::move(code);
   HttpResponse r;
   r.status = status;
-  r.body = e.Body();
+  r.body = nlohmann::json{{"error", std::move(e)}}.dump(
+      -1, ' ', false, nlohmann::json::error_handler_t::replace);
   return r;
 }
 

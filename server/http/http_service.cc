@@ -1,4 +1,4 @@
-#include "server/http_service.h"
+#include "server/http/http_service.h"
 
 #include <atomic>
 #include <boost/asio/post.hpp>
@@ -12,7 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "scheduler/engine_config.h"
 #include "server/logging.h"
-#include "server/openai_protocol.h"
+#include "server/openai/openai_protocol.h"
 
 namespace kvserve {
 namespace {

@@ -17,8 +17,8 @@
 #include "model/loader/hf_loader.h"
 #include "model/model_config.h"
 #include "model/loader/model_loader.h"
-#include "server/cli.h"
-#include "server/cli_flags.h"
+#include "server/cli/commands.h"
+#include "server/cli/flags.h"
 #include "util/byte_size.h"
 
 namespace kvserve::cli {

@@ -24,8 +24,8 @@
 #include "model/eval/evictor_training.h"
 #include "model/eval/kv_eval.h"
 #include "model/loader/model_loader.h"
-#include "server/cli.h"
-#include "server/cli_flags.h"
+#include "server/cli/commands.h"
+#include "server/cli/flags.h"
 #include "util/status_macros.h"
 
 namespace kvserve::cli {

@@ -1,6 +1,6 @@
 // EngineStats -> kvserve.v1.Stats: every wire field comes from its one
 // source field (each gets a distinct value, so a swapped pair fails).
-#include "server/stats_proto.h"
+#include "server/grpc/stats_proto.h"
 
 #include <catch2/catch.hpp>
 #include <functional>

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "model/chat/chat_template.h"
-#include "server/openai_protocol.h"
+#include "server/openai/openai_protocol.h"
 
 namespace kvserve {
 namespace {

@@ -1,4 +1,4 @@
-#include "server/reflection_v1.h"
+#include "server/grpc/reflection_v1.h"
 
 #include <algorithm>
 #include <mutex>

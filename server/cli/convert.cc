@@ -10,8 +10,8 @@
 #include "model/loader/hf_loader.h"
 #include "model/loader/hf_writer.h"
 #include "model/loader/llama2c_loader.h"
-#include "server/cli.h"
-#include "server/cli_flags.h"
+#include "server/cli/commands.h"
+#include "server/cli/flags.h"
 
 namespace kvserve::cli {
 namespace {

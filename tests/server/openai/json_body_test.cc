@@ -1,4 +1,4 @@
-#include "server/json_body.h"
+#include "server/openai/json_body.h"
 
 #include <catch2/catch.hpp>
 

@@ -1,4 +1,4 @@
-#include "server/grpc_service.h"
+#include "server/grpc/grpc_service.h"
 
 #include <grpc/support/log.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
@@ -20,8 +20,8 @@
 #include "server/client_limiter.h"
 #include "server/config.h"
 #include "server/logging.h"
-#include "server/reflection_v1.h"
-#include "server/stats_proto.h"
+#include "server/grpc/reflection_v1.h"
+#include "server/grpc/stats_proto.h"
 #include "server/request_budget.h"
 
 namespace kvserve {

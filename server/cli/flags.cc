@@ -1,4 +1,4 @@
-#include "server/cli_flags.h"
+#include "server/cli/flags.h"
 
 #include <cstdio>
 

@@ -1,4 +1,4 @@
-#include "server/stats_proto.h"
+#include "server/grpc/stats_proto.h"
 
 namespace kvserve {
 

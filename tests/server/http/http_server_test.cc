@@ -14,10 +14,10 @@
 #include <thread>
 #include <vector>
 
-#include "server/http_service.h"
+#include "server/http/http_service.h"
 #include "spdlog/spdlog.h"
 #include "tests/server/fake_engine.h"
-#include "tests/server/raw_http.h"
+#include "tests/server/http/raw_http.h"
 #include "tests/test_util.h"
 
 namespace kvserve {

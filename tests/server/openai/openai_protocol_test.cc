@@ -1,4 +1,4 @@
-#include "server/openai_protocol.h"
+#include "server/openai/openai_protocol.h"
 
 #include <catch2/catch.hpp>
 
