@@ -703,7 +703,9 @@ std::string ServeConfigKeyHelp(const std::string& key) {
       {"model.chat_template",
        "auto (the checkpoint's own template, else plain), plain, chatml, llama3, or a map of "
        "role patterns"},
-      {"cache.kv_dtype", "KV page format: fp32, fp16, bf16, fp8_e4m3, int8, int4 or k8v4"},
+      {"cache.kv_dtype",
+       "KV page format: fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4 or int4_kc, or one per "
+       "layer (int8,int4_kc*,int8)"},
       {"cache.block_size", "tokens per KV block (16)"},
       {"cache.num_blocks",
        "KV blocks in the pool; 0: from memory_bytes / memory_fraction / default"},

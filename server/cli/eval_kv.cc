@@ -39,7 +39,7 @@ constexpr char kUsage[] =
     "with --json.\n"
     "options:\n"
     "  --model PATH           llama2.c checkpoint, HF directory or dummy:<preset> (required)\n"
-    "  --tokenizer FILE       SentencePiece .model (default: beside the model)\n"
+    "  --tokenizer FILE       tokenizer.json or SentencePiece .model (default: beside the model)\n"
     "  --text FILE            the text (required)\n"
     "  --kv-dtype D           a format to report: fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4,\n"
     "                         int4_kc, or one per layer (int8,int4_kc*,int8: NAME*N is N\n"
@@ -117,7 +117,20 @@ int Fail(const absl::Status& s) {
 int ParseFlags(int argc, char** argv, Options* o) {
   CliFlags flags("eval-kv", kUsage);
   if (int rc = flags.Split(argc, argv); rc >= 0) return rc;
+  ModelFlags m;
   for (const CliFlag& flag : flags.flags()) {
+    if (flag.name == "--kv-dtype" && flag.value == "all") {
+      for (const KvDtypeSpec& d : AllFormats()) o->dtypes.push_back(d);
+      continue;
+    }
+    if (std::optional<int> rc =
+            m.Take(flags, flag,
+                   kModelFlag | kTokenizerFlag | kKvDtypeFlag | kBlockSizeFlag | kThreadsFlag)) {
+      if (*rc >= 0) return *rc;
+      // Formats keep their order among 'all' and single ones.
+      if (flag.name == "--kv-dtype") o->dtypes.push_back(m.kv_dtypes.back());
+      continue;
+    }
     const std::string& name = flag.name;
     const std::string& value = flag.value;
     int64_t n = 0;
@@ -128,24 +141,10 @@ int ParseFlags(int argc, char** argv, Options* o) {
       return true;
     };
     auto bad = [&](const std::string& want) { return flags.BadValue(flag, want); };
-    if (name == "--model") {
-      o->model = value;
-    } else if (name == "--tokenizer") {
-      o->tokenizer = value;
-    } else if (name == "--text") {
+    if (name == "--text") {
       o->text = value;
     } else if (name == "--json") {
       o->json = value;
-    } else if (name == "--kv-dtype") {
-      if (value == "all") {
-        for (const KvDtypeSpec& d : AllFormats()) o->dtypes.push_back(d);
-        continue;
-      }
-      absl::StatusOr<KvDtypeSpec> d = KvDtypeSpec::Parse(value, "--kv-dtype");
-      if (!d.ok()) return flags.UsageError(std::string(d.status().message()));
-      o->dtypes.push_back(*d);
-    } else if (name == "--block-size") {
-      if (!int_flag(1, 65536, &o->block_size)) return bad("an integer in [1, 65536]");
     } else if (name == "--int4-group-size") {
       if (!int_flag(1, 65536, &o->int4_group_size) ||
           (o->int4_group_size != 32 && o->int4_group_size != 64 && o->int4_group_size != 128)) {
@@ -163,8 +162,6 @@ int ParseFlags(int argc, char** argv, Options* o) {
       if (!int_flag(1, 1 << 20, &o->eval.prompt_tokens)) return bad("an integer >= 1");
     } else if (name == "--continuation") {
       if (!int_flag(0, 1 << 20, &o->eval.continuation)) return bad("an integer >= 0");
-    } else if (name == "--threads") {
-      if (!int_flag(0, 1024, &o->threads)) return bad("an integer >= 0");
     } else if (name == "--policy") {
       o->policies.clear();
       if (value == "all") {
@@ -202,6 +199,10 @@ int ParseFlags(int argc, char** argv, Options* o) {
       return flags.UsageError(absl::StrCat("unknown flag '", name, "'"));
     }
   }
+  o->model = m.model;
+  o->tokenizer = m.tokenizer;
+  o->block_size = m.block_size.value_or(o->block_size);
+  o->threads = m.threads.value_or(o->threads);
   if (o->model.empty()) return flags.UsageError("--model is required");
   if (o->text.empty()) return flags.UsageError("--text is required");
   if (o->sweep > 0 && o->policies.empty()) {

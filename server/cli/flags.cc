@@ -50,4 +50,30 @@ bool CliFlags::ParseFloat(const std::string& text, float* out) {
   return absl::SimpleAtof(text, out);
 }
 
+std::optional<int> ModelFlags::Take(const CliFlags& flags, const CliFlag& flag, unsigned accepted) {
+  long long n = 0;
+  if (flag.name == "--model" && (accepted & kModelFlag)) {
+    model = flag.value;
+  } else if (flag.name == "--tokenizer" && (accepted & kTokenizerFlag)) {
+    tokenizer = flag.value;
+  } else if (flag.name == "--kv-dtype" && (accepted & kKvDtypeFlag)) {
+    absl::StatusOr<KvDtypeSpec> d = KvDtypeSpec::Parse(flag.value, "--kv-dtype");
+    if (!d.ok()) return flags.UsageError(std::string(d.status().message()));
+    kv_dtypes.push_back(*d);
+  } else if (flag.name == "--block-size" && (accepted & kBlockSizeFlag)) {
+    if (!CliFlags::ParseInt(flag.value, 1, 65536, &n)) {
+      return flags.BadValue(flag, "an integer in [1, 65536]");
+    }
+    block_size = static_cast<int>(n);
+  } else if (flag.name == "--threads" && (accepted & kThreadsFlag)) {
+    if (!CliFlags::ParseInt(flag.value, 0, 1024, &n)) {
+      return flags.BadValue(flag, "an integer in [0, 1024]");
+    }
+    threads = static_cast<int>(n);
+  } else {
+    return std::nullopt;
+  }
+  return -1;
+}
+
 }  // namespace kvserve::cli

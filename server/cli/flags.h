@@ -10,13 +10,16 @@
 //   }
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "cache/kv_dtype_spec.h"
 
 namespace kvserve::cli {
 
 struct CliFlag {
-  std::string name;   // with the leading "--"
+  std::string name;  // with the leading "--"
   std::string value;
 };
 
@@ -42,6 +45,40 @@ class CliFlags {
   std::string command_;
   const char* usage_;
   std::vector<CliFlag> flags_;
+};
+
+// The model flags several commands share (--model, --tokenizer, --kv-dtype,
+// --block-size, --threads), parsed and checked one way everywhere. A
+// command names the ones it accepts; the others stay unknown to it.
+//
+// Example:
+//   ModelFlags m;
+//   for (const CliFlag& f : flags.flags()) {
+//     if (std::optional<int> rc = m.Take(flags, f, kModelFlag | kThreadsFlag)) {
+//       if (*rc >= 0) return *rc;
+//       continue;
+//     }
+//     ... the command's own flags ...
+//   }
+enum ModelFlag : unsigned {
+  kModelFlag = 1,      // --model PATH (a checkpoint, an HF directory or dummy:<preset>)
+  kTokenizerFlag = 2,  // --tokenizer FILE (tokenizer.json or a SentencePiece .model)
+  kKvDtypeFlag = 4,    // --kv-dtype D (one name or a per-layer list), repeatable
+  kBlockSizeFlag = 8,  // --block-size B, in [1, 65536]
+  kThreadsFlag = 16,   // --threads N, in [0, 1024] (0: what the cgroup and affinity allow)
+};
+
+struct ModelFlags {
+  std::string model;
+  std::string tokenizer;
+  std::vector<KvDtypeSpec> kv_dtypes;  // every --kv-dtype given, in order
+  std::optional<int> block_size;
+  std::optional<int> threads;
+
+  // Takes `flag` if it is one of `accepted` (a ModelFlag mask): nullopt when
+  // it is not (the caller's own, or unknown), -1 when taken, else the exit
+  // code after a usage error naming the flag.
+  std::optional<int> Take(const CliFlags& flags, const CliFlag& flag, unsigned accepted);
 };
 
 }  // namespace kvserve::cli

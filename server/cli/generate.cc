@@ -34,7 +34,7 @@ constexpr char kUsage[] =
     "model's context, and at BOS for llama2.c checkpoints.\n"
     "options:\n"
     "  --model PATH         llama2.c checkpoint, HF directory or dummy:<preset> (required)\n"
-    "  --tokenizer FILE     SentencePiece .model (default: beside the model)\n"
+    "  --tokenizer FILE     tokenizer.json or SentencePiece .model (default: beside the model)\n"
     "  --prompt TEXT        prompt text (default: empty, i.e. BOS only)\n"
     "  --max-tokens N       tokens to generate, >= 1 (default 256)\n"
     "  --temperature T      0 is greedy (default: generation_config.json's, else 1)\n"
@@ -76,17 +76,20 @@ struct Options {
 int ParseFlags(int argc, char** argv, Options* o) {
   CliFlags flags("generate", kUsage);
   if (int rc = flags.Split(argc, argv); rc >= 0) return rc;
+  ModelFlags m;
   for (const CliFlag& flag : flags.flags()) {
+    if (std::optional<int> rc =
+            m.Take(flags, flag,
+                   kModelFlag | kTokenizerFlag | kKvDtypeFlag | kBlockSizeFlag | kThreadsFlag)) {
+      if (*rc >= 0) return *rc;
+      continue;
+    }
     const std::string& name = flag.name;
     const std::string& value = flag.value;
     auto bad = [&](const std::string& want) { return flags.BadValue(flag, want); };
     int64_t n = 0;
     float f = 0;
-    if (name == "--model") {
-      o->model = value;
-    } else if (name == "--tokenizer") {
-      o->tokenizer = value;
-    } else if (name == "--prompt") {
+    if (name == "--prompt") {
       o->prompt = value;
     } else if (name == "--max-tokens") {
       if (!absl::SimpleAtoi(value, &n) || n < 1 || n > (1 << 30)) return bad("an integer >= 1");
@@ -113,14 +116,6 @@ int ParseFlags(int argc, char** argv, Options* o) {
       uint64_t seed = 0;
       if (!absl::SimpleAtoi(value, &seed)) return bad("a non-negative integer");
       o->sampling.seed = seed;
-    } else if (name == "--block-size") {
-      if (!absl::SimpleAtoi(value, &n) || n < 1 || n > 65536)
-        return bad("an integer in [1, 65536]");
-      o->block_size = static_cast<int>(n);
-    } else if (name == "--kv-dtype") {
-      absl::StatusOr<KvDtypeSpec> d = KvDtypeSpec::Parse(value, "--kv-dtype");
-      if (!d.ok()) return flags.UsageError(std::string(d.status().message()));
-      o->kv_dtype = *d;
     } else if (name == "--num-blocks") {
       if (!absl::SimpleAtoi(value, &n) || n < 1 || n > (1 << 30)) return bad("an integer >= 1");
       o->num_blocks = static_cast<int32_t>(n);
@@ -132,13 +127,15 @@ int ParseFlags(int argc, char** argv, Options* o) {
     } else if (name == "--dtype") {
       if (!ResolveWeightDtype(value, DeviceSpec{}).ok()) return bad("auto, fp32, fp16 or bf16");
       o->dtype = value;
-    } else if (name == "--threads") {
-      if (!absl::SimpleAtoi(value, &n) || n < 0 || n > 1024) return bad("an integer >= 0");
-      o->threads = static_cast<int>(n);
     } else {
       return flags.UsageError(absl::StrCat("unknown flag '", name, "'"));
     }
   }
+  o->model = m.model;
+  o->tokenizer = m.tokenizer;
+  if (!m.kv_dtypes.empty()) o->kv_dtype = m.kv_dtypes.back();
+  o->block_size = m.block_size.value_or(o->block_size);
+  o->threads = m.threads.value_or(o->threads);
   if (o->model.empty()) return flags.UsageError("--model is required");
   if (absl::Status s = o->sampling.Validate(); !s.ok()) {
     return flags.UsageError(std::string(s.message()));

@@ -33,6 +33,8 @@ constexpr char kUsage[] =
     "  --model M           preset (tiny, llama-2-7b, llama-2-70b, llama-3-8b, mistral-7b,\n"
     "                      stories110m-shape; 'dummy:' prefix optional), HF directory or\n"
     "                      llama2.c checkpoint\n"
+    "  --tokenizer FILE    tokenizer.json or SentencePiece .model of a llama2.c checkpoint\n"
+    "                      (default: beside it)\n"
     "  --memory SIZE       memory for weights + KV cache, with its unit (required):\n"
     "                      80GiB or 80Gi (80 x 1024^3), 80GB or 80G (80 x 1000^3), 4096B\n"
     "  --context N         tokens per sequence (required)\n"
@@ -53,6 +55,7 @@ constexpr int kNothingFits = 3;
 
 struct Options {
   std::string model;
+  std::string tokenizer;  // for a llama2.c checkpoint without one beside it
   int64_t memory_bytes = -1;
   int64_t context = 0;
   int block_size = 16;
@@ -84,23 +87,24 @@ bool WeightBytesPerParam(const std::string& dtype, double* bytes) {
 int ParseFlags(int argc, char** argv, Options* o) {
   CliFlags flags("plan", kUsage);
   if (int rc = flags.Split(argc, argv); rc >= 0) return rc;
+  ModelFlags m;
   for (const CliFlag& flag : flags.flags()) {
+    if (std::optional<int> rc =
+            m.Take(flags, flag, kModelFlag | kTokenizerFlag | kKvDtypeFlag | kBlockSizeFlag)) {
+      if (*rc >= 0) return *rc;
+      continue;
+    }
     const std::string& name = flag.name;
     const std::string& value = flag.value;
     auto bad = [&](const std::string& want) { return flags.BadValue(flag, want); };
     int64_t n = 0;
-    if (name == "--model") {
-      o->model = value;
-    } else if (name == "--memory") {
+    if (name == "--memory") {
       absl::StatusOr<int64_t> bytes = ParseByteSize(value, "--memory", ByteSizeUnit::kRequired);
       if (!bytes.ok()) return flags.UsageError(std::string(bytes.status().message()));
       o->memory_bytes = *bytes;
     } else if (name == "--context") {
       if (!absl::SimpleAtoi(value, &n) || n < 1) return bad("an integer >= 1");
       o->context = n;
-    } else if (name == "--block-size") {
-      if (!absl::SimpleAtoi(value, &n) || n < 1 || n > (1 << 20)) return bad("an integer >= 1");
-      o->block_size = static_cast<int>(n);
     } else if (name == "--batch") {
       if (!absl::SimpleAtoi(value, &n) || n < 0) return bad("an integer >= 0");
       o->batch = n;
@@ -113,19 +117,19 @@ int ParseFlags(int argc, char** argv, Options* o) {
       if (!absl::SimpleAtoi(value, &n) || n < 2 || n > (1 << 20))
         return bad("an even integer >= 2");
       o->int4_group_size = static_cast<int>(n);
-    } else if (name == "--kv-dtype") {
-      absl::StatusOr<KvDtypeSpec> d = KvDtypeSpec::Parse(value, "--kv-dtype");
-      if (!d.ok()) return flags.UsageError(std::string(d.status().message()));
-      o->extra_dtypes.push_back(*d);
     } else if (name == "--max-seqs") {
       if (!absl::SimpleAtoi(value, &n) || n < 0 || n > (1 << 24)) return bad("an integer >= 0");
       o->max_seqs = n;
     } else if (name == "--json") {
       o->json_path = value;
     } else {
-      return flags.UsageError(absl::StrCat("unknown flag ", name));
+      return flags.UsageError(absl::StrCat("unknown flag '", name, "'"));
     }
   }
+  o->model = m.model;
+  o->tokenizer = m.tokenizer;
+  o->extra_dtypes = m.kv_dtypes;
+  o->block_size = m.block_size.value_or(o->block_size);
   if (o->model.empty()) return flags.UsageError("--model is required");
   if (o->memory_bytes < 0) return flags.UsageError("--memory is required");
   if (o->context == 0) return flags.UsageError("--context is required");
@@ -134,10 +138,10 @@ int ParseFlags(int argc, char** argv, Options* o) {
 
 // A preset name (with or without "dummy:"), else an HF directory (its
 // config.json only), else anything LoadModel reads.
-absl::StatusOr<ModelConfig> ResolveModel(const std::string& model) {
+absl::StatusOr<ModelConfig> ResolveModel(const std::string& model, const std::string& tokenizer) {
   if (absl::StatusOr<ModelConfig> preset = DummyPresetConfig(model); preset.ok()) return preset;
   if (std::ifstream(model + "/config.json").good()) return ParseHfConfig(model + "/config.json");
-  absl::StatusOr<LoadedModel> loaded = LoadModel(model);
+  absl::StatusOr<LoadedModel> loaded = LoadModel(model, tokenizer);
   if (!loaded.ok()) {
     std::string presets;
     for (const std::string& p : DummyPresetNames()) presets += (presets.empty() ? "" : ", ") + p;
@@ -162,7 +166,7 @@ std::string WithCommas(int64_t v) {
 int RunPlan(int argc, char** argv) {
   Options o;
   if (int rc = ParseFlags(argc, argv, &o); rc >= 0) return rc;
-  absl::StatusOr<ModelConfig> config = ResolveModel(o.model);
+  absl::StatusOr<ModelConfig> config = ResolveModel(o.model, o.tokenizer);
   if (!config.ok()) {
     std::fprintf(stderr, "kvserve plan: %s\n", std::string(config.status().message()).c_str());
     return 1;

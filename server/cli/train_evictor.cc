@@ -32,7 +32,7 @@ constexpr char kUsage[] =
     "cache.evictor_model (or eval-kv --evictor-model).\n"
     "options:\n"
     "  --model PATH       llama2.c checkpoint or HF directory (required)\n"
-    "  --tokenizer FILE   SentencePiece .model (default: beside the model)\n"
+    "  --tokenizer FILE   tokenizer.json or SentencePiece .model (default: beside the model)\n"
     "  --text FILE        the text (required)\n"
     "  --out FILE         where to write the model (required)\n"
     "  --streams N        streams to record (default 16)\n"
@@ -55,18 +55,19 @@ int RunTrainEvictor(int argc, char** argv) {
   int32_t streams = 16, skip = 0;
   int threads = 0;
   EvictorTrainingOptions to;
+  ModelFlags m;
   for (const CliFlag& flag : flags.flags()) {
+    if (std::optional<int> rc = m.Take(flags, flag, kModelFlag | kTokenizerFlag | kThreadsFlag)) {
+      if (*rc >= 0) return *rc;
+      continue;
+    }
     long long n = 0;
     auto int_flag = [&](long long lo, long long hi, auto* dst) {
       if (!CliFlags::ParseInt(flag.value, lo, hi, &n)) return false;
       *dst = static_cast<std::remove_pointer_t<decltype(dst)>>(n);
       return true;
     };
-    if (flag.name == "--model") {
-      model = flag.value;
-    } else if (flag.name == "--tokenizer") {
-      tokenizer = flag.value;
-    } else if (flag.name == "--text") {
+    if (flag.name == "--text") {
       text_path = flag.value;
     } else if (flag.name == "--out") {
       out = flag.value;
@@ -80,12 +81,13 @@ int RunTrainEvictor(int argc, char** argv) {
       if (!int_flag(1, 1 << 16, &to.samples_per_step)) {
         return flags.BadValue(flag, "an integer >= 1");
       }
-    } else if (flag.name == "--threads") {
-      if (!int_flag(0, 1024, &threads)) return flags.BadValue(flag, "an integer >= 0");
     } else {
       return flags.UsageError(absl::StrCat("unknown flag '", flag.name, "'"));
     }
   }
+  model = m.model;
+  tokenizer = m.tokenizer;
+  threads = m.threads.value_or(threads);
   if (model.empty()) return flags.UsageError("--model is required");
   if (text_path.empty()) return flags.UsageError("--text is required");
   if (out.empty()) return flags.UsageError("--out is required");

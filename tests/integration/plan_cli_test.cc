@@ -57,5 +57,31 @@ TEST_CASE("kvserve plan: sizes need a unit, and the exit status says whether any
   }
 }
 
+// The model flags are one parser for every command (server/cli/flags.h):
+// plan takes --tokenizer for a llama2.c checkpoint as generate does, and the
+// same bad value gets the same message from each command.
+TEST_CASE("kvserve commands share the model flags and their messages", "[integration]") {
+  const std::string ckpt = testing::ShellQuote(testing::Stories260kCheckpoint());
+  const std::string tok = testing::ShellQuote(testing::Stories260kTokenizer());
+  std::string out;
+  REQUIRE(RunPlan("--model " + ckpt + " --tokenizer " + tok + " --memory 1GiB --context 256",
+                  &out) == 0);
+  INFO(out);
+  REQUIRE(out.find(": 5 layers, 8 heads / 4 kv heads, head_dim 8") != std::string::npos);
+  for (const char* command : {"plan", "generate", "eval-kv"}) {
+    INFO(command);
+    out.clear();
+    const std::string bin = testing::ShellQuote(testing::KvserveBinary());
+    REQUIRE(testing::RunShell(bin + " " + command + " --model " + ckpt +
+                                  " --block-size 0 --memory 1GiB --context 8 --text x 2>&1",
+                              &out) == 2);
+    REQUIRE(out.find("--block-size: '0' is not an integer in [1, 65536]") != std::string::npos);
+  }
+  out.clear();
+  REQUIRE(testing::RunShell(testing::ShellQuote(testing::KvserveBinary()) + " serve --help 2>&1",
+                            &out) == 0);
+  REQUIRE(out.find("k8v4 or int4_kc, or one per layer") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace kvserve
