@@ -5,7 +5,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 CONFIG ?= configs/default.yaml
 
-.PHONY: all deps build build-daemon run test test-sanitize fuzz soak bench bench-eviction image clean format
+.PHONY: all deps deps-run build build-daemon run test test-sanitize fuzz soak bench bench-eviction image clean format
 
 all: build
 
@@ -29,9 +29,14 @@ RUN_BUILD_DIR ?= build-run
 RUN_CUDA ?= $(shell nvidia-smi -L >/dev/null 2>&1 && echo AUTO || echo OFF)
 
 $(RUN_BUILD_DIR)/CMakeCache.txt:
-	cmake -S . -B $(RUN_BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DKVSERVE_CUDA=$(RUN_CUDA) $(CMAKE_FLAGS)
+	cmake -S . -B $(RUN_BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DKVSERVE_CUDA=$(RUN_CUDA) \
+	  -DKVSERVE_BUILD_TESTS=OFF -DKVSERVE_BUILD_BENCH=OFF $(CMAKE_FLAGS)
 
-run: deps $(RUN_BUILD_DIR)/CMakeCache.txt
+# Only the daemon's own dependencies: no test tools.
+deps-run:
+	@bash scripts/install-deps.sh --run
+
+run: deps-run $(RUN_BUILD_DIR)/CMakeCache.txt
 	cmake --build $(RUN_BUILD_DIR) -j$(JOBS) --target kvserve
 	@model_dir=$$(bash scripts/fetch-model.sh stories260k) && \
 	  export KVSERVE_MODEL_DIR=$$model_dir && exec $(RUN_BUILD_DIR)/kvserve serve --config $(CONFIG)

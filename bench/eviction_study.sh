@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # `make bench-eviction`: the full KV eviction study on stories260K, as the
-# README reports it:
+# docs/kv-eviction.md reports it:
 #   1. long text: one 4,000-token stream of the dev stories (one BOS), every
 #      policy with fp32 and int8 pages at a 256-token budget, dense attention
 #      and the recompute baseline; perplexity per 256-token window;

@@ -5,7 +5,7 @@
 //
 // Why logistic regression: seven features, a monotone score and a file of a
 // few hundred bytes; it trains in milliseconds by Newton's method, needs no
-// tuning beyond an L2 weight, and its weights can be read (the README lists
+// tuning beyond an L2 weight, and its weights can be read (docs/kv-eviction.md lists
 // them); the features already carry the non-linear transforms (logs).
 //
 // Features of entry i (EvictionState, n entries, newest position p):

@@ -1,21 +1,32 @@
 #!/usr/bin/env bash
-# Installs kvserve's build and test dependencies from Debian's packages.
+# Installs kvserve's dependencies from Debian's packages: with --run only
+# what building and running the daemon needs (`make run`), else those and
+# everything the tests, benchmarks and fuzzers use (`make test`).
 # Idempotent and non-interactive: packages already present are skipped, and
 # apt is not touched at all when nothing is missing.
 set -euo pipefail
 
-# clang and libclang-rt-14-dev (libFuzzer and clang's sanitizer runtimes):
-# the fuzz targets of tests/fuzz; gcc's ASan/UBSan come with build-essential.
+# Building the daemon (curl fetches the reference model where ../shared has none).
 packages=(
   build-essential cmake pkg-config curl ca-certificates
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
-  libabsl-dev libspdlog-dev nlohmann-json3-dev libsentencepiece-dev catch2
-  libyaml-cpp-dev libcpp-httplib-dev prometheus-cpp-dev libpcre2-dev libutf8proc-dev
-  libbenchmark-dev python3 python3-grpcio python3-numpy nodejs npm prometheus nginx
-  gnuplot-nox
-  clang libclang-rt-14-dev
-  libboost-dev libssl-dev openssl
+  libabsl-dev libspdlog-dev nlohmann-json3-dev libsentencepiece-dev
+  libyaml-cpp-dev prometheus-cpp-dev libpcre2-dev libutf8proc-dev
+  libboost-dev libssl-dev
 )
+# The tests and benchmarks: Catch2, cpp-httplib (the tests' HTTP client),
+# Google Benchmark, Python grpcio/numpy (reference clients and forward
+# passes), node + npm (JS references, manifest schemas), prometheus
+# (promtool), nginx (the load-balancer tests), gnuplot (study plots), openssl
+# (test certificates), clang and libclang-rt-14-dev (libFuzzer and clang's
+# sanitizer runtimes for tests/fuzz; gcc's ASan/UBSan come with
+# build-essential).
+if [[ "${1:-}" != "--run" ]]; then
+  packages+=(
+    catch2 libcpp-httplib-dev libbenchmark-dev python3 python3-grpcio python3-numpy
+    nodejs npm prometheus nginx gnuplot-nox openssl clang libclang-rt-14-dev
+  )
+fi
 if [[ "${KVSERVE_DEPS_EXTRA:-}" != "" ]]; then
   read -r -a extra <<<"${KVSERVE_DEPS_EXTRA}"
   packages+=("${extra[@]}")

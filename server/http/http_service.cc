@@ -236,11 +236,19 @@ void HttpService::Handle(std::shared_ptr<HttpExchange> ex) {
     if (req.path == "/v1/completions") return HandleGenerate(/*chat=*/false, std::move(ex));
     if (req.path == "/v1/chat/completions") return HandleGenerate(/*chat=*/true, std::move(ex));
   }
+  // A route asked with another method is 405 with the methods it takes.
+  const char* allow = nullptr;
+  if (req.path == "/health" || req.path == "/metrics" || req.path == "/v1/models") allow = "GET";
+  if (req.path == "/v1/completions" || req.path == "/v1/chat/completions") allow = "POST";
   ApiError e;
-  e.http_status = 404;
-  e.type = "not_found_error";
-  e.message = absl::StrCat("no route for ", req.method, " ", req.path);
-  ex->Respond(ErrorResponse(e));
+  e.http_status = allow != nullptr ? 405 : 404;
+  e.type = allow != nullptr ? "invalid_request_error" : "not_found_error";
+  e.message = allow != nullptr ? absl::StrCat(req.method, " is not allowed on ", req.path,
+                                              ": use ", allow)
+                               : absl::StrCat("no route for ", req.method, " ", req.path);
+  HttpResponse r = ErrorResponse(e);
+  if (allow != nullptr) r.headers.emplace_back("Allow", allow);
+  ex->Respond(std::move(r));
 }
 
 HttpResponse HttpService::Health() const {

@@ -321,7 +321,7 @@ TEST_CASE("Daemon: every framing finding is refused with its status, the golden 
 // Issue 21's critical finding: a JSON number beyond a double (1e309) in a
 // request body ended the process (nlohmann's out_of_range escaped the
 // worker thread). Each is a 400 naming the field; the daemon serves on.
-TEST_CASE("Daemon: numbers beyond a double are a 400 naming the field, the daemon serves on",
+TEST_CASE("Daemon: numbers beyond a double are a 400 naming the field and the daemon serves on",
           "[integration][hardening]") {
   DaemonProcess d({"server.api_key=k3y"});
   const int port = d.http_port();

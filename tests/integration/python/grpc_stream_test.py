@@ -2,8 +2,7 @@
 """Streams a completion from a running kvserve daemon with a Python grpcio client.
 
 Stubs are generated from proto/kvserve.proto at run time into a scratch
-directory: with grpc_tools when it is installed, otherwise with protoc and
-grpc_python_plugin (Debian: protobuf-compiler, protobuf-compiler-grpc).
+directory by scripts/grpc_generate.py's import_stubs.
 
 Environment:
   KVSERVE_GRPC_ADDR    host:port of the daemon's gRPC server (required)
@@ -13,31 +12,16 @@ Environment:
 Exit status 0 when every check passes.
 """
 
-import importlib
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 
 import grpc
 
-
-def generate_stubs(proto_dir, out_dir):
-    proto = os.path.join(proto_dir, "kvserve.proto")
-    try:
-        from grpc_tools import protoc  # noqa: F401
-
-        cmd = [sys.executable, "-m", "grpc_tools.protoc"]
-        plugin = []
-    except ImportError:
-        cmd = [shutil.which("protoc") or "protoc"]
-        grpc_plugin = shutil.which("grpc_python_plugin")
-        if grpc_plugin is None:
-            sys.exit("neither grpc_tools nor grpc_python_plugin is installed")
-        plugin = ["--plugin=protoc-gen-grpc_python=" + grpc_plugin]
-    cmd += ["-I", proto_dir, "--python_out", out_dir, "--grpc_python_out", out_dir] + plugin
-    subprocess.run(cmd + [proto], check=True)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..",
+                                "scripts"))
+from grpc_generate import import_stubs  # noqa: E402
 
 
 def check(condition, message):
@@ -52,10 +36,7 @@ def main():
     proto_dir = os.environ.get("KVSERVE_PROTO_DIR", os.path.join(here, "..", "..", "..", "proto"))
     out_dir = tempfile.mkdtemp(prefix="kvserve-pystubs-")
     try:
-        generate_stubs(proto_dir, out_dir)
-        sys.path.insert(0, out_dir)
-        pb = importlib.import_module("kvserve_pb2")
-        pb_grpc = importlib.import_module("kvserve_pb2_grpc")
+        pb, pb_grpc = import_stubs(proto_dir, out_dir)
 
         with grpc.insecure_channel(addr) as channel:
             grpc.channel_ready_future(channel).result(timeout=30)

@@ -1,4 +1,4 @@
-// The KV eviction study on stories260K (the claims the README reports):
+// The KV eviction study on stories260K (the claims docs/kv-eviction.md reports):
 //   * StreamingLLM's result: over one 4,000-token stream, streaming (4 sinks
 //     + 252 recent) stays within 10% of the recompute baseline on every
 //     256-token window, with fp32 and int8 pages, while dense attention past

@@ -215,6 +215,15 @@ TEST_CASE("Bad requests get the right status and a JSON body, and serving goes o
   SECTION("unknown model and path are 404, oversized bodies 413") {
     RequireError(d.Post("/v1/completions", R"({"model": "gpt-4", "prompt": "hi"})"), 404, "model");
     RequireError(d.Post("/v1/nothing", "{}"), 404, "");
+    // A route with the wrong method: 405 naming the method it takes.
+    auto get = d.Client().Get("/v1/completions");
+    RequireError(get, 405, "");
+    REQUIRE(get->get_header_value("Allow") == "POST");
+    REQUIRE(json::parse(get->body)["error"]["message"] ==
+            "GET is not allowed on /v1/completions: use POST");
+    auto post = d.Post("/health", "{}");
+    RequireError(post, 405, "");
+    REQUIRE(post->get_header_value("Allow") == "GET");
     auto big = d.Post("/v1/completions", R"({"prompt": ")" + std::string(8000, 'x') + R"("})");
     RequireError(big, 413, "");
     REQUIRE(json::parse(big->body)["error"]["code"] == "payload_too_large");

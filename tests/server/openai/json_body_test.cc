@@ -42,7 +42,7 @@ TEST_CASE("JSON bodies: numbers beyond a double are an error naming their field"
       ParseJsonBody(R"({"a": 123456789012345678901234567890})", 64)));
 }
 
-TEST_CASE("JSON bodies: every kind of parse failure is returned, never thrown", "[server]") {
+TEST_CASE("JSON bodies: every kind of parse failure is returned and never thrown", "[server]") {
   // One body for each failure nlohmann's parser reports: syntax
   // (parse_error 101), invalid UTF-8 and a lone surrogate escape (101 from
   // the lexer), a number overflow (out_of_range 406), depth (the callback).
