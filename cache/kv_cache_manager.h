@@ -105,6 +105,7 @@
 #include "absl/status/statusor.h"
 #include "cache/block_copy.h"
 #include "cache/block_hash.h"
+#include "cache/index_move.h"
 #include "cache/block_pool.h"
 #include "cache/block_table.h"
 #include "cache/kv_cache_stats.h"
@@ -129,13 +130,8 @@ struct KvCacheConfig {
   absl::Status Validate() const;
 };
 
-// One entry moved by Evict: the entry at cache index `from` now lives at
-// `to`. The caller's per-entry bookkeeping (eviction statistics) follows.
-struct IndexMove {
-  int32_t from;
-  int32_t to;
-  friend bool operator==(const IndexMove&, const IndexMove&) = default;
-};
+// Evict's moves are IndexMoves (cache/index_move.h): the caller's per-entry
+// bookkeeping (eviction statistics) follows them.
 
 struct EvictResult {
   std::vector<IndexMove> moves;  // holes ascending

@@ -44,10 +44,11 @@
 #include "cache/kv_format.h"
 #include "kernels/batch_input.h"
 #include "model/model_config.h"
-#include "model/sampling/sampler.h"
 #include "model/sampling/sampling_params.h"
 
 namespace kvserve {
+
+struct SamplerState;  // model/sampling/sampler.h
 
 // One token to draw from the logits of the last Forward.
 struct SampleRow {
