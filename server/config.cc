@@ -160,6 +160,13 @@ Field Str(std::string key, std::function<void(ServeConfig&, std::string)> assign
           }};
 }
 
+// The eviction policies' names, as the cache spells them.
+std::vector<std::string> EvictionPolicyNames() {
+  std::vector<std::string> names;
+  for (EvictionPolicyKind k : kAllEvictionPolicies) names.emplace_back(EvictionPolicyName(k));
+  return names;
+}
+
 Field Enum(std::string key, std::vector<std::string> allowed,
            std::function<void(ServeConfig&, std::string)> assign) {
   return {key, [=](ServeConfig& c, const std::string& text, Source, const std::string&) {
@@ -292,8 +299,7 @@ const std::vector<Field>& Fields() {
                   }),
               Bool("cache.prefix_caching",
                    [](ServeConfig& c, bool v) { c.cache.prefix_caching = v; }),
-              Enum("cache.eviction_policy",
-                   {"none", "sliding_window", "streaming", "h2o", "scissorhands", "learned"},
+              Enum("cache.eviction_policy", EvictionPolicyNames(),
                    [](ServeConfig& c, std::string v) { c.cache.eviction_policy = std::move(v); }),
               Int("cache.eviction_budget", 0, kMaxInt32, "an integer >= 0",
                   [](ServeConfig& c, int64_t v) {
