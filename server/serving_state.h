@@ -61,6 +61,10 @@ class ServingState {
   void StartDraining();
 
   Phase phase() const { return phase_.load(std::memory_order_acquire); }
+  // False while the gRPC port cannot accept (GrpcService's watchdog saw it
+  // stop): /health is then 503 although generation over HTTP works.
+  void SetGrpcAccepting(bool accepting) { grpc_accepting_.store(accepting); }
+  bool grpc_accepting() const { return grpc_accepting_.load(); }
   bool ready() const { return phase() == Phase::kReady; }
   // Null while loading.
   Engine* engine() const { return engine_.load(std::memory_order_acquire); }
@@ -88,6 +92,7 @@ class ServingState {
   const std::shared_ptr<const ApiKeys> api_keys_;
   std::atomic<Phase> phase_{Phase::kLoading};
   std::atomic<Engine*> engine_{nullptr};
+  std::atomic<bool> grpc_accepting_{true};
   ServedModelInfo info_;  // written once before phase_ becomes kReady
 
   mutable absl::Mutex mu_;

@@ -1,12 +1,18 @@
 #include "server/grpc/grpc_service.h"
 
+#include <grpc/grpc_security.h>
 #include <grpc/support/log.h>
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/impl/codegen/client_unary_call.h>
+#include <grpcpp/resource_quota.h>
+#include <grpcpp/security/auth_metadata_processor.h>
 #include <grpcpp/support/proto_buffer_reader.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <deque>
 #include <fstream>
 #include <sstream>
@@ -14,15 +20,15 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "util/field_status.h"
 #include "proto/kvserve.grpc.pb.h"
 #include "scheduler/request_validation.h"
 #include "server/client_limiter.h"
 #include "server/config.h"
-#include "server/logging.h"
 #include "server/grpc/reflection_v1.h"
 #include "server/grpc/stats_proto.h"
+#include "server/logging.h"
 #include "server/request_budget.h"
+#include "util/field_status.h"
 
 namespace kvserve {
 namespace {
@@ -81,6 +87,12 @@ std::string RequestFieldName(std::string_view full_name) {
 // not printed).
 template <typename Message>
 absl::Status ParseRequest(const grpc::ByteBuffer& raw, Message* msg) {
+  // A call whose HEADERS end the stream carries no message at all (an empty
+  // message is a valid, zero-length buffer): not a default request.
+  if (!raw.Valid()) {
+    return absl::InvalidArgumentError(absl::StrCat("no ", Message::descriptor()->name(),
+                                                   " message: the call ended before sending one"));
+  }
   grpc::ByteBuffer copy(raw);  // the reader needs a mutable buffer; slices are shared
   grpc::ProtoBufferReader reader(&copy);
   ProtobufLogCapture capture;
@@ -441,10 +453,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   // Tokenizes a text prompt within the budget and hands the request to the
   // engine; then streams. Touches no member after finishing the call.
   void Submit(GenerateRequest g) {
-    bool cancelled = false;
+    bool cancelled = ctx_->IsCancelled();  // a reset stream costs the engine nothing
     {
       absl::MutexLock lock(&mu_);
-      cancelled = cancelled_;
+      cancelled = cancelled || cancelled_;
     }
     if (cancelled) {
       FinishNow(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client"));
@@ -767,6 +779,9 @@ GrpcService::Options GrpcService::OptionsFromConfig(const ServeConfig& config) {
   o.max_unsent_outputs = config.limits.max_unsent_outputs;
   o.tls_cert_file = config.server.tls.cert_file;
   o.tls_key_file = config.server.tls.key_file;
+  // A stalled or idle connection lasts as long as on the HTTP port.
+  o.handshake_timeout = absl::Seconds(config.server.http_header_timeout_s);
+  o.idle_timeout = absl::Seconds(config.server.http_idle_timeout_s);
   return o;
 }
 
@@ -790,10 +805,79 @@ absl::StatusOr<std::string> ReadPem(const std::string& path, const char* key) {
   return ss.str();
 }
 
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
-    const GrpcService::Options& o) {
+// The API key, checked on a call's metadata before gRPC reads its message
+// (so an unauthenticated 64 MiB message is refused, not received). Health and
+// reflection stay open, as before; Admit checks again (a path the processor
+// did not see is not let through).
+grpc::Status CheckMetadataKey(const ServingState& state, std::string_view path,
+                              std::string_view authorization) {
+  if (path.rfind("/kvserve.v1.Generation/", 0) != 0) return grpc::Status::OK;
+  if (state.Authorized(authorization)) return grpc::Status::OK;
+  return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                      "missing or wrong 'authorization: Bearer <key>' metadata");
+}
+
+// For TLS (grpc::SslServerCredentials takes a C++ processor).
+class KeyProcessor final : public grpc::AuthMetadataProcessor {
+ public:
+  explicit KeyProcessor(const ServingState* state) : state_(state) {}
+  bool IsBlocking() const override { return false; }  // a constant-time compare
+  grpc::Status Process(const InputMetadata& md, grpc::AuthContext*, OutputMetadata*,
+                       OutputMetadata*) override {
+    std::string_view path, authorization;
+    for (const auto& [key, value] : md) {
+      if (key == ":path") path = std::string_view(value.data(), value.size());
+      if (key == "authorization") authorization = std::string_view(value.data(), value.size());
+    }
+    return CheckMetadataKey(*state_, path, authorization);
+  }
+
+ private:
+  const ServingState* const state_;
+};
+
+// Plaintext with the same processor: grpc::InsecureServerCredentials()
+// refuses a processor in 1.51, the core's insecure credentials take one.
+class InsecureKeyCredentials final : public grpc::ServerCredentials {
+ public:
+  explicit InsecureKeyCredentials(const ServingState* state)
+      : creds_(grpc_insecure_server_credentials_create()) {
+    grpc_server_credentials_set_auth_metadata_processor(
+        creds_, {&Process, nullptr, const_cast<ServingState*>(state)});
+  }
+  ~InsecureKeyCredentials() override { grpc_server_credentials_release(creds_); }
+  void SetAuthMetadataProcessor(const std::shared_ptr<grpc::AuthMetadataProcessor>&) override {
+    std::abort();  // this one has its processor
+  }
+
+ private:
+  int AddPortToServer(const std::string& addr, grpc_server* server) override {
+    return grpc_server_add_http2_port(server, addr.c_str(), creds_);
+  }
+  static void Process(void* arg, grpc_auth_context*, const grpc_metadata* md, size_t n,
+                      grpc_process_auth_metadata_done_cb done, void* user_data) {
+    std::string_view path, authorization;
+    for (size_t i = 0; i < n; ++i) {
+      const std::string_view key(reinterpret_cast<const char*>(GRPC_SLICE_START_PTR(md[i].key)),
+                                 GRPC_SLICE_LENGTH(md[i].key));
+      const std::string_view value(reinterpret_cast<const char*>(GRPC_SLICE_START_PTR(md[i].value)),
+                                   GRPC_SLICE_LENGTH(md[i].value));
+      if (key == ":path") path = value;
+      if (key == "authorization") authorization = value;
+    }
+    const grpc::Status st =
+        CheckMetadataKey(*static_cast<const ServingState*>(arg), path, authorization);
+    done(user_data, nullptr, 0, nullptr, 0, static_cast<grpc_status_code>(st.error_code()),
+         st.ok() ? nullptr : st.error_message().c_str());
+  }
+
+  grpc_server_credentials* const creds_;
+};
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(const GrpcService::Options& o,
+                                                                     const ServingState* state) {
   if (o.tls_cert_file.empty() && o.tls_key_file.empty()) {
-    return grpc::InsecureServerCredentials();
+    return std::make_shared<InsecureKeyCredentials>(state);
   }
   if (o.tls_cert_file.empty() || o.tls_key_file.empty()) {
     return absl::InvalidArgumentError(
@@ -808,15 +892,22 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials(
   pair.private_key = *std::move(key);
   pair.cert_chain = *std::move(cert);
   ssl.pem_key_cert_pairs.push_back(std::move(pair));
-  return grpc::SslServerCredentials(ssl);
+  std::shared_ptr<grpc::ServerCredentials> creds = grpc::SslServerCredentials(ssl);
+  creds->SetAuthMetadataProcessor(std::make_shared<KeyProcessor>(state));
+  return creds;
 }
 
 }  // namespace
 
 namespace {
 
+// Set by gRPC's "Failed accept4: ..." line: 1.51's listener has stopped
+// (any accept error but EAGAIN/ECONNABORTED/EINTR ends its accept loop).
+std::atomic<bool> g_accept_failed{false};
+
 // gRPC core's own lines (a failed TLS handshake, ...) through spdlog too.
 void OnGrpcLog(gpr_log_func_args* args) {
+  if (absl::StartsWith(args->message, "Failed accept4")) g_accept_failed.store(true);
   const spdlog::level::level_enum level =
       args->severity == GPR_LOG_SEVERITY_ERROR  ? spdlog::level::warn
       : args->severity == GPR_LOG_SEVERITY_INFO ? spdlog::level::info
@@ -827,18 +918,54 @@ void OnGrpcLog(gpr_log_func_args* args) {
 }  // namespace
 
 absl::Status GrpcService::Start(const std::string& host, int port, bool reuse_port) {
-  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = Credentials(options_);
-  if (!credentials.ok()) return credentials.status();
   RouteProtobufLogs();
   gpr_set_log_function(&OnGrpcLog);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  address_host_ = host;
+  reuse_port_ = reuse_port;
+  port_ = port;
+  {
+    absl::MutexLock lock(&server_mu_);
+    if (absl::Status s = BuildServerLocked(); !s.ok()) return s;
+    serving_ = state_->ready();
+    SetServingLocked(serving_);
+  }
+  if (options_.watchdog_interval > absl::ZeroDuration()) {
+    watchdog_ = std::thread([this] { WatchdogLoop(); });
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GrpcService::BuildServerLocked() {
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      Credentials(options_, state_);
+  if (!credentials.ok()) return credentials.status();
   grpc::ServerBuilder builder;
   int selected = 0;
   // IPv6 literals need brackets in a gRPC target.
-  std::string address = host.find(':') != std::string::npos ? absl::StrCat("[", host, "]:", port)
-                                                            : absl::StrCat(host, ":", port);
-  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, reuse_port ? 1 : 0);
+  const std::string address = address_host_.find(':') != std::string::npos
+                                  ? absl::StrCat("[", address_host_, "]:", port_)
+                                  : absl::StrCat(address_host_, ":", port_);
+  auto ms = [](absl::Duration d) { return static_cast<int>(absl::ToInt64Milliseconds(d)); };
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, reuse_port_ ? 1 : 0);
+  // Rapid reset and stream floods: at most this many open streams per
+  // connection. gRPC 1.51 has no option that closes a connection resetting
+  // streams faster than it completes them (the upstream fix for
+  // CVE-2023-44487 came in 1.56.3+); README: terminate HTTP/2 in front.
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, options_.max_concurrent_streams);
+  // A connection that never sends its SETTINGS closes after this (1.51's
+  // default is 120 s); one without calls after idle_timeout. 1.51 has no
+  // connection cap (GRPC_ARG_MAX_ALLOWED_INCOMING_CONNECTIONS came later):
+  // these timeouts and the resource quota are what bound them.
+  builder.AddChannelArgument(GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS, ms(options_.handshake_timeout));
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_IDLE_MS, ms(options_.idle_timeout));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, ms(options_.keepalive_time));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, ms(options_.keepalive_timeout));
+  grpc::ResourceQuota quota("kvserve-grpc");
+  quota.Resize(static_cast<size_t>(options_.memory_quota_bytes));
+  quota.SetMaxThreads(64);  // sync handlers only (health, reflection)
+  builder.SetResourceQuota(quota);
   builder.AddListeningPort(address, *credentials, &selected);
   builder.RegisterService(impl_.get());
   // Reflection v1 beside gRPC's own v1alpha (registered by the plugin above).
@@ -854,15 +981,94 @@ absl::Status GrpcService::Start(const std::string& host, int port, bool reuse_po
         absl::StrCat("server.grpc_port: cannot listen on ", address, " (in use, or a bad host?)"));
   }
   port_ = selected;
-  SetServing(state_->ready());
   return absl::OkStatus();
 }
 
+bool GrpcService::Probe() const {
+  if (!options_.tls_cert_file.empty()) return true;  // TLS: the accept-failure line only
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // a connection of its own
+  const std::string host = address_host_ == "0.0.0.0" ? "127.0.0.1"
+                           : address_host_ == "::"    ? "::1"
+                                                      : address_host_;
+  const std::string target = host.find(':') != std::string::npos
+                                 ? absl::StrCat("[", host, "]:", port_)
+                                 : absl::StrCat(host, ":", port_);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + options_.probe_timeout));
+  grpc::Slice empty("");  // HealthCheckRequest{service: ""}
+  grpc::ByteBuffer request(&empty, 1), response;
+  const grpc::Status st = grpc::internal::BlockingUnaryCall<grpc::ByteBuffer, grpc::ByteBuffer>(
+      channel.get(),
+      grpc::internal::RpcMethod("/grpc.health.v1.Health/Check",
+                                grpc::internal::RpcMethod::NORMAL_RPC),
+      &ctx, request, &response);
+  // NOT_SERVING (drain, loading) still proves the port accepts.
+  return st.ok();
+}
+
+void GrpcService::WatchdogLoop() {
+  int failures = 0;
+  bool accepting = true;
+  for (;;) {
+    {
+      absl::MutexLock lock(&server_mu_);
+      if (server_mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.watchdog_interval)) {
+        return;
+      }
+    }
+    const bool accept_failed = g_accept_failed.exchange(false);
+    failures = accept_failed ? options_.probe_failures : (Probe() ? 0 : failures + 1);
+    if (failures < options_.probe_failures) {
+      if (!accepting) {
+        accepting = true;
+        state_->SetGrpcAccepting(true);
+        absl::MutexLock lock(&server_mu_);
+        SetServingLocked(serving_);
+        spdlog::info("grpc port {} accepts again", port_);
+      }
+      continue;
+    }
+    if (accepting) {
+      accepting = false;
+      state_->SetGrpcAccepting(false);
+      spdlog::warn("grpc port {} stopped accepting ({}); restarting the gRPC server", port_,
+                   accept_failed ? "accept failed" : "health probes failed");
+    }
+    // The old listener must close first: a second socket on the port would
+    // take a share of the connections and never accept them.
+    absl::MutexLock lock(&server_mu_);
+    if (stopping_) return;
+    if (server_ != nullptr) {
+      server_->Shutdown(absl::ToChronoTime(absl::Now() + absl::Seconds(1)));
+      server_->Wait();
+      server_.reset();
+    }
+    if (absl::Status s = BuildServerLocked(); !s.ok()) {
+      spdlog::warn("grpc restart failed (retrying): {}", std::string(s.message()));
+      continue;
+    }
+    restarts_.fetch_add(1);
+    SetServingLocked(serving_);
+    failures = options_.probe_failures - 1;  // the next probe decides
+  }
+}
+
 void GrpcService::SetServing(bool serving) {
+  absl::MutexLock lock(&server_mu_);
+  serving_ = serving;
+  SetServingLocked(serving);
+}
+
+void GrpcService::SetServingLocked(bool serving) {
   if (server_ == nullptr) return;
   if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
-    health->SetServingStatus(serving);
-    health->SetServingStatus(v1::Generation::service_full_name(), serving);
+    // Not serving while the port could not accept, whatever the phase.
+    const bool ok = serving && state_->grpc_accepting();
+    health->SetServingStatus(ok);
+    health->SetServingStatus(v1::Generation::service_full_name(), ok);
   }
 }
 
@@ -872,8 +1078,14 @@ bool GrpcService::StopServing(absl::Time deadline) {
 }
 
 void GrpcService::Shutdown(absl::Time deadline) {
+  {
+    absl::MutexLock lock(&server_mu_);
+    stopping_ = true;
+  }
+  if (watchdog_.joinable()) watchdog_.join();
+  absl::MutexLock lock(&server_mu_);
   if (server_ == nullptr) return;
-  SetServing(false);
+  SetServingLocked(false);
   server_->Shutdown(absl::ToChronoTime(deadline));
   server_->Wait();
   server_.reset();

@@ -31,13 +31,33 @@
 // engine, and the port keeps answering UNAVAILABLE (not connection refused)
 // until Shutdown, which the daemon calls last.
 //
+// Hostile connections (gRPC 1.51 lacks the upstream fixes, so the bounds
+// are ours): a stalled connection is closed after options.handshake_timeout
+// (no HTTP/2 SETTINGS) or options.idle_timeout (no call); each connection
+// advertises MAX_CONCURRENT_STREAMS; a grpc::ResourceQuota bounds the
+// transport's buffers; the API key is checked on the call's metadata by an
+// auth metadata processor, before its message is read; a call cancelled
+// before it reached the engine costs the engine nothing.
+//
+// Watchdog: gRPC 1.51 stops accepting for good after one failed accept()
+// (EMFILE: CVE-2023-4785). A thread probes the port every
+// options.watchdog_interval with a health call over a fresh connection (and
+// notices gRPC's "Failed accept4" line at once); when the port does not
+// answer, health is NOT_SERVING (ServingState::SetGrpcAccepting, which
+// /health reads too) and the server is rebuilt on the same port until it
+// answers again.
+//
 // Thread-safety: Start/Shutdown from one thread; calls run on gRPC's threads.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "scheduler/request_validation.h"
 #include "server/serving_state.h"
@@ -68,6 +88,18 @@ class GrpcService {
     // PEM files; both set: TLS (grpc::SslServerCredentials), else plaintext.
     std::string tls_cert_file;
     std::string tls_key_file;
+    // Connection bounds (gRPC channel arguments).
+    int32_t max_concurrent_streams = 128;                  // per connection
+    absl::Duration handshake_timeout = absl::Seconds(10);  // until the client's SETTINGS
+    absl::Duration idle_timeout = absl::Seconds(60);       // a connection without a call
+    absl::Duration keepalive_time = absl::Seconds(30);     // server pings; dead peers close
+    absl::Duration keepalive_timeout = absl::Seconds(10);
+    int64_t memory_quota_bytes = int64_t{1} << 30;  // transport buffers, all connections
+    // 0: no watchdog. A probe waits at most probe_timeout; probe_failures
+    // failures in a row (or one failed accept) restart the server.
+    absl::Duration watchdog_interval = absl::Seconds(1);
+    absl::Duration probe_timeout = absl::Seconds(2);
+    int32_t probe_failures = 3;
   };
   // The options a ServeConfig asks for.
   static Options OptionsFromConfig(const ServeConfig& config);
@@ -94,15 +126,31 @@ class GrpcService {
   // Stops accepting calls and closes the port; calls still open at
   // `deadline` are cancelled.
   void Shutdown(absl::Time deadline);
+  // Times the watchdog rebuilt the server.
+  int64_t restarts() const { return restarts_.load(); }
 
  private:
   class Impl;
+  // Builds and starts a server on port_ (0: any); server_mu_ held.
+  absl::Status BuildServerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(server_mu_);
+  void SetServingLocked(bool serving) ABSL_EXCLUSIVE_LOCKS_REQUIRED(server_mu_);
+  // True when a health call over a fresh connection answers in time.
+  bool Probe() const;
+  void WatchdogLoop();
+
   ServingState* const state_;
   const Options options_;
   std::unique_ptr<Impl> impl_;
-  std::unique_ptr<ReflectionV1Service> reflection_v1_;
-  std::unique_ptr<grpc::Server> server_;
+  std::string address_host_;
+  bool reuse_port_ = false;
   int port_ = 0;
+  mutable absl::Mutex server_mu_;
+  std::unique_ptr<ReflectionV1Service> reflection_v1_ ABSL_GUARDED_BY(server_mu_);
+  std::unique_ptr<grpc::Server> server_ ABSL_GUARDED_BY(server_mu_);
+  bool serving_ ABSL_GUARDED_BY(server_mu_) = false;   // what SetServing last asked
+  bool stopping_ ABSL_GUARDED_BY(server_mu_) = false;  // Shutdown began: no restarts
+  std::atomic<int64_t> restarts_{0};
+  std::thread watchdog_;
 };
 
 }  // namespace kvserve

@@ -254,6 +254,7 @@ void HttpService::Handle(std::shared_ptr<HttpExchange> ex) {
 HttpResponse HttpService::Health() const {
   switch (state_->phase()) {
     case ServingState::Phase::kReady:
+      if (!state_->grpc_accepting()) return JsonResponse(503, {{"status", "grpc_not_accepting"}});
       return JsonResponse(200, {{"status", "ready"}});
     case ServingState::Phase::kLoading:
       return JsonResponse(503, {{"status", "loading"}});

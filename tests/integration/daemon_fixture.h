@@ -81,6 +81,7 @@ class DaemonProcess {
   DaemonProcess(const DaemonProcess&) = delete;
   DaemonProcess& operator=(const DaemonProcess&) = delete;
 
+  pid_t pid() const { return pid_; }
   int http_port() const { return http_port_; }
   int grpc_port() const { return grpc_port_; }
   std::string grpc_target() const { return "127.0.0.1:" + std::to_string(grpc_port_); }
