@@ -308,7 +308,9 @@ TEST_CASE(
   std::thread neighbour_thread([&] {
     for (int i = 0; i < 200 && flooding.load(); ++i) {
       double s = 0;
-      if (GenerateOnce(neighbour, 1, std::chrono::seconds(30), "", &s).ok()) during.push_back(s);
+      if (GenerateOnce(neighbour, 1, std::chrono::seconds(30), "", &s).ok()) {
+        during.push_back(s);
+      }
     }
   });
   v1::GenerateRequest req;
@@ -318,13 +320,19 @@ TEST_CASE(
   constexpr int kResets = 20000;
   int sent = 0;
   const auto flood_start = Clock::now();
+  // 20,000 resets at the probes' rate (about 15,000 a second: 135k-196k in
+  // 11 s), so the flood lasts over a second and the neighbour's calls fall
+  // inside it.
+  const auto end = flood_start + std::chrono::seconds(10);
   {
     RawHttp2 h2(d.grpc_port());
-    const auto end = flood_start + std::chrono::seconds(10);
     for (; sent < kResets && Clock::now() < end; ++sent) {
       if (!h2.OpenAndReset(2 * static_cast<uint32_t>(sent) + 1, "/kvserve.v1.Generation/Generate",
                            message)) {
         break;
+      }
+      if (sent % 100 == 99) {
+        std::this_thread::sleep_until(flood_start + std::chrono::microseconds(sent * 1000 / 15));
       }
     }
   }
