@@ -15,7 +15,8 @@
 // e.g. the cvt instruction behind the fp8 conversion), nor performance.
 //
 // Supported: 1-D blocks (threadIdx.x), 2-D grids, dynamic shared memory
-// declared `extern __shared__` (defined by the test, see CUDA_SIM_SHARED),
+// (the kernel reads g_dynamic_shared where CUDA_SIM_DYNAMIC_SHARED is
+// defined, instead of its `extern __shared__` array; Launch sets it),
 // __syncthreads, __shfl_xor_sync on float with a full mask.
 //
 // Thread-safety: one simulated launch at a time per process.
@@ -39,6 +40,9 @@
 #ifndef __grid_constant__
 #define __grid_constant__
 #endif
+
+// Kernels read their dynamic shared memory from g_dynamic_shared.
+#define CUDA_SIM_DYNAMIC_SHARED 1
 
 namespace cuda_sim {
 
@@ -64,6 +68,7 @@ inline uint3 g_thread_idx{0, 0, 0};
 inline uint3 g_block_idx{0, 0, 0};
 inline dim3 g_block_dim{1, 1, 1};
 inline dim3 g_grid_dim{1, 1, 1};
+inline void* g_dynamic_shared = nullptr;
 
 [[noreturn]] inline void Fail(const char* what) {
   std::fprintf(stderr, "cuda_sim: %s\n", what);
@@ -162,6 +167,7 @@ void Launch(void (*kernel)(Args), dim3 grid, int threads, void* shared, size_t s
             const Args& args) {
   g_grid_dim = grid;
   g_block_dim = dim3(threads, 1, 1);
+  g_dynamic_shared = shared;
   for (unsigned y = 0; y < grid.y; ++y) {
     for (unsigned x = 0; x < grid.x; ++x) {
       if (shared != nullptr) std::memset(shared, 0xff, shared_bytes);
