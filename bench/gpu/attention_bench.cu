@@ -34,6 +34,7 @@
 #include "kernels/batch_input.h"
 #include "kernels/cpu/kv_quant.h"
 #include "kernels/cpu/paged_attention.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/gpu_attention_plan.h"
 #include "kernels/paged_view.h"
@@ -196,7 +197,8 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMalloc(&sink, 4));
   CHECK_CUDA(cudaMemset(stream, 1, stream_bytes));
   const double stream_ms = TimeMs(flags.iters, [&](int) {
-    StreamRead<<<prop.multiProcessorCount * 8, 512>>>(stream, stream_bytes / 16, sink);
+    kvserve::cuda::LaunchKernel(StreamRead, prop.multiProcessorCount * 8, 512, 0, nullptr, stream,
+                                stream_bytes / 16, sink);
   });
   CHECK_CUDA(cudaGetLastError());
   CHECK_CUDA(cudaFree(stream));

@@ -6,6 +6,7 @@
 #include "kernels/cuda/copy_blocks.h"
 #include "kernels/cuda/copy_blocks_kernel.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
 
 namespace kvserve::cuda {
 namespace {
@@ -39,7 +40,8 @@ absl::Status CopyBlocks(const CopyBlocksParams& p, cudaStream_t stream) {
     return Bad("copies is null or not 8-byte aligned");
   }
   const dim3 grid(static_cast<unsigned>(p.num_copies), static_cast<unsigned>(p.num_layers));
-  copy_blocks_detail::CopyBlocksKernel<<<grid, copy_blocks_detail::kThreads, 0, stream>>>(p);
+  LaunchKernel(copy_blocks_detail::CopyBlocksKernel, grid, copy_blocks_detail::kThreads, 0, stream,
+               p);
   return CudaStatus(cudaGetLastError(), "CopyBlocks launch");
 }
 

@@ -6,6 +6,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/embedding.h"
 #include "kernels/cuda/embedding_kernel.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace kvserve::cuda {
 namespace {
@@ -38,8 +39,8 @@ absl::Status Embedding(const EmbeddingParams& params, cudaStream_t stream) {
   const int64_t elem = ActDtypeSize(p.dtype);
   const bool vectorized = (p.dim * elem) % 16 == 0 && (p.out_stride * elem) % 16 == 0 &&
                           Aligned16(p.table) && Aligned16(p.out);
-  embedding_detail::EmbeddingKernel<<<static_cast<unsigned>(p.num_tokens),
-                                      embedding_detail::kThreads, 0, stream>>>(p, elem, vectorized);
+  LaunchKernel(embedding_detail::EmbeddingKernel, static_cast<unsigned>(p.num_tokens),
+               embedding_detail::kThreads, 0, stream, p, elem, vectorized);
   return CudaStatus(cudaGetLastError(), "Embedding launch");
 }
 

@@ -8,6 +8,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kv_write.h"
 #include "kernels/cuda/kv_write_kernel.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace kvserve::cuda {
 namespace {
@@ -115,7 +116,7 @@ absl::Status WriteKv(const KvWriteParams& params, cudaStream_t stream) {
   if (blocks > 0x7fffffff) return Bad("num_tokens * num_kv_heads is too large for one launch");
   const bool known = DispatchActDtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    KvWriteKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+    LaunchKernel(KvWriteKernel<T>, static_cast<unsigned>(blocks), kThreads, 0, stream, p);
   });
   if (!known) return Bad(absl::StrCat("dtype ", static_cast<int>(p.dtype), " is not an ActDtype"));
   return CudaStatus(cudaGetLastError(), "WriteKv launch");

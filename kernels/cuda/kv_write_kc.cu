@@ -9,6 +9,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/kv_write_kc.h"
 #include "kernels/cuda/kv_write_kc_kernel.cuh"
+#include "kernels/cuda/launch.cuh"
 
 namespace kvserve::cuda {
 namespace {
@@ -81,7 +82,7 @@ absl::Status SealKvBlocks(const KvKcWriteParams& params, cudaStream_t stream) {
                   static_cast<unsigned>(p.kv.layout.num_kv_heads));
   const bool known = DispatchActDtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    kv_kc_detail::SealKernel<T><<<grid, kThreads, 0, stream>>>(p);
+    LaunchKernel(kv_kc_detail::SealKernel<T>, grid, kThreads, 0, stream, p);
   });
   if (!known)
     return Bad("SealKvBlocks",
@@ -98,7 +99,8 @@ absl::Status WriteKvTails(const KvKcWriteParams& params, cudaStream_t stream) {
   if (blocks > 0x7fffffff) return Bad("WriteKvTails", "num_tokens * num_kv_heads is too large");
   const bool known = DispatchActDtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    kv_kc_detail::TailKernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(p);
+    LaunchKernel(kv_kc_detail::TailKernel<T>, static_cast<unsigned>(blocks), kThreads, 0, stream,
+                 p);
   });
   if (!known)
     return Bad("WriteKvTails",

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/move_slots.h"
 #include "kernels/cuda/move_slots_kernel.cuh"
 
@@ -33,7 +34,7 @@ absl::Status MoveSlots(const MoveSlotsParams& p, cudaStream_t stream) {
   if (p.pool == nullptr) return absl::InvalidArgumentError("MoveSlots: pool is null");
   if (p.moves == nullptr) return absl::InvalidArgumentError("MoveSlots: moves is null");
   const dim3 grid(static_cast<unsigned>(p.num_moves), static_cast<unsigned>(p.num_layers));
-  move_slots_detail::MoveSlotsKernel<<<grid, move_slots_detail::kThreads, 0, stream>>>(p);
+  LaunchKernel(move_slots_detail::MoveSlotsKernel, grid, move_slots_detail::kThreads, 0, stream, p);
   return CudaStatus(cudaGetLastError(), "MoveSlots launch");
 }
 

@@ -9,6 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/paged_attention_kernel.cuh"
 
@@ -200,17 +201,17 @@ absl::Status PagedAttention(const PagedAttentionParams& params, cudaStream_t str
   const size_t smem = static_cast<size_t>(attention_detail::SmemFloats(hd)) * sizeof(float);
   const dim3 grid(static_cast<unsigned>(launch.num_items),
                   static_cast<unsigned>(p.num_heads / hpc));
-  kernel<<<grid, kThreads, smem, stream>>>(args);
+  LaunchKernel(kernel, grid, kThreads, smem, stream, args);
   KV_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "PagedAttention attention launch"));
   if (launch.num_merges > 0) {
-    MergeKernel<<<static_cast<unsigned>(launch.num_merges), kThreads, 0, stream>>>(args);
+    LaunchKernel(MergeKernel, static_cast<unsigned>(launch.num_merges), kThreads, 0, stream, args);
     KV_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "PagedAttention merge launch"));
   }
   if (mass) {
     const KernelFn mass_kernel = attention_detail::MassKernelFor(layout.k.elem);
     if (mass_kernel == nullptr) return Bad("kv.layout.k.elem", "a per-token element type", 0);
     if (p.batch.num_tokens <= 0) return Bad("batch.num_tokens", "> 0 with key_mass", 0);
-    mass_kernel<<<static_cast<unsigned>(p.batch.num_tokens), kThreads, 0, stream>>>(args);
+    LaunchKernel(mass_kernel, static_cast<unsigned>(p.batch.num_tokens), kThreads, 0, stream, args);
     KV_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "PagedAttention mass launch"));
   }
   return absl::OkStatus();
@@ -224,8 +225,8 @@ absl::Status GatherAttentionMass(const GatherMassParams& p, cudaStream_t stream)
   }
   attention_detail::GatherArgs g{p.batch,           p.sliding_window, p.key_mass,
                                  p.key_mass_offset, p.stats_offset,   p.out};
-  attention_detail::
-      GatherMassKernel<<<static_cast<unsigned>(p.batch.num_seqs), kThreads, 0, stream>>>(g);
+  LaunchKernel(attention_detail::GatherMassKernel, static_cast<unsigned>(p.batch.num_seqs),
+               kThreads, 0, stream, g);
   return CudaStatus(cudaGetLastError(), "GatherAttentionMass launch");
 }
 

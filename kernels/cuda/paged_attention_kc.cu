@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/paged_attention_kc.h"
 #include "kernels/cuda/paged_attention_kc_kernel.cuh"
 
@@ -151,10 +152,11 @@ absl::Status PagedAttentionKc(const PagedAttentionKcParams& params, cudaStream_t
   const size_t smem = static_cast<size_t>(attention_kc_detail::SmemFloats(hd)) * sizeof(float);
   const dim3 grid(static_cast<unsigned>(launch.num_items),
                   static_cast<unsigned>(p.num_heads / hpc));
-  AttentionKcKernel<<<grid, kThreads, smem, stream>>>(args);
+  LaunchKernel(AttentionKcKernel, grid, kThreads, smem, stream, args);
   KV_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "PagedAttentionKc attention launch"));
   if (launch.num_merges > 0) {
-    MergeKcKernel<<<static_cast<unsigned>(launch.num_merges), kThreads, 0, stream>>>(args);
+    LaunchKernel(MergeKcKernel, static_cast<unsigned>(launch.num_merges), kThreads, 0, stream,
+                 args);
     KV_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "PagedAttentionKc merge launch"));
   }
   return absl::OkStatus();

@@ -56,11 +56,6 @@ __host__ __device__ constexpr int SmemFloats(int head_dim) {
   return (kMaxQ + 2 * kTileKeys) * SmemLd(head_dim) + kMaxQ * kTileKeys + 3 * kMaxQ;
 }
 
-#if defined(KVSERVE_CUDA_SIM)
-// The simulation (tests/kernels/cuda_sim) defines this as a plain array.
-extern float4 kc_smem4[];
-#endif
-
 struct KernelArgs {
   const void* q;
   void* out;
@@ -134,8 +129,8 @@ __global__ void __launch_bounds__(kThreads)
   const int32_t tail_id = a.batch.tail_ids != nullptr ? a.batch.tail_ids[item.seq] : -1;
   const uint8_t* tail = tail_id >= 0 ? a.kv.Tail(tail_id) : nullptr;
 
-#if defined(KVSERVE_CUDA_SIM)
-  float* q_s = reinterpret_cast<float*>(kc_smem4);
+#if defined(CUDA_SIM_DYNAMIC_SHARED)
+  float* q_s = static_cast<float*>(::cuda_sim::g_dynamic_shared);
 #else
   extern __shared__ float4 kc_smem4[];
   float* q_s = reinterpret_cast<float*>(kc_smem4);

@@ -128,7 +128,11 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const __grid_constan
   // memory: a few keys of the first tile); 0 when the step has no sinks.
   const int32_t sinks = a.num_sinks != nullptr ? a.num_sinks[item.seq] : 0;
 
+#if defined(CUDA_SIM_DYNAMIC_SHARED)
+  float4* smem4 = static_cast<float4*>(::cuda_sim::g_dynamic_shared);
+#else
   extern __shared__ float4 smem4[];
+#endif
   float* q_s = reinterpret_cast<float*>(smem4);
   float* k_s = q_s + kMaxQ * ld;
   float* v_s = k_s + kTileKeys * ld;

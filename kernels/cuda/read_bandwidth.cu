@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/read_bandwidth.h"
 #include "kernels/cuda/read_bandwidth_kernel.cuh"
 
@@ -48,8 +49,8 @@ absl::StatusOr<double> MeasureReadBandwidth(int64_t bytes, int iters, cudaStream
   const dim3 grid(static_cast<unsigned>(4 * sms));
   for (int i = 0; i <= iters; ++i) {  // pass 0 warms up
     KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(start.get(), stream));
-    read_bandwidth_detail::StreamReadKernel<<<grid, 512, 0, stream>>>(
-        static_cast<const uint4*>(raw), n, 0x9e3779b9u, sink);
+    LaunchKernel(read_bandwidth_detail::StreamReadKernel, grid, 512, 0, stream,
+                 static_cast<const uint4*>(raw), n, 0x9e3779b9u, sink);
     KV_CUDA_RETURN_IF_ERROR(cudaGetLastError());
     KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop.get(), stream));
     KV_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop.get()));

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/rms_norm.h"
 #include "kernels/cuda/rms_norm_kernel.cuh"
 
@@ -26,9 +27,9 @@ template <typename T>
 void Launch(const RmsNormParams& p, bool fused, bool vectorized, int threads, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.num_tokens));
   if (fused) {
-    RmsNormKernel<T, true><<<grid, threads, 0, stream>>>(p, vectorized);
+    LaunchKernel(RmsNormKernel<T, true>, grid, threads, 0, stream, p, vectorized);
   } else {
-    RmsNormKernel<T, false><<<grid, threads, 0, stream>>>(p, vectorized);
+    LaunchKernel(RmsNormKernel<T, false>, grid, threads, 0, stream, p, vectorized);
   }
 }
 

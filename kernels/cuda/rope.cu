@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/act_convert.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/rope_kernel.cuh"
 
@@ -47,8 +48,8 @@ absl::Status ApplyRope(const RopeParams& params, cudaStream_t stream) {
   }
   const bool known = DispatchActDtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    rope_detail::RopeKernel<T>
-        <<<static_cast<unsigned>(p.num_tokens), rope_detail::kThreads, 0, stream>>>(p);
+    LaunchKernel(rope_detail::RopeKernel<T>, static_cast<unsigned>(p.num_tokens),
+                 rope_detail::kThreads, 0, stream, p);
   });
   if (!known) return Bad("dtype", "fp32, fp16 or bf16", static_cast<int64_t>(p.dtype));
   return CudaStatus(cudaGetLastError(), "ApplyRope launch");

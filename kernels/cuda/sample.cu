@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/sample.h"
 #include "kernels/cuda/sample_kernel.cuh"
 
@@ -44,8 +45,8 @@ absl::Status SampleTokens(const SampleParams& params, cudaStream_t stream) {
   if (p.processed == nullptr) return absl::InvalidArgumentError("SampleTokens: processed is null");
   if (p.counts == nullptr) return absl::InvalidArgumentError("SampleTokens: counts is null");
   if (p.results == nullptr) return absl::InvalidArgumentError("SampleTokens: results is null");
-  sample_detail::
-      SampleKernel<<<static_cast<unsigned>(p.num_rows), sample_detail::kThreads, 0, stream>>>(p);
+  LaunchKernel(sample_detail::SampleKernel, static_cast<unsigned>(p.num_rows),
+               sample_detail::kThreads, 0, stream, p);
   return CudaStatus(cudaGetLastError(), "SampleTokens launch");
 }
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/act_convert.cuh"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/swiglu.h"
 #include "kernels/cuda/swiglu_kernel.cuh"
 
@@ -36,8 +37,8 @@ absl::Status SwiGlu(const SwiGluParams& params, cudaStream_t stream) {
       (n + swiglu_detail::kThreads - 1) / swiglu_detail::kThreads, swiglu_detail::kMaxBlocks);
   const bool known = DispatchActDtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    swiglu_detail::SwiGluKernel<T>
-        <<<static_cast<unsigned>(blocks), swiglu_detail::kThreads, 0, stream>>>(p);
+    LaunchKernel(swiglu_detail::SwiGluKernel<T>, static_cast<unsigned>(blocks),
+                 swiglu_detail::kThreads, 0, stream, p);
   });
   if (!known) return Bad("dtype", "fp32, fp16 or bf16", static_cast<int64_t>(p.dtype));
   return CudaStatus(cudaGetLastError(), "SwiGlu launch");

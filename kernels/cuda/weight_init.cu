@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/weight_init.h"
 #include "kernels/cuda/weight_init_kernel.cuh"
 
@@ -26,17 +27,18 @@ absl::Status FillWeights(const WeightFillParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(blocks));
   switch (p.dtype) {
     case ActDtype::kFp32:
-      weight_init_detail::FillWeightsKernel<float><<<grid, kThreads, 0, stream>>>(p);
+      LaunchKernel(weight_init_detail::FillWeightsKernel<float>, grid, kThreads, 0, stream, p);
       break;
     case ActDtype::kFp16:
-      weight_init_detail::FillWeightsKernel<__half><<<grid, kThreads, 0, stream>>>(p);
+      LaunchKernel(weight_init_detail::FillWeightsKernel<__half>, grid, kThreads, 0, stream, p);
       break;
     case ActDtype::kBf16:
-      weight_init_detail::FillWeightsKernel<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(p);
+      LaunchKernel(weight_init_detail::FillWeightsKernel<__nv_bfloat16>, grid, kThreads, 0, stream,
+                   p);
       break;
     default:
-      return absl::InvalidArgumentError(absl::StrCat("FillWeights: dtype must be fp32, fp16 or bf16, got ",
-                                                     static_cast<int>(p.dtype)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "FillWeights: dtype must be fp32, fp16 or bf16, got ", static_cast<int>(p.dtype)));
   }
   return CudaStatus(cudaGetLastError(), "FillWeights launch");
 }

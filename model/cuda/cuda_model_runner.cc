@@ -709,6 +709,7 @@ absl::Status CudaModelRunner::Impl::ProfileRun() {
   num_tails = 0;
   pool_shape = PoolShape();
   last_logits_rows = -1;
+  counters = CudaModelRunner::Counters();  // the profile step is not a step of the engine's
   return s;
 }
 

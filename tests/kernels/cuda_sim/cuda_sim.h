@@ -1,6 +1,6 @@
 // cuda_sim: runs CUDA kernel source on the CPU, for tests on machines
 // without a GPU. The kernel's .cuh is compiled by the host compiler after
-// this header; each CTA runs as blockDim.x cooperative fibers (ucontext) on
+// this header; each CTA runs as blockDim.x cooperative fibers on
 // one OS thread, switching only at __syncthreads and inside warp shuffles,
 // so barrier semantics are exact: a barrier that not every thread reaches,
 // or a shuffle that not every lane of a warp joins, aborts with a message
@@ -15,7 +15,8 @@
 // e.g. the cvt instruction behind the fp8 conversion), nor performance.
 //
 // Supported: 1-D blocks (threadIdx.x), 2-D grids, dynamic shared memory
-// declared `extern __shared__` (defined by the test, see CUDA_SIM_SHARED),
+// (the kernel reads g_dynamic_shared where CUDA_SIM_DYNAMIC_SHARED is
+// defined, instead of its `extern __shared__` array; Launch sets it),
 // __syncthreads, __shfl_xor_sync on float with a full mask.
 //
 // Thread-safety: one simulated launch at a time per process.
@@ -40,22 +41,36 @@
 #define __grid_constant__
 #endif
 
+// Kernels read their dynamic shared memory from g_dynamic_shared.
+#define CUDA_SIM_DYNAMIC_SHARED 1
+
 namespace cuda_sim {
 
 enum Wait : int { kRunnable = 0, kBlockBarrier = 1, kWarpBarrier = 2 };
 
+// A saved execution context: on x86-64 the stack pointer of a stack that
+// holds the callee-saved registers and the address to resume at (switched by
+// cuda_sim_switch below: no signal-mask system call, unlike swapcontext);
+// elsewhere a ucontext.
+struct Context {
+#if defined(__x86_64__)
+  void* sp = nullptr;
+#else
+  ucontext_t uc;
+#endif
+};
+
 struct Fiber {
-  ucontext_t ctx;
-  std::unique_ptr<char[]> stack;
+  Context ctx;
   int wait = kRunnable;
   bool done = false;
 };
 
 struct BlockState {
   std::vector<Fiber> fibers;
-  ucontext_t scheduler;
+  Context scheduler;
   int current = 0;
-  std::function<void()> body;
+  const std::function<void()>* body = nullptr;
   std::vector<float> exchange;
 };
 
@@ -64,23 +79,100 @@ inline uint3 g_thread_idx{0, 0, 0};
 inline uint3 g_block_idx{0, 0, 0};
 inline dim3 g_block_dim{1, 1, 1};
 inline dim3 g_grid_dim{1, 1, 1};
+inline void* g_dynamic_shared = nullptr;
 
 [[noreturn]] inline void Fail(const char* what) {
   std::fprintf(stderr, "cuda_sim: %s\n", what);
   std::abort();
 }
 
+}  // namespace cuda_sim
+
+#if defined(__x86_64__)
+// Saves the callee-saved registers on the current stack and its pointer in
+// *save, then resumes the context whose stack pointer is `load`. Weak: every
+// translation unit that includes this header emits the same function.
+extern "C" void cuda_sim_switch(void** save, void* load);
+asm(R"(
+  .text
+  .weak cuda_sim_switch
+  .type cuda_sim_switch, @function
+cuda_sim_switch:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+  .size cuda_sim_switch, .-cuda_sim_switch
+)");
+#endif
+
+namespace cuda_sim {
+
+inline void Switch(Context& save, Context& load) {
+#if defined(__x86_64__)
+  cuda_sim_switch(&save.sp, load.sp);
+#else
+  swapcontext(&save.uc, &load.uc);
+#endif
+}
+
 inline void Yield(int wait) {
   Fiber& f = g_block->fibers[g_block->current];
   f.wait = wait;
-  swapcontext(&f.ctx, &g_block->scheduler);
+  Switch(f.ctx, g_block->scheduler);
 }
 
-inline void Trampoline() {
+// A fiber's first frame: runs the thread's body, marks it done and returns
+// to the scheduler for good.
+[[noreturn]] inline void Trampoline() {
   BlockState* b = g_block;
   const int t = b->current;
-  b->body();
-  b->fibers[t].done = true;  // returning resumes uc_link (the scheduler)
+  (*b->body)();
+  b->fibers[t].done = true;
+  Switch(b->fibers[t].ctx, b->scheduler);
+  Fail("a finished fiber resumed");
+}
+
+// Fiber stacks, one per thread index, kept for the process: a CTA reuses
+// those of the CTAs before it (their pages stay mapped).
+inline char* FiberStack(int t, size_t bytes) {
+  static std::vector<std::unique_ptr<char[]>> stacks;
+  if (static_cast<size_t>(t) >= stacks.size()) stacks.resize(t + 1);
+  if (!stacks[t]) stacks[t].reset(new char[bytes]);
+  return stacks[t].get();
+}
+
+inline void StartFiber(Fiber& f, int t) {
+  constexpr size_t kStack = 256 * 1024;
+  char* stack = FiberStack(t, kStack);
+#if defined(__x86_64__)
+  // From the top: a zero return address (Trampoline's caller), the entry
+  // address that cuda_sim_switch's `ret` pops, six zero registers. At
+  // Trampoline's entry the stack pointer is 8 mod 16, as after a call.
+  auto top = reinterpret_cast<uintptr_t>(stack + kStack) & ~uintptr_t{15};
+  auto* slot = reinterpret_cast<void**>(top);
+  *--slot = nullptr;
+  *--slot = reinterpret_cast<void*>(&Trampoline);
+  for (int i = 0; i < 6; ++i) *--slot = nullptr;
+  f.ctx.sp = slot;
+#else
+  getcontext(&f.ctx.uc);
+  f.ctx.uc.uc_stack.ss_sp = stack;
+  f.ctx.uc.uc_stack.ss_size = kStack;
+  f.ctx.uc.uc_link = nullptr;
+  makecontext(&f.ctx.uc, reinterpret_cast<void (*)()>(&Trampoline), 0);
+#endif
 }
 
 inline float ShflXor(float v, int lane_mask) {
@@ -95,30 +187,23 @@ inline float ShflXor(float v, int lane_mask) {
 }
 
 // Runs one CTA of `threads` threads, each executing body().
-inline void RunBlock(uint3 block_idx, int threads, std::function<void()> body) {
+inline void RunBlock(uint3 block_idx, int threads, const std::function<void()>& body) {
   if (threads % 32 != 0) Fail("blocks must be whole warps");
-  BlockState b;
-  b.fibers = std::vector<Fiber>(threads);
-  b.body = std::move(body);
+  static BlockState b;  // reused: its vectors keep their capacity
+  b.fibers.assign(threads, Fiber{});
+  b.body = &body;
   b.exchange.assign(threads, 0.0f);
+  b.current = 0;
   g_block = &b;
   g_block_idx = block_idx;
-  constexpr size_t kStack = 256 * 1024;
-  for (Fiber& f : b.fibers) {
-    f.stack.reset(new char[kStack]);
-    getcontext(&f.ctx);
-    f.ctx.uc_stack.ss_sp = f.stack.get();
-    f.ctx.uc_stack.ss_size = kStack;
-    f.ctx.uc_link = &b.scheduler;
-    makecontext(&f.ctx, Trampoline, 0);
-  }
+  for (int t = 0; t < threads; ++t) StartFiber(b.fibers[t], t);
   for (;;) {
     for (int t = 0; t < threads; ++t) {
       Fiber& f = b.fibers[t];
       if (f.done || f.wait != kRunnable) continue;
       b.current = t;
       g_thread_idx = {static_cast<unsigned>(t), 0, 0};
-      swapcontext(&b.scheduler, &f.ctx);
+      Switch(b.scheduler, f.ctx);
     }
     // Every fiber is now done or waiting. Release what can be released.
     bool all_done = true, released = false, any_block_wait = false, any_warp_wait = false;
@@ -162,10 +247,12 @@ void Launch(void (*kernel)(Args), dim3 grid, int threads, void* shared, size_t s
             const Args& args) {
   g_grid_dim = grid;
   g_block_dim = dim3(threads, 1, 1);
+  g_dynamic_shared = shared;
+  const std::function<void()> body = [&] { kernel(args); };
   for (unsigned y = 0; y < grid.y; ++y) {
     for (unsigned x = 0; x < grid.x; ++x) {
       if (shared != nullptr) std::memset(shared, 0xff, shared_bytes);
-      RunBlock({x, y, 0}, threads, [&] { kernel(args); });
+      RunBlock({x, y, 0}, threads, body);
     }
   }
 }

@@ -23,6 +23,7 @@
 #include <cuda_fp16.h>
 
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -85,6 +86,13 @@ inline unsigned __ballot_sync(unsigned mask, int predicate) {
     bits |= cuda_sim::ShuffleAny(mine, [&](int) { return src; }) << src;
   }
   return bits;
+}
+// The device's rsqrtf is within 2 ulp of this (tests allow for it).
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+// A streaming load: a plain load on the CPU.
+template <typename T>
+T __ldcs(const T* p) {
+  return *p;
 }
 inline int __ffs(unsigned x) { return __builtin_ffs(static_cast<int>(x)); }
 inline void __syncwarp(unsigned mask = 0xffffffffu) {

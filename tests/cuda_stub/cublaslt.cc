@@ -1,0 +1,325 @@
+// The cuBLASLt stand-in: the calls kernels/cuda/gemm.cc makes, with a
+// reference GEMM (fp32 accumulation, k in order) queued on the stream like a
+// kernel. It honours the descriptors gemm.cc sets: transposes, leading
+// dimensions, fp32/fp16/bf16 A/B/C/D, the compute and scale types, the bias
+// epilogue and beta (the residual add, C = D).
+//
+// Where it refuses, as the real library does (cuBLASLt documentation,
+// cublasLtMatmul "Datatypes supported" and cublasLtMatmulAlgoGetHeuristic):
+//   - A and B of different types, or a type pair outside the 32F-compute
+//     rows of the table (32F->32F, 16F->16F/32F, 16BF->16BF/32F), or a
+//     compute type other than 32F/32F_PEDANTIC/32F_FAST_TF32 with scale
+//     32F: CUBLAS_STATUS_NOT_SUPPORTED from the heuristic;
+//   - an epilogue other than DEFAULT and BIAS (the stand-in's limit), a
+//     bias type other than D's: NOT_SUPPORTED;
+//   - shapes that do not chain (op(A) m x k, op(B) k x n, C and D m x n) or a
+//     leading dimension below the rows: CUBLAS_STATUS_INVALID_VALUE;
+//   - a minimum alignment preference below the element size: zero
+//     algorithms (found == 0), as no kernel loads a split element.
+// The algorithm the heuristic returns records the alignment it assumes per
+// matrix: the smallest of 16 bytes, the declared minimum (256 when not
+// declared, the library's default) and the power of two dividing
+// ld * element size. cublasLtMatmul returns INVALID_VALUE for a pointer
+// below it, or a matrix or bias outside device memory: the real library
+// would fault or read the wrong bytes there.
+#include <cublasLt.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "tests/cuda_stub/cuda_stub_launch.h"
+
+namespace {
+
+struct Desc {
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  cudaDataType_t scale = CUDA_R_32F;
+  cublasOperation_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
+  cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
+  const void* bias = nullptr;
+  int bias_type = -1;  // -1: D's type
+};
+struct Layout {
+  cudaDataType_t type;
+  uint64_t rows, cols;
+  int64_t ld;
+};
+struct Pref {
+  uint64_t workspace = 0;
+  uint32_t align[4] = {256, 256, 256, 256};  // A, B, C, D
+};
+
+Desc* D(cublasLtMatmulDesc_t d) { return reinterpret_cast<Desc*>(d); }
+Layout* L(cublasLtMatrixLayout_t l) { return reinterpret_cast<Layout*>(l); }
+Pref* P(cublasLtMatmulPreference_t p) { return reinterpret_cast<Pref*>(p); }
+
+int Size(cudaDataType_t t) {
+  switch (t) {
+    case CUDA_R_32F:
+      return 4;
+    case CUDA_R_16F:
+    case CUDA_R_16BF:
+      return 2;
+    default:
+      return 0;
+  }
+}
+float Load(cudaDataType_t t, const void* base, int64_t i) {
+  switch (t) {
+    case CUDA_R_16F:
+      return __half2float(static_cast<const __half*>(base)[i]);
+    case CUDA_R_16BF:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+    default:
+      return static_cast<const float*>(base)[i];
+  }
+}
+void Store(cudaDataType_t t, void* base, int64_t i, float v) {
+  switch (t) {
+    case CUDA_R_16F:
+      static_cast<__half*>(base)[i] = __float2half_rn(v);
+      break;
+    case CUDA_R_16BF:
+      static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(v);
+      break;
+    default:
+      static_cast<float*>(base)[i] = v;
+  }
+}
+uint32_t Pow2Dividing(uint64_t v) {
+  uint32_t a = 16;
+  while (a > 1 && v % a != 0) a /= 2;
+  return a;
+}
+uint32_t AlignOf(const void* p) { return Pow2Dividing(reinterpret_cast<uintptr_t>(p)); }
+bool Spans(const Layout& l, const void* p) {
+  const uint64_t elems = l.cols == 0 ? 0 : static_cast<uint64_t>(l.ld) * (l.cols - 1) + l.rows;
+  return p != nullptr && cuda_stub::IsDeviceRange(p, elems * Size(l.type));
+}
+
+// The shapes chain and the types are in the supported table.
+cublasStatus_t Check(const Desc& op, const Layout& a, const Layout& b, const Layout& c,
+                     const Layout& d) {
+  const bool compute_ok = op.compute == CUBLAS_COMPUTE_32F ||
+                          op.compute == CUBLAS_COMPUTE_32F_PEDANTIC ||
+                          op.compute == CUBLAS_COMPUTE_32F_FAST_TF32;
+  if (!compute_ok || op.scale != CUDA_R_32F) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (a.type != b.type || c.type != d.type || Size(a.type) == 0 || Size(c.type) == 0) {
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (c.type != CUDA_R_32F && c.type != a.type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (op.compute == CUBLAS_COMPUTE_32F_FAST_TF32 && a.type != CUDA_R_32F) {
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (op.epilogue != CUBLASLT_EPILOGUE_DEFAULT && op.epilogue != CUBLASLT_EPILOGUE_BIAS) {
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (op.epilogue == CUBLASLT_EPILOGUE_BIAS && op.bias_type != -1 && op.bias_type != d.type) {
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  const bool ta = op.trans_a != CUBLAS_OP_N, tb = op.trans_b != CUBLAS_OP_N;
+  const uint64_t m = ta ? a.cols : a.rows, k = ta ? a.rows : a.cols;
+  const uint64_t kb = tb ? b.cols : b.rows, n = tb ? b.rows : b.cols;
+  if (k != kb || c.rows != m || c.cols != n || d.rows != m || d.cols != n) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  for (const Layout* l : {&a, &b, &c, &d}) {
+    if (l->ld < static_cast<int64_t>(std::max<uint64_t>(l->rows, 1))) {
+      return CUBLAS_STATUS_INVALID_VALUE;
+    }
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+template <typename T>
+cublasStatus_t SetField(T* field, const void* buf, size_t size) {
+  if (size != sizeof(T)) return CUBLAS_STATUS_INVALID_VALUE;
+  std::memcpy(field, buf, sizeof(T));
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace
+
+extern "C" {
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t* handle) {
+  *handle = reinterpret_cast<cublasLtHandle_t>(new int(0));
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t handle) {
+  delete reinterpret_cast<int*>(handle);
+  return CUBLAS_STATUS_SUCCESS;
+}
+const char* cublasLtGetStatusName(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    default:
+      return "CUBLAS_STATUS_INTERNAL_ERROR";
+  }
+}
+const char* cublasLtGetStatusString(cublasStatus_t s) { return cublasLtGetStatusName(s); }
+
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t* desc, cublasComputeType_t compute,
+                                        cudaDataType_t scale) {
+  auto* d = new Desc;
+  d->compute = compute;
+  d->scale = scale;
+  *desc = reinterpret_cast<cublasLtMatmulDesc_t>(d);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t desc) {
+  delete D(desc);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
+                                              cublasLtMatmulDescAttributes_t attr, const void* buf,
+                                              size_t size) {
+  Desc* d = D(desc);
+  switch (attr) {
+    case CUBLASLT_MATMUL_DESC_TRANSA:
+      return SetField(&d->trans_a, buf, size);
+    case CUBLASLT_MATMUL_DESC_TRANSB:
+      return SetField(&d->trans_b, buf, size);
+    case CUBLASLT_MATMUL_DESC_EPILOGUE:
+      return SetField(&d->epilogue, buf, size);
+    case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+      return SetField(&d->bias, buf, size);
+    case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+      return SetField(&d->bias_type, buf, size);
+    default:
+      return CUBLAS_STATUS_NOT_SUPPORTED;  // not one gemm.cc sets
+  }
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t* layout, cudaDataType type,
+                                          uint64_t rows, uint64_t cols, int64_t ld) {
+  *layout = reinterpret_cast<cublasLtMatrixLayout_t>(new Layout{type, rows, cols, ld});
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t layout) {
+  delete L(layout);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t* pref) {
+  *pref = reinterpret_cast<cublasLtMatmulPreference_t>(new Pref);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
+  delete P(pref);
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
+                                                    cublasLtMatmulPreferenceAttributes_t attr,
+                                                    const void* buf, size_t size) {
+  Pref* p = P(pref);
+  switch (attr) {
+    case CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES:
+      return SetField(&p->workspace, buf, size);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES:
+      return SetField(&p->align[0], buf, size);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES:
+      return SetField(&p->align[1], buf, size);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES:
+      return SetField(&p->align[2], buf, size);
+    case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
+      return SetField(&p->align[3], buf, size);
+    case CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK: {
+      uint32_t mask = 0;
+      return SetField(&mask, buf, size);  // the reference never splits k
+    }
+    default:
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+}
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDesc_t op,
+                                              cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                              cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                              cublasLtMatmulPreference_t pref, int requested,
+                                              cublasLtMatmulHeuristicResult_t* results,
+                                              int* found) {
+  *found = 0;
+  if (requested < 1) return CUBLAS_STATUS_INVALID_VALUE;
+  if (cublasStatus_t s = Check(*D(op), *L(a), *L(b), *L(c), *L(d)); s != CUBLAS_STATUS_SUCCESS) {
+    return s;
+  }
+  const Layout* layouts[4] = {L(a), L(b), L(c), L(d)};
+  cublasLtMatmulHeuristicResult_t r{};
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t declared = P(pref)->align[i];
+    const int es = Size(layouts[i]->type);
+    if (declared < static_cast<uint32_t>(es)) return CUBLAS_STATUS_SUCCESS;  // no algorithm
+    const uint32_t align = std::min({16u, declared, Pow2Dividing(layouts[i]->ld * es)});
+    r.algo.data[i] = align;
+  }
+  r.workspaceSize = 0;
+  r.state = CUBLAS_STATUS_SUCCESS;
+  r.wavesCount = 1.0f;
+  results[0] = r;
+  *found = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op_desc, const void* alpha,
+                              const void* a_ptr, cublasLtMatrixLayout_t a_desc, const void* b_ptr,
+                              cublasLtMatrixLayout_t b_desc, const void* beta, const void* c_ptr,
+                              cublasLtMatrixLayout_t c_desc, void* d_ptr,
+                              cublasLtMatrixLayout_t d_desc, const cublasLtMatmulAlgo_t* algo,
+                              void* workspace, size_t workspace_bytes, cudaStream_t stream) {
+  const Desc op = *D(op_desc);  // attributes are read at the call
+  const Layout a = *L(a_desc), b = *L(b_desc), c = *L(c_desc), d = *L(d_desc);
+  if (cublasStatus_t s = Check(op, a, b, c, d); s != CUBLAS_STATUS_SUCCESS) return s;
+  const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  if (algo != nullptr) {
+    const void* ptrs[4] = {a_ptr, b_ptr, c_ptr, d_ptr};
+    for (int i = 0; i < 4; ++i) {
+      if (AlignOf(ptrs[i]) < algo->data[i]) return CUBLAS_STATUS_INVALID_VALUE;
+    }
+  }
+  const bool ta = op.trans_a != CUBLAS_OP_N, tb = op.trans_b != CUBLAS_OP_N;
+  const int64_t m = static_cast<int64_t>(d.rows), n = static_cast<int64_t>(d.cols);
+  const int64_t k = static_cast<int64_t>(ta ? a.rows : a.cols);
+  if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
+  if (!Spans(a, a_ptr) || !Spans(b, b_ptr) || !Spans(d, d_ptr) ||
+      (be != 0.0f && !Spans(c, c_ptr))) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  const bool bias = op.epilogue == CUBLASLT_EPILOGUE_BIAS;
+  if (bias && (op.bias == nullptr || !cuda_stub::IsDeviceRange(op.bias, m * Size(d.type)))) {
+    return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  auto run = [=] {
+    std::vector<float> out(static_cast<size_t>(m));
+    for (int64_t j = 0; j < n; ++j) {
+      for (int64_t i = 0; i < m; ++i) {
+        float acc = 0.0f;
+        for (int64_t p = 0; p < k; ++p) {
+          const float av = Load(a.type, a_ptr, ta ? i * a.ld + p : p * a.ld + i);
+          const float bv = Load(b.type, b_ptr, tb ? p * b.ld + j : j * b.ld + p);
+          acc += av * bv;
+        }
+        float v = al * acc;
+        if (be != 0.0f) v += be * Load(c.type, c_ptr, j * c.ld + i);  // C unread when beta is 0
+        if (bias) v += Load(d.type, op.bias, i);
+        out[static_cast<size_t>(i)] = v;
+      }
+      // Written after the column is computed: D may be C (in place).
+      for (int64_t i = 0; i < m; ++i) Store(d.type, d_ptr, j * d.ld + i, out[size_t(i)]);
+    }
+  };
+  return cuda_stub::EnqueueOp(stream, run) == cudaSuccess ? CUBLAS_STATUS_SUCCESS
+                                                          : CUBLAS_STATUS_EXECUTION_FAILED;
+}
+
+}  // extern "C"

@@ -1,0 +1,355 @@
+// The CUDA stand-in's own checks: each SECTION plants one defect that a real
+// GPU would show as a wrong answer, a fault or an error, and asserts that the
+// stand-in shows it too (faults run in a forked child). Then the cuBLASLt
+// stand-in against a naive GEMM.
+// clang-format off
+#include "tests/cuda_stub/cuda_stub_launch.h"  // first: the simulator's device API
+// clang-format on
+
+#include "tests/cuda_stub/cuda_stub.h"
+
+#include <cublasLt.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <csignal>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace {
+
+using kvserve::cuda::LaunchKernel;
+
+struct Child {
+  bool signaled = false;
+  int signal = 0;
+  int exit_code = 0;
+  std::string err;
+};
+// Runs fn in a forked child; what killed it and what it wrote to stderr.
+Child RunInChild(const std::function<void()>& fn) {
+  int pipe_fds[2];
+  REQUIRE(pipe(pipe_fds) == 0);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    dup2(pipe_fds[1], 2);
+    freopen("/dev/null", "w", stdout);  // Catch's report of the child's fault
+    close(pipe_fds[0]);
+    fn();
+    _exit(0);
+  }
+  close(pipe_fds[1]);
+  Child c;
+  char buf[4096];
+  for (ssize_t n; (n = read(pipe_fds[0], buf, sizeof(buf))) > 0;) c.err.append(buf, size_t(n));
+  close(pipe_fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  c.signaled = WIFSIGNALED(status);
+  c.signal = c.signaled ? WTERMSIG(status) : 0;
+  c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return c;
+}
+
+// Thread t writes shared[t] and reads shared[t + 1]; `sync` puts the
+// barrier between that the racy version lacks.
+__global__ void NeighbourKernel(float* out, bool sync) {
+  float* s = static_cast<float*>(cuda_sim::g_dynamic_shared);
+  const int t = static_cast<int>(threadIdx.x);
+  s[t] = static_cast<float>(t);
+  if (sync) __syncthreads();
+  out[t] = t + 1 < static_cast<int>(blockDim.x) ? s[t + 1] : -1.0f;
+}
+__global__ void CopyKernel(const float* in, float* out, int n) {
+  const int t = static_cast<int>(threadIdx.x);
+  if (t < n) out[t] = in[t + 1];  // one past for t == n - 1
+}
+__global__ void Vec4Kernel(const float* in, float* out) {
+  const float4 v = *reinterpret_cast<const float4*>(in);
+  if (threadIdx.x == 0) out[0] = v.x + v.y + v.z + v.w;
+}
+struct FillParams {
+  float* out;  // [32]
+  float value;
+};
+__global__ void FillKernel(const FillParams p) { p.out[threadIdx.x] = p.value; }
+__global__ void SmemKernel(float* out) {
+  if (threadIdx.x == 0) out[0] = 1.0f;
+}
+
+template <typename T>
+T* DeviceAlloc(size_t n) {
+  void* p = nullptr;
+  REQUIRE(cudaMalloc(&p, n * sizeof(T)) == cudaSuccess);
+  return static_cast<T*>(p);
+}
+std::vector<float> Download(const float* d, size_t n) {
+  std::vector<float> h(n);
+  REQUIRE(cudaMemcpy(h.data(), d, n * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("CUDA stand-in catches planted defects", "[cuda_stub]") {
+  cudaStream_t stream = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
+  float* out = DeviceAlloc<float>(64);
+
+  SECTION("a shared-memory read before the barrier reads poison") {
+    REQUIRE(LaunchKernel(NeighbourKernel, 1, 64, 64 * 4, stream, out, false) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    const std::vector<float> racy = Download(out, 64);
+    for (int t = 0; t < 63; ++t) CHECK(std::isnan(racy[t]));
+    REQUIRE(LaunchKernel(NeighbourKernel, 1, 64, 64 * 4, stream, out, true) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    const std::vector<float> fixed = Download(out, 64);
+    for (int t = 0; t < 63; ++t) CHECK(fixed[t] == static_cast<float>(t + 1));
+  }
+  SECTION("a read past a cudaMalloc allocation faults") {
+    float* in = DeviceAlloc<float>(64);  // 256 bytes: ends at the guard page
+    const Child c = RunInChild([&] {
+      LaunchKernel(CopyKernel, 1, 64, 0, stream, static_cast<const float*>(in), out, 64);
+      cudaStreamSynchronize(stream);
+    });
+    CHECK(c.signaled);
+    CHECK(c.signal == SIGSEGV);
+    const Child ok = RunInChild([&] {
+      LaunchKernel(CopyKernel, 1, 64, 0, stream, static_cast<const float*>(in), out, 63);
+      cudaStreamSynchronize(stream);
+    });
+    CHECK_FALSE(ok.signaled);
+    CHECK(ok.exit_code == 0);
+    cudaFree(in);
+  }
+  SECTION("host code reading device memory faults") {
+    const Child c = RunInChild([&] { std::printf("%f\n", static_cast<double>(out[0])); });
+    CHECK(c.signal == SIGSEGV);
+  }
+  SECTION("a misaligned 16-byte load is reported") {
+    float* in = DeviceAlloc<float>(64);
+    const Child c = RunInChild([&] {
+      LaunchKernel(Vec4Kernel, 1, 32, 0, stream, static_cast<const float*>(in + 1), out);
+      cudaStreamSynchronize(stream);
+    });
+    CHECK(c.exit_code != 0);
+    CHECK(c.err.find("misaligned address") != std::string::npos);
+    const Child ok = RunInChild([&] {
+      LaunchKernel(Vec4Kernel, 1, 32, 0, stream, static_cast<const float*>(in + 4), out);
+      cudaStreamSynchronize(stream);
+    });
+    CHECK(ok.exit_code == 0);
+    cudaFree(in);
+  }
+  SECTION("a host read without the stream synchronisation sees stale data") {
+    float* pinned = nullptr;
+    REQUIRE(cudaHostAlloc(reinterpret_cast<void**>(&pinned), 32 * 4, cudaHostAllocMapped) ==
+            cudaSuccess);
+    for (int i = 0; i < 32; ++i) pinned[i] = -7.0f;
+    REQUIRE(LaunchKernel(FillKernel, 1, 32, 0, stream, FillParams{out, 3.0f}) == cudaSuccess);
+    REQUIRE(cudaMemcpyAsync(pinned, out, 32 * 4, cudaMemcpyDeviceToHost, stream) == cudaSuccess);
+    CHECK(pinned[0] == -7.0f);  // the missing cudaStreamSynchronize
+    CHECK(cuda_stub::PendingOps(stream) == 2);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    CHECK(pinned[31] == 3.0f);
+    // A synchronous cudaMemcpy does not wait for a cudaStreamNonBlocking stream.
+    REQUIRE(LaunchKernel(FillKernel, 1, 32, 0, stream, FillParams{out, 5.0f}) == cudaSuccess);
+    float host = 0;
+    REQUIRE(cudaMemcpy(&host, out, 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(host == 3.0f);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    REQUIRE(cudaFreeHost(pinned) == cudaSuccess);
+  }
+  SECTION("a graph replays the pointer captured, not the one set after capture") {
+    float* other = DeviceAlloc<float>(32);
+    REQUIRE(cudaMemset(other, 0, 32 * 4) == cudaSuccess);
+    REQUIRE(cudaMemset(out, 0, 32 * 4) == cudaSuccess);
+    FillParams p{out, 9.0f};
+    REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    REQUIRE(LaunchKernel(FillKernel, 1, 32, 0, stream, p) == cudaSuccess);
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+    CHECK(cuda_stub::PendingOps(stream) == 0);  // captured, not run
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    p.out = other;  // the defect: the graph still holds `out`
+    REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    CHECK(Download(out, 32)[31] == 9.0f);
+    CHECK(Download(other, 32)[0] == 0.0f);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaFree(other);
+  }
+  SECTION("dynamic shared memory over 48 KiB needs the attribute, up to the opt-in maximum") {
+    CHECK(LaunchKernel(SmemKernel, 1, 32, 64 << 10, stream, out) == cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaErrorInvalidValue);
+    CHECK(cudaGetLastError() == cudaSuccess);
+    CHECK(cudaFuncSetAttribute(SmemKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               232448 + 1) == cudaErrorInvalidValue);
+    cudaGetLastError();
+    REQUIRE(cudaFuncSetAttribute(SmemKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 64 << 10) == cudaSuccess);
+    CHECK(LaunchKernel(SmemKernel, 1, 32, 64 << 10, stream, out) == cudaSuccess);
+    CHECK(LaunchKernel(SmemKernel, 1, 32, (64 << 10) + 4, stream, out) == cudaErrorInvalidValue);
+    cudaGetLastError();
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+  }
+  SECTION("launches over the H200's limits fail with cudaErrorInvalidConfiguration") {
+    CHECK(LaunchKernel(SmemKernel, 1, 1056, 0, stream, out) == cudaErrorInvalidConfiguration);
+    CHECK(LaunchKernel(SmemKernel, dim3(1, 65536), 32, 0, stream, out) ==
+          cudaErrorInvalidConfiguration);
+    CHECK(LaunchKernel(SmemKernel, 0, 32, 0, stream, out) == cudaErrorInvalidConfiguration);
+    cudaGetLastError();
+    cudaDeviceProp prop;
+    REQUIRE(cudaGetDeviceProperties(&prop, 0) == cudaSuccess);
+    CHECK(prop.major == 9);
+    CHECK(prop.multiProcessorCount == 132);
+    CHECK(prop.sharedMemPerBlockOptin == 232448);
+  }
+  SECTION("cudaMalloc during capture fails and invalidates the capture") {
+    REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    void* p = nullptr;
+    CHECK(cudaMalloc(&p, 256) == cudaErrorStreamCaptureUnsupported);
+    CHECK(p == nullptr);
+    CHECK(cudaStreamSynchronize(stream) == cudaErrorStreamCaptureUnsupported);
+    cudaGraph_t graph = reinterpret_cast<cudaGraph_t>(1);
+    CHECK(cudaStreamEndCapture(stream, &graph) == cudaErrorStreamCaptureInvalidated);
+    CHECK(graph == nullptr);
+    cudaGetLastError();
+    std::vector<float> pageable(4);
+    REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal) == cudaSuccess);
+    CHECK(cudaMemcpyAsync(out, pageable.data(), 16, cudaMemcpyHostToDevice, stream) ==
+          cudaErrorStreamCaptureUnsupported);
+    CHECK(cudaStreamEndCapture(stream, &graph) == cudaErrorStreamCaptureInvalidated);
+    cudaGetLastError();
+  }
+  SECTION("injected cudaMalloc and cudaMemGetInfo failures") {
+    cuda_stub::FailMallocAfter(1);
+    void* a = nullptr;
+    void* b = nullptr;
+    CHECK(cudaMalloc(&a, 256) == cudaSuccess);
+    CHECK(cudaMalloc(&b, 256) == cudaErrorMemoryAllocation);
+    CHECK(b == nullptr);
+    CHECK(cudaMalloc(&b, 256) == cudaSuccess);
+    cuda_stub::FailMallocAfter(-1);
+    cudaFree(a);
+    cudaFree(b);
+    cuda_stub::FailNextMemGetInfo(cudaErrorInvalidValue);
+    size_t free_bytes = 0, total = 0;
+    CHECK(cudaMemGetInfo(&free_bytes, &total) == cudaErrorInvalidValue);
+    CHECK(cudaMemGetInfo(&free_bytes, &total) == cudaSuccess);
+    CHECK(total == (size_t{4} << 30));
+    CHECK(total - free_bytes == static_cast<size_t>(cuda_stub::GetCounters().live_device_bytes));
+    cudaGetLastError();
+  }
+  cudaFree(out);
+  REQUIRE(cudaStreamDestroy(stream) == cudaSuccess);
+}
+
+namespace {
+
+// y[r][o] = sum_i w[o][i] x[r][i] (+ bias[o]) (+ y[r][o]), in fp32, k in order.
+std::vector<float> NaiveLinear(const std::vector<float>& x, const std::vector<float>& w,
+                               const std::vector<float>* bias, const std::vector<float>* y0,
+                               int rows, int in, int out) {
+  std::vector<float> y(size_t(rows) * out);
+  for (int r = 0; r < rows; ++r) {
+    for (int o = 0; o < out; ++o) {
+      float acc = 0;
+      for (int i = 0; i < in; ++i) acc += w[size_t(o) * in + i] * x[size_t(r) * in + i];
+      if (y0 != nullptr) acc += (*y0)[size_t(r) * out + o];
+      if (bias != nullptr) acc += (*bias)[o];
+      y[size_t(r) * out + o] = acc;
+    }
+  }
+  return y;
+}
+
+float* Upload(const std::vector<float>& h) {
+  float* d = DeviceAlloc<float>(h.size());
+  REQUIRE(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("cuBLASLt stand-in: Gemm::Linear against a naive GEMM", "[cuda_stub]") {
+  using kvserve::cuda::ActDtype;
+  // stories260K's w_down: in = 172, not a multiple of 8.
+  const int rows = 3, in = 172, out = 64;
+  std::vector<float> x(size_t(rows) * in), w(size_t(out) * in), bias(out), y0(size_t(rows) * out);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * float(i));
+  for (size_t i = 0; i < w.size(); ++i) w[i] = std::cos(0.11f * float(i));
+  for (int i = 0; i < out; ++i) bias[size_t(i)] = 0.5f * float(i);
+  for (size_t i = 0; i < y0.size(); ++i) y0[i] = float(i % 7);
+  float *dx = Upload(x), *dw = Upload(w), *db = Upload(bias), *dy = Upload(y0);
+  auto gemm = kvserve::cuda::Gemm::Create(ActDtype::kFp32);
+  REQUIRE(gemm.ok());
+  kvserve::cuda::GemmParams p;
+  p.rows = rows;
+  p.in = in;
+  p.out = out;
+  p.x = dx;
+  p.w = dw;
+  p.y = dy;
+  p.y_dtype = ActDtype::kFp32;
+
+  SECTION("plain, then bias and the residual add") {
+    REQUIRE((*gemm)->Linear(p, nullptr).ok());
+    CHECK(Download(dy, y0.size()) == NaiveLinear(x, w, nullptr, nullptr, rows, in, out));
+    REQUIRE(cudaMemcpy(dy, y0.data(), y0.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+    p.bias = db;
+    p.accumulate = true;
+    REQUIRE((*gemm)->Linear(p, nullptr).ok());
+    CHECK(Download(dy, y0.size()) == NaiveLinear(x, w, &bias, &y0, rows, in, out));
+  }
+  SECTION("a pointer less aligned than the heuristic was told is refused") {
+    REQUIRE((*gemm)->Linear(p, nullptr).ok());  // plans with 256-byte alignment
+    cublasLtHandle_t h;
+    REQUIRE(cublasLtCreate(&h) == CUBLAS_STATUS_SUCCESS);
+    cublasLtMatmulDesc_t op;
+    REQUIRE(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS);
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatrixLayoutCreate(&a, CUDA_R_32F, 8, 8, 8);
+    cublasLtMatrixLayoutCreate(&b, CUDA_R_32F, 8, 2, 8);
+    cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, 8, 2, 8);
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulHeuristicResult_t r{};
+    int found = 0;
+    REQUIRE(cublasLtMatmulAlgoGetHeuristic(h, op, a, b, c, c, pref, 1, &r, &found) ==
+            CUBLAS_STATUS_SUCCESS);
+    REQUIRE(found == 1);
+    const float one = 1, zero = 0;
+    CHECK(cublasLtMatmul(h, op, &one, dw, a, dx + 1, b, &zero, dy, c, dy, c, &r.algo, nullptr, 0,
+                         nullptr) == CUBLAS_STATUS_INVALID_VALUE);
+    CHECK(cublasLtMatmul(h, op, &one, dw, a, dx, b, &zero, dy, c, dy, c, &r.algo, nullptr, 0,
+                         nullptr) == CUBLAS_STATUS_SUCCESS);
+    // A type pair outside the table, and an alignment below the element.
+    cublasLtMatrixLayout_t half_b;
+    cublasLtMatrixLayoutCreate(&half_b, CUDA_R_16F, 8, 2, 8);
+    CHECK(cublasLtMatmulAlgoGetHeuristic(h, op, a, half_b, c, c, pref, 1, &r, &found) ==
+          CUBLAS_STATUS_NOT_SUPPORTED);
+    const uint32_t two = 2;
+    cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &two,
+                                         sizeof(two));
+    CHECK(cublasLtMatmulAlgoGetHeuristic(h, op, a, b, c, c, pref, 1, &r, &found) ==
+          CUBLAS_STATUS_SUCCESS);
+    CHECK(found == 0);
+    cudaStreamSynchronize(nullptr);
+    for (auto l : {a, b, c, half_b}) cublasLtMatrixLayoutDestroy(l);
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatmulDescDestroy(op);
+    cublasLtDestroy(h);
+  }
+  gemm->reset();
+  for (float* d : {dx, dw, db, dy}) cudaFree(d);
+}
