@@ -387,6 +387,16 @@ void KvCacheManager::MarkComputed(SeqId seq, int32_t num_computed_tokens) {
     // A block another sequence also holds was filed (or not) by whoever
     // computed it; the same content computed twice stays private (Insert
     // refuses a taken hash).
+    // No path reaches here with a shared block today, so no test can tell
+    // SeqRefs(id) == 1 from >= 1. Prefix hits and swap-ins that find a
+    // cached block take indices below the chain of hashes. Past the chain,
+    // sharing starts only at Fork (swap keeps a group's sharing as it was),
+    // and Fork requires every token computed, so the parent's full blocks
+    // are already hashed (a sequence that does not file or has evicted
+    // returned above): only a partial last block is shared, and Append moves
+    // a sequence off it before writing (copy-on-write), so it is private
+    // by the time it is full. Should that change, the check still leaves a
+    // shared block's filing to whoever computed it.
     if (!prefix_.contains(id) && SeqRefs(id) == 1)
       prefix_.Insert(id, h, parent, s.extra_key, tokens);
     parent = h;

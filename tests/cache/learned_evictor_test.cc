@@ -43,6 +43,41 @@ TEST_CASE("Evictor features of a hand-made state", "[cache][eviction]") {
   REQUIRE(f[2][3] == 0.0f);  // the newest
 }
 
+TEST_CASE("Evictor features of positions 2 to 5 around the sink boundary", "[cache][eviction]") {
+  // Positions 0 .. 3 are sinks; 4 is the first that is not.
+  EvictionState s;
+  s.Append(std::vector<int32_t>{2, 3, 4, 5});
+  s.Observe(std::vector<float>{0.25f, 0.5f, 0.125f, 0.125f}, 1, 1, 1);
+  std::vector<EvictorFeatures> f;
+  ComputeEvictorFeatures(s, &f);
+  REQUIRE(f.size() == 4);
+  // Entry (position, weight): every feature, in the file's order.
+  auto expected = [](int32_t pos, float w, float low, float sink) {
+    const float age = static_cast<float>(5 - pos);
+    return EvictorFeatures{std::log(w + 1e-6f),
+                           std::log(w / (age + 1.0f) + 1e-6f),
+                           std::log(4.0f * w + 1e-6f),
+                           std::log1p(age),
+                           low,
+                           sink,
+                           0.0f};  // one layer: no spread
+  };
+  // 0.125 < 1/4: one low step for positions 4 and 5.
+  const EvictorFeatures want[] = {expected(2, 0.25f, 0.0f, 1.0f), expected(3, 0.5f, 0.0f, 1.0f),
+                                  expected(4, 0.125f, 1.0f / 16.0f, 0.0f),
+                                  expected(5, 0.125f, 1.0f / 16.0f, 0.0f)};
+  for (int i = 0; i < 4; ++i) {
+    INFO("entry " << i);
+    for (int k = 0; k < kEvictorFeatures; ++k) {
+      INFO("feature " << kEvictorFeatureNames[k]);
+      REQUIRE(f[i][k] == Approx(want[i][k]).margin(1e-6));
+    }
+  }
+  // The sink feature is exactly 0 or 1.
+  REQUIRE(f[1][5] == 1.0f);
+  REQUIRE(f[2][5] == 0.0f);
+}
+
 TEST_CASE("Evictor model files round-trip and are validated", "[cache][eviction]") {
   const EvictorModel m = Simple();
   absl::StatusOr<EvictorModel> back = EvictorModel::Parse(m.Serialize(), "m.txt");

@@ -82,5 +82,57 @@ TEST_CASE("Attention cost: key counts and balanced row splits", "[kernels][plan]
   }
 }
 
+// One decode row per sequence, row r attending keys[r] keys (its cache
+// index is keys[r] - 1): rows whose costs are exactly the given numbers.
+BatchInput DecodeRows(const std::vector<int32_t>& keys) {
+  BatchInput b;
+  b.Clear();
+  b.max_blocks_per_seq = 1;
+  for (int32_t k : keys) {
+    b.query_start.push_back(b.query_start.back() + 1);
+    b.context_len.push_back(k);
+    b.block_table.push_back(0);
+    b.token_ids.push_back(0);
+    b.positions.push_back(k - 1);
+    b.slot_mapping.push_back(0);
+  }
+  return b;
+}
+
+TEST_CASE("Row splits: a prefix cost that reaches a share exactly closes the part there",
+          "[kernels][plan]") {
+  // The part closes at the first row whose running cost reaches its share
+  // (acc * parts >= total * part), so a prefix equal to a share ends there.
+  struct Row {
+    std::vector<int32_t> keys;
+    int parts;
+    int64_t overhead;
+    std::vector<int32_t> bounds;
+  };
+  const Row table[] = {
+      // Shares of 4: running sums 2, 4 | 6, 8.
+      {{2, 2, 2, 2}, 2, 0, {0, 2, 4}},
+      // Shares of 2 and 4: 1, 2 | 3, 4 | 5, 6.
+      {{1, 1, 1, 1, 1, 1}, 3, 0, {0, 2, 4, 6}},
+      // Share 5: 3, 5 | 6, 10.
+      {{3, 2, 1, 4}, 2, 0, {0, 2, 4}},
+      // Costs 2, 2, 4 (keys + overhead 1), share 4: 2, 4 | 8.
+      {{1, 1, 3}, 2, 1, {0, 2, 3}},
+      // No prefix lands on the share 3.5: 1, 2, 3, 4 | 5, 6, 7.
+      {{1, 1, 1, 1, 1, 1, 1}, 2, 0, {0, 4, 7}},
+      // One row outweighs two shares of 4: parts 1 and 2 both close after it.
+      {{10, 1, 1}, 3, 0, {0, 1, 1, 3}},
+      // Share 4.5 with overhead 2: 3, 6 | 9.
+      {{1, 1, 1}, 2, 2, {0, 2, 3}},
+  };
+  for (const Row& row : table) {
+    INFO("keys " << ::Catch::Detail::stringify(row.keys) << ", parts " << row.parts << ", overhead "
+                 << row.overhead);
+    const BatchInput batch = DecodeRows(row.keys);
+    const BatchView v = ViewOf(batch);
+    REQUIRE(SplitRowsByAttentionCost(v, 0, row.parts, row.overhead) == row.bounds);
+  }
+}
+
 }  // namespace
 }  // namespace kvserve

@@ -39,9 +39,11 @@ struct KcCase {
   uint32_t seed = 1;
   // Every K, V and q value exact in bf16 (so a bf16 copy is the same input).
   bool bf16_exact = false;
+  float q_scale = 1.0f;  // > 1 makes the scores large and the softmax peaky
   std::string Name() const {
-    std::string s = absl::StrCat("hd", head_dim, " kv", num_kv_heads, " g", group, " bs",
-                                 block_size, " int4g", int4_group, " w", window, " seqs");
+    std::string s =
+        absl::StrCat("hd", head_dim, " kv", num_kv_heads, " g", group, " bs", block_size, " int4g",
+                     int4_group, " w", window, " qs", q_scale, " seqs");
     for (size_t i = 0; i < ctx.size(); ++i) absl::StrAppend(&s, " ", ctx[i], "/", q_len[i]);
     return s;
   }
@@ -208,7 +210,7 @@ inline KcProblem BuildKcProblem(const KcCase& c) {
   p.step = MakeStep(c, k_all, v_all, first, end, table, max_blocks, tails);
   p.q.resize(static_cast<size_t>(p.step.batch.num_tokens()) * row * c.group);
   for (float& x : p.q) {
-    x = normal(rng);
+    x = c.q_scale * normal(rng);
     if (c.bf16_exact) x = cpu::Bf16ToFloat(cpu::FloatToBf16(x));
   }
   p.sealed.CopyFrom(p.before);

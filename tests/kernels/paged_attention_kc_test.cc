@@ -37,12 +37,13 @@ struct KcCase {
   KvElem tail = KvElem::kFp32;
   // Per sequence, the rows of each of its steps (their sum is its length).
   std::vector<std::vector<int>> chunks;
+  float q_scale = 1.0f;  // > 1 makes the scores large and the softmax peaky
   uint32_t seed = 1;
 
   std::string Name() const {
-    std::string s =
-        absl::StrCat("bs", block_size, " hd", head_dim, " kv", num_kv_heads, " g", group, " w",
-                     window, tail == KvElem::kFp32 ? " fp32 tails" : " fp16 tails", " seqs");
+    std::string s = absl::StrCat(
+        "bs", block_size, " hd", head_dim, " kv", num_kv_heads, " g", group, " w", window,
+        tail == KvElem::kFp32 ? " fp32 tails" : " fp16 tails", " qs", q_scale, " seqs");
     for (const auto& c : chunks) {
       absl::StrAppend(&s, " [");
       for (int n : c) absl::StrAppend(&s, n, ",");
@@ -64,6 +65,7 @@ struct RunResult {
   std::map<std::tuple<int, int, int>, std::vector<float>> out;  // (path, seq, index)
   std::vector<uint8_t> blocks;                                  // the layer's blocks
   double worst = 0;
+  double max_abs_score = 0;  // of the reference, over every row
   int rows = 0;
 };
 
@@ -103,7 +105,7 @@ class KcRun {
           kr[hd - 1] = 8.0f * std::sin(phase + 0.02f * i) + 3.0f;
         }
       }
-      for (float& x : q) x = normal(vrng);
+      for (float& x : q) x = c.q_scale * normal(vrng);
       k_.push_back(std::move(k));
       v_.push_back(std::move(v));
       q_.push_back(std::move(q));
@@ -222,6 +224,7 @@ class KcRun {
           double dot = 0;
           for (int d = 0; d < hd; ++d) dot += double(qr[d]) * row[d];
           sc.push_back(dot * scale);
+          res->max_abs_score = std::max(res->max_abs_score, std::fabs(sc.back()));
         }
         const double m = *std::max_element(sc.begin(), sc.end());
         double sum = 0;
@@ -364,6 +367,31 @@ TEST_CASE("int4_kc shapes outside the AVX2 kernel fall back to the scalar path",
   c.chunks = {Cut(40, 17, {1, 3})};
   const RunResult r = KcRun(c).Run();
   CHECK(r.worst <= 1e-5);
+}
+
+TEST_CASE("int4_kc scores far past the fp32 range of exp stay finite and match the reference",
+          "[kernels][attention]") {
+  // Queries scaled by 100 against the keys' outlier pair give scores of
+  // several hundred, up to about 1500 (exp overflows fp32 above about
+  // 88.7). fp32 rounds a score of 1500 by up to 1500 * 2^-24 = 9e-5, which
+  // moves its weight by as much relative to itself: hence 1e-4 rather than
+  // 1e-5 (2e-5 is what the paths reach).
+  for (int hd : {8, 64}) {
+    KcCase c;
+    c.head_dim = hd;
+    c.q_scale = 100.0f;
+    c.seed = 60 + hd;
+    c.chunks = {{40}, Cut(300, 17, {1, 5}), {1}};
+    INFO(c.Name());
+    const RunResult r = KcRun(c).Run();
+    REQUIRE(r.max_abs_score > 200.0);
+    CHECK(r.worst <= 1e-4);
+    for (const auto& [key, out] : r.out) {
+      INFO("path " << std::get<0>(key) << " seq " << std::get<1>(key) << " index "
+                   << std::get<2>(key));
+      REQUIRE(std::all_of(out.begin(), out.end(), [](float x) { return std::isfinite(x); }));
+    }
+  }
 }
 
 }  // namespace

@@ -81,8 +81,10 @@ HostKvPages Fp32Copy(const Problem& p) {
 }
 
 // Naive softmax attention in double over the dequantized rows, plus the
-// largest |v| each (row, head) could mix (the scale of its error).
-void Reference(const Problem& p, int window, std::vector<double>* out, std::vector<double>* vmax) {
+// largest |v| each (row, head) could mix (the scale of its error) and,
+// when asked, the largest |score| of any row.
+void Reference(const Problem& p, int window, std::vector<double>* out, std::vector<double>* vmax,
+               double* max_abs_score = nullptr) {
   const KvFormat& f = p.format;
   const int hd = f.head_dim(), nh = p.num_heads, group = nh / f.num_kv_heads();
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
@@ -102,6 +104,9 @@ void Reference(const Problem& p, int window, std::vector<double>* out, std::vect
           double d = 0.0;
           for (int j = 0; j < hd; ++j) d += double(q[j]) * k[j];
           sc.push_back(d * scale);
+          if (max_abs_score != nullptr) {
+            *max_abs_score = std::max(*max_abs_score, std::fabs(sc.back()));
+          }
         }
         const double m = *std::max_element(sc.begin(), sc.end());
         double sum = 0.0;
@@ -139,14 +144,19 @@ std::vector<CpuIsa> Paths() {
   return {CpuIsa::kScalar};
 }
 
+bool AllFinite(const std::vector<float>& x) {
+  return std::all_of(x.begin(), x.end(), [](float v) { return std::isfinite(v); });
+}
+
 // Checks every path against the double reference and against the fp32
 // kernel over an fp32 copy of the dequantized cache, and the paths against
-// each other.
-void CheckCase(const AttnCase& c) {
+// each other, to `tol` of max|v|. *max_abs_score (if asked): the largest
+// |score| the case holds.
+void CheckCase(const AttnCase& c, double tol = 1e-5, double* max_abs_score = nullptr) {
   INFO(c.Name());
   const Problem p = Build(c);
   std::vector<double> ref, vmax;
-  Reference(p, c.window, &ref, &vmax);
+  Reference(p, c.window, &ref, &vmax, max_abs_score);
   const HostKvPages copy = Fp32Copy(p);
   const int hd = c.head_dim;
   std::vector<std::vector<float>> outs;
@@ -154,12 +164,13 @@ void CheckCase(const AttnCase& c) {
     INFO("path " << CpuIsaName(isa));
     const std::vector<float> got = Run(p, p.pages, c.window, isa);
     const std::vector<float> via_copy = Run(p, copy, c.window, isa);
-    CHECK(WorstRelErr(got, ref, vmax, hd) <= 1e-5);
-    CHECK(WorstRelErr(got, ToDouble(via_copy), vmax, hd) <= 1e-5);
+    CHECK(AllFinite(got));
+    CHECK(WorstRelErr(got, ref, vmax, hd) <= tol);
+    CHECK(WorstRelErr(got, ToDouble(via_copy), vmax, hd) <= tol);
     outs.push_back(got);
   }
   for (size_t i = 1; i < outs.size(); ++i) {
-    CHECK(WorstRelErr(outs[i], ToDouble(outs[0]), vmax, hd) <= 1e-5);
+    CHECK(WorstRelErr(outs[i], ToDouble(outs[0]), vmax, hd) <= tol);
   }
 }
 
@@ -377,6 +388,45 @@ void EvictionReference(const Problem& p, const std::vector<float>& sink_q,
   }
 }
 
+// Checks every path with sink queries drawn from N(0, sink_sigma) for keys
+// below sinks[s], recording key mass for every other row, against the
+// double reference: outputs to `tol` of max|v|, every recorded row's mass
+// summing to its heads and each key's to 2e-5 per head.
+void CheckEvictionCase(const AttnCase& c, float sink_sigma, const std::vector<int32_t>& sinks,
+                       double tol) {
+  INFO(c.Name());
+  const Problem p = Build(c);
+  std::mt19937 rng(c.seed);
+  std::normal_distribution<float> normal(0.0f, sink_sigma);
+  std::vector<float> sink_q(p.q.size());
+  for (float& x : sink_q) x = normal(rng);
+  std::vector<double> ref, vmax;
+  std::vector<std::vector<double>> ref_mass;
+  EvictionReference(p, sink_q, sinks, &ref, &vmax, &ref_mass);
+  for (CpuIsa isa : Paths()) {
+    INFO("path " << CpuIsaName(isa));
+    std::vector<int64_t> offsets;
+    const EvictionRun plain = RunEviction(p, sink_q, sinks, false, &offsets, isa);
+    const EvictionRun rec = RunEviction(p, sink_q, sinks, true, &offsets, isa);
+    CHECK(AllFinite(rec.out));
+    CHECK(WorstRelErr(rec.out, ref, vmax, c.head_dim) <= tol);
+    // Recording changes nothing in the output.
+    REQUIRE(std::memcmp(plain.out.data(), rec.out.data(), plain.out.size() * sizeof(float)) == 0);
+    double worst = 0.0;
+    for (int32_t t = 0; t < p.batch.num_tokens(); ++t) {
+      if (offsets[t] < 0) continue;
+      double total = 0.0;
+      for (size_t j = 0; j < ref_mass[t].size(); ++j) {
+        const double got = rec.mass[offsets[t] + j];
+        worst = std::isnan(got) ? INFINITY : std::max(worst, std::fabs(got - ref_mass[t][j]));
+        total += got;
+      }
+      CHECK(total == Approx(p.num_heads).epsilon(1e-5));
+    }
+    CHECK(worst <= 2e-5 * p.num_heads);
+  }
+}
+
 TEST_CASE("sink queries and key mass match the reference on every path",
           "[kernels][attention][eviction]") {
   uint32_t seed = 500;
@@ -395,38 +445,7 @@ TEST_CASE("sink queries and key mass match the reference on every path",
           c.q_len = {1, 6, 1, 6};
           c.q_scale = 3.0f;
           c.seed = seed++;
-          INFO(c.Name());
-          const Problem p = Build(c);
-          std::mt19937 rng(c.seed);
-          std::normal_distribution<float> normal(0.0f, 3.0f);
-          std::vector<float> sink_q(p.q.size());
-          for (float& x : sink_q) x = normal(rng);
-          const std::vector<int32_t> sinks = {4, 0, 21, 9};  // 9 > a 6-entry context
-          std::vector<double> ref, vmax;
-          std::vector<std::vector<double>> ref_mass;
-          EvictionReference(p, sink_q, sinks, &ref, &vmax, &ref_mass);
-          for (CpuIsa isa : Paths()) {
-            INFO("path " << CpuIsaName(isa));
-            std::vector<int64_t> offsets;
-            const EvictionRun plain = RunEviction(p, sink_q, sinks, false, &offsets, isa);
-            const EvictionRun rec = RunEviction(p, sink_q, sinks, true, &offsets, isa);
-            CHECK(WorstRelErr(rec.out, ref, vmax, hd) <= 1e-5);
-            // Recording changes nothing in the output.
-            REQUIRE(std::memcmp(plain.out.data(), rec.out.data(),
-                                plain.out.size() * sizeof(float)) == 0);
-            double worst = 0.0;
-            for (int32_t t = 0; t < p.batch.num_tokens(); ++t) {
-              if (offsets[t] < 0) continue;
-              double total = 0.0;
-              for (size_t j = 0; j < ref_mass[t].size(); ++j) {
-                const double got = rec.mass[offsets[t] + j];
-                worst = std::max(worst, std::fabs(got - ref_mass[t][j]));
-                total += got;
-              }
-              CHECK(total == Approx(p.num_heads).epsilon(1e-5));
-            }
-            CHECK(worst <= 2e-5 * p.num_heads);
-          }
+          CheckEvictionCase(c, 3.0f, {4, 0, 21, 9}, 1e-5);  // 9 > a 6-entry context
         }
       }
     }
@@ -444,6 +463,35 @@ TEST_CASE("rows without a mass offset leave the buffer alone", "[kernels][attent
     // Rows 0, 2 and 4 are recorded (9, 10 and 12 keys), every key of each.
     REQUIRE(rec.mass.size() == 9 + 11 + 11);
     REQUIRE(std::none_of(rec.mass.begin(), rec.mass.end(), [](float x) { return x == -5.0f; }));
+  }
+}
+
+// exp overflows fp32 above about 88.7 and underflows below about -103, so
+// the softmax must subtract each row's maximum (or a running one, merging
+// tiles) before exponentiating. Queries scaled by 100 give scores of a few
+// hundred either way; the double reference needs no such care.
+TEST_CASE("scores far past the fp32 range of exp stay finite and match the double reference",
+          "[kernels][attention]") {
+  uint32_t seed = 900;
+  for (KvDtype dtype : {KvDtype::kFp32, KvDtype::kBf16, KvDtype::kInt8, KvDtype::kK8V4}) {
+    for (int hd : {8, 64}) {
+      AttnCase c = SmallCase();
+      c.dtype = dtype;
+      c.head_dim = hd;
+      c.group = 2;
+      c.int4_group = 8;
+      // A lone key, a chunk, and a row over two AVX2 tiles.
+      c.ctx = {1, 40, 300};
+      c.q_len = {1, 5, 1};
+      c.q_scale = 100.0f;
+      c.seed = seed++;
+      SECTION(c.Name()) {
+        double max_abs_score = 0.0;
+        CheckCase(c, 1e-5, &max_abs_score);
+        REQUIRE(max_abs_score > 200.0);
+        CheckEvictionCase(c, 100.0f, {4, 0, 21}, 1e-5);
+      }
+    }
   }
 }
 

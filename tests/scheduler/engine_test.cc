@@ -16,10 +16,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "cache/kv_dtype_spec.h"
 #include "model/cpu/cpu_model_runner.h"
 #include "model/loader/model_loader.h"
+#include "util/field_status.h"
 #include "scheduler/detokenizer.h"
 #include "tests/engine_harness.h"
 #include "tests/test_util.h"
@@ -660,6 +662,77 @@ TEST_CASE("Requests that can never fit are rejected naming the field", "[schedul
     REQUIRE_FALSE(e.ok());
     REQUIRE_THAT(std::string(e.status().message()), Contains("max_model_len"));
   }
+}
+
+TEST_CASE("prompt + max_tokens may equal max_model_len exactly and one token more is refused",
+          "[scheduler]") {
+  Setup setup;
+  setup.max_model_len = 128;
+  setup.num_blocks = 16;
+  auto engine = MakeEngine(setup);
+  GenerateRequest req;
+  req.prompt_token_ids = Stories().tokenizer->Encode("Once upon a time", true);
+  const int32_t prompt_len = static_cast<int32_t>(req.prompt_token_ids.size());
+  req.ignore_eos = true;
+  req.sampling.temperature = 0.0f;
+
+  GenerateRequest exact = req;
+  exact.max_tokens = 128 - prompt_len;
+  Result r = RunOne(*engine, exact);
+  REQUIRE(r.finish[0] == FinishReason::kLength);
+  REQUIRE(r.tokens[0].size() == static_cast<size_t>(128 - prompt_len));
+  REQUIRE(r.usage.prompt_tokens == prompt_len);
+  REQUIRE(r.usage.completion_tokens == 128 - prompt_len);
+
+  GenerateRequest over = req;
+  over.max_tokens = 129 - prompt_len;
+  auto refused = engine->Submit(over);
+  REQUIRE(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  REQUIRE(ErrorField(refused.status()) == "max_tokens");
+  REQUIRE(std::string(refused.status().message()) ==
+          absl::StrCat("max_tokens (", 129 - prompt_len, ") + prompt (", prompt_len,
+                       " tokens) = 129 exceeds max_model_len (128); lower max_tokens to at most ",
+                       128 - prompt_len));
+  const EngineStats st = engine->GetStats();
+  REQUIRE(st.requests_rejected == 1);
+  REQUIRE(st.requests_finished_length == 1);
+  RequireAllBlocksFree(*engine);
+}
+
+TEST_CASE("Finish-reason counters count stop apart from length and cancelled exactly",
+          "[scheduler]") {
+  auto engine = MakeEngine({});
+  GenerateRequest base = Greedy("Once upon a time, there was a", 60);
+  base.ignore_eos = true;
+  const Result full = RunOne(*engine, base);  // length 1
+  REQUIRE(full.finish[0] == FinishReason::kLength);
+
+  GenerateRequest by_id = base;  // stop 1
+  by_id.stop_token_ids = {full.tokens[0][10]};
+  GenerateRequest by_text = base;  // stop 2
+  by_text.stop = {full.text[0].substr(20, 6)};
+  GenerateRequest eos = Greedy("", 400);  // stop 3: BOS ends the story
+  GenerateRequest two = base;             // length 2: one request, two samples
+  two.n = 2;
+  const std::vector<Result> done = RunConcurrently(*engine, {by_id, by_text, eos, two});
+  REQUIRE(done[0].finish[0] == FinishReason::kStop);
+  REQUIRE(done[1].finish[0] == FinishReason::kStop);
+  REQUIRE(done[2].finish[0] == FinishReason::kStop);
+  REQUIRE(done[3].finish ==
+          std::vector<FinishReason>{FinishReason::kLength, FinishReason::kLength});
+
+  auto endless = engine->Submit(Endless());  // cancelled 1
+  REQUIRE(endless.ok());
+  FirstEvent(**endless);
+  (*endless)->Cancel();
+  REQUIRE(Collect(**endless).finish[0] == FinishReason::kCancelled);
+
+  const EngineStats st = engine->GetStats();
+  REQUIRE(st.requests_finished_stop == 3);
+  REQUIRE(st.requests_finished_length == 2);
+  REQUIRE(st.requests_finished_cancelled == 1);
+  REQUIRE(st.requests_finished_error == 0);
+  RequireAllBlocksFree(*engine);
 }
 
 TEST_CASE("Chunked prefill, priorities, metrics and drain", "[scheduler]") {

@@ -1,9 +1,12 @@
 // The Scheduler alone, on a tiny pool with hand-made sequences: exact step
 // plans (chunked prefill, admission order, budgets), exact preemption victims
-// in both modes, priorities and strict first-come-first-served admission.
-// The engine's part of a step (running the model, sampling) is played by
-// Complete(): every planned row is computed, and a sequence whose tokens are
-// all computed gets one more sampled token.
+// in both modes, priorities and strict first-come-first-served admission,
+// swapped sequences ahead of new ones, evicting sequences' whole steps, and
+// the samples of an n > 1 request in index order.
+// The engine's part of a step (running the model, sampling, evicting) is
+// played by Complete(): every planned row is computed, a sequence whose
+// tokens are all computed gets one more sampled token, and an evicting one
+// drops entries as its policy says.
 #include "scheduler/scheduler.h"
 
 #include <catch2/catch.hpp>
@@ -11,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "cache/eviction_policy.h"
+#include "cache/sequence_evictor.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace kvserve {
@@ -39,16 +44,65 @@ class Fixture {
     return seq;
   }
 
+  // A one-sample request under streaming eviction (4 sinks) that holds at
+  // most hold_limit entries after a step's append, queued as waiting.
+  Sequence* SubmitStreaming(int32_t prompt_len, int32_t budget, int32_t hold_limit,
+                            int32_t priority = 0) {
+    Sequence* seq = Submit(prompt_len, priority);
+    EvictionParams p;
+    p.policy = EvictionPolicyKind::kStreaming;
+    p.budget = budget;
+    p.sink_tokens = 4;
+    seq->evictor = std::make_unique<SequenceEvictor>(
+        MakeEvictionPolicy(EvictionPolicyKind::kStreaming), p, hold_limit);
+    return seq;
+  }
+
   const StepPlan& Schedule() { return scheduler_.Schedule(); }
 
-  // The engine's side of the step just planned.
+  // The engine's side of the step just planned: its copies run, every
+  // planned row is computed, and an evicting sequence evicts down to budget
+  // - 1 entries (EngineImpl::EvictAfterStep).
   void Complete(const StepPlan& plan) {
+    kv_.TakePendingCopies();
     for (const ScheduledSeq& s : plan.seqs) {
-      s.seq->num_computed += s.num_new_tokens;
-      if (s.seq->num_computed == static_cast<int32_t>(s.seq->tokens.size())) {
-        s.seq->tokens.push_back(7);
+      Sequence* seq = s.seq;
+      seq->num_computed += s.num_new_tokens;
+      kv_.MarkComputed(seq->id, seq->num_computed - seq->cache_offset());
+      if (seq->num_computed == static_cast<int32_t>(seq->tokens.size())) seq->tokens.push_back(7);
+      if (seq->evictor == nullptr) continue;
+      SequenceEvictor& e = *seq->evictor;
+      std::vector<int32_t> positions;
+      for (int32_t i = e.state().size(); i < seq->num_computed - seq->cache_offset(); ++i) {
+        positions.push_back(i + seq->cache_offset());
       }
+      e.Observe(positions, {}, 0, 0, s.num_new_tokens);
+      const std::vector<int32_t>& victims = e.SelectVictims();
+      if (victims.empty()) continue;
+      absl::StatusOr<EvictResult> r = kv_.Evict(seq->id, victims);
+      REQUIRE(r.ok());
+      e.Compact(*r);
+      kv_.TakePendingCopies();
     }
+  }
+
+  // Samples 1 .. n-1 of `parent`'s request, forked once its prompt is
+  // computed and its first token sampled (EngineImpl::Fork).
+  std::vector<Sequence*> Fork(Sequence* parent, int32_t n) {
+    RequestState* req = parent->request;
+    req->params.n = n;
+    std::vector<Sequence*> children;
+    for (int32_t i = 1; i < n; ++i) {
+      auto child = std::make_unique<Sequence>(next_id_++, req, i, 1 + i, tokenizer_.get());
+      child->tokens = parent->tokens;
+      child->num_computed = parent->num_computed;
+      kv_.Fork(parent->id, child->id);
+      scheduler_.AddRunning(child.get());
+      children.push_back(child.get());
+      req->samples.push_back(std::move(child));
+    }
+    req->forked = true;
+    return children;
   }
 
   Scheduler& scheduler() { return scheduler_; }
@@ -194,6 +248,117 @@ TEST_CASE("Scheduler: max_num_seqs caps the running set", "[scheduler]") {
   const StepPlan& s2 = f.Schedule();
   REQUIRE(Rows(s2) == Planned{{b->id, 1}, {c->id, 3}});
   REQUIRE(f.scheduler().idle() == false);
+}
+
+TEST_CASE("Scheduler: nothing is admitted while a sequence is still swapped out", "[scheduler]") {
+  Fixture f(/*num_blocks=*/7, /*budget=*/64, /*max_num_seqs=*/8, PreemptionMode::kSwap,
+            /*num_swap_blocks=*/4);
+  Sequence* a = f.Submit(8);
+  Sequence* b = f.Submit(8);
+  Sequence* c = f.Submit(8);
+  const StepPlan& s1 = f.Schedule();
+  REQUIRE(Rows(s1) == Planned{{a->id, 8}, {b->id, 8}, {c->id, 8}});
+  f.Complete(s1);
+  REQUIRE(f.kv().num_free_blocks() == 1);
+
+  // Each needs a third block: A takes the free one, B one of the two that
+  // swapping C out frees.
+  const StepPlan& s2 = f.Schedule();
+  REQUIRE(Rows(s2) == Planned{{a->id, 1}, {b->id, 1}});
+  REQUIRE(s2.num_preempted == 1);
+  REQUIRE(c->status == SeqStatus::kSwapped);
+  f.Complete(s2);
+  REQUIRE(f.kv().num_free_blocks() == 1);
+
+  // D's prompt fits the free block, but C (two blocks on the host) cannot
+  // come back yet, and D would take the room it waits for.
+  Sequence* d = f.Submit(2);
+  const StepPlan& s3 = f.Schedule();
+  REQUIRE(Rows(s3) == Planned{{a->id, 1}, {b->id, 1}});
+  REQUIRE(f.scheduler().next_swapped() == c);
+  REQUIRE(f.scheduler().next_waiting() == d);
+  REQUIRE(d->status == SeqStatus::kWaiting);
+  f.Complete(s3);
+  REQUIRE(f.kv().num_free_blocks() == 1);
+
+  // B finishes: C is swapped in (two blocks, a third for its next slot),
+  // and only then is D admitted, in the same step.
+  f.scheduler().Remove(b);
+  const StepPlan& s4 = f.Schedule();
+  REQUIRE(Rows(s4) == Planned{{a->id, 1}, {c->id, 1}, {d->id, 2}});
+  REQUIRE(f.scheduler().num_swapped() == 0);
+  REQUIRE(f.kv().num_free_blocks() == 0);
+}
+
+TEST_CASE("Scheduler: an evicting step that does not fit is skipped and later sequences still run",
+          "[scheduler][eviction]") {
+  // Streaming with budget 8 and a hold limit of 12: after the first chunk
+  // the prompt runs in chunks of 12 - 7 = 5 rows.
+  Fixture f(/*num_blocks=*/32, /*budget=*/8, /*max_num_seqs=*/8, PreemptionMode::kRecompute);
+  Sequence* a = f.SubmitStreaming(40, /*budget=*/8, /*hold_limit=*/12);
+  Sequence* b = f.Submit(1, /*priority=*/1);
+  const StepPlan& s1 = f.Schedule();
+  REQUIRE(Rows(s1) == Planned{{a->id, 8}});
+  f.Complete(s1);
+  REQUIRE(a->cache_offset() == 1);  // 8 entries, 7 kept
+
+  const StepPlan& s2 = f.Schedule();
+  REQUIRE(Rows(s2) == Planned{{a->id, 5}, {b->id, 1}});
+  f.Complete(s2);
+
+  // X goes ahead of both (priority -1); its 7-token prompt gets the 2 rows
+  // left in this step.
+  Sequence* x = f.Submit(7, /*priority=*/-1);
+  const StepPlan& s3 = f.Schedule();
+  REQUIRE(Rows(s3) == Planned{{a->id, 5}, {b->id, 1}, {x->id, 2}});
+  f.Complete(s3);
+
+  // X's last 5 prompt rows leave 3: A's 5-row step waits whole, B's decode
+  // row still runs.
+  const StepPlan& s4 = f.Schedule();
+  REQUIRE(Rows(s4) == Planned{{x->id, 5}, {b->id, 1}});
+  REQUIRE(s4.num_preempted == 0);
+  REQUIRE(a->num_computed == 18);
+  f.Complete(s4);
+
+  const StepPlan& s5 = f.Schedule();
+  REQUIRE(Rows(s5) == Planned{{x->id, 1}, {a->id, 5}, {b->id, 1}});
+}
+
+TEST_CASE("Scheduler: n > 1 samples are preempted highest index first and resumed lowest first",
+          "[scheduler]") {
+  Fixture f(/*num_blocks=*/3, /*budget=*/64, /*max_num_seqs=*/8, PreemptionMode::kSwap,
+            /*num_swap_blocks=*/4);
+  Sequence* s0 = f.Submit(4);
+  const StepPlan& p1 = f.Schedule();
+  REQUIRE(Rows(p1) == Planned{{s0->id, 4}});
+  f.Complete(p1);
+  const std::vector<Sequence*> forked = f.Fork(s0, 4);  // all four share the prompt's block
+  Sequence* s1 = forked[0];
+  Sequence* s2 = forked[1];
+  Sequence* s3 = forked[2];
+  REQUIRE(f.kv().num_free_blocks() == 2);
+
+  // Every sample's first token needs a block of its own; two are free.
+  // Samples 0 and 1 get them; sample 3 is swapped out first, and as that
+  // frees nothing (the prompt block stays shared), then sample 2.
+  const StepPlan& p2 = f.Schedule();
+  REQUIRE(Rows(p2) == Planned{{s0->id, 1}, {s1->id, 1}});
+  REQUIRE(p2.num_preempted == 2);
+  REQUIRE(s2->status == SeqStatus::kSwapped);
+  REQUIRE(s3->status == SeqStatus::kSwapped);
+  REQUIRE(f.scheduler().next_swapped() == s2);
+  f.Complete(p2);
+
+  // Samples 0 and 1 finish: three blocks free. Sample 2 comes back (its
+  // prompt block and a block for its token); sample 3 would need two more.
+  f.scheduler().Remove(s0);
+  f.scheduler().Remove(s1);
+  REQUIRE(f.kv().num_free_blocks() == 3);
+  const StepPlan& p3 = f.Schedule();
+  REQUIRE(Rows(p3) == Planned{{s2->id, 1}});
+  REQUIRE(s2->status == SeqStatus::kRunning);
+  REQUIRE(f.scheduler().next_swapped() == s3);
 }
 
 }  // namespace

@@ -245,6 +245,22 @@ TEST_CASE("simulated CUDA attention with sinks and key mass matches the CPU kern
   }
 }
 
+TEST_CASE("simulated CUDA attention with sinks: scores far past the fp32 range of exp",
+          "[kernels][cuda_sim][eviction]") {
+  // As above with queries scaled by 100 (scores of hundreds; the mass
+  // kernel exponentiates against the head's final maximum).
+  AttnCase c;
+  c.dtype = KvDtype::kFp16;
+  c.head_dim = 16;
+  c.group = 2;
+  c.block_size = 4;
+  c.ctx = {3, 17, 40};
+  c.q_len = {1, 17, 1};
+  c.q_scale = 100.0f;
+  c.seed = 350;
+  CheckEviction(c, {2, 0, 6}, {true, true, true});
+}
+
 TEST_CASE("simulated CUDA attention: eviction outputs off leave the kernel as before",
           "[kernels][cuda_sim][eviction]") {
   // num_sinks all 0 and no recorded row: exactly the output without them.

@@ -225,5 +225,20 @@ TEST_CASE("simulated CUDA int4_kc with bf16 activations: the same bytes, bf16 ou
   CheckCase(c, ActDtype::kBf16);
 }
 
+TEST_CASE("simulated CUDA int4_kc: scores far past the fp32 range of exp stay finite",
+          "[kernels][cuda_sim][int4_kc]") {
+  // Queries scaled by 100 give scores of hundreds (exp overflows fp32 above
+  // about 88.7): the softmax and the merge must subtract their maxima.
+  KcCase c;
+  c.head_dim = 16;
+  c.group = 2;
+  c.int4_group = 8;
+  c.ctx = {17, 40, 70};
+  c.q_len = {17, 5, 1};
+  c.q_scale = 100.0f;
+  c.seed = 11;
+  CheckCase(c);
+}
+
 }  // namespace
 }  // namespace kvserve::cuda

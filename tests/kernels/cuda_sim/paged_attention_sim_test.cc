@@ -182,5 +182,30 @@ TEST_CASE("simulated CUDA attention: wide and odd GQA groups, head_dim 256 and 6
   }
 }
 
+TEST_CASE("simulated CUDA attention: scores far past the fp32 range of exp stay finite",
+          "[kernels][cuda_sim]") {
+  // Queries scaled by 100 give scores of hundreds (exp overflows fp32 above
+  // about 88.7): the online softmax must subtract its running maximum, and
+  // the merge the partitions' maximum.
+  std::vector<SimSetup> setups = Setups();
+  SimSetup bf16;
+  bf16.act = ActDtype::kBf16;
+  bf16.options.fixed_partition_keys = 32;
+  setups.push_back(bf16);
+  uint32_t seed = 400;
+  for (KvDtype dtype : {KvDtype::kFp32, KvDtype::kInt8}) {
+    AttnCase c;
+    c.dtype = dtype;
+    c.head_dim = 16;
+    c.group = 2;
+    c.int4_group = 8;
+    c.ctx = {1, 40, 70};
+    c.q_len = {1, 5, 1};
+    c.q_scale = 100.0f;
+    c.seed = seed++;
+    CheckSim(c, setups);
+  }
+}
+
 }  // namespace
 }  // namespace kvserve::cuda
