@@ -10,6 +10,7 @@
 //  - the weights are read into memory (model.mmap false): truncating the
 //    file leaves the daemon serving the golden text; their fingerprint is in
 //    /health and /metrics and changes with the bytes.
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -22,17 +23,19 @@
 #include <string>
 #include <thread>
 
+#include "proto/kvserve.grpc.pb.h"
 #include "tests/integration/daemon_fixture.h"
 
 namespace kvserve {
 namespace {
 
+namespace v1 = ::kvserve::v1;
 using json = nlohmann::json;
 using testing::DaemonProcess;
 
 constexpr char kGreedyBody[] = R"({"model": "stories260k", "prompt": "", "max_tokens": 256,
                                    "temperature": 0})";
-// About 60 tokens: three full 16-token blocks to share.
+// 66 tokens with stories260K: four full 16-token blocks to share.
 constexpr char kStory[] =
     "Once upon a time, there was a little girl named Lily. She loved to play outside in the sun. "
     "One day, she saw a big red ball in the park. She ran to the ball and kicked it very high.";
@@ -69,6 +72,30 @@ int64_t CachedTokens(const DaemonProcess& d, const std::string& key, const std::
   return json::parse(r->body)["usage"]["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
 }
 
+// The same over gRPC: usage.cached_prompt_tokens of the last response.
+int64_t GrpcCachedTokens(const DaemonProcess& d, const std::string& key, const std::string& salt) {
+  auto stub = v1::Generation::NewStub(
+      grpc::CreateChannel(d.grpc_target(), grpc::InsecureChannelCredentials()));
+  v1::GenerateRequest req;
+  req.set_prompt(kStory);
+  req.set_max_tokens(1);
+  req.mutable_sampling()->set_temperature(0);
+  req.set_cache_salt(salt);
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer " + key);
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse r;
+  int64_t cached = -1;
+  while (reader->Read(&r)) {
+    if (r.has_usage()) cached = r.usage().cached_prompt_tokens();
+  }
+  const grpc::Status st = reader->Finish();
+  INFO(st.error_message());
+  REQUIRE(st.ok());
+  return cached;
+}
+
 std::string WriteKeys(const std::string& dir) {
   const std::string path = dir + "/keys";
   std::ofstream(path) << "key-a\nkey-b\n";
@@ -84,13 +111,18 @@ TEST_CASE("Daemon: tenants never share cached tokens, whatever cache_salt they s
   SECTION("A's repeat is served from the cache, B's same prompt and salt are not") {
     REQUIRE(CachedTokens(d, "key-a", "shared-salt") == 0);
     const int64_t hit = CachedTokens(d, "key-a", "shared-salt");
-    REQUIRE(hit == 48);  // the story's three full blocks of 16
+    REQUIRE(hit == 64);  // 66 prompt tokens: four full blocks of 16
     REQUIRE(CachedTokens(d, "key-b", "shared-salt") == 0);
     REQUIRE(CachedTokens(d, "key-b", "") == 0);
     // B's own cache works; A's unsalted prompt is apart from A's salted one.
     REQUIRE(CachedTokens(d, "key-b", "shared-salt") == hit);
     REQUIRE(CachedTokens(d, "key-a", "") == 0);
     REQUIRE(CachedTokens(d, "key-a", "") == hit);
+  }
+  SECTION("gRPC salts by the key the same way") {
+    REQUIRE(CachedTokens(d, "key-a", "shared-salt") == 0);
+    REQUIRE(GrpcCachedTokens(d, "key-b", "shared-salt") == 0);
+    REQUIRE(GrpcCachedTokens(d, "key-a", "shared-salt") == 64);
   }
   SECTION("cache_salt is at most 256 bytes: 400 naming the field") {
     json body = {{"model", "stories260k"}, {"prompt", "Hi"}, {"max_tokens", 1}};
