@@ -57,6 +57,9 @@ struct LlamaWeights {
   Tensor output;          // [vocab_size, dim]; aliases tok_embeddings when tied
   std::shared_ptr<void> storage;
   std::optional<uint64_t> dummy_seed;  // set: no data; generate from this seed
+  // FingerprintHex of the weight files' bytes (several: of their
+  // fingerprints in order); "" for a dummy model.
+  std::string fingerprint;
 };
 
 }  // namespace kvserve

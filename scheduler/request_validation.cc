@@ -96,6 +96,11 @@ absl::Status ValidateRequestParams(const GenerateRequest& r, const RequestLimits
     KV_RETURN_IF_ERROR(CheckPromptTokens(r.prompt_token_ids.size(), limits, "prompt_token_ids"));
   }
   KV_RETURN_IF_ERROR(CheckIds(r.prompt_token_ids, "prompt_token_ids", limits.vocab_size));
+  if (r.cache_salt.size() > kMaxCacheSaltBytes) {
+    return FieldError("cache_salt",
+                      absl::StrCat("cache_salt has ", r.cache_salt.size(), " bytes, at most ",
+                                   kMaxCacheSaltBytes, " are allowed"));
+  }
   return absl::OkStatus();
 }
 

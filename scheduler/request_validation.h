@@ -48,6 +48,9 @@ struct RequestLimits {
 
 // The limits every front end applies (the engine may tighten max_samples).
 inline constexpr RequestLimits kDefaultRequestLimits{};
+// cache_salt bytes: a salt names a cache partition, it is no payload (the
+// daemon salts with a 71-byte tenant digest, server/auth.h).
+inline constexpr size_t kMaxCacheSaltBytes = 256;
 
 // Bytes of prompt text per allowed prompt token when max_prompt_bytes is
 // derived: typical text is 3-5 bytes a token, so only prompts far past the

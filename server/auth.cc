@@ -115,6 +115,21 @@ bool ApiKeys::MatchesToken(std::string_view token) const {
   return any;
 }
 
+std::string TenantCacheSalt(std::string_view key, std::string_view client_salt) {
+  if (key.empty()) return std::string(client_salt);
+  const ApiKeys::Digest identity = Sha256(key);
+  std::string material(reinterpret_cast<const char*>(identity.data()), identity.size());
+  material.append(client_salt);
+  const ApiKeys::Digest salted = Sha256(material);
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out = "tenant:";
+  for (uint8_t b : salted) {
+    out.push_back(kHex[b >> 4]);
+    out.push_back(kHex[b & 0xf]);
+  }
+  return out;
+}
+
 bool ApiKeys::Authorize(std::string_view authorization) const {
   if (digests_.empty()) return true;
   std::optional<std::string_view> token = BearerToken(authorization);

@@ -55,6 +55,16 @@ bool ConstantTimeEquals(std::string_view a, std::string_view b);
 // more spaces after it); nullopt for another scheme or no token.
 std::optional<std::string_view> BearerToken(std::string_view authorization);
 
+// The prefix-cache salt of a request from the client holding `key` (the
+// bearer token that authorized it; "" when no key is configured). Without a
+// key it is the client's cache_salt as sent. With one it is the hex SHA-256
+// of the key's SHA-256 and the client's salt: every tenant's cache is apart
+// from every other's whatever salt either sends (B sending A's salt gets a
+// salt of B's own), a client salt still divides one tenant's cache, and
+// neither the key nor a digest that could be compared with one is kept in
+// the request.
+std::string TenantCacheSalt(std::string_view key, std::string_view client_salt);
+
 class ApiKeys {
  public:
   using Digest = std::array<uint8_t, 32>;

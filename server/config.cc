@@ -239,6 +239,7 @@ const std::vector<Field>& Fields() {
                  return absl::OkStatus();
                }},
               Bool("model.cuda_graphs", [](ServeConfig& c, bool v) { c.model.cuda_graphs = v; }),
+              Bool("model.mmap", [](ServeConfig& c, bool v) { c.model.mmap = v; }),
               {"model.chat_template",
                [](ServeConfig& c, const std::string& text, Source, const std::string&) {
                  const std::string name(absl::StripAsciiWhitespace(text));
@@ -388,6 +389,8 @@ const std::vector<Field>& Fields() {
                }},
               Path("server.api_key_file",
                    [](ServeConfig& c, std::string v) { c.server.api_key_file = std::move(v); }),
+              Bool("server.metrics_auth",
+                   [](ServeConfig& c, bool v) { c.server.metrics_auth = v; }),
               Path("server.tls.cert_file",
                    [](ServeConfig& c, std::string v) { c.server.tls.cert_file = std::move(v); }),
               Path("server.tls.key_file",
@@ -705,6 +708,10 @@ std::string ServeConfigKeyHelp(const std::string& key) {
       {"model.dtype",
        "weights and activations: auto (fp32 on cpu, bf16 on cuda), fp32, fp16 or bf16; the CPU "
        "backend computes in fp32 only"},
+      {"model.mmap",
+       "mmap the weight files instead of reading them into memory (false): faster start, shared "
+       "page cache, but a file truncated while served kills the daemon (SIGBUS) and one "
+       "rewritten in place changes the served weights"},
       {"model.cuda_graphs", "CUDA: replay decode steps from graphs captured per batch size (true)"},
       {"model.chat_template",
        "auto (the checkpoint's own template, else plain), plain, chatml, llama3, or a map of "
@@ -762,6 +769,9 @@ std::string ServeConfigKeyHelp(const std::string& key) {
        "request cancelled and the connection closed (1MiB)"},
       {"server.api_key_file",
        "path: more API keys, one a line ('#' comments); any configured key is accepted"},
+      {"server.metrics_auth",
+       "with API keys, /metrics needs one too (Bearer, as /v1/); Prometheus then scrapes with a "
+       "key (false: /metrics is open, its counters are every tenant's)"},
       {"server.tls.cert_file",
        "path: PEM certificate chain; with server.tls.key_file the HTTP port speaks HTTPS only"},
       {"server.tls.key_file", "path: PEM private key of server.tls.cert_file"},

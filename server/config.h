@@ -37,6 +37,7 @@ struct ServeConfig {
     int32_t threads = 0;         // CPU forward-pass threads; 0 = what the cgroup allows
     std::string dtype = "auto";  // auto | fp32 | fp16 | bf16 (auto: fp32 cpu, bf16 cuda)
     bool cuda_graphs = true;     // CUDA: replay decode steps from captured graphs
+    bool mmap = false;           // mmap the weight files instead of reading them (risks: README)
     // auto (the checkpoint's own template, else plain), a built-in name or a
     // map of role patterns.
     ChatTemplate chat_template = ChatTemplate::Auto();
@@ -84,6 +85,7 @@ struct ServeConfig {
     int32_t max_connections = 4096;              // open HTTP connections; beyond: 503 and close
     int64_t http_stream_buffer_bytes = 1 << 20;  // unsent SSE bytes; beyond: request cancelled
     std::string api_key_file;                    // more API keys, one a line
+    bool metrics_auth = false;                   // /metrics needs a key too (with keys)
     struct Tls {
       std::string cert_file;  // PEM certificate chain; with key_file: HTTPS
       std::string key_file;   // PEM private key

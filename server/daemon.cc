@@ -68,10 +68,41 @@ bool InstallSignalHandlers() {
   sa.sa_handler = OnSignal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  return sigaction(SIGINT, &sa, nullptr) == 0 && sigaction(SIGTERM, &sa, nullptr) == 0;
+  // Only SIGTERM and SIGINT drain. The others whose default would end the
+  // process at once are caught and logged: the daemon logs to stderr and
+  // opens no log file, so SIGHUP has nothing to reopen.
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1, SIGUSR2, SIGALRM}) {
+    if (sigaction(sig, &sa, nullptr) != 0) return false;
+  }
+  return true;
 }
 
-const char* SignalName(int sig) { return sig == SIGINT ? "SIGINT" : "SIGTERM"; }
+bool DrainSignal(int sig) { return sig == SIGINT || sig == SIGTERM; }
+
+const char* SignalName(int sig) {
+  switch (sig) {
+    case SIGINT:
+      return "SIGINT";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGHUP:
+      return "SIGHUP";
+    case SIGUSR1:
+      return "SIGUSR1";
+    case SIGUSR2:
+      return "SIGUSR2";
+    case SIGALRM:
+      return "SIGALRM";
+  }
+  return "signal";
+}
+
+void LogIgnoredSignal(int sig) {
+  spdlog::info(
+      "{} ignored (only SIGTERM and SIGINT stop the daemon; logs go to stderr, no log "
+      "file to reopen)",
+      SignalName(sig));
+}
 
 // Every connection is a descriptor: take the hard limit, not the (often
 // 1024) soft one, so server.max_connections is what caps them.
@@ -130,6 +161,7 @@ int RunDaemon(const ServeConfig& config) {
   http_options.tls_cert_file = config.server.tls.cert_file;
   http_options.tls_key_file = config.server.tls.key_file;
   http_options.api_keys = api_keys;
+  http_options.metrics_auth = config.server.metrics_auth;
   http_options.limits = config.ToRequestLimits();
   http_options.limiter = limiter;
   HttpService http(&state, http_options);
@@ -160,7 +192,11 @@ int RunDaemon(const ServeConfig& config) {
   int sig = 0;
   for (;;) {
     sig = WaitEvent();
-    if (sig != kLoadedEvent) break;
+    if (DrainSignal(sig)) break;
+    if (sig != kLoadedEvent) {
+      LogIgnoredSignal(sig);
+      continue;
+    }
     if (loaded) continue;
     loader.join();
     if (!built.ok()) {
@@ -171,6 +207,7 @@ int RunDaemon(const ServeConfig& config) {
     }
     loaded = true;
     metrics.SetMemory(built->info.memory);
+    metrics.SetWeightsFingerprint(built->info.weights_fingerprint);
     state.SetReady(built->engine.get(), built->info);
     grpc.SetServing(state.ready());
     spdlog::info(
@@ -187,10 +224,11 @@ int RunDaemon(const ServeConfig& config) {
   std::thread([] {
     for (;;) {
       const int again = WaitEvent();
-      if (again == SIGINT || again == SIGTERM) {
+      if (DrainSignal(again)) {
         spdlog::warn("second {}: exiting without waiting", SignalName(again));
         std::_Exit(1);
       }
+      if (again != kLoadedEvent) LogIgnoredSignal(again);
     }
   }).detach();
   if (!loaded) {

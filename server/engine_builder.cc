@@ -70,9 +70,11 @@ absl::StatusOr<BuiltEngine> BuildEngine(
   if (absl::Status device = CheckRunnerDevice(ro); !device.ok()) return device;
 
   absl::StatusOr<LoadedModel> loaded =
-      LoadModel(config.model.path, config.model.tokenizer, RunnerDefersDummyWeights(ro));
+      LoadModel(config.model.path, config.model.tokenizer, RunnerDefersDummyWeights(ro),
+                config.model.mmap ? FileAccess::kMmap : FileAccess::kRead);
   if (!loaded.ok()) return WithKey("model.path", loaded.status());
   const ModelConfig mc = loaded->weights.config;
+  const std::string fingerprint = loaded->weights.fingerprint;
   const int32_t max_model_len = config.scheduler.max_model_len > 0 ? config.scheduler.max_model_len
                                                                    : mc.max_position_embeddings;
 
@@ -102,6 +104,9 @@ absl::StatusOr<BuiltEngine> BuildEngine(
   info.max_model_len = max_model_len;
   info.prefix_caching = config.cache.prefix_caching;
   info.memory = memory;
+  info.weights_fingerprint = fingerprint;
+  spdlog::info("weights fingerprint {} ({} of {})", fingerprint.empty() ? "none" : fingerprint,
+               config.model.mmap ? "mmapped" : "read into memory", config.model.path);
   spdlog::info(
       "model {} ({} layers, {} heads, {} kv heads, vocab {}) on {} in {} ({:.1f} MiB of "
       "weights, {:.1f} MiB of activations), max_model_len {}; KV cache {} x {} blocks of {} "

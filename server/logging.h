@@ -3,6 +3,14 @@
 // request_id when the message starts with "[<request id>] ").
 //
 // Request-scoped lines go through LogRequest so every one carries its id.
+//
+// A client cannot forge or flood lines: the text format escapes control
+// characters (a "\n" in a model name is logged as the two characters \n,
+// not as a new line; JSON escapes them by itself), a client string is logged
+// through LogText (at most kLogTextBytes of it, with its length), any line is
+// cut at kMaxLogLineBytes whatever went into it, and a line repeating the
+// previous one within kRepeatWindow is dropped, counted in a "Skipped N
+// duplicate messages.." line before the next different one.
 // libprotobuf's own log lines (e.g. "String field ... contains invalid UTF-8
 // data") go through the same logger (RouteProtobufLogs, which
 // ConfigureLogging calls), and a front end that parses a message can collect
@@ -13,6 +21,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <chrono>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -20,8 +30,19 @@
 
 namespace kvserve {
 
+inline constexpr size_t kLogTextBytes = 256;
+inline constexpr size_t kMaxLogLineBytes = 4096;
+inline constexpr std::chrono::milliseconds kRepeatWindow{1000};
+
 // level: trace|debug|info|warn|error|critical|off; format: text|json.
 absl::Status ConfigureLogging(const std::string& level, const std::string& format);
+
+// A client string for a log line: at most kLogTextBytes, then "... (N bytes)".
+std::string LogText(std::string_view s);
+
+// The text format's message: control characters (and DEL) as \n, \r, \t or
+// \xNN, then cut to kMaxLogLineBytes with the original length noted.
+std::string EscapeLogMessage(std::string_view message);
 
 // "[<request_id>] <message>"; the JSON format lifts the id into its own field.
 template <typename... Args>
@@ -48,6 +69,10 @@ class ProtobufLogCapture {
  private:
   std::string text_;
 };
+
+// The text format's formatter (timestamp, level letter, escaped message),
+// exposed for tests.
+std::unique_ptr<spdlog::formatter> MakeTextLogFormatter();
 
 // The formatter behind the JSON format, exposed for tests: renders one
 // record as a JSON object line.

@@ -253,6 +253,15 @@ void ServerMetrics::SetMemory(const RunnerMemoryInfo& m) {
   h_->swap_blocks->Set(static_cast<double>(m.num_swap_blocks));
 }
 
+void ServerMetrics::SetWeightsFingerprint(const std::string& fingerprint) {
+  prometheus::BuildGauge()
+      .Name("kvserve_model_weights_info")
+      .Help("1, labelled with the fingerprint of the served weight files' bytes.")
+      .Register(*registry_)
+      .Add({{"fingerprint", fingerprint}})
+      .Set(1);
+}
+
 void ServerMetrics::UpdateLocked(const EngineStats& s) {
   const EngineStats& b = last_;
   h_->queue_length->Set(static_cast<double>(s.num_waiting));

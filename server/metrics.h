@@ -52,6 +52,8 @@ class ServerMetrics {
   // weights, activations and one KV block, the pool's blocks, bytes and
   // tokens.
   void SetMemory(const RunnerMemoryInfo& memory);
+  // kvserve_model_weights_info{fingerprint="<16 hex digits>"} 1 (once, at load).
+  void SetWeightsFingerprint(const std::string& fingerprint);
 
   // Refreshes gauges and counters from `stats`, then renders the registry.
   std::string Scrape(const EngineStats& stats);

@@ -38,6 +38,8 @@ struct ServedModelInfo {
   int32_t max_model_len = 0;
   bool prefix_caching = true;
   RunnerMemoryInfo memory;  // weights, activations and the KV pool as allocated
+  // FingerprintBytes of the weight files as loaded ("" for a dummy model).
+  std::string weights_fingerprint;
 };
 
 // A fresh random request id (16 hex digits).

@@ -106,7 +106,8 @@ struct HfStorage {
 // Finds tensors by name across the model's safetensors file(s).
 class TensorSource {
  public:
-  static absl::StatusOr<TensorSource> Open(const std::string& dir, HfStorage* storage) {
+  static absl::StatusOr<TensorSource> Open(const std::string& dir, FileAccess access,
+                                           HfStorage* storage) {
     TensorSource src;
     src.storage_ = storage;
     const std::string index_path = (fs::path(dir) / kIndexFile).string();
@@ -128,13 +129,14 @@ class TensorSource {
         const std::string name = file.get<std::string>();
         auto [it, inserted] = shard_of_file.emplace(name, static_cast<int>(storage->files.size()));
         if (inserted) {
-          KV_ASSIGN_OR_RETURN(auto shard, SafetensorsFile::Open((fs::path(dir) / name).string()));
+          KV_ASSIGN_OR_RETURN(auto shard,
+                              SafetensorsFile::Open((fs::path(dir) / name).string(), access));
           storage->files.push_back(std::move(shard));
         }
         src.weight_map_[tensor] = it->second;
       }
     } else if (fs::exists(single_path)) {
-      KV_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(single_path));
+      KV_ASSIGN_OR_RETURN(auto file, SafetensorsFile::Open(single_path, access));
       storage->files.push_back(std::move(file));
     } else {
       return absl::NotFoundError(absl::StrCat(dir, ": neither ", kSingleFile, " nor ", kIndexFile,
@@ -343,7 +345,7 @@ absl::StatusOr<ModelConfig> ParseHfConfig(const std::string& config_path) {
   return c;
 }
 
-absl::StatusOr<LlamaWeights> LoadHfDirectory(const std::string& dir) {
+absl::StatusOr<LlamaWeights> LoadHfDirectory(const std::string& dir, FileAccess access) {
   const fs::path d(dir);
   const std::string config_path = (d / kConfigFile).string();
   if (!fs::exists(config_path)) {
@@ -360,7 +362,7 @@ absl::StatusOr<LlamaWeights> LoadHfDirectory(const std::string& dir) {
   c.name = (norm.has_filename() ? norm.filename() : norm.parent_path().filename()).string();
 
   auto storage = std::make_shared<HfStorage>();
-  KV_ASSIGN_OR_RETURN(TensorSource src, TensorSource::Open(dir, storage.get()));
+  KV_ASSIGN_OR_RETURN(TensorSource src, TensorSource::Open(dir, access, storage.get()));
 
   const int64_t dim = c.dim, hid = c.hidden_dim, vocab = c.vocab_size;
   const int64_t q_dim = static_cast<int64_t>(c.num_heads) * c.head_dim;
@@ -403,6 +405,16 @@ absl::StatusOr<LlamaWeights> LoadHfDirectory(const std::string& dir) {
   } else {
     KV_ASSIGN_OR_RETURN(w.output, src.Get(kHfLmHead, {vocab, dim}));
   }
+  // One file: its fingerprint; shards: the fingerprint of theirs, in order.
+  std::vector<uint64_t> shard_prints;
+  for (const auto& file : storage->files) {
+    shard_prints.push_back(FingerprintBytes(file->file().data(), file->file().size()));
+  }
+  w.fingerprint =
+      FingerprintHex(shard_prints.size() == 1
+                         ? shard_prints[0]
+                         : FingerprintBytes(reinterpret_cast<const uint8_t*>(shard_prints.data()),
+                                            shard_prints.size() * sizeof(uint64_t)));
   w.storage = std::move(storage);
   return w;
 }

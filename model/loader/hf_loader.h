@@ -27,6 +27,7 @@
 
 #include "absl/status/statusor.h"
 #include "model/llama_weights.h"
+#include "model/loader/mapped_file.h"
 
 namespace kvserve {
 
@@ -67,6 +68,7 @@ std::string HfLayerTensorName(int layer, const char* suffix);
 absl::StatusOr<ModelConfig> ParseHfConfig(const std::string& config_path);
 
 // Loads config and weights of the HF directory `dir`.
-absl::StatusOr<LlamaWeights> LoadHfDirectory(const std::string& dir);
+absl::StatusOr<LlamaWeights> LoadHfDirectory(const std::string& dir,
+                                             FileAccess access = FileAccess::kRead);
 
 }  // namespace kvserve

@@ -59,8 +59,8 @@ class TensorCursor {
 
 }  // namespace
 
-absl::StatusOr<LlamaWeights> LoadLlama2cCheckpoint(const std::string& path) {
-  auto file_or = MappedFile::Open(path);
+absl::StatusOr<LlamaWeights> LoadLlama2cCheckpoint(const std::string& path, FileAccess access) {
+  auto file_or = MappedFile::Open(path, access);
   if (!file_or.ok()) return file_or.status();
   return LoadLlama2cCheckpoint(*std::move(file_or));
 }
@@ -177,6 +177,7 @@ absl::StatusOr<LlamaWeights> LoadLlama2cCheckpoint(std::shared_ptr<MappedFile> f
   } else {
     KV_ASSIGN_OR_RETURN(w.output, cur.Next("wcls", {c.vocab_size, dim}));
   }
+  w.fingerprint = FingerprintHex(FingerprintBytes(f.data(), f.size()));
   w.storage = file;
   return w;
 }

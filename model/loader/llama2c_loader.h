@@ -1,8 +1,8 @@
 // Loads llama2.c checkpoints: the legacy header (7 int32, negative vocab_size
 // for a separate classifier) and the version-1 header (magic "ak42"
 // 0x616b3432, version 1, 7 int32, shared-classifier byte, padded to 256).
-// Weights are fp32 and used in place from an mmap. RoPE is interleaved, and BOS
-// counts as a stop token (the TinyStories models put BOS between stories).
+// Weights are fp32 and used in place (read into memory, or mmapped: FileAccess). RoPE is
+// interleaved, and BOS counts as a stop token (the TinyStories models put BOS between stories).
 #pragma once
 
 #include <memory>
@@ -14,7 +14,8 @@
 
 namespace kvserve {
 
-absl::StatusOr<LlamaWeights> LoadLlama2cCheckpoint(const std::string& path);
+absl::StatusOr<LlamaWeights> LoadLlama2cCheckpoint(const std::string& path,
+                                                   FileAccess access = FileAccess::kRead);
 // The same from a file already in memory (MappedFile::FromBytes for bytes);
 // the weights keep `file` alive.
 absl::StatusOr<LlamaWeights> LoadLlama2cCheckpoint(std::shared_ptr<MappedFile> file);

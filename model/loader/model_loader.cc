@@ -36,7 +36,7 @@ absl::StatusOr<std::string> TokenizerBeside(const std::string& path) {
 }  // namespace
 
 absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string& tokenizer_path,
-                                      bool defer_dummy_weights) {
+                                      bool defer_dummy_weights, FileAccess access) {
   LoadedModel m;
   LoadedTokenizer tok;
   if (path.rfind(kDummyPrefix, 0) == 0) {
@@ -64,7 +64,7 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string
                        "<preset>)"));
     }
     if (fs::is_directory(st)) {
-      KV_ASSIGN_OR_RETURN(m.weights, LoadHfDirectory(path));
+      KV_ASSIGN_OR_RETURN(m.weights, LoadHfDirectory(path, access));
       if (tokenizer_path.empty()) {
         KV_ASSIGN_OR_RETURN(tok, LoadHfDirectoryTokenizer(path));
       } else {
@@ -74,7 +74,7 @@ absl::StatusOr<LoadedModel> LoadModel(const std::string& path, const std::string
       // for Llama 3.1 Instruct, <|im_end|> for Qwen) ends generation too.
       if (tok.tokenizer->eos_id() >= 0) m.weights.config.AddStopId(tok.tokenizer->eos_id());
     } else {
-      KV_ASSIGN_OR_RETURN(m.weights, LoadLlama2cCheckpoint(path));
+      KV_ASSIGN_OR_RETURN(m.weights, LoadLlama2cCheckpoint(path, access));
       std::string file = tokenizer_path;
       if (file.empty()) {
         KV_ASSIGN_OR_RETURN(file, TokenizerBeside(path));

@@ -10,6 +10,9 @@
 // *.model file beside a llama2.c checkpoint; dummy models fall back to a
 // byte-level tokenizer. An HF model's stop ids include the tokenizer's EOS.
 //
+// Weight files are read into memory, or mmapped with FileAccess::kMmap
+// (mapped_file.h: the risks); weights.fingerprint tells their bytes apart.
+//
 // With defer_dummy_weights, a dummy model comes back as shapes only
 // (LoadDummyModelShapes: no host memory for the weights, dummy_seed set) for
 // a runner that generates them on its device; see RunnerDefersDummyWeights.
@@ -20,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "model/llama_weights.h"
+#include "model/loader/mapped_file.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace kvserve {
@@ -33,6 +37,7 @@ struct LoadedModel {
 
 absl::StatusOr<LoadedModel> LoadModel(const std::string& path,
                                       const std::string& tokenizer_path = "",
-                                      bool defer_dummy_weights = false);
+                                      bool defer_dummy_weights = false,
+                                      FileAccess access = FileAccess::kRead);
 
 }  // namespace kvserve

@@ -105,8 +105,9 @@ uint16_t Fp32ToBf16(float f) {
   return static_cast<uint16_t>(x >> 16);
 }
 
-absl::StatusOr<std::shared_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  auto mapped = MappedFile::Open(path);
+absl::StatusOr<std::shared_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path,
+                                                                       FileAccess access) {
+  auto mapped = MappedFile::Open(path, access);
   if (!mapped.ok()) return mapped.status();
   return Open(*std::move(mapped));
 }

@@ -52,11 +52,13 @@ struct SafetensorsEntry {
 
 class SafetensorsFile {
  public:
-  static absl::StatusOr<std::shared_ptr<SafetensorsFile>> Open(const std::string& path);
+  static absl::StatusOr<std::shared_ptr<SafetensorsFile>> Open(
+      const std::string& path, FileAccess access = FileAccess::kRead);
   // The same from a file already in memory (MappedFile::FromBytes for bytes).
   static absl::StatusOr<std::shared_ptr<SafetensorsFile>> Open(std::shared_ptr<MappedFile> file);
 
   const std::string& path() const { return file_->path(); }
+  const MappedFile& file() const { return *file_; }
   const std::map<std::string, SafetensorsEntry>& entries() const { return entries_; }
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   // nullptr when the file has no tensor of that name.

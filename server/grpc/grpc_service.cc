@@ -22,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "proto/kvserve.grpc.pb.h"
 #include "scheduler/request_validation.h"
+#include "server/auth.h"
 #include "server/client_limiter.h"
 #include "server/config.h"
 #include "server/grpc/reflection_v1.h"
@@ -324,13 +325,13 @@ struct CallEnv {
     l.vocab_size = state->engine()->tokenizer().vocab_size();
     return l;
   }
+  // With keys, the key the call presented (Admit checked it); else "".
+  std::string_view ApiKeyOf(const grpc::CallbackServerContext& ctx) const {
+    if (state->api_keys()->empty()) return {};
+    return BearerToken(Metadata(ctx, "authorization")).value_or(std::string_view());
+  }
   std::string ClientOf(const grpc::CallbackServerContext& ctx) const {
-    // With keys, a client is the key it presented (Admit checked it).
-    std::string_view key;
-    if (!state->api_keys()->empty()) {
-      key = BearerToken(Metadata(ctx, "authorization")).value_or(std::string_view());
-    }
-    return ClientKey(key, ctx.peer());
+    return ClientKey(ApiKeyOf(ctx), ctx.peer());
   }
 };
 
@@ -446,6 +447,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
         !v.ok()) {
       return ToGrpc(v, ctx_);
     }
+    g->cache_salt = TenantCacheSalt(env_.ApiKeyOf(*ctx_), g->cache_salt);
     request_id_ = g->request_id;
     return grpc::Status::OK;
   }

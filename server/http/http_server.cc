@@ -837,6 +837,16 @@ absl::Status HttpServer::Start() {
     c.tls->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
                        asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
                        asio::ssl::context::no_tlsv1_1 | asio::ssl::context::single_dh_use);
+    // TLS 1.2 suites of Mozilla's "intermediate" profile less its DHE ones:
+    // ECDHE (forward secret) with AES-GCM or ChaCha20-Poly1305 only; no CBC,
+    // no SHA-1 MAC, no static RSA. TLS 1.3 has only such suites already.
+    static constexpr char kTls12Ciphers[] =
+        "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:"
+        "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:"
+        "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305";
+    if (SSL_CTX_set_cipher_list(c.tls->native_handle(), kTls12Ciphers) != 1) {
+      return absl::InternalError("HTTPS: the TLS 1.2 cipher suites are not available");
+    }
     beast::error_code ec;
     c.tls->use_certificate_chain_file(options_.tls_cert_file, ec);
     if (ec) {

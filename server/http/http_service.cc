@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "scheduler/engine_config.h"
 #include "server/logging.h"
+#include "server/openai/json_body.h"
 #include "server/openai/openai_protocol.h"
 
 namespace kvserve {
@@ -214,7 +215,9 @@ void HttpService::DetachEngine() {
 }
 
 std::optional<HttpResponse> HttpService::Authorize(const HttpRequest& head) const {
-  if (!absl::StartsWith(head.path, "/v1/") || keys_->Authorize(head.Header("Authorization"))) {
+  const bool guarded =
+      absl::StartsWith(head.path, "/v1/") || (options_.metrics_auth && head.path == "/metrics");
+  if (!guarded || keys_->Authorize(head.Header("Authorization"))) {
     return std::nullopt;
   }
   ApiError e;
@@ -243,9 +246,10 @@ void HttpService::Handle(std::shared_ptr<HttpExchange> ex) {
   ApiError e;
   e.http_status = allow != nullptr ? 405 : 404;
   e.type = allow != nullptr ? "invalid_request_error" : "not_found_error";
-  e.message = allow != nullptr ? absl::StrCat(req.method, " is not allowed on ", req.path,
-                                              ": use ", allow)
-                               : absl::StrCat("no route for ", req.method, " ", req.path);
+  const std::string method = CapClientText(req.method, kLogTextBytes);
+  const std::string path = CapClientText(req.path, kLogTextBytes);
+  e.message = allow != nullptr ? absl::StrCat(method, " is not allowed on ", path, ": use ", allow)
+                               : absl::StrCat("no route for ", method, " ", path);
   HttpResponse r = ErrorResponse(e);
   if (allow != nullptr) r.headers.emplace_back("Allow", allow);
   ex->Respond(std::move(r));
@@ -254,8 +258,12 @@ void HttpService::Handle(std::shared_ptr<HttpExchange> ex) {
 HttpResponse HttpService::Health() const {
   switch (state_->phase()) {
     case ServingState::Phase::kReady:
-      if (!state_->grpc_accepting()) return JsonResponse(503, {{"status", "grpc_not_accepting"}});
-      return JsonResponse(200, {{"status", "ready"}});
+      if (!state_->grpc_accepting()) {
+        return JsonResponse(503, {{"status", "grpc_not_accepting"},
+                                  {"weights_fingerprint", state_->info().weights_fingerprint}});
+      }
+      return JsonResponse(
+          200, {{"status", "ready"}, {"weights_fingerprint", state_->info().weights_fingerprint}});
     case ServingState::Phase::kLoading:
       return JsonResponse(503, {{"status", "loading"}});
     case ServingState::Phase::kDraining:
@@ -294,7 +302,7 @@ void HttpService::HandleGenerate(bool chat, std::shared_ptr<HttpExchange> ex) {
     try {
       GenerateOnWorker(chat, ex);
     } catch (const std::exception& e) {
-      spdlog::error("http {}: internal error: {}", ex->request().path, e.what());
+      spdlog::error("http {}: internal error: {}", LogText(ex->request().path), e.what());
       ApiError err;
       err.http_status = 500;
       err.type = "server_error";
@@ -325,22 +333,26 @@ void HttpService::GenerateOnWorker(bool chat, const std::shared_ptr<HttpExchange
     ctx.default_sampling = engine->model_config().DefaultSampling();
     ctx.default_kv_policy = std::string(EvictionPolicyName(engine->config().eviction.policy));
     ctx.limits = options_.limits;
+    // With keys, the key the request presented (Authorize checked it).
+    std::string_view key;
+    if (!keys_->empty())
+      key = BearerToken(req.Header("Authorization")).value_or(std::string_view());
     ClientLimiter::Token slot;
     if (options_.limiter != nullptr) {
-      std::string_view key;
-      if (!keys_->empty()) key = BearerToken(req.Header("Authorization")).value_or(std::string_view());
       absl::StatusOr<ClientLimiter::Token> t = options_.limiter->Acquire(ClientKey(key, req.peer));
       if (!t.ok()) {
-        spdlog::info("http {} refused: {}", req.path, std::string(t.status().message()));
+        spdlog::info("http {} refused: {}", LogText(req.path), std::string(t.status().message()));
         return reply(ErrorResponse(ApiErrorFromStatus(t.status(), "")));
       }
       slot = *std::move(t);
     }
     ApiRequest api;
     if (std::optional<ApiError> e = ParseApiRequest(kind, req.body, ctx, &api)) {
-      spdlog::info("http {} rejected: {} (param {})", req.path, e->message, e->param);
+      spdlog::info("http {} rejected: {} (param {})", LogText(req.path), LogText(e->message),
+                   LogText(e->param));
       return reply(ErrorResponse(*e));
     }
+    api.request.cache_salt = TenantCacheSalt(key, api.request.cache_salt);
 
     std::string request_id(req.Header("X-Request-Id"));
     if (!IsAcceptableRequestId(request_id)) request_id = NewRequestId();

@@ -67,6 +67,8 @@ class HttpService {
     std::string tls_key_file;
     // Null: the state's server.api_key alone.
     std::shared_ptr<const ApiKeys> api_keys;
+    // With keys, GET /metrics needs one too (server.metrics_auth).
+    bool metrics_auth = false;
     // The request cost budget (the config's limits section; limits left 0
     // are derived from the served model's max_model_len).
     RequestLimits limits = kDefaultRequestLimits;

@@ -452,8 +452,8 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
   r.model = s.value_or(ctx.model_name);
   if (r.model != ctx.model_name) {
     ApiError e = InvalidRequest(
-        "model", absl::StrCat("The model '", r.model, "' does not exist; this server serves '",
-                              ctx.model_name, "'"));
+        "model", absl::StrCat("The model '", CapClientText(r.model, 256),
+                              "' does not exist; this server serves '", ctx.model_name, "'"));
     e.http_status = 404;
     e.code = "model_not_found";
     return e;

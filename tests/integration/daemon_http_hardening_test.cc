@@ -481,6 +481,7 @@ class TlsDaemon {
     kill(pid_, SIGKILL);
     waitpid(pid_, nullptr, 0);
   }
+  int port() const { return port_; }
   std::unique_ptr<httplib::SSLClient> Client() const {
     auto c = std::make_unique<httplib::SSLClient>("127.0.0.1", port_);
     c->set_ca_cert_path((dir_ + "/cert.pem").c_str());
@@ -538,6 +539,49 @@ TEST_CASE("Daemon: HTTPS from server.tls files made here, keys from server.api_k
   auto wrong = client->Post("/v1/completions", {{"Authorization", "Bearer key-three"}}, kGreedyBody,
                             "application/json");
   REQUIRE(wrong->status == 401);
+}
+
+// openssl s_client's exit code for one TLS 1.2 suite offered alone. No
+// request follows the handshake (stdin empty): s_client says goodbye, the
+// exit code is the handshake's.
+int OfferTls12Suite(int port, const std::string& suite, std::string* out) {
+  return testing::RunCommand(
+      "timeout 20 openssl s_client -connect 127.0.0.1:" + std::to_string(port) +
+          " -tls1_2 -cipher '" + suite + ":@SECLEVEL=0' < /dev/null",
+      out);
+}
+
+TEST_CASE("Daemon: HTTPS offers Mozilla's intermediate suites only (ECDHE, AEAD)",
+          "[integration][hardening][tls]") {
+  const std::string dir = testing::MakeTempDir("daemon-tls-suites");
+  std::string out;
+  // An RSA certificate, so that static-RSA suites could be chosen at all.
+  REQUIRE(testing::RunCommand("cd " + testing::ShellQuote(dir) +
+                                  " && openssl req -x509 -newkey rsa:2048 -nodes -days 1 "
+                                  "-subj /CN=127.0.0.1 -keyout key.pem -out cert.pem",
+                              &out) == 0);
+  std::ofstream(dir + "/keys") << "key-one\n";
+  TlsDaemon d(dir, {});
+  INFO(d.Log());
+  REQUIRE(d.WaitReady());
+  for (const char* refused : {"AES128-SHA", "AES128-GCM-SHA256", "AES256-SHA256",
+                              "ECDHE-RSA-AES128-SHA", "ECDHE-RSA-AES256-SHA384"}) {
+    INFO(refused);
+    REQUIRE(OfferTls12Suite(d.port(), refused, &out) != 0);
+    INFO(out);
+    REQUIRE(out.find("Cipher is (NONE)") != std::string::npos);
+  }
+  for (const char* accepted : {"ECDHE-RSA-AES128-GCM-SHA256", "ECDHE-RSA-AES256-GCM-SHA384",
+                               "ECDHE-RSA-CHACHA20-POLY1305"}) {
+    INFO(accepted);
+    REQUIRE(OfferTls12Suite(d.port(), accepted, &out) == 0);
+    INFO(out);
+    REQUIRE(out.find(std::string("Cipher is ") + accepted) != std::string::npos);
+  }
+  REQUIRE(testing::RunCommand("timeout 20 openssl s_client -connect 127.0.0.1:" +
+                                  std::to_string(d.port()) + " -tls1_3 < /dev/null",
+                              &out) == 0);
+  REQUIRE(out.find("TLSv1.3") != std::string::npos);
 }
 
 }  // namespace

@@ -28,6 +28,29 @@ TEST_CASE("The Bearer scheme is matched case-insensitively, the key exactly", "[
   REQUIRE_FALSE(BearerToken("Token abc").has_value());
 }
 
+TEST_CASE("The cache salt nests a client's cache_salt under its key's identity", "[server][auth]") {
+  SECTION("no key: the client's salt as sent") {
+    REQUIRE(TenantCacheSalt("", "") == "");
+    REQUIRE(TenantCacheSalt("", "tenant-a") == "tenant-a");
+  }
+  SECTION("with a key: a digest, never the key, fixed length") {
+    const std::string a = TenantCacheSalt("key-a", "s");
+    REQUIRE(a.size() == 71);
+    REQUIRE(a.starts_with("tenant:"));
+    REQUIRE(a.find("key-a") == std::string::npos);
+    REQUIRE(TenantCacheSalt("key-a", "s") == a);  // stable: A's cache stays A's
+  }
+  SECTION("another key, another salt, or none: another partition") {
+    const std::string a = TenantCacheSalt("key-a", "s");
+    REQUIRE(TenantCacheSalt("key-b", "s") != a);
+    REQUIRE(TenantCacheSalt("key-a", "t") != a);
+    REQUIRE(TenantCacheSalt("key-a", "") != a);
+    REQUIRE(TenantCacheSalt("key-a", "") != TenantCacheSalt("key-b", ""));
+    // B cannot name A's partition through its own salt.
+    REQUIRE(TenantCacheSalt("key-b", a) != a);
+  }
+}
+
 TEST_CASE("No key configured authorizes everything", "[server][auth]") {
   const ApiKeys none;
   REQUIRE(none.empty());

@@ -36,6 +36,8 @@ TEST_CASE("A minimal config takes every default", "[server]") {
   REQUIRE(c->server.shutdown_timeout == 30);
   REQUIRE(c->server.max_body_bytes == 8 << 20);
   REQUIRE(c->server.api_key.empty());
+  REQUIRE_FALSE(c->server.metrics_auth);
+  REQUIRE_FALSE(c->model.mmap);
   REQUIRE(c->logging.level == "info");
   REQUIRE(c->logging.format == "text");
 }

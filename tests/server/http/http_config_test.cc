@@ -79,6 +79,7 @@ TEST_CASE("Bad HTTP settings name their key", "[server][http]") {
           "shutdown_timeout, max_body_bytes, max_queue, api_key, http_threads, reuse_port, "
           "http_header_timeout_s, http_body_timeout_s, http_idle_timeout_s, "
           "http_write_timeout_s, max_connections, http_stream_buffer_bytes, api_key_file, "
+          "metrics_auth, "
           "tls.cert_file, tls.key_file)");
   for (const char* key :
        {"server.http_header_timeout_s", "server.http_body_timeout_s", "server.http_idle_timeout_s",
