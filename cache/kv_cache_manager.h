@@ -105,9 +105,9 @@
 #include "absl/status/statusor.h"
 #include "cache/block_copy.h"
 #include "cache/block_hash.h"
-#include "cache/index_move.h"
 #include "cache/block_pool.h"
 #include "cache/block_table.h"
+#include "cache/index_move.h"
 #include "cache/kv_cache_stats.h"
 #include "cache/prefix_cache.h"
 
@@ -273,9 +273,9 @@ class KvCacheManager {
     uint64_t extra_key = 0;
     int32_t num_computed = 0;
     bool swapped = false;
-    BlockId tail = kNoBlock;  // extended id (primary, or host while swapped)
-    bool evicted = false;     // has evicted: files no more blocks
-    bool files = true;        // Allocate's use_prefix_cache
+    BlockId tail = kNoBlock;     // extended id (primary, or host while swapped)
+    bool evicted = false;        // has evicted: files no more blocks
+    bool files = true;           // Allocate's use_prefix_cache
     bool moves_pending = false;  // slot moves recorded, not yet taken
   };
   // What a pinned primary block will hold once this step's copies ran.

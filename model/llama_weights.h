@@ -53,8 +53,8 @@ struct LlamaWeights {
   ModelConfig config;
   Tensor tok_embeddings;  // [vocab_size, dim]
   std::vector<LayerWeights> layers;
-  Tensor final_norm;      // [dim]
-  Tensor output;          // [vocab_size, dim]; aliases tok_embeddings when tied
+  Tensor final_norm;  // [dim]
+  Tensor output;      // [vocab_size, dim]; aliases tok_embeddings when tied
   std::shared_ptr<void> storage;
   std::optional<uint64_t> dummy_seed;  // set: no data; generate from this seed
   // FingerprintHex of the weight files' bytes (several: of their

@@ -47,7 +47,7 @@ struct ModelConfig {
   int num_layers = 0;
   int num_heads = 0;
   int num_kv_heads = 0;
-  int head_dim = 0;          // dim / num_heads unless the checkpoint says otherwise
+  int head_dim = 0;  // dim / num_heads unless the checkpoint says otherwise
   int vocab_size = 0;
   int max_position_embeddings = 0;
   float rope_theta = 10000.0f;
@@ -55,7 +55,7 @@ struct ModelConfig {
   float rms_norm_eps = 1e-5f;
   RopeStyle rope_style = RopeStyle::kNeox;
   bool tie_word_embeddings = false;
-  int sliding_window = 0;    // 0: full attention
+  int sliding_window = 0;  // 0: full attention
   // Variants: biases on the q/k/v projections (Qwen2; Llama's attention_bias
   // also sets o_bias), RMSNorm over each head of q and k before RoPE (Qwen3).
   bool qkv_bias = false;

@@ -77,16 +77,16 @@ struct SampledToken {
 
 // What a runner allocated, for the start-up log and /metrics.
 struct RunnerMemoryInfo {
-  std::string device;                // "cpu", "cuda:0 (NVIDIA H200)"
-  std::string weight_dtype;          // "fp32", "bf16", ...
-  int64_t weight_bytes = 0;          // model weights as the runner holds them
-  int64_t activation_bytes = 0;      // measured activation peak (CUDA), or the buffers
-  int64_t kv_bytes_per_block = 0;    // one block id, all layers
+  std::string device;              // "cpu", "cuda:0 (NVIDIA H200)"
+  std::string weight_dtype;        // "fp32", "bf16", ...
+  int64_t weight_bytes = 0;        // model weights as the runner holds them
+  int64_t activation_bytes = 0;    // measured activation peak (CUDA), or the buffers
+  int64_t kv_bytes_per_block = 0;  // one block id, all layers
   int32_t num_blocks = 0;
-  int64_t kv_pool_bytes = 0;         // num_blocks * kv_bytes_per_block
-  int64_t kv_pool_tokens = 0;        // num_blocks * block_size
+  int64_t kv_pool_bytes = 0;   // num_blocks * kv_bytes_per_block
+  int64_t kv_pool_tokens = 0;  // num_blocks * block_size
   int32_t num_swap_blocks = 0;
-  std::string pool_sized_from;       // "cache.num_blocks", "cache.memory_fraction", ...
+  std::string pool_sized_from;  // "cache.num_blocks", "cache.memory_fraction", ...
 };
 
 class ModelRunner {

@@ -10,8 +10,8 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "model/cpu/cpu_model_runner.h"
 #include "cache/sizing/kv_pool_plan.h"
+#include "model/cpu/cpu_model_runner.h"
 #include "util/status_macros.h"
 #ifdef KVSERVE_HAVE_CUDA
 #include "model/cuda/cuda_model_runner.h"
@@ -132,8 +132,8 @@ absl::StatusOr<WeightDtype> ResolveWeightDtype(std::string_view text, const Devi
   if (t == "fp32" || t == "float32") return WeightDtype::kFp32;
   if (t == "fp16" || t == "float16") return WeightDtype::kFp16;
   if (t == "bf16" || t == "bfloat16") return WeightDtype::kBf16;
-  return absl::InvalidArgumentError(
-      absl::StrCat("model.dtype: expected auto, fp32, fp16 or bf16, got '", std::string(text), "'"));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "model.dtype: expected auto, fp32, fp16 or bf16, got '", std::string(text), "'"));
 }
 
 bool RunnerDefersDummyWeights(const RunnerOptions& options) {

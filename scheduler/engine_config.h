@@ -25,7 +25,7 @@ struct EngineConfig {
   int32_t max_model_len = 0;             // 0: the model's max_position_embeddings
   int32_t max_queue_size = 4096;         // waiting requests beyond this: ResourceExhausted
   PreemptionMode preemption_mode = PreemptionMode::kRecompute;  // scheduler.preemption_mode
-  bool prefix_caching = true;            // cache.prefix_caching
+  bool prefix_caching = true;                                   // cache.prefix_caching
   // KV eviction defaults (cache.eviction_policy, cache.eviction_budget,
   // cache.sink_tokens, cache.recent_tokens, cache.eviction_history);
   // requests override them with GenerateRequest::kv_policy.

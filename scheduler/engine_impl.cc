@@ -6,9 +6,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "util/field_status.h"
 #include "scheduler/request_validation.h"
 #include "spdlog/spdlog.h"
+#include "util/field_status.h"
 #include "util/status_macros.h"
 
 namespace kvserve {
@@ -244,9 +244,10 @@ absl::Status EngineImpl::Validate(GenerateRequest& r, RequestState* req) const {
                                      " tokens) exceeds ", kMaxStream, " tokens"));
     }
   } else if (prompt_len >= max_model_len_) {
-    return FieldError("prompt", absl::StrCat("prompt has ", prompt_len,
-                                " tokens, which leaves no room to generate within max_model_len (",
-                                max_model_len_, ")"));
+    return FieldError(
+        "prompt", absl::StrCat("prompt has ", prompt_len,
+                               " tokens, which leaves no room to generate within max_model_len (",
+                               max_model_len_, ")"));
   }
   const int64_t total = prompt_len + r.max_tokens;
   if (evicting) {
@@ -259,14 +260,16 @@ absl::Status EngineImpl::Validate(GenerateRequest& r, RequestState* req) const {
     if (unbounded) return absl::OkStatus();
   }
   if (total > max_model_len_) {
-    return FieldError("max_tokens", absl::StrCat("max_tokens (", r.max_tokens, ") + prompt (", prompt_len,
-                                " tokens) = ", total, " exceeds max_model_len (", max_model_len_,
-                                "); lower max_tokens to at most ", max_model_len_ - prompt_len));
+    return FieldError("max_tokens",
+                      absl::StrCat("max_tokens (", r.max_tokens, ") + prompt (", prompt_len,
+                                   " tokens) = ", total, " exceeds max_model_len (", max_model_len_,
+                                   "); lower max_tokens to at most ", max_model_len_ - prompt_len));
   }
   const int64_t blocks = (total + block_size_ - 1) / block_size_;
   if (blocks > num_blocks_) {
-    return FieldError("max_tokens", absl::StrCat("max_tokens: prompt + max_tokens = ", total, " tokens need ",
-                                blocks, " KV blocks, but the whole pool has ", num_blocks_));
+    return FieldError("max_tokens",
+                      absl::StrCat("max_tokens: prompt + max_tokens = ", total, " tokens need ",
+                                   blocks, " KV blocks, but the whole pool has ", num_blocks_));
   }
   return absl::OkStatus();
 }
@@ -351,9 +354,8 @@ void EngineImpl::Loop() {
       absl::MutexLock lock(&mu_);
       if (live_.empty() && inbox_.empty() && !stop_) {
         idle_ = true;
-        auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-          return !inbox_.empty() || stop_;
-        };
+        auto wake = [this]()
+                        ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !inbox_.empty() || stop_; };
         mu_.Await(absl::Condition(&wake));
       }
       idle_ = false;
@@ -519,8 +521,7 @@ void EngineImpl::Step() {
     for (const std::unique_ptr<RequestState>& req : live_) {
       if (!req->done) holders.push_back(req->samples.front().get());
     }
-    FailRequests(holders,
-                 absl::StrCat("KV block copy failed: ", std::string(copied.message())));
+    FailRequests(holders, absl::StrCat("KV block copy failed: ", std::string(copied.message())));
     return;
   }
   if (plan.empty()) {

@@ -31,20 +31,20 @@ struct KvPolicyOverride {
 };
 
 struct GenerateRequest {
-  std::string request_id;                // the engine assigns one when empty
-  std::string prompt;                    // text; ignored when prompt_token_ids is set
+  std::string request_id;  // the engine assigns one when empty
+  std::string prompt;      // text; ignored when prompt_token_ids is set
   std::vector<int32_t> prompt_token_ids;
-  bool add_bos = true;                   // prepend BOS to a text prompt
+  bool add_bos = true;  // prepend BOS to a text prompt
   SamplingParams sampling;
-  int32_t max_tokens = 16;               // >= 1; prompt + max_tokens <= max_model_len
-  int32_t n = 1;                         // parallel samples sharing the prompt (Fork)
-  std::vector<int32_t> stop_token_ids;   // besides EOS (and BOS for llama2.c stories)
-  std::vector<std::string> stop;         // stop strings: matched on text, not emitted
+  int32_t max_tokens = 16;              // >= 1; prompt + max_tokens <= max_model_len
+  int32_t n = 1;                        // parallel samples sharing the prompt (Fork)
+  std::vector<int32_t> stop_token_ids;  // besides EOS (and BOS for llama2.c stories)
+  std::vector<std::string> stop;        // stop strings: matched on text, not emitted
   bool ignore_eos = false;
-  int32_t logprobs = -1;                 // -1 off; 0 chosen token only; k > 0: + top k
-  std::string cache_salt;                // isolates prefix-cache sharing between tenants
-  int32_t priority = 0;                  // lower runs first; FCFS within a priority
-  KvPolicyOverride kv_policy;            // KV eviction; empty = the engine's
+  int32_t logprobs = -1;       // -1 off; 0 chosen token only; k > 0: + top k
+  std::string cache_salt;      // isolates prefix-cache sharing between tenants
+  int32_t priority = 0;        // lower runs first; FCFS within a priority
+  KvPolicyOverride kv_policy;  // KV eviction; empty = the engine's
 };
 
 struct TokenLogprob {
@@ -61,24 +61,24 @@ struct Usage {
 
 // One streamed event for one of the request's samples.
 struct GenerateOutput {
-  int32_t index = 0;                  // which of the n samples
-  std::string text;                   // new text; always whole UTF-8 characters
-  std::vector<int32_t> token_ids;     // new tokens
-  std::vector<TokenLogprob> logprobs; // one per new token when requested
+  int32_t index = 0;                                 // which of the n samples
+  std::string text;                                  // new text; always whole UTF-8 characters
+  std::vector<int32_t> token_ids;                    // new tokens
+  std::vector<TokenLogprob> logprobs;                // one per new token when requested
   FinishReason finish_reason = FinishReason::kNone;  // set on the sample's last event
-  std::string error;                  // when finish_reason == kError
-  bool request_finished = false;      // the last event of the whole request
-  Usage usage;                        // filled on the last event of the request
+  std::string error;                                 // when finish_reason == kError
+  bool request_finished = false;                     // the last event of the whole request
+  Usage usage;                                       // filled on the last event of the request
 };
 
 // Per-request timings, reported once when the request ends.
 struct RequestMetrics {
   std::string request_id;
   FinishReason finish_reason = FinishReason::kNone;
-  double queue_s = 0;       // submit -> first scheduled
-  double ttft_s = 0;        // submit -> first token (0 if none)
-  double tpot_s = 0;        // mean time per output token after the first (0 if < 2 tokens)
-  double e2e_s = 0;         // submit -> end
+  double queue_s = 0;  // submit -> first scheduled
+  double ttft_s = 0;   // submit -> first token (0 if none)
+  double tpot_s = 0;   // mean time per output token after the first (0 if < 2 tokens)
+  double e2e_s = 0;    // submit -> end
   Usage usage;
 };
 

@@ -77,11 +77,12 @@ absl::Status ValidateRequestParams(const GenerateRequest& r, const RequestLimits
   }
   KV_RETURN_IF_ERROR(CheckStopCount(r.stop.size(), limits));
   for (size_t i = 0; i < r.stop.size(); ++i) {
-    if (r.stop[i].empty()) return FieldError("stop", absl::StrCat("stop[", i, "] must not be empty"));
+    if (r.stop[i].empty())
+      return FieldError("stop", absl::StrCat("stop[", i, "] must not be empty"));
     if (static_cast<int64_t>(r.stop[i].size()) > limits.max_stop_string_bytes) {
-      return FieldError("stop", absl::StrCat("stop[", i, "] has ", r.stop[i].size(),
-                                             " bytes, at most ", limits.max_stop_string_bytes,
-                                             " are allowed"));
+      return FieldError("stop",
+                        absl::StrCat("stop[", i, "] has ", r.stop[i].size(), " bytes, at most ",
+                                     limits.max_stop_string_bytes, " are allowed"));
     }
   }
   if (static_cast<int64_t>(r.stop_token_ids.size()) > limits.max_stop_token_ids) {

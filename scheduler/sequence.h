@@ -98,7 +98,7 @@ struct RequestState {
   uint64_t arrival = 0;    // submission order
   uint64_t seed_base = 0;  // sample i uses seed_base + i
   std::vector<int32_t> prompt_ids;
-  std::vector<int32_t> stop_ids;                   // EOS/BOS (unless ignore_eos) + stop_token_ids
+  std::vector<int32_t> stop_ids;  // EOS/BOS (unless ignore_eos) + stop_token_ids
   // KV eviction of every sample (policy none: no policy).
   EvictionParams eviction;
   std::shared_ptr<const EvictionPolicy> policy;

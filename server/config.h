@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/chat/chat_template.h"
 #include "scheduler/engine_config.h"
 #include "scheduler/request_validation.h"
-#include "model/chat/chat_template.h"
 
 namespace kvserve {
 
@@ -45,8 +45,8 @@ struct ServeConfig {
   struct Cache {
     std::string kv_dtype = "fp32";  // one dtype or one per layer (cache/kv_dtype_spec.h)
     int32_t block_size = 16;
-    int32_t num_blocks = 0;        // 0: from memory_bytes / memory_fraction / a default
-    int64_t memory_bytes = 0;      // KV budget in bytes (accepts KiB/MiB/GiB suffixes)
+    int32_t num_blocks = 0;    // 0: from memory_bytes / memory_fraction / a default
+    int64_t memory_bytes = 0;  // KV budget in bytes (accepts KiB/MiB/GiB suffixes)
     // Of the memory left after the weights (and, on CUDA, the activation
     // peak); 0: not set (CUDA then uses 0.9, the CPU its default budget).
     double memory_fraction = 0.0;

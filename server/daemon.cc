@@ -6,9 +6,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
-
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -172,7 +171,9 @@ int RunDaemon(const ServeConfig& config) {
   GrpcService::Options grpc_options = GrpcService::OptionsFromConfig(config);
   grpc_options.limiter = limiter;
   GrpcService grpc(&state, std::move(grpc_options));
-  if (absl::Status s = grpc.Start(config.server.host, config.server.grpc_port, config.server.reuse_port); !s.ok()) {
+  if (absl::Status s =
+          grpc.Start(config.server.host, config.server.grpc_port, config.server.reuse_port);
+      !s.ok()) {
     spdlog::critical("{}", std::string(s.message()));
     http.Stop();
     return 1;

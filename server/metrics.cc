@@ -197,14 +197,14 @@ ServerMetrics::ServerMetrics()
   h_->ready = &NewGauge(r, "kvserve_ready", "1 while accepting requests; 0 loading or draining.");
   h_->weight_bytes = &NewGauge(r, "kvserve_model_weight_bytes",
                                "Bytes of model weights as the runner holds them.");
-  h_->activation_bytes = &NewGauge(
-      r, "kvserve_activation_bytes",
-      "Bytes of activations and workspaces (CUDA: measured by the profile run).");
+  h_->activation_bytes =
+      &NewGauge(r, "kvserve_activation_bytes",
+                "Bytes of activations and workspaces (CUDA: measured by the profile run).");
   h_->block_bytes =
       &NewGauge(r, "kvserve_kv_block_bytes", "Bytes of one KV block (all layers, K and V).");
   h_->pool_bytes = &NewGauge(r, "kvserve_kv_pool_bytes", "Bytes of the primary KV pool.");
-  h_->pool_tokens =
-      &NewGauge(r, "kvserve_kv_pool_tokens", "Tokens the primary KV pool holds (blocks x block size).");
+  h_->pool_tokens = &NewGauge(r, "kvserve_kv_pool_tokens",
+                              "Tokens the primary KV pool holds (blocks x block size).");
   h_->swap_blocks =
       &NewGauge(r, "kvserve_kv_swap_blocks_capacity", "KV blocks in the host swap pool.");
   h_->cpu_seconds = &NewCounter(r, "process_cpu_seconds_total",

@@ -19,10 +19,10 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "model/chat/chat_template.h"
 #include "model/model_runner.h"
 #include "scheduler/engine.h"
 #include "server/auth.h"
-#include "model/chat/chat_template.h"
 #include "server/metrics.h"
 
 namespace kvserve {

@@ -38,9 +38,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "cache/kv_format.h"
+#include "cache/sizing/capacity_plan.h"
 #include "cache/sizing/memory_budget.h"
 #include "kernels/cuda/read_bandwidth.h"
-#include "cache/sizing/capacity_plan.h"
 #include "model/cuda/cuda_model_runner.h"
 #include "model/loader/model_loader.h"
 #include "model/runner_factory.h"
@@ -245,8 +245,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<CudaModelRunner> runner = Build(shapes, o);
     const RunnerMemoryInfo& m = runner->memory_info();
     weight_bytes = m.weight_bytes;
-    const int64_t kv_token_bytes =
-        runner->kv_format().bytes_per_token_per_layer() * c.num_layers;
+    const int64_t kv_token_bytes = runner->kv_format().bytes_per_token_per_layer() * c.num_layers;
     for (int32_t batch : f.batches) {
       for (int32_t context : f.contexts) {
         const StepTiming t = TimeDecode(*runner, batch, context, f.steps, m.num_blocks, rng);

@@ -54,9 +54,9 @@ struct CapacityPlanRequest {
 struct KvFormatCapacity {
   KvDtypeSpec spec = KvDtype::kFp16;  // what this row plans
   KvDtype dtype = KvDtype::kFp16;     // spec's first layer's (its only one if uniform)
-  int64_t bytes_per_token = 0;  // all layers, K + V, scales, no padding
-  int64_t block_bytes = 0;      // one block in all layers, padded
-  int64_t kv_budget_bytes = 0;  // memory - weights, at least 0
+  int64_t bytes_per_token = 0;        // all layers, K + V, scales, no padding
+  int64_t block_bytes = 0;            // one block in all layers, padded
+  int64_t kv_budget_bytes = 0;        // memory - weights, at least 0
   int64_t num_blocks = 0;
   int64_t num_tokens = 0;       // num_blocks * block_size
   int64_t blocks_per_seq = 0;   // ceil(context / block_size)

@@ -15,8 +15,7 @@ std::string GiB(int64_t bytes) {
 }
 
 int32_t ClampBlocks(int64_t blocks) {
-  return static_cast<int32_t>(
-      std::clamp<int64_t>(blocks, 0, std::numeric_limits<int32_t>::max()));
+  return static_cast<int32_t>(std::clamp<int64_t>(blocks, 0, std::numeric_limits<int32_t>::max()));
 }
 
 }  // namespace
@@ -78,8 +77,8 @@ absl::StatusOr<KvPoolPlan> PlanKvPool(const KvPoolRequest& r) {
   if (plan.num_blocks < std::max<int64_t>(1, seq_blocks)) {
     return absl::ResourceExhaustedError(absl::StrCat(
         key, ": the KV pool holds ", plan.num_blocks, " blocks (", GiB(plan.budget_bytes), ", ",
-        r.bytes_per_block, " bytes per block), but one sequence of max_model_len ",
-        r.max_model_len, " needs ", seq_blocks,
+        r.bytes_per_block, " bytes per block), but one sequence of max_model_len ", r.max_model_len,
+        " needs ", seq_blocks,
         "; give the cache more memory, lower scheduler.max_model_len or choose a smaller "
         "cache.kv_dtype"));
   }
@@ -87,9 +86,9 @@ absl::StatusOr<KvPoolPlan> PlanKvPool(const KvPoolRequest& r) {
 }
 
 std::string DescribeKvPool(const KvPoolRequest& r, const KvPoolPlan& plan) {
-  std::string out = absl::StrFormat("KV pool: %d blocks x %.2f MiB = %s, %d tokens (", plan.num_blocks,
-                                    static_cast<double>(r.bytes_per_block) / (1 << 20),
-                                    GiB(plan.pool_bytes), plan.num_tokens);
+  std::string out = absl::StrFormat(
+      "KV pool: %d blocks x %.2f MiB = %s, %d tokens (", plan.num_blocks,
+      static_cast<double>(r.bytes_per_block) / (1 << 20), GiB(plan.pool_bytes), plan.num_tokens);
   if (plan.sized_from == "cache.num_blocks" || plan.sized_from == "cache.memory_bytes") {
     absl::StrAppend(&out, plan.sized_from, ")");
   } else if (r.memory_fraction > 0 || r.default_fraction > 0) {

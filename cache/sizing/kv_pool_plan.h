@@ -63,11 +63,11 @@ struct KvPoolRequest {
 
 struct KvPoolPlan {
   int32_t num_blocks = 0;
-  int64_t pool_bytes = 0;   // num_blocks * bytes_per_block
-  int64_t num_tokens = 0;   // num_blocks * block_size
-  int64_t budget_bytes = 0; // what the deciding setting allowed
-  std::string sized_from;   // "cache.num_blocks", "cache.memory_bytes",
-                            // "cache.memory_fraction", "default"
+  int64_t pool_bytes = 0;    // num_blocks * bytes_per_block
+  int64_t num_tokens = 0;    // num_blocks * block_size
+  int64_t budget_bytes = 0;  // what the deciding setting allowed
+  std::string sized_from;    // "cache.num_blocks", "cache.memory_bytes",
+                             // "cache.memory_fraction", "default"
 };
 
 absl::StatusOr<KvPoolPlan> PlanKvPool(const KvPoolRequest& request);

@@ -28,7 +28,10 @@ cudaError_t LaunchKernel(void (*kernel)(Params...), dim3 grid, dim3 block, size_
   return ::cuda_stub::Launch(kernel, grid, block, dynamic_smem, stream,
                              static_cast<Params>(static_cast<Args&&>(args))...);
 #else
+  // clang-format reads <<< >>> in a .cuh as templates.
+  // clang-format off
   kernel<<<grid, block, dynamic_smem, stream>>>(static_cast<Args&&>(args)...);
+  // clang-format on
   return cudaPeekAtLastError();
 #endif
 }

@@ -27,8 +27,8 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/cuda/exact_math.cuh"
 #include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/exact_math.cuh"
 #include "kernels/cuda/kv_decode.cuh"
 #include "kernels/cuda/kv_encode.cuh"
 #include "kernels/cuda/paged_attention_kc.h"

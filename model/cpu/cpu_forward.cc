@@ -183,8 +183,7 @@ void CpuForward::PlanStep(const BatchInput& batch) {
   const int32_t T = batch.num_tokens();
   const BatchView view = ViewOf(batch);
   // Q.K and P.V for every head and layer.
-  const int64_t attn_macs =
-      CountAttentionKeys(view, c.sliding_window) * 2 * q_dim_ * c.num_layers;
+  const int64_t attn_macs = CountAttentionKeys(view, c.sliding_window) * 2 * q_dim_ * c.num_layers;
   const int64_t macs = int64_t{T} * macs_per_token_ + attn_macs;
   const int threads = pool_.num_threads();
   if (threads == 1 || macs < kParallelMinMacs) {
@@ -213,8 +212,8 @@ void CpuForward::PlanStep(const BatchInput& batch) {
   }
   // A row costs the keys it reads plus a fixed overhead.
   constexpr int64_t kRowOverhead = 8;
-  attn_split_ = SplitRowsByAttentionCost(view, c.sliding_window, kAttentionChunksPerThread * threads,
-                                         kRowOverhead);
+  attn_split_ = SplitRowsByAttentionCost(view, c.sliding_window,
+                                         kAttentionChunksPerThread * threads, kRowOverhead);
 }
 
 template <typename Fn>

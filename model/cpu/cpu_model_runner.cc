@@ -83,8 +83,7 @@ absl::Status CpuModelRunner::Forward(const BatchInput& batch) {
   return s;
 }
 
-absl::Status CpuModelRunner::Sample(std::span<const SampleRow> rows,
-                                    std::span<SampledToken> out) {
+absl::Status CpuModelRunner::Sample(std::span<const SampleRow> rows, std::span<SampledToken> out) {
   return sampler_.Sample(logits_, model_->config().vocab_size, rows, out);
 }
 

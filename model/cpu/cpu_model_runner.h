@@ -26,9 +26,9 @@
 #include "cache/kv_format.h"
 #include "cache/kv_pages.h"
 #include "model/cpu/cpu_forward.h"
-#include "model/sampling/host_sampling.h"
 #include "model/llama_weights.h"
 #include "model/model_runner.h"
+#include "model/sampling/host_sampling.h"
 
 namespace kvserve {
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/types/span.h"
 #include "cache/kv_format.h"
+#include "cache/sizing/kv_pool_plan.h"
 #include "cache/sizing/memory_budget.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/act_dtype.h"
@@ -43,7 +44,6 @@
 #include "model/cuda/host/device_weight_layout.h"
 #include "model/cuda/host/graph_buckets.h"
 #include "model/sampling/host_sampling.h"
-#include "cache/sizing/kv_pool_plan.h"
 #include "util/status_macros.h"
 
 namespace kvserve {
@@ -181,7 +181,7 @@ struct CudaModelRunner::Impl {
   int64_t elem = 2;
   RunnerOptions options;
   int32_t max_model_len = 0;
-  int32_t max_tokens = 0;       // rows of the largest step
+  int32_t max_tokens = 0;  // rows of the largest step
   int32_t max_seqs = 0;
   int32_t max_logits_rows = 0;  // == max_seqs
   int32_t max_blocks_per_seq = 0;
@@ -201,11 +201,11 @@ struct CudaModelRunner::Impl {
   DeviceBuffer weights;
   DeviceBuffer rope_cos, rope_sin;
   // Activations.
-  DeviceBuffer x;        // [max_tokens][dim] residual stream
-  DeviceBuffer h;        // [max_tokens][dim] normed input
-  DeviceBuffer qkv;      // [max_tokens][qkv_dim]
-  DeviceBuffer attn;     // [max_tokens][q_dim]
-  DeviceBuffer gate_up;  // [max_tokens][2 hidden]; SwiGLU writes the first half in place
+  DeviceBuffer x;           // [max_tokens][dim] residual stream
+  DeviceBuffer h;           // [max_tokens][dim] normed input
+  DeviceBuffer qkv;         // [max_tokens][qkv_dim]
+  DeviceBuffer attn;        // [max_tokens][q_dim]
+  DeviceBuffer gate_up;     // [max_tokens][2 hidden]; SwiGLU writes the first half in place
   DeviceBuffer final_rows;  // [max_logits_rows][dim]
   DeviceBuffer logits;      // [max_logits_rows][vocab] fp32
   DeviceBuffer attn_workspace;
@@ -328,8 +328,8 @@ absl::Status CudaModelRunner::CheckDevice(const RunnerOptions& options, const De
   }
   if (device.ordinal >= count) {
     return absl::FailedPreconditionError(
-        absl::StrCat("model.device: ", options.device, ": this machine has ", count,
-                     " CUDA device", count == 1 ? "" : "s", " (0 .. ", count - 1, ")"));
+        absl::StrCat("model.device: ", options.device, ": this machine has ", count, " CUDA device",
+                     count == 1 ? "" : "s", " (0 .. ", count - 1, ")"));
   }
   return absl::OkStatus();
 }
@@ -350,9 +350,11 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
         kGpuAttentionMaxHeadDim, "; the model has ", c.head_dim));
   }
   if (c.vocab_size > kMaxSampleVocab) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model.device: ", options.device, ": the device sampler takes a vocabulary of "
-                     "at most ", kMaxSampleVocab, "; the model has ", c.vocab_size));
+    return absl::InvalidArgumentError(absl::StrCat("model.device: ", options.device,
+                                                   ": the device sampler takes a vocabulary of "
+                                                   "at most ",
+                                                   kMaxSampleVocab, "; the model has ",
+                                                   c.vocab_size));
   }
   // One format per layer; int4_kc layers keep their partial blocks in fp16 tails.
   absl::StatusOr<std::vector<KvDtype>> dtypes = options.kv_dtype.Resolve(c.num_layers);
@@ -385,9 +387,9 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   m.options = options;
   m.max_model_len = options.max_model_len > 0 ? options.max_model_len : c.max_position_embeddings;
   if (m.max_model_len > c.max_position_embeddings) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("scheduler.max_model_len: ", m.max_model_len,
-                     " exceeds the model's max_position_embeddings ", c.max_position_embeddings));
+    return absl::InvalidArgumentError(absl::StrCat("scheduler.max_model_len: ", m.max_model_len,
+                                                   " exceeds the model's max_position_embeddings ",
+                                                   c.max_position_embeddings));
   }
   m.max_seqs = std::max(1, options.max_num_seqs);
   m.max_tokens = std::max(options.max_num_batched_tokens, m.max_seqs);
@@ -615,8 +617,8 @@ absl::Status CudaModelRunner::Impl::AllocateActivations() {
   KV_ASSIGN_OR_RETURN(results_dev, DeviceAlloc(results_bytes, "the sampler results"));
   KV_ASSIGN_OR_RETURN(results_host, PinnedAlloc(results_bytes, "the sampler results"));
   sampling = std::make_unique<SamplingBatch>(c.vocab_size);
-  KV_RETURN_IF_ERROR(EnsureSampleCapacity(int64_t{sample_chunk} * (sizeof(SampleRowParams) + 4) +
-                                          64 * 1024));
+  KV_RETURN_IF_ERROR(
+      EnsureSampleCapacity(int64_t{sample_chunk} * (sizeof(SampleRowParams) + 4) + 64 * 1024));
   KV_RETURN_IF_ERROR(EnsureCopyCapacity(1024));
   return CudaStatus(cudaStreamSynchronize(stream), "allocating activations");
 }
@@ -721,9 +723,8 @@ absl::Status CudaModelRunner::Impl::AllocatePools() {
   KV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(kv_pool.get(), 0, bytes, stream));
   if (num_swap_blocks > 0) {
     const int64_t swap_bytes = swap_shape.bytes;
-    KV_ASSIGN_OR_RETURN(swap_host,
-                        PinnedAlloc(swap_bytes, "the swap pool (cache.num_swap_blocks)",
-                                    cudaHostAllocMapped | cudaHostAllocPortable));
+    KV_ASSIGN_OR_RETURN(swap_host, PinnedAlloc(swap_bytes, "the swap pool (cache.num_swap_blocks)",
+                                               cudaHostAllocMapped | cudaHostAllocPortable));
     std::memset(swap_host.get(), 0, swap_bytes);
     KV_ASSIGN_OR_RETURN(swap_dev, cuda::MappedDevicePointer(swap_host.get()));
   }
@@ -741,10 +742,10 @@ absl::Status CudaModelRunner::Impl::CaptureGraphs() {
     g.layout = PlanStaging(
         PaddedDecodeShape(bucket, max_blocks_per_seq, static_cast<int32_t>(ga.max_words)));
     auto fail = [&](const absl::Status& s) {
-      return absl::Status(s.code(), absl::StrCat("model.cuda_graphs: capturing the decode step of ",
-                                                 bucket, " sequences failed: ",
-                                                 std::string(s.message()),
-                                                 " (model.cuda_graphs: false runs it eagerly)"));
+      return absl::Status(s.code(),
+                          absl::StrCat("model.cuda_graphs: capturing the decode step of ", bucket,
+                                       " sequences failed: ", std::string(s.message()),
+                                       " (model.cuda_graphs: false runs it eagerly)"));
     };
     // A warm-up at the bucket's shape (all rows padding: no K/V written, no
     // attention work), so the capture itself makes no first-use calls.
@@ -778,18 +779,16 @@ absl::Status CudaModelRunner::Impl::CaptureGraphs() {
 
 // ---- One step ----------------------------------------------------------------
 
-absl::Status CudaModelRunner::Impl::Upload(const BatchInput& batch,
-                                           std::span<const int32_t> words,
+absl::Status CudaModelRunner::Impl::Upload(const BatchInput& batch, std::span<const int32_t> words,
                                            const StagingLayout& layout) {
   if (layout.total_bytes > staging_capacity) {
     return absl::InternalError(absl::StrCat("batch staging: a layout of ", layout.total_bytes,
-                                            " bytes exceeds the ", staging_capacity,
-                                            " allocated"));
+                                            " bytes exceeds the ", staging_capacity, " allocated"));
   }
   // The previous upload must have left the pinned buffer before it is reused.
   KV_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(batch_uploaded));
-  KV_RETURN_IF_ERROR(FillBatchStaging(
-      batch, words, layout, std::span<uint8_t>(staging_host.get(), staging_capacity)));
+  KV_RETURN_IF_ERROR(FillBatchStaging(batch, words, layout,
+                                      std::span<uint8_t>(staging_host.get(), staging_capacity)));
   KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(staging_dev.get(), staging_host.get(), layout.total_bytes,
                                           cudaMemcpyHostToDevice, stream));
   return CudaStatus(cudaEventRecord(batch_uploaded, stream), "batch upload");
@@ -821,15 +820,26 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
   // arguments; the rest is the step's (act, eps, stream).
   auto embedding = [&](const void* table, const int32_t* ids, void* out, int64_t vocab,
                        int64_t rows) {
-    return cuda::Embedding({.table = table, .ids = ids, .out = out, .vocab = vocab, .dim = dim,
-                            .num_tokens = rows, .dtype = act},
+    return cuda::Embedding({.table = table,
+                            .ids = ids,
+                            .out = out,
+                            .vocab = vocab,
+                            .dim = dim,
+                            .num_tokens = rows,
+                            .dtype = act},
                            stream);
   };
   // `rows` rows of `width` values, `stride` apart (0: width).
   auto rms_norm = [&](void* x, const void* weight, void* out, int64_t rows, int64_t width,
                       int64_t stride = 0) {
-    return cuda::RmsNorm({.x = x, .weight = weight, .out = out, .num_tokens = rows, .dim = width,
-                          .x_stride = stride, .out_stride = stride, .eps = c.rms_norm_eps,
+    return cuda::RmsNorm({.x = x,
+                          .weight = weight,
+                          .out = out,
+                          .num_tokens = rows,
+                          .dim = width,
+                          .x_stride = stride,
+                          .out_stride = stride,
+                          .eps = c.rms_norm_eps,
                           .dtype = act},
                          stream);
   };
@@ -857,9 +867,14 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
     kcw.kv = kv;
 
     KV_RETURN_IF_ERROR(rms_norm(x.get(), Weight(w.attn_norm), h.get(), T, dim));
-    KV_RETURN_IF_ERROR(gemm->Linear({.x = h.get(), .w = Weight(w.wqkv), .y = qkv.get(), .rows = T,
-                                     .in = dim, .out = qkv_dim,
-                                     .bias = c.qkv_bias ? Weight(w.bqkv) : nullptr, .y_dtype = act},
+    KV_RETURN_IF_ERROR(gemm->Linear({.x = h.get(),
+                                     .w = Weight(w.wqkv),
+                                     .y = qkv.get(),
+                                     .rows = T,
+                                     .in = dim,
+                                     .out = qkv_dim,
+                                     .bias = c.qkv_bias ? Weight(w.bqkv) : nullptr,
+                                     .y_dtype = act},
                                     stream));
 
     if (c.qk_norm) {
@@ -979,13 +994,24 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
       }
     }
 
-    KV_RETURN_IF_ERROR(gemm->Linear({.x = attn.get(), .w = Weight(w.wo), .y = x.get(), .rows = T,
-                                     .in = q_dim, .out = dim, .accumulate = true,
-                                     .bias = c.o_bias ? Weight(w.bo) : nullptr, .y_dtype = act},
+    KV_RETURN_IF_ERROR(gemm->Linear({.x = attn.get(),
+                                     .w = Weight(w.wo),
+                                     .y = x.get(),
+                                     .rows = T,
+                                     .in = q_dim,
+                                     .out = dim,
+                                     .accumulate = true,
+                                     .bias = c.o_bias ? Weight(w.bo) : nullptr,
+                                     .y_dtype = act},
                                     stream));
     KV_RETURN_IF_ERROR(rms_norm(x.get(), Weight(w.ffn_norm), h.get(), T, dim));
-    KV_RETURN_IF_ERROR(gemm->Linear({.x = h.get(), .w = Weight(w.w_gate_up), .y = gate_up.get(),
-                                     .rows = T, .in = dim, .out = 2 * hid, .y_dtype = act},
+    KV_RETURN_IF_ERROR(gemm->Linear({.x = h.get(),
+                                     .w = Weight(w.w_gate_up),
+                                     .y = gate_up.get(),
+                                     .rows = T,
+                                     .in = dim,
+                                     .out = 2 * hid,
+                                     .y_dtype = act},
                                     stream));
 
     cuda::SwiGluParams sw;
@@ -998,9 +1024,15 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
     sw.dtype = act;
     KV_RETURN_IF_ERROR(cuda::SwiGlu(sw, stream));
 
-    KV_RETURN_IF_ERROR(gemm->Linear({.x = gate_up.get(), .w = Weight(w.w_down), .y = x.get(),
-                                     .rows = T, .in = hid, .out = dim, .ldx = 2 * hid,
-                                     .accumulate = true, .y_dtype = act},
+    KV_RETURN_IF_ERROR(gemm->Linear({.x = gate_up.get(),
+                                     .w = Weight(w.w_down),
+                                     .y = x.get(),
+                                     .rows = T,
+                                     .in = hid,
+                                     .out = dim,
+                                     .ldx = 2 * hid,
+                                     .accumulate = true,
+                                     .y_dtype = act},
                                     stream));
   }
 
@@ -1009,8 +1041,13 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
   // whose table is x), normed and multiplied by the head.
   KV_RETURN_IF_ERROR(embedding(x.get(), view.logits_rows, final_rows.get(), T, R));
   KV_RETURN_IF_ERROR(rms_norm(final_rows.get(), Weight(wl.final_norm), final_rows.get(), R, dim));
-  return gemm->Linear({.x = final_rows.get(), .w = Weight(wl.lm_head), .y = logits.get(),
-                       .rows = R, .in = dim, .out = c.vocab_size, .y_dtype = ActDtype::kFp32},
+  return gemm->Linear({.x = final_rows.get(),
+                       .w = Weight(wl.lm_head),
+                       .y = logits.get(),
+                       .rows = R,
+                       .in = dim,
+                       .out = c.vocab_size,
+                       .y_dtype = ActDtype::kFp32},
                       stream);
 }
 
@@ -1031,8 +1068,8 @@ absl::Status CudaModelRunner::Impl::ForwardBatch(const BatchInput& batch) {
   const int32_t R = static_cast<int32_t>(batch.logits_rows.size());
   auto too_big = [](const char* what, int64_t have, int64_t most, const char* key) {
     return absl::InvalidArgumentError(absl::StrCat("BatchInput: ", what, " is ", have,
-                                                   "; the CUDA runner was sized for ", most,
-                                                   " (", key, ")"));
+                                                   "; the CUDA runner was sized for ", most, " (",
+                                                   key, ")"));
   };
   if (T > max_tokens) {
     return too_big("num_tokens", T, max_tokens, "scheduler.max_num_batched_tokens");
@@ -1278,8 +1315,9 @@ absl::Status CudaModelRunner::Impl::SampleRows(std::span<const SampleRow> rows,
       p.num_top_logprobs = r.num_logprobs;
       p.seed = r.seed;
       p.step = r.output.size();
-      if (absl::Status s = sampling->AddRow(p, absl::Span<const int32_t>(r.prompt.data(), r.prompt.size()),
-                                            absl::Span<const int32_t>(r.output.data(), r.output.size()));
+      if (absl::Status s =
+              sampling->AddRow(p, absl::Span<const int32_t>(r.prompt.data(), r.prompt.size()),
+                               absl::Span<const int32_t>(r.output.data(), r.output.size()));
           !s.ok()) {
         return absl::InvalidArgumentError(
             absl::StrCat("Sample: rows[", begin + i, "]: ", std::string(s.message())));
@@ -1295,8 +1333,8 @@ absl::Status CudaModelRunner::Impl::SampleRows(std::span<const SampleRow> rows,
     KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sample_dev.get(), sample_host.get(),
                                             index_offset + static_cast<int64_t>(n) * 4,
                                             cudaMemcpyHostToDevice, stream));
-    const float* row_logits = reinterpret_cast<const float*>(logits.get()) +
-                              static_cast<int64_t>(begin) * vocab;
+    const float* row_logits =
+        reinterpret_cast<const float*>(logits.get()) + static_cast<int64_t>(begin) * vocab;
     if (!identity) {
       // Samples that share a logits row (a fresh fork) each get a copy.
       cuda::EmbeddingParams gather;
@@ -1316,12 +1354,12 @@ absl::Status CudaModelRunner::Impl::SampleRows(std::span<const SampleRow> rows,
     sp.vocab = vocab;
     sp.num_rows = static_cast<int32_t>(n);
     sp.rows = reinterpret_cast<const SampleRowParams*>(sample_dev.get());
-    sp.history = sampling->history().empty()
-                     ? nullptr
-                     : reinterpret_cast<const int32_t*>(sample_dev.get() +
-                                                        sampling->HistoryByteOffset());
-    sp.processed = reinterpret_cast<float*>(sample_workspace.get() +
-                                            sample_ws_layout.processed_offset);
+    sp.history =
+        sampling->history().empty()
+            ? nullptr
+            : reinterpret_cast<const int32_t*>(sample_dev.get() + sampling->HistoryByteOffset());
+    sp.processed =
+        reinterpret_cast<float*>(sample_workspace.get() + sample_ws_layout.processed_offset);
     sp.counts = reinterpret_cast<int32_t*>(sample_workspace.get() + sample_ws_layout.counts_offset);
     sp.results = reinterpret_cast<SampleRowResult*>(results_dev.get());
     KV_RETURN_IF_ERROR(cuda::SampleTokens(sp, stream));
@@ -1440,8 +1478,7 @@ absl::Status CudaModelRunner::Forward(const BatchInput& batch) {
   return impl_->ForwardBatch(batch);
 }
 
-absl::Status CudaModelRunner::Sample(std::span<const SampleRow> rows,
-                                     std::span<SampledToken> out) {
+absl::Status CudaModelRunner::Sample(std::span<const SampleRow> rows, std::span<SampledToken> out) {
   KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(impl_->device));
   return impl_->SampleRows(rows, out);
 }
@@ -1451,12 +1488,12 @@ absl::Status CudaModelRunner::ReadLogits(std::span<float> out) {
   KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
   const int64_t want = int64_t{std::max(0, m.last_logits_rows)} * m.config.vocab_size;
   if (static_cast<int64_t>(out.size()) < want) {
-    return absl::InvalidArgumentError(absl::StrCat("logits buffer has ", out.size(),
-                                                   " floats, the batch needs ", want));
+    return absl::InvalidArgumentError(
+        absl::StrCat("logits buffer has ", out.size(), " floats, the batch needs ", want));
   }
   if (want == 0) return absl::OkStatus();
-  KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out.data(), m.logits.get(), want * 4,
-                                          cudaMemcpyDeviceToHost, m.stream));
+  KV_CUDA_RETURN_IF_ERROR(
+      cudaMemcpyAsync(out.data(), m.logits.get(), want * 4, cudaMemcpyDeviceToHost, m.stream));
   return CudaStatus(cudaStreamSynchronize(m.stream), "ReadLogits");
 }
 

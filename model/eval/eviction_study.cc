@@ -17,7 +17,6 @@
 namespace kvserve {
 namespace {
 
-
 // -log p(target) from a row of logits, in double.
 double Nll(const float* row, int vocab, int32_t target) {
   const double m = *std::max_element(row, row + vocab);

@@ -79,8 +79,8 @@ struct KvQualityOptions {
 
 struct KvFormatQuality {
   KvDtypeSpec dtype = KvDtype::kFp32;  // one dtype or one per layer
-  int64_t bytes_per_token = 0;  // all layers, K + V, scales included
-  double bytes_vs_fp16 = 0;     // bytes_per_token / fp16's
+  int64_t bytes_per_token = 0;         // all layers, K + V, scales included
+  double bytes_vs_fp16 = 0;            // bytes_per_token / fp16's
   double perplexity = 0;
   double delta_ppl_percent = 0;      // against fp32
   double mean_kl = 0;                // nats per prediction

@@ -21,8 +21,8 @@
 // of the carve order (DummyTensorOffsets) holds elements [offset_j, offset_j +
 // numel_j) of the stream, so a device can generate the same values in place:
 // LoadDummyModelShapes gives the config and shapes without the 4 bytes per
-// parameter of host memory (32 GB for llama-3-8b), for the CUDA runner. Loading refuses (ResourceExhausted)
-// when the fp32 weights would exceed a byte limit, so nobody allocates 280 GB
+// parameter of host memory (32 GB for llama-3-8b), for the CUDA runner. Loading refuses
+// (ResourceExhausted) when the fp32 weights would exceed a byte limit, so nobody allocates 280 GB
 // on a laptop by accident: KVSERVE_DUMMY_MAX_BYTES (bytes, or a size with a
 // unit such as 64GiB; see util/byte_size.h), default 8 GiB.
 //

@@ -14,10 +14,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "model/loader/generation_config.h"
-#include "util/json_file.h"
 #include "model/loader/safetensors.h"
-#include "util/status_macros.h"
 #include "model/loader/weight_check.h"
+#include "util/json_file.h"
+#include "util/status_macros.h"
 
 namespace kvserve {
 namespace fs = std::filesystem;
@@ -209,7 +209,8 @@ absl::StatusOr<RopeScaling> ParseRopeScaling(const ConfigReader& r, const json& 
     auto it = rs.find(key);
     if (it == rs.end() || it->is_null()) return fallback;
     if (!it->is_number()) {
-      return r.Bad(absl::StrCat("rope_scaling.", key), absl::StrCat("is not a number: ", it->dump()));
+      return r.Bad(absl::StrCat("rope_scaling.", key),
+                   absl::StrCat("is not a number: ", it->dump()));
     }
     return it->get<float>();
   };
@@ -221,8 +222,8 @@ absl::StatusOr<RopeScaling> ParseRopeScaling(const ConfigReader& r, const json& 
   } else if (type == "llama3") {
     s.type = RopeScalingType::kLlama3;
   } else {
-    return r.Bad("rope_scaling", absl::StrCat("has type '", type,
-                                              "'; supported: linear, dynamic, llama3"));
+    return r.Bad("rope_scaling",
+                 absl::StrCat("has type '", type, "'; supported: linear, dynamic, llama3"));
   }
   KV_ASSIGN_OR_RETURN(s.factor, number("factor", 1.0f));
   if (!(s.factor >= 1.0f)) return r.Bad("rope_scaling.factor", "must be >= 1");
@@ -264,8 +265,9 @@ absl::StatusOr<ModelConfig> ParseHfConfig(const std::string& config_path) {
       if (t == model_type) c.architecture = arch;
     }
     if (c.architecture.empty()) {
-      return r.Bad("model_type", absl::StrCat("'", t, "' is not supported (llama, mistral, "
-                                                      "qwen2, qwen3 are)"));
+      return r.Bad("model_type", absl::StrCat("'", t,
+                                              "' is not supported (llama, mistral, "
+                                              "qwen2, qwen3 are)"));
     }
   } else {
     return r.Bad("architectures", "is missing (and no model_type names a supported one)");
@@ -377,8 +379,9 @@ absl::StatusOr<LlamaWeights> LoadHfDirectory(const std::string& dir, FileAccess 
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& lw = w.layers[l];
     for (size_t i = 0; i < std::size(kHfLayerTensors); ++i) {
-      KV_ASSIGN_OR_RETURN(lw.*kHfLayerTensors[i].member,
-                          src.Get(HfLayerTensorName(l, kHfLayerTensors[i].suffix), layer_shapes[i]));
+      KV_ASSIGN_OR_RETURN(
+          lw.*kHfLayerTensors[i].member,
+          src.Get(HfLayerTensorName(l, kHfLayerTensors[i].suffix), layer_shapes[i]));
     }
     if (c.qkv_bias) {
       const int64_t sizes[] = {q_dim, kv_dim, kv_dim};

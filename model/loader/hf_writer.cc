@@ -231,7 +231,8 @@ absl::Status WriteHfDirectory(const LlamaWeights& w, const std::string& tokenize
       }
     }
     if (c.o_bias) {
-      tensors.push_back({HfLayerTensorName(l, kHfOBiasTensor.suffix), layer.*kHfOBiasTensor.member});
+      tensors.push_back(
+          {HfLayerTensorName(l, kHfOBiasTensor.suffix), layer.*kHfOBiasTensor.member});
     }
     if (c.qk_norm) {
       for (const HfLayerTensor& lt : kHfQkNormTensors) {

@@ -10,8 +10,8 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "model/loader/mapped_file.h"
-#include "util/status_macros.h"
 #include "model/loader/weight_check.h"
+#include "util/status_macros.h"
 
 namespace kvserve {
 namespace {
@@ -37,10 +37,9 @@ class TensorCursor {
     // In 128 bits: a header's int32 sizes can make numel x 4 overflow 64.
     const unsigned __int128 bytes = static_cast<unsigned __int128>(t.numel()) * sizeof(float);
     if (offset_ + bytes > f_.size()) {
-      return absl::DataLossError(absl::StrCat(f_.path(), ": truncated checkpoint: tensor '", name,
-                                              "' needs bytes ", offset_, "..",
-                                              EndString(offset_ + bytes),
-                                              " but the file has ", f_.size()));
+      return absl::DataLossError(
+          absl::StrCat(f_.path(), ": truncated checkpoint: tensor '", name, "' needs bytes ",
+                       offset_, "..", EndString(offset_ + bytes), " but the file has ", f_.size()));
     }
     t.data = reinterpret_cast<const float*>(f_.data() + offset_);
     offset_ += static_cast<size_t>(bytes);
@@ -77,8 +76,8 @@ absl::StatusOr<LlamaWeights> LoadLlama2cCheckpoint(std::shared_ptr<MappedFile> f
     int32_t v;
     std::memcpy(&v, f.data() + 4, 4);
     if (v != 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": llama2.c checkpoint version ", v, " is not supported (only 0 and 1 are)"));
+      return absl::InvalidArgumentError(absl::StrCat(path, ": llama2.c checkpoint version ", v,
+                                                     " is not supported (only 0 and 1 are)"));
     }
     if (f.size() < kV1HeaderBytes) {
       return absl::DataLossError(absl::StrCat(path, ": truncated version-1 header"));
@@ -155,10 +154,10 @@ absl::StatusOr<LlamaWeights> LoadLlama2cCheckpoint(std::shared_ptr<MappedFile> f
     KV_RETURN_IF_ERROR(per_layer("w3", {hid, dim}, &LayerWeights::w_up));
     KV_ASSIGN_OR_RETURN(w.final_norm, cur.Next("rms_final_weight", {dim}));
     // freq_cis_real and freq_cis_imag: RoPE tables we recompute.
-    KV_RETURN_IF_ERROR(cur.Next("freq_cis_real", {c.max_position_embeddings, c.head_dim / 2})
-                           .status());
-    KV_RETURN_IF_ERROR(cur.Next("freq_cis_imag", {c.max_position_embeddings, c.head_dim / 2})
-                           .status());
+    KV_RETURN_IF_ERROR(
+        cur.Next("freq_cis_real", {c.max_position_embeddings, c.head_dim / 2}).status());
+    KV_RETURN_IF_ERROR(
+        cur.Next("freq_cis_imag", {c.max_position_embeddings, c.head_dim / 2}).status());
   } else {
     KV_RETURN_IF_ERROR(per_layer("attention_norm", {dim}, &LayerWeights::attn_norm));
     KV_RETURN_IF_ERROR(per_layer("ffn_norm", {dim}, &LayerWeights::ffn_norm));
@@ -182,8 +181,7 @@ absl::StatusOr<LlamaWeights> LoadLlama2cCheckpoint(std::shared_ptr<MappedFile> f
   return w;
 }
 
-absl::Status WriteLlama2cCheckpoint(const LlamaWeights& w, const std::string& path,
-                                    int version) {
+absl::Status WriteLlama2cCheckpoint(const LlamaWeights& w, const std::string& path, int version) {
   const ModelConfig& c = w.config;
   if (version != 0 && version != 1) {
     return absl::InvalidArgumentError(absl::StrCat("llama2.c version ", version, " unsupported"));
@@ -191,8 +189,13 @@ absl::Status WriteLlama2cCheckpoint(const LlamaWeights& w, const std::string& pa
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot write"));
   const bool shared = c.tie_word_embeddings;
-  int32_t hdr[7] = {c.dim, c.hidden_dim, c.num_layers, c.num_heads, c.num_kv_heads,
-                    shared ? c.vocab_size : -c.vocab_size, c.max_position_embeddings};
+  int32_t hdr[7] = {c.dim,
+                    c.hidden_dim,
+                    c.num_layers,
+                    c.num_heads,
+                    c.num_kv_heads,
+                    shared ? c.vocab_size : -c.vocab_size,
+                    c.max_position_embeddings};
   auto put = [&](const Tensor& t) {
     out.write(reinterpret_cast<const char*>(t.data), t.numel() * sizeof(float));
   };

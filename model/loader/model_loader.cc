@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "model/loader/dummy_model.h"
 #include "model/loader/hf_loader.h"
-#include "model/tokenizer/hf_tokenizer.h"
 #include "model/loader/llama2c_loader.h"
+#include "model/tokenizer/hf_tokenizer.h"
 #include "util/status_macros.h"
 
 namespace kvserve {

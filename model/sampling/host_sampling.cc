@@ -25,17 +25,16 @@ absl::Status ValidateSampleRows(std::span<const SampleRow> rows, size_t out_size
       return absl::InvalidArgumentError(absl::StrCat("Sample: rows[", i, "].params is null"));
     }
     if (r.num_logprobs < -1 || r.num_logprobs > kMaxSampleLogprobs) {
-      return absl::InvalidArgumentError(absl::StrCat("Sample: rows[", i, "].num_logprobs = ",
-                                                     r.num_logprobs, " is outside [-1, ",
-                                                     kMaxSampleLogprobs, "]"));
+      return absl::InvalidArgumentError(absl::StrCat("Sample: rows[", i,
+                                                     "].num_logprobs = ", r.num_logprobs,
+                                                     " is outside [-1, ", kMaxSampleLogprobs, "]"));
     }
   }
   return absl::OkStatus();
 }
 
 absl::Status HostRowSampler::Sample(std::span<const float> logits, int32_t vocab,
-                                    std::span<const SampleRow> rows,
-                                    std::span<SampledToken> out) {
+                                    std::span<const SampleRow> rows, std::span<SampledToken> out) {
   const int64_t num_logits_rows = vocab > 0 ? static_cast<int64_t>(logits.size()) / vocab : 0;
   KV_RETURN_IF_ERROR(ValidateSampleRows(rows, out.size(), num_logits_rows));
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -56,8 +55,8 @@ absl::Status HostRowSampler::Sample(std::span<const float> logits, int32_t vocab
       o.logprob = 0.0f;
       continue;
     }
-    o.token = sampler_.Sample(row_, *r.params, r.prompt, r.output, r.state, &logprobs_,
-                              r.num_logprobs);
+    o.token =
+        sampler_.Sample(row_, *r.params, r.prompt, r.output, r.state, &logprobs_, r.num_logprobs);
     o.logprob = logprobs_.chosen.logprob;
     for (const SampledLogprob& t : logprobs_.top) o.top.emplace_back(t.token, t.logprob);
   }

@@ -25,8 +25,8 @@ class HostRowSampler {
   // logits: [num_logits_rows][vocab]. InvalidArgument names the bad row
   // (logits_index outside the rows, no params, no state for a random draw,
   // num_logprobs above kMaxSampleLogprobs) before anything is drawn.
-  absl::Status Sample(std::span<const float> logits, int32_t vocab,
-                      std::span<const SampleRow> rows, std::span<SampledToken> out);
+  absl::Status Sample(std::span<const float> logits, int32_t vocab, std::span<const SampleRow> rows,
+                      std::span<SampledToken> out);
 
  private:
   Sampler sampler_;

@@ -1,6 +1,5 @@
 #include "model/tokenizer/tokenizer.h"
 
-
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "model/tokenizer/sentencepiece_model.h"
@@ -12,8 +11,7 @@ constexpr std::string_view kSpaceMark = "\xE2\x96\x81";  // U+2581 "▁"
 
 class SentencePieceTokenizer final : public Tokenizer {
  public:
-  explicit SentencePieceTokenizer(std::unique_ptr<SentencePieceModel> sp)
-      : sp_(std::move(sp)) {
+  explicit SentencePieceTokenizer(std::unique_ptr<SentencePieceModel> sp) : sp_(std::move(sp)) {
     const int n = sp_->piece_size();
     bytes_.resize(n);
     for (int id = 0; id < n; ++id) {

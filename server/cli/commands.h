@@ -4,11 +4,11 @@
 
 namespace kvserve::cli {
 
-int RunGenerate(int argc, char** argv);  // server/cli/generate.cc
-int RunConvert(int argc, char** argv);   // server/cli/convert.cc
-int RunServe(int argc, char** argv);     // server/cli/serve.cc
-int RunEvalKv(int argc, char** argv);    // server/cli/eval_kv.cc
-int RunPlan(int argc, char** argv);      // server/cli/plan.cc
+int RunGenerate(int argc, char** argv);      // server/cli/generate.cc
+int RunConvert(int argc, char** argv);       // server/cli/convert.cc
+int RunServe(int argc, char** argv);         // server/cli/serve.cc
+int RunEvalKv(int argc, char** argv);        // server/cli/eval_kv.cc
+int RunPlan(int argc, char** argv);          // server/cli/plan.cc
 int RunTrainEvictor(int argc, char** argv);  // server/cli/train_evictor.cc
 
 }  // namespace kvserve::cli

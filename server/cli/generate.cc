@@ -183,7 +183,8 @@ int RunGenerate(int argc, char** argv) {
   }
 
   // The whole context of one sequence unless --num-blocks says otherwise.
-  ro.num_blocks = opt.num_blocks > 0 ? opt.num_blocks : (max_len + opt.block_size - 1) / opt.block_size;
+  ro.num_blocks =
+      opt.num_blocks > 0 ? opt.num_blocks : (max_len + opt.block_size - 1) / opt.block_size;
   ro.max_model_len = max_len;
   ro.max_num_batched_tokens = max_len;
   absl::StatusOr<std::unique_ptr<ModelRunner>> runner =

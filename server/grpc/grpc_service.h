@@ -98,7 +98,8 @@ class GrpcService {
     // 0: no watchdog. A probe waits at most probe_timeout; probe_failures
     // failures in a row (or one failed accept) restart the server.
     absl::Duration watchdog_interval = absl::Seconds(1);
-    absl::Duration probe_timeout = absl::Seconds(5);  // generous: a loaded host is no stopped listener
+    absl::Duration probe_timeout =
+        absl::Seconds(5);  // generous: a loaded host is no stopped listener
     int32_t probe_failures = 3;
   };
   // The options a ServeConfig asks for.

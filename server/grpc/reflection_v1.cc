@@ -39,8 +39,8 @@ void SetError(v1::ServerReflectionResponse* r, grpc::StatusCode code, const std:
   r->mutable_error_response()->set_error_message(msg);
 }
 
-class Reactor : public grpc::ServerBidiReactor<v1::ServerReflectionRequest,
-                                               v1::ServerReflectionResponse> {
+class Reactor
+    : public grpc::ServerBidiReactor<v1::ServerReflectionRequest, v1::ServerReflectionResponse> {
  public:
   explicit Reactor(const ReflectionV1Service* service) : service_(service) { StartRead(&request_); }
 

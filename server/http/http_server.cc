@@ -69,8 +69,8 @@ HttpResponse ErrorResponse(int status, std::string message, std::string code,
   if (!code.empty()) e["code"] = std::move(code);
   HttpResponse r;
   r.status = status;
-  r.body = nlohmann::json{{"error", std::move(e)}}.dump(
-      -1, ' ', false, nlohmann::json::error_handler_t::replace);
+  r.body = nlohmann::json{{"error", std::move(e)}}.dump(-1, ' ', false,
+                                                        nlohmann::json::error_handler_t::replace);
   return r;
 }
 

@@ -162,16 +162,15 @@ struct HttpService::GenerateCall : std::enable_shared_from_this<GenerateCall> {
   bool started = false;
   bool finished = false;
   std::atomic<bool> drain_posted{false};
-  ClientLimiter::Token client_slot;  // the client's concurrency slot (limits.max_concurrent_per_client)
+  ClientLimiter::Token
+      client_slot;  // the client's concurrency slot (limits.max_concurrent_per_client)
 };
 
 HttpService::HttpService(ServingState* state, Options options)
     : state_(state),
       options_(std::move(options)),
       created_(UnixNow()),
-      keys_(options_.api_keys != nullptr
-                ? options_.api_keys
-                : state->api_keys()) {
+      keys_(options_.api_keys != nullptr ? options_.api_keys : state->api_keys()) {
   HttpServer::Options o;
   o.host = options_.host;
   o.port = options_.port;

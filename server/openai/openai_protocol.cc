@@ -6,18 +6,17 @@
 #include <variant>
 
 #include "absl/strings/str_cat.h"
-#include "util/field_status.h"
 #include "scheduler/detokenizer.h"
 #include "scheduler/request_validation.h"
 #include "server/client_limiter.h"
 #include "server/openai/json_body.h"
 #include "server/request_budget.h"
+#include "util/field_status.h"
 
 namespace kvserve {
 namespace {
 
 using json = nlohmann::json;
-
 
 #define API_TRY(expr)                                               \
   do {                                                              \
@@ -148,11 +147,11 @@ std::optional<ApiError> ParseSampling(const json& body, ApiRequest* r) {
     const char* name;
     float* dest;
   };
-  for (const NumberParam& p : {NumberParam{"temperature", &s.temperature},
-                               NumberParam{"top_p", &s.top_p}, NumberParam{"min_p", &s.min_p},
-                               NumberParam{"repetition_penalty", &s.repetition_penalty},
-                               NumberParam{"presence_penalty", &s.presence_penalty},
-                               NumberParam{"frequency_penalty", &s.frequency_penalty}}) {
+  for (const NumberParam& p :
+       {NumberParam{"temperature", &s.temperature}, NumberParam{"top_p", &s.top_p},
+        NumberParam{"min_p", &s.min_p}, NumberParam{"repetition_penalty", &s.repetition_penalty},
+        NumberParam{"presence_penalty", &s.presence_penalty},
+        NumberParam{"frequency_penalty", &s.frequency_penalty}}) {
     d.reset();
     API_TRY(GetNumber(body, p.name, &d));
     if (d) *p.dest = static_cast<float>(*d);
@@ -568,15 +567,15 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
   }
   API_TRY(ParsePrompt(kind, j, body, ctx, limits, &r));
   const int64_t prompt_len = static_cast<int64_t>(g.prompt_token_ids.size());
-  const std::string& policy = g.kv_policy.policy.empty() ? ctx.default_kv_policy
-                                                         : g.kv_policy.policy;
+  const std::string& policy =
+      g.kv_policy.policy.empty() ? ctx.default_kv_policy : g.kv_policy.policy;
   // These keep every relative position within their budget (the engine
   // checks the rest).
   const bool unbounded = policy == "streaming" || policy == "sliding_window";
   if (unbounded) {
     if (!max_tokens) {
-      max_tokens = kind == ApiKind::kChat ? std::max<int64_t>(16, ctx.max_model_len - prompt_len)
-                                          : 16;
+      max_tokens =
+          kind == ApiKind::kChat ? std::max<int64_t>(16, ctx.max_model_len - prompt_len) : 16;
     }
   } else if (prompt_len >= ctx.max_model_len) {
     ApiError e = InvalidRequest(

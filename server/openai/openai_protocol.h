@@ -38,10 +38,10 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "model/chat/chat_template.h"
 #include "model/tokenizer/tokenizer.h"
 #include "scheduler/request.h"
 #include "scheduler/request_validation.h"
-#include "model/chat/chat_template.h"
 
 namespace kvserve {
 

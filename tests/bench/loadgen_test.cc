@@ -349,9 +349,8 @@ class FakeClient : public Client {
       f_->peak = std::max(f_->peak, ++f_->in_flight);
       if (++f_->arrived <= f_->wave) {
         // Arrivals, not in_flight: the last of the wave leaves at once.
-        auto met = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(f_->mu) {
-          return f_->arrived >= f_->wave;
-        };
+        auto met = [this]()
+                       ABSL_EXCLUSIVE_LOCKS_REQUIRED(f_->mu) { return f_->arrived >= f_->wave; };
         f_->wave_met = f_->mu.AwaitWithTimeout(absl::Condition(&met), absl::Seconds(30));
       }
       --f_->in_flight;

@@ -13,8 +13,8 @@
 #include <string>
 
 #include "fuzz_util.h"
-#include "model/tokenizer/tokenizer.h"
 #include "model/chat/chat_template.h"
+#include "model/tokenizer/tokenizer.h"
 #include "server/openai/openai_protocol.h"
 #include "tests/test_util.h"
 
@@ -70,8 +70,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool unbounded =
       g.kv_policy.policy == "streaming" || g.kv_policy.policy == "sliding_window";
   FUZZ_CHECK(g.max_tokens >= 1);
-  FUZZ_CHECK(unbounded || static_cast<int64_t>(g.prompt_token_ids.size()) + g.max_tokens <=
-                              ctx.max_model_len);
+  FUZZ_CHECK(unbounded ||
+             static_cast<int64_t>(g.prompt_token_ids.size()) + g.max_tokens <= ctx.max_model_len);
   for (int32_t id : g.prompt_token_ids) {
     FUZZ_CHECK(id >= 0 && id < ctx.tokenizer->vocab_size());
   }

@@ -14,8 +14,8 @@
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kvserve;
-  auto file = MappedFile::FromBytes(
-      "fuzz.safetensors", std::string(reinterpret_cast<const char*>(data), size));
+  auto file = MappedFile::FromBytes("fuzz.safetensors",
+                                    std::string(reinterpret_cast<const char*>(data), size));
   auto st = SafetensorsFile::Open(file);
   if (!st.ok()) {
     FUZZ_CHECK(!st.status().message().empty());

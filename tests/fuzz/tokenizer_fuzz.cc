@@ -37,10 +37,11 @@ State* Init() {
   auto sp = Tokenizer::LoadSentencePiece(testing::Stories260kTokenizer());
   FUZZ_CHECK(sp.ok());
   s->sentencepiece = *std::move(sp);
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("kvserve-fuzz-bpe-" + std::to_string(::getpid())))
-                              .string();
-  auto bpe = LoadTokenizerJson(testing::WriteJson(dir, "tokenizer.json", testing::TinyBpeTokenizerJson()));
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / ("kvserve-fuzz-bpe-" + std::to_string(::getpid())))
+          .string();
+  auto bpe =
+      LoadTokenizerJson(testing::WriteJson(dir, "tokenizer.json", testing::TinyBpeTokenizerJson()));
   std::filesystem::remove_all(dir);
   FUZZ_CHECK(bpe.ok());
   s->bpe = std::move(bpe->tokenizer);

@@ -64,8 +64,7 @@ void WriteLlama3Tiny(const std::string& dir, const fs::path& tok_dir) {
 
 TEST_CASE("Daemon: a Llama-3-shaped HF directory with the real tokenizer and chat template",
           "[integration][npm]") {
-  testing::NpmWorkdir npm("tests/model/node", {"package.json", "package-lock.json"},
-                          "llama3-tiny");
+  testing::NpmWorkdir npm("tests/model/node", {"package.json", "package-lock.json"}, "llama3-tiny");
   if (!npm.has_node()) {
     WARN("node/npm not installed (Debian packages nodejs, npm): skipping");
     return;
@@ -78,7 +77,8 @@ TEST_CASE("Daemon: a Llama-3-shaped HF directory with the real tokenizer and cha
   const std::string model_dir = (work / "llama3-tiny").string();
   WriteLlama3Tiny(model_dir, tok_dir);
 
-  testing::DaemonProcess d({"model.path=" + model_dir, "model.tokenizer=", "model.name=llama3-tiny"});
+  testing::DaemonProcess d(
+      {"model.path=" + model_dir, "model.tokenizer=", "model.name=llama3-tiny"});
   httplib::Client c = d.Client();
   const json chat = {{"model", "llama3-tiny"},
                      {"messages", {{{"role", "user"}, {"content", "Hello!"}}}},
@@ -111,7 +111,9 @@ TEST_CASE("Daemon: a Llama-3-shaped HF directory with the real tokenizer and cha
   }
   SECTION("the completions endpoint tokenizes with the byte-level BPE") {
     auto r = c.Post("/v1/completions",
-                    json{{"model", "llama3-tiny"}, {"prompt", "Hello world"}, {"max_tokens", 1},
+                    json{{"model", "llama3-tiny"},
+                         {"prompt", "Hello world"},
+                         {"max_tokens", 1},
                          {"temperature", 0}}
                         .dump(),
                     "application/json");

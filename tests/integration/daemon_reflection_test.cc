@@ -21,17 +21,18 @@ namespace {
 namespace rv1 = grpc::reflection::v1;
 
 // Sends each request on one stream of `method` and returns the answers.
-std::vector<rv1::ServerReflectionResponse> Ask(const std::string& target, const char* method,
-                                               const std::vector<rv1::ServerReflectionRequest>& reqs) {
+std::vector<rv1::ServerReflectionResponse> Ask(
+    const std::string& target, const char* method,
+    const std::vector<rv1::ServerReflectionRequest>& reqs) {
   auto channel = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
   const grpc::internal::RpcMethod rpc(method, grpc::internal::RpcMethod::BIDI_STREAMING, channel);
-  std::unique_ptr<grpc::ClientReaderWriter<rv1::ServerReflectionRequest,
-                                           rv1::ServerReflectionResponse>>
+  std::unique_ptr<
+      grpc::ClientReaderWriter<rv1::ServerReflectionRequest, rv1::ServerReflectionResponse>>
       stream(grpc::internal::ClientReaderWriterFactory<
              rv1::ServerReflectionRequest, rv1::ServerReflectionResponse>::Create(channel.get(),
-                                                                                   rpc, &ctx));
+                                                                                  rpc, &ctx));
   std::vector<rv1::ServerReflectionResponse> out;
   for (const auto& r : reqs) {
     REQUIRE(stream->Write(r));
@@ -56,7 +57,8 @@ TEST_CASE("Daemon: server reflection v1 and v1alpha describe the API", "[integra
     INFO(method);
     const auto answers = Ask(d.grpc_target(), method, {list, symbol, missing});
     std::vector<std::string> services;
-    for (const auto& s : answers[0].list_services_response().service()) services.push_back(s.name());
+    for (const auto& s : answers[0].list_services_response().service())
+      services.push_back(s.name());
     REQUIRE(std::find(services.begin(), services.end(), "kvserve.v1.Generation") != services.end());
     REQUIRE(std::find(services.begin(), services.end(), "grpc.health.v1.Health") != services.end());
 

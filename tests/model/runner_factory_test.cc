@@ -87,8 +87,7 @@ TEST_CASE("The CPU runner: pool sized by the plan, fp32 only", "[model]") {
   }
 }
 
-TEST_CASE("The CPU runner with int4_kc: per-layer formats, tails off the budget first",
-          "[model]") {
+TEST_CASE("The CPU runner with int4_kc: per-layer formats, tails off the budget first", "[model]") {
   RunnerOptions o;
   o.kv_dtype = *KvDtypeSpec::Parse("int8,int4_kc*,int8");
   o.max_num_seqs = 3;

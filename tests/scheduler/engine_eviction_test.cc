@@ -221,7 +221,8 @@ TEST_CASE("An evicting request's greedy tokens equal EvictingSequence's, slot mo
   setup.block_size = 4;
   setup.num_blocks = 256;
   auto engine = MakeEngine(setup);
-  const std::vector<int32_t> prompt = Stories().tokenizer->Encode(testing::DevStories()[3].substr(0, 300), true);
+  const std::vector<int32_t> prompt =
+      Stories().tokenizer->Encode(testing::DevStories()[3].substr(0, 300), true);
   constexpr int32_t kNew = 150;
   GenerateRequest req;
   req.prompt_token_ids = prompt;
@@ -244,8 +245,7 @@ TEST_CASE("An evicting request's greedy tokens equal EvictingSequence's, slot mo
   params.budget = c.budget;
   if (c.sinks >= 0) params.sink_tokens = c.sinks;
   REQUIRE(params.Validate(kEvictionRequestFields).ok());
-  EvictingSequence seq(**runner, MakeEvictionPolicy(c.kind), params,
-                       c.budget + setup.block_size);
+  EvictingSequence seq(**runner, MakeEvictionPolicy(c.kind), params, c.budget + setup.block_size);
   std::vector<int32_t> stream = prompt;
   std::vector<int32_t> want;
   std::vector<float> logits;
@@ -319,8 +319,7 @@ TEST_CASE("A model's own sliding window: the policy takes it and holds window / 
   }
   REQUIRE(tokens.size() == 120);
   CHECK(max_active <= 64 / 16 + 1);
-  CHECK(engine->GetStats().kv_evictions[static_cast<int>(EvictionPolicyKind::kSlidingWindow)] >
-        0);
+  CHECK(engine->GetStats().kv_evictions[static_cast<int>(EvictionPolicyKind::kSlidingWindow)] > 0);
   // (The model attends only its window anyway, so its logits are those of
   // keeping everything up to the order of summation; eviction_forward_test
   // checks that. Greedy tokens may still differ where two are near-tied.)

@@ -21,11 +21,11 @@
 #include "cache/kv_dtype_spec.h"
 #include "model/cpu/cpu_model_runner.h"
 #include "model/loader/model_loader.h"
-#include "util/field_status.h"
 #include "scheduler/detokenizer.h"
 #include "tests/engine_harness.h"
 #include "tests/test_util.h"
 #include "util/clock.h"
+#include "util/field_status.h"
 
 namespace kvserve {
 namespace {
@@ -36,7 +36,7 @@ struct Setup : testing::EngineSetup {
   KvDtypeSpec kv_dtype = KvDtype::kFp32;
   std::function<void(const RequestMetrics&)> on_finished;
   std::vector<int32_t> model_stop_ids;  // ModelConfig::stop_ids
-  std::shared_ptr<const Clock> clock;    // null: the real clock
+  std::shared_ptr<const Clock> clock;   // null: the real clock
 };
 
 std::unique_ptr<Engine> MakeEngine(const Setup& s) {

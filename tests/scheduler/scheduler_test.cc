@@ -37,7 +37,8 @@ class Fixture {
     req->params.priority = priority;
     req->params.n = 1;
     for (int32_t i = 0; i < prompt_len; ++i) req->prompt_ids.push_back(100 + i);
-    req->samples.push_back(std::make_unique<Sequence>(next_id_++, req.get(), 0, 1, tokenizer_.get()));
+    req->samples.push_back(
+        std::make_unique<Sequence>(next_id_++, req.get(), 0, 1, tokenizer_.get()));
     Sequence* seq = req->samples.back().get();
     requests_.push_back(std::move(req));
     scheduler_.AddWaiting(seq);

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
-#include "util/field_status.h"
 #include "scheduler/engine.h"
+#include "util/field_status.h"
 
 namespace kvserve::testing {
 

@@ -69,8 +69,7 @@ StagingShape PaddedDecodeShape(int32_t bucket, int32_t max_blocks_per_seq,
 
 bool IsPureDecode(const BatchInput& batch) {
   const int32_t B = batch.num_seqs();
-  if (B == 0 || batch.num_tokens() != B ||
-      static_cast<int32_t>(batch.logits_rows.size()) != B) {
+  if (B == 0 || batch.num_tokens() != B || static_cast<int32_t>(batch.logits_rows.size()) != B) {
     return false;
   }
   for (int32_t b = 0; b < B; ++b) {
@@ -101,9 +100,9 @@ absl::Status FillBatchStaging(const BatchInput& batch, std::span<const int32_t> 
   // Each padded sequence owns exactly one padded row, and padded logits
   // rows name padded rows.
   if (s.num_tokens - T != s.num_seqs - B) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "batch staging: ", s.num_tokens - T, " padding rows for ", s.num_seqs - B,
-        " padding sequences; each padding sequence has exactly one row"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("batch staging: ", s.num_tokens - T, " padding rows for ", s.num_seqs - B,
+                     " padding sequences; each padding sequence has exactly one row"));
   }
   if (s.num_logits_rows - R > s.num_tokens - T) {
     return DoesNotFit("the padding logits row count", s.num_logits_rows - R, s.num_tokens - T);

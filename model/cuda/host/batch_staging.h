@@ -45,11 +45,11 @@ inline constexpr int64_t kStagingAlign = 16;
 
 // The sizes a layout is made for (padded or not).
 struct StagingShape {
-  int32_t num_tokens = 0;        // T
-  int32_t num_seqs = 0;          // B
+  int32_t num_tokens = 0;          // T
+  int32_t num_seqs = 0;            // B
   int32_t block_table_stride = 0;  // entries per block table row
-  int32_t num_logits_rows = 0;   // R
-  int32_t attention_words = 0;   // W
+  int32_t num_logits_rows = 0;     // R
+  int32_t attention_words = 0;     // W
 
   friend bool operator==(const StagingShape&, const StagingShape&) = default;
 };
@@ -79,10 +79,10 @@ StagingShape PaddedDecodeShape(int32_t bucket, int32_t max_blocks_per_seq,
 // logits (a pure decode step, the only kind replayed from a graph).
 bool IsPureDecode(const BatchInput& batch);
 
-// Writes every section of `layout` into dst[0, layout.total_bytes). The batch must fit the layout's shape (T, B, R
-// and its block table width at most the shape's, attention words at most W);
-// rows past the batch are padding as described above, bytes between sections
-// are zero. InvalidArgument names what does not fit.
+// Writes every section of `layout` into dst[0, layout.total_bytes). The batch must fit the layout's
+// shape (T, B, R and its block table width at most the shape's, attention words at most W); rows
+// past the batch are padding as described above, bytes between sections are zero. InvalidArgument
+// names what does not fit.
 absl::Status FillBatchStaging(const BatchInput& batch, std::span<const int32_t> attention_words,
                               const StagingLayout& layout, std::span<uint8_t> dst);
 

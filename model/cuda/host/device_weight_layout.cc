@@ -47,8 +47,8 @@ absl::StatusOr<std::vector<WeightPiece>> PlanWeightPieces(const LlamaWeights& w,
   const ModelConfig& c = w.config;
   if (static_cast<int>(w.layers.size()) != c.num_layers ||
       static_cast<int>(l.layers.size()) != c.num_layers) {
-    return absl::InvalidArgumentError(absl::StrCat("weights: ", w.layers.size(),
-                                                   " layers, the config says ", c.num_layers));
+    return absl::InvalidArgumentError(
+        absl::StrCat("weights: ", w.layers.size(), " layers, the config says ", c.num_layers));
   }
   const bool generated = w.dummy_seed.has_value();
   if (generated && (c.qkv_bias || c.o_bias || c.qk_norm)) {
@@ -66,8 +66,8 @@ absl::StatusOr<std::vector<WeightPiece>> PlanWeightPieces(const LlamaWeights& w,
     if (!status.ok()) return;
     const int64_t numel = rows * m.cols;
     if (t.numel() != numel) {
-      status = absl::InvalidArgumentError(absl::StrCat(
-          "weights: ", name, " has ", t.numel(), " elements, the config needs ", numel));
+      status = absl::InvalidArgumentError(absl::StrCat("weights: ", name, " has ", t.numel(),
+                                                       " elements, the config needs ", numel));
       return;
     }
     WeightPiece p;
@@ -90,10 +90,9 @@ absl::StatusOr<std::vector<WeightPiece>> PlanWeightPieces(const LlamaWeights& w,
     if (!status.ok()) return;
     if (t.numel() != numel || t.data == nullptr) {
       status = absl::InvalidArgumentError(
-          t.data == nullptr
-              ? absl::StrCat("weights: ", name, " is missing")
-              : absl::StrCat("weights: ", name, " has ", t.numel(), " elements, the config needs ",
-                             numel));
+          t.data == nullptr ? absl::StrCat("weights: ", name, " is missing")
+                            : absl::StrCat("weights: ", name, " has ", t.numel(),
+                                           " elements, the config needs ", numel));
       return;
     }
     WeightPiece p;

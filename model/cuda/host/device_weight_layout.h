@@ -61,12 +61,12 @@ struct DeviceWeightLayout {
 DeviceWeightLayout PlanDeviceWeights(const ModelConfig& config, int64_t elem_bytes);
 
 struct WeightPiece {
-  std::string name;            // "layers.3.wk"
+  std::string name;  // "layers.3.wk"
   int64_t numel = 0;
-  int64_t dst_offset = 0;      // bytes from the arena start
-  const float* host = nullptr; // fp32 values; null when generated
-  int64_t dummy_index = -1;    // generated: stream element of the first value
-  bool ones = false;           // generated: all 1 (dummy norm weights)
+  int64_t dst_offset = 0;       // bytes from the arena start
+  const float* host = nullptr;  // fp32 values; null when generated
+  int64_t dummy_index = -1;     // generated: stream element of the first value
+  bool ones = false;            // generated: all 1 (dummy norm weights)
 };
 
 // Every piece of `weights` in upload order (each arena byte is written by

@@ -26,9 +26,9 @@
 #include "model/cpu/cpu_model_runner.h"
 #include "model/cuda/host/device_weight_layout.h"
 #include "model/loader/dummy_model.h"
-#include "model/sampling/host_sampling.h"
 #include "model/loader/model_loader.h"
 #include "model/runner_factory.h"
+#include "model/sampling/host_sampling.h"
 #include "scheduler/engine.h"
 #include "tests/engine_harness.h"
 #include "tests/test_util.h"
@@ -87,8 +87,8 @@ TestEngine MakeEngine(const Setup& s) {
 }
 
 // Requests with random dev-set prompts, as the CPU engine tests make them.
-std::vector<GenerateRequest> RandomGreedy(uint32_t seed, int count, size_t max_chars,
-                                          int max_new, bool some_ignore_eos) {
+std::vector<GenerateRequest> RandomGreedy(uint32_t seed, int count, size_t max_chars, int max_new,
+                                          bool some_ignore_eos) {
   std::mt19937 rng(seed);
   std::vector<GenerateRequest> reqs;
   for (int i = 0; i < count; ++i) {
@@ -125,8 +125,7 @@ TEST_CASE("[gpu] stories260K with fp32 weights and KV reproduces the golden text
   }
 }
 
-TEST_CASE("[gpu] fp16, int8 and k8v4 KV give the CPU backend's first 100 greedy tokens",
-          "[gpu]") {
+TEST_CASE("[gpu] fp16, int8 and k8v4 KV give the CPU backend's first 100 greedy tokens", "[gpu]") {
   std::vector<GenerateRequest> reqs = RandomGreedy(77, 6, 200, 1, false);
   reqs.insert(reqs.begin(), Greedy("", 1));  // BOS alone
   for (GenerateRequest& r : reqs) {
@@ -175,7 +174,7 @@ TEST_CASE("[gpu] 64 concurrent greedy requests give the CPU backend's tokens", "
       }
       const EngineStats st = g.engine->GetStats();
       REQUIRE(st.preemptions == 0);
-      REQUIRE(st.batched_seqs > 8 * st.steps);  // really batched
+      REQUIRE(st.batched_seqs > 8 * st.steps);      // really batched
       REQUIRE(g.cuda->counters().graph_steps > 0);  // pure decode steps replayed graphs
       REQUIRE(g.cuda->counters().eager_steps > 0);  // prefill and mixed steps did not
       RequireAllBlocksFree(*g.engine);
@@ -325,7 +324,8 @@ BatchInput MakeBatch(std::vector<ManualSeq*> seqs, std::vector<int32_t> rows, in
   BatchInput b;
   b.Clear();
   int32_t width = 0;
-  for (ManualSeq* s : seqs) width = std::max<int32_t>(width, static_cast<int32_t>(s->blocks.size()));
+  for (ManualSeq* s : seqs)
+    width = std::max<int32_t>(width, static_cast<int32_t>(s->blocks.size()));
   b.max_blocks_per_seq = width;
   for (size_t k = 0; k < seqs.size(); ++k) {
     ManualSeq& s = *seqs[k];
@@ -372,9 +372,9 @@ TEST_CASE("[gpu] logits of prefill, decode and mixed batches match the CPU runne
       std::unique_ptr<ModelRunner> c = MakeRunner(cpu);
       const double tol = std::string(dtype) == "fp32" ? 2e-3 : 1.0;
       const Tokenizer& tok = *Stories().tokenizer;
-      ManualSeq a{Cycled(tok.Encode("Once upon a time, there was a little girl named Lily.", true),
-                         32),
-                  {0, 1}};
+      ManualSeq a{
+          Cycled(tok.Encode("Once upon a time, there was a little girl named Lily.", true), 32),
+          {0, 1}};
       ManualSeq b{Cycled(tok.Encode("The dog ran", true), 16), {2}};
       ManualSeq d{Cycled(tok.Encode("Tom and Sue went to the park to play with a ball.", true), 32),
                   {3, 4}};
@@ -390,8 +390,8 @@ TEST_CASE("[gpu] logits of prefill, decode and mixed batches match the CPU runne
         REQUIRE(c->Forward(bc, lc).ok());
         RequireLogitsClose(lg, lc, tol);
       };
-      step({&a, &b}, {&a2, &b2}, {10, 3});                // two prefills
-      step({&a, &b}, {&a2, &b2}, {1, 1});                 // decode
+      step({&a, &b}, {&a2, &b2}, {10, 3});             // two prefills
+      step({&a, &b}, {&a2, &b2}, {1, 1});              // decode
       step({&a, &b, &d}, {&a2, &b2, &d2}, {1, 1, 9});  // mixed: decodes + a prefill chunk
       step({&d, &a}, {&d2, &a2}, {6, 1});              // more of d, one more of a
       for (int i = 0; i < 3; ++i) step({&a, &b, &d}, {&a2, &b2, &d2}, {1, 1, 1});
@@ -407,9 +407,8 @@ TEST_CASE("[gpu] device sampling: greedy, logprobs, seeded draws, shared logits 
   const Tokenizer& tok = *Stories().tokenizer;
   ManualSeq a{tok.Encode("Once upon a time", true), {0}};
   ManualSeq b{tok.Encode("Lily saw a bird", true), {1}};
-  BatchInput batch = MakeBatch({&a, &b}, {static_cast<int32_t>(a.tokens.size()),
-                                          static_cast<int32_t>(b.tokens.size())},
-                               16);
+  BatchInput batch = MakeBatch(
+      {&a, &b}, {static_cast<int32_t>(a.tokens.size()), static_cast<int32_t>(b.tokens.size())}, 16);
   REQUIRE(r->Forward(batch).ok());
   std::vector<float> logits(2 * 512);
   REQUIRE(r->ReadLogits(logits).ok());
@@ -527,8 +526,7 @@ TEST_CASE("[gpu] dummy weights generated on the device equal the host loader's",
   REQUIRE(std::memcmp(la.data(), lb.data(), la.size() * 4) == 0);
 }
 
-TEST_CASE("[gpu] the KV pool is sized after the weights and a measured activation peak",
-          "[gpu]") {
+TEST_CASE("[gpu] the KV pool is sized after the weights and a measured activation peak", "[gpu]") {
   Setup s;
   s.num_blocks = 0;
   RunnerOptions o = OptionsOf(s);
@@ -561,8 +559,9 @@ TEST_CASE("[gpu] the KV pool is sized after the weights and a measured activatio
     RunnerOptions far = o;
     far.device = "cuda:99";
     absl::StatusOr<std::unique_ptr<ModelRunner>> r3 = CreateModelRunner(Stories().weights, far);
-    REQUIRE(std::string(r3.status().message()).rfind("model.device: cuda:99: this machine has ", 0) ==
-            0);
+    REQUIRE(
+        std::string(r3.status().message()).rfind("model.device: cuda:99: this machine has ", 0) ==
+        0);
   }
 }
 

@@ -87,7 +87,8 @@ std::vector<Variant> Variants() {
 
 // Logits of every token of `ids`: a 12-token prefill, a 9-token chunk after
 // it, then single decode steps, with the K/V cache in between.
-std::vector<std::vector<float>> KvserveLogits(const LlamaWeights& w, const std::vector<int32_t>& ids) {
+std::vector<std::vector<float>> KvserveLogits(const LlamaWeights& w,
+                                              const std::vector<int32_t>& ids) {
   CpuRunnerOptions opt;
   opt.block_size = 16;
   opt.num_blocks = 8;
@@ -115,7 +116,8 @@ std::vector<std::vector<float>> KvserveLogits(const LlamaWeights& w, const std::
     std::vector<float> logits(static_cast<size_t>(n) * vocab);
     REQUIRE((*runner)->Forward(b, logits).ok());
     for (int32_t r = 0; r < n; ++r) {
-      out.emplace_back(logits.begin() + int64_t{r} * vocab, logits.begin() + int64_t{r + 1} * vocab);
+      out.emplace_back(logits.begin() + int64_t{r} * vocab,
+                       logits.begin() + int64_t{r + 1} * vocab);
     }
     done += n;
   }
@@ -150,9 +152,7 @@ TEST_CASE("HF variants: logits equal an independent numpy reference forward", "[
       REQUIRE(lc.rope_scaling.factor == v.config.rope_scaling.factor);
 
       const std::vector<std::vector<float>> got = KvserveLogits(*loaded, ids);
-      {
-        std::ofstream(dir + "/ids.json") << nlohmann::json(ids).dump();
-      }
+      { std::ofstream(dir + "/ids.json") << nlohmann::json(ids).dump(); }
       std::string out;
       const int rc = testing::RunShell(python + " " + testing::ShellQuote(script) + " " +
                                            testing::ShellQuote(dir) + " " +

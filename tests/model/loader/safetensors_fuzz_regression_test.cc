@@ -46,7 +46,8 @@ TEST_CASE("A safetensors shape whose byte size overflows 64 bits is refused", "[
   SECTION("2^61 I64 elements (2^64 bytes) too") {
     auto st = SafetensorsFile::Open(MappedFile::FromBytes(
         "fuzz.safetensors",
-        File(R"({"b": {"dtype": "I64", "shape": [2, 1152921504606846976], "data_offsets": [0, 0]}})")));
+        File(
+            R"({"b": {"dtype": "I64", "shape": [2, 1152921504606846976], "data_offsets": [0, 0]}})")));
     REQUIRE(st.status().message() ==
             "fuzz.safetensors: tensor 'b': shape [2, 1152921504606846976] of dtype I64 needs more "
             "than 2^64 bytes but data_offsets [0, 0] span 0");

@@ -71,7 +71,8 @@ TEST_CASE("Host sampling: malformed rows are named before anything is drawn", "[
   HostRowSampler sampler;
   auto message = [&] { return std::string(sampler.Sample(logits, 4, rows, out).message()); };
   rows[0].logits_index = 2;
-  REQUIRE(message() == "Sample: rows[0].logits_index = 2 is outside the last batch's 2 logits rows");
+  REQUIRE(message() ==
+          "Sample: rows[0].logits_index = 2 is outside the last batch's 2 logits rows");
   rows[0].logits_index = 1;
   rows[0].num_logprobs = 21;
   REQUIRE(message() == "Sample: rows[0].num_logprobs = 21 is outside [-1, 20]");

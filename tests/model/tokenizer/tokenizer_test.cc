@@ -15,8 +15,9 @@ TEST_CASE("SentencePiece tokenizer round-trips text", "[model]") {
   REQUIRE(t.bos_id() == 1);
   REQUIRE(t.eos_id() == 2);
 
-  for (std::string text : {"Once upon a time, there was a little girl named Lily.",
-                           "She said, \"I'm sorry, mom.\"", "caf\xC3\xA9 \xE2\x9C\x93 \xF0\x9F\x98\x80"}) {
+  for (std::string text :
+       {"Once upon a time, there was a little girl named Lily.", "She said, \"I'm sorry, mom.\"",
+        "caf\xC3\xA9 \xE2\x9C\x93 \xF0\x9F\x98\x80"}) {
     std::vector<int32_t> ids = t.Encode(text, /*add_bos=*/true);
     REQUIRE(ids.front() == 1);
     REQUIRE(t.Decode(ids) == text);

@@ -51,20 +51,22 @@ TEST_CASE("Request bodies nested too deep are refused before they reach the stac
   SECTION("the limit: 64 levels counting the body's own object") {
     // body (1) + chat_template_kwargs (1) + 62 arrays: the 1 sits at level 64.
     const std::string ok = R"({"messages": [{"role": "user", "content": "x"}], )"
-                           R"("chat_template_kwargs": {"x": )" + NestedArrays(62) + "}}";
+                           R"("chat_template_kwargs": {"x": )" +
+                           NestedArrays(62) + "}}";
     std::optional<ApiError> e = ParseApiRequest(ApiKind::kChat, ok, f.ctx(), &r);
     INFO((e ? e->message : ""));
     REQUIRE_FALSE(e.has_value());
     const std::string deep = R"({"messages": [{"role": "user", "content": "x"}], )"
-                             R"("chat_template_kwargs": {"x": )" + NestedArrays(63) + "}}";
+                             R"("chat_template_kwargs": {"x": )" +
+                             NestedArrays(63) + "}}";
     e = ParseApiRequest(ApiKind::kChat, deep, f.ctx(), &r);
     REQUIRE(e.has_value());
     REQUIRE(e->message == "the JSON body is nested more than 64 levels deep");
   }
   SECTION("completions too") {
-    std::optional<ApiError> e = ParseApiRequest(
-        ApiKind::kCompletion, R"({"prompt": "x", "extra": )" + NestedObjects(70) + "}", f.ctx(),
-        &r);
+    std::optional<ApiError> e =
+        ParseApiRequest(ApiKind::kCompletion,
+                        R"({"prompt": "x", "extra": )" + NestedObjects(70) + "}", f.ctx(), &r);
     REQUIRE(e.has_value());
     REQUIRE(e->message == "the JSON body is nested more than 64 levels deep");
   }
@@ -75,13 +77,12 @@ TEST_CASE("Tool call arguments nested too deep reach a template as the string se
   REQUIRE(hf.ok());
   const ChatTemplate t = ChatTemplate::FromCheckpoint(**hf);
   auto render = [&](const std::string& arguments) {
-    nlohmann::ordered_json fields = {
-        {"role", "assistant"},
-        {"content", nullptr},
-        {"tool_calls",
-         {{{"id", "c1"},
-           {"type", "function"},
-           {"function", {{"name", "f"}, {"arguments", arguments}}}}}}};
+    nlohmann::ordered_json fields = {{"role", "assistant"},
+                                     {"content", nullptr},
+                                     {"tool_calls",
+                                      {{{"id", "c1"},
+                                        {"type", "function"},
+                                        {"function", {{"name", "f"}, {"arguments", arguments}}}}}}};
     ChatMessage m("assistant", "", fields);
     absl::StatusOr<std::string> s = t.Render({&m, 1});
     REQUIRE(s.ok());

@@ -221,7 +221,8 @@ TEST_CASE("Bad requests name the field, OpenAI style", "[server]") {
        "'max_tokens' must be an integer, got a number"},
       {C, R"({"prompt": "a", "n": 0})", "n", "n must be in [1, 64], got 0"},
       {C, R"({"prompt": "a", "stop": ["1","2","3","4","5","6","7","8","9","10","11","12","13",
-          "14","15","16","17"]})", "stop", "stop has 17 strings, at most 16 are allowed"},
+          "14","15","16","17"]})",
+       "stop", "stop has 17 strings, at most 16 are allowed"},
       {C, R"({"prompt": "a", "stop": 5})", "stop",
        "'stop' must be a string or an array of strings, got an integer"},
       {C, R"({"prompt": "a", "stop": ["x", 1]})", "stop",
@@ -229,7 +230,8 @@ TEST_CASE("Bad requests name the field, OpenAI style", "[server]") {
       {C, R"({"prompt": "a", "logprobs": 21})", "logprobs",
        "logprobs must be -1 (off) or in [0, 20], got 21"},
       {H, R"({"messages": [{"role": "user", "content": "x"}], "logprobs": true,
-          "top_logprobs": 21})", "top_logprobs", "logprobs must be -1 (off) or in [0, 20], got 21"},
+          "top_logprobs": 21})",
+       "top_logprobs", "logprobs must be -1 (off) or in [0, 20], got 21"},
       {C, R"({"prompt": "a", "presence_penalty": 3})", "presence_penalty",
        "presence_penalty must be in [-2, 2], got 3"},
       {C, R"({"prompt": "a", "top_k": -2})", "top_k",
@@ -342,11 +344,11 @@ TEST_CASE("kv_policy is a policy name or an object, and bad fields are named", "
   }
   // streaming and sliding_window may run past max_model_len (64 here); the
   // others may not.
-  REQUIRE(Parse(ApiKind::kCompletion,
-                R"({"prompt": "a", "max_tokens": 100, "kv_policy": "streaming"})")
-              .request.max_tokens == 100);
-  const ApiError bounded = ParseError(
-      ApiKind::kCompletion, R"({"prompt": "a", "max_tokens": 100, "kv_policy": "h2o"})");
+  REQUIRE(
+      Parse(ApiKind::kCompletion, R"({"prompt": "a", "max_tokens": 100, "kv_policy": "streaming"})")
+          .request.max_tokens == 100);
+  const ApiError bounded =
+      ParseError(ApiKind::kCompletion, R"({"prompt": "a", "max_tokens": 100, "kv_policy": "h2o"})");
   REQUIRE(bounded.code == "context_length_exceeded");
   // The engine's own checks come back naming the kv_policy field.
   const ApiError e = ApiErrorFromStatus(
@@ -523,8 +525,7 @@ TEST_CASE("Streams are SSE chunks ending with [DONE]", "[server]") {
 namespace kvserve {
 namespace {
 
-TEST_CASE("The checkpoint's sampling defaults apply where a request sets nothing",
-          "[server]") {
+TEST_CASE("The checkpoint's sampling defaults apply where a request sets nothing", "[server]") {
   Fixture f;
   ApiContext ctx = f.ctx();
   ctx.default_sampling.temperature = 0.6f;  // as generation_config.json recommends
@@ -535,9 +536,9 @@ TEST_CASE("The checkpoint's sampling defaults apply where a request sets nothing
   REQUIRE(r.request.sampling.top_p == 0.9f);
   REQUIRE(r.request.sampling.top_k == 0);
   ApiRequest s;
-  REQUIRE_FALSE(ParseApiRequest(ApiKind::kCompletion, R"({"prompt": "a", "temperature": 0})", ctx,
-                                &s)
-                    .has_value());
+  REQUIRE_FALSE(
+      ParseApiRequest(ApiKind::kCompletion, R"({"prompt": "a", "temperature": 0})", ctx, &s)
+          .has_value());
   REQUIRE(s.request.sampling.temperature == 0.0f);
   REQUIRE(s.request.sampling.top_p == 0.9f);
 }
@@ -633,18 +634,44 @@ TEST_CASE("The cost budget refuses before tokenizing, naming the field", "[serve
   REQUIRE(r.request.prompt_token_ids.size() == 10);
 }
 
-
 // Every field a request body may carry, at the top level and nested, holding
 // a number no double can hold: a 400 naming the field, never an exception
 // (an out_of_range escaping the parser once ended the daemon).
 TEST_CASE("Numbers beyond a double in any field are a 400 naming the field", "[server]") {
-  const char* fields[] = {"model", "prompt", "messages", "max_tokens", "max_completion_tokens",
-                          "temperature", "top_p", "top_k", "min_p", "n", "best_of", "seed",
-                          "stop", "stop_token_ids", "stream", "stream_options", "logprobs",
-                          "top_logprobs", "echo", "suffix", "user", "presence_penalty",
-                          "frequency_penalty", "repetition_penalty", "logit_bias", "ignore_eos",
-                          "priority", "cache_salt", "kv_policy", "tools", "tool_choice",
-                          "chat_template_kwargs", "add_generation_prompt", "response_format",
+  const char* fields[] = {"model",
+                          "prompt",
+                          "messages",
+                          "max_tokens",
+                          "max_completion_tokens",
+                          "temperature",
+                          "top_p",
+                          "top_k",
+                          "min_p",
+                          "n",
+                          "best_of",
+                          "seed",
+                          "stop",
+                          "stop_token_ids",
+                          "stream",
+                          "stream_options",
+                          "logprobs",
+                          "top_logprobs",
+                          "echo",
+                          "suffix",
+                          "user",
+                          "presence_penalty",
+                          "frequency_penalty",
+                          "repetition_penalty",
+                          "logit_bias",
+                          "ignore_eos",
+                          "priority",
+                          "cache_salt",
+                          "kv_policy",
+                          "tools",
+                          "tool_choice",
+                          "chat_template_kwargs",
+                          "add_generation_prompt",
+                          "response_format",
                           "an_unknown_field"};
   const char* numbers[] = {"1e309", "-1e999", "1E+400", "123e456789"};
   for (ApiKind kind : {ApiKind::kCompletion, ApiKind::kChat}) {

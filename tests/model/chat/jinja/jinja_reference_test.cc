@@ -38,8 +38,8 @@ TEST_CASE("Chat templates of real checkpoints render as @huggingface/jinja rende
   const fs::path work_dir = npm.dir();
   std::string out;
   const std::string cd = "cd " + testing::ShellQuote(npm.dir()) + " && ";
-  int rc = testing::RunShell(cd + "node render_reference.mjs conversations.json reference.json 2>&1",
-                             &out);
+  int rc = testing::RunShell(
+      cd + "node render_reference.mjs conversations.json reference.json 2>&1", &out);
   INFO("node:\n" << out);
   REQUIRE(rc == 0);
 

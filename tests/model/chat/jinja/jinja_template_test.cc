@@ -3,10 +3,10 @@
 // @huggingface/jinja disagree, kvserve follows Python; those cases are
 // marked "Python:". The real checkpoints' templates are compared with the
 // reference renderer in jinja_reference_test.cc.
-#include "model/chat/jinja/template.h"
-
 #include <catch2/catch.hpp>
 #include <string>
+
+#include "model/chat/jinja/template.h"
 
 namespace kvserve {
 namespace {

@@ -83,8 +83,7 @@ TEST_CASE("Weight pieces cover the arena once, q|k|v and gate|up in order", "[mo
   }
 }
 
-TEST_CASE("A dummy model as shapes: each piece names the stream offset of its values",
-          "[model]") {
+TEST_CASE("A dummy model as shapes: each piece names the stream offset of its values", "[model]") {
   absl::StatusOr<LlamaWeights> host = LoadDummyModel("tiny", uint64_t{1} << 30);
   absl::StatusOr<LlamaWeights> shapes = LoadDummyModelShapes("dummy:tiny");
   REQUIRE(host.ok());

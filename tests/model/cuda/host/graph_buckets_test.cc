@@ -59,7 +59,8 @@ BatchInput Decode(const std::vector<int32_t>& contexts, int block_size) {
     b.positions.push_back(c - 1);
     std::vector<int32_t> row(width, 0);
     for (int32_t i = 0; i < (c + block_size - 1) / block_size; ++i) row[i] = next++;
-    b.slot_mapping.push_back(int64_t{row[(c - 1) / block_size]} * block_size + (c - 1) % block_size);
+    b.slot_mapping.push_back(int64_t{row[(c - 1) / block_size]} * block_size +
+                             (c - 1) % block_size);
     b.query_start.push_back(static_cast<int32_t>(s) + 1);
     b.context_len.push_back(c);
     b.block_table.insert(b.block_table.end(), row.begin(), row.end());
@@ -70,8 +71,9 @@ BatchInput Decode(const std::vector<int32_t>& contexts, int block_size) {
 
 TEST_CASE("A graph's attention capacities hold every decode step of its bucket", "[model]") {
   // stories260K's shape and Llama-3-8B's.
-  for (const GpuAttentionShape shape : {GpuAttentionShape{8, 4, 8, 0}, GpuAttentionShape{32, 8, 128, 0},
-                                        GpuAttentionShape{32, 8, 128, 4096}}) {
+  for (const GpuAttentionShape shape :
+       {GpuAttentionShape{8, 4, 8, 0}, GpuAttentionShape{32, 8, 128, 0},
+        GpuAttentionShape{32, 8, 128, 4096}}) {
     for (const int64_t max_context : {int64_t{512}, int64_t{8192}}) {
       GpuAttentionPlanOptions base;
       base.num_sms = 132;
@@ -104,8 +106,9 @@ TEST_CASE("A graph's attention capacities hold every decode step of its bucket",
           REQUIRE(GpuAttentionWorkspaceBytes(shape, plan->launch().num_partials) <=
                   g.workspace_bytes);
           // And it stages into the bucket's padded layout.
-          const StagingLayout layout = PlanStaging(PaddedDecodeShape(
-              bucket, static_cast<int32_t>((max_context + 15) / 16), static_cast<int32_t>(g.max_words)));
+          const StagingLayout layout =
+              PlanStaging(PaddedDecodeShape(bucket, static_cast<int32_t>((max_context + 15) / 16),
+                                            static_cast<int32_t>(g.max_words)));
           std::vector<uint8_t> buf(layout.total_bytes);
           REQUIRE(FillBatchStaging(b, plan->words(), layout, buf).ok());
         }
