@@ -26,6 +26,10 @@ struct EngineConfig {
   int32_t max_queue_size = 4096;         // waiting requests beyond this: ResourceExhausted
   PreemptionMode preemption_mode = PreemptionMode::kRecompute;  // scheduler.preemption_mode
   bool prefix_caching = true;                                   // cache.prefix_caching
+  // scheduler.fairness: clients (GenerateRequest::client) take turns for
+  // admission and a waiting request of one client may preempt another's
+  // (Scheduler step 0); false: first come, first served.
+  bool fair_clients = false;
   // KV eviction defaults (cache.eviction_policy, cache.eviction_budget,
   // cache.sink_tokens, cache.recent_tokens, cache.eviction_history);
   // requests override them with GenerateRequest::kv_policy.

@@ -136,7 +136,7 @@ EngineImpl::EngineImpl(const EngineConfig& config, int32_t max_model_len,
       default_eviction_(eviction),
       kv_(kv_config),
       scheduler_(SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens,
-                                 config.preemption_mode},
+                                 config.preemption_mode, config.fair_clients},
                  &kv_),
       seed_rng_(std::random_device{}()) {
   policies_.resize(kNumEvictionPolicies);
@@ -381,6 +381,7 @@ void EngineImpl::Admit(std::unique_ptr<RequestState> req) {
   }
   req->num_live = 1;
   req->forked = req->params.n == 1;
+  if (config_.fair_clients) req->client_rank = live_per_client_[req->params.client]++;
   scheduler_.AddWaiting(seq.get());
   req->samples.push_back(std::move(seq));
   live_.push_back(std::move(req));
@@ -710,6 +711,10 @@ void EngineImpl::FinishSample(Sequence* seq, FinishReason reason, bool flush_tex
   if (!error.empty()) req->error = error;
   if (--req->num_live > 0) return;
   req->done = true;
+  if (config_.fair_clients) {
+    auto it = live_per_client_.find(req->params.client);
+    if (--it->second == 0) live_per_client_.erase(it);
+  }
   switch (reason) {
     case FinishReason::kStop:
       ++stats_.requests_finished_stop;

@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "cache/kv_cache_manager.h"
 #include "cache/learned_evictor.h"
@@ -142,15 +143,17 @@ class EngineImpl final : public Engine {
   KvCacheManager kv_;
   Scheduler scheduler_;
   BatchInput batch_;
-  std::vector<SampleRow> sample_rows_;     // this step's draws
-  std::vector<Sequence*> sample_seqs_;     // the sample of each row
-  std::vector<SampledToken> sampled_;      // capacity (and top vectors) reused
-  std::vector<float> attn_stats_;          // this step's ReadAttentionStats
-  std::vector<int64_t> stats_offset_;      // [plan seqs]: into attn_stats_, or -1
-  std::vector<int32_t> evict_positions_;   // scratch
-  std::vector<Sequence*> evicting_;        // to evict after this step's sampling
+  std::vector<SampleRow> sample_rows_;    // this step's draws
+  std::vector<Sequence*> sample_seqs_;    // the sample of each row
+  std::vector<SampledToken> sampled_;     // capacity (and top vectors) reused
+  std::vector<float> attn_stats_;         // this step's ReadAttentionStats
+  std::vector<int64_t> stats_offset_;     // [plan seqs]: into attn_stats_, or -1
+  std::vector<int32_t> evict_positions_;  // scratch
+  std::vector<Sequence*> evicting_;       // to evict after this step's sampling
   std::string piece_scratch_;
   std::vector<std::unique_ptr<RequestState>> live_;
+  // With fair_clients: live requests per GenerateRequest::client.
+  absl::flat_hash_map<std::string, int32_t> live_per_client_;
   std::vector<RequestState*> touched_;  // requests with events this step
   std::vector<std::unique_ptr<RequestState>> incoming_;
   SeqId next_seq_id_ = 1;

@@ -41,9 +41,12 @@ struct GenerateRequest {
   std::vector<int32_t> stop_token_ids;  // besides EOS (and BOS for llama2.c stories)
   std::vector<std::string> stop;        // stop strings: matched on text, not emitted
   bool ignore_eos = false;
-  int32_t logprobs = -1;       // -1 off; 0 chosen token only; k > 0: + top k
-  std::string cache_salt;      // isolates prefix-cache sharing between tenants
-  int32_t priority = 0;        // lower runs first; FCFS within a priority
+  int32_t logprobs = -1;   // -1 off; 0 chosen token only; k > 0: + top k
+  std::string cache_salt;  // isolates prefix-cache sharing between tenants
+  int32_t priority = 0;    // lower runs first; FCFS within a priority
+  // Who sent it, for per-client fairness (EngineConfig::fair_clients): the
+  // front ends set it (server/client_limiter.h ClientKey), never the caller.
+  std::string client;
   KvPolicyOverride kv_policy;  // KV eviction; empty = the engine's
 };
 

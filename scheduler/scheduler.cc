@@ -105,6 +105,43 @@ void Scheduler::Preempt(Sequence* victim) {
   AddWaiting(victim);
 }
 
+void Scheduler::PreemptByRecompute(Sequence* victim) {
+  const PreemptionMode mode = config_.preemption_mode;
+  config_.preemption_mode = PreemptionMode::kRecompute;
+  Preempt(victim);
+  config_.preemption_mode = mode;
+}
+
+std::span<const int32_t> Scheduler::AdmissionTokens(const Sequence* seq) const {
+  if (!seq->evictor) return std::span<const int32_t>(seq->tokens);
+  return std::span<const int32_t>(seq->tokens.data(), static_cast<size_t>(EvictingRows(seq)));
+}
+
+int32_t Scheduler::PromisedSlots() const {
+  int32_t slots = 0;
+  for (const Sequence* seq : running_) slots += seq->request->forked ? 1 : seq->request->params.n;
+  return slots;
+}
+
+int32_t Scheduler::PreemptForWaiting() {
+  int32_t preempted = 0;
+  while (!waiting_.empty() && !running_.empty()) {
+    Sequence* next = waiting_.front();
+    Sequence* last = running_.back();
+    if (next->request->params.client == last->request->params.client) break;
+    if (!ServedBefore(next, last)) break;
+    const RequestState* req = next->request;
+    const int32_t slots = req->forked ? 1 : req->params.n;
+    if (PromisedSlots() + slots <= config_.max_num_seqs &&
+        kv_->CanAllocate(AdmissionTokens(next), req->params.cache_salt, !SkipsPrefixCache(next))) {
+      break;  // it fits as things are
+    }
+    PreemptByRecompute(last);
+    ++preempted;
+  }
+  return preempted;
+}
+
 int32_t Scheduler::EvictingRows(const Sequence* seq) const {
   const int32_t prompt_left = std::max(0, seq->prompt_len() - seq->num_computed);
   const int32_t cache_len = seq->num_computed - seq->cache_offset();
@@ -150,6 +187,10 @@ const StepPlan& Scheduler::Schedule() {
   plan_.num_preempted = 0;
   budget_ = config_.max_num_batched_tokens;
 
+  // 0. Fairness: the next waiting sequence of another client takes the place
+  //    of the last running one it is served before.
+  const int32_t fair_preempted = config_.fair_clients ? PreemptForWaiting() : 0;
+
   // 1. Running sequences first, in service order; preempt from the back.
   for (size_t i = 0; i < running_.size() && budget_ > 0; ++i) {
     Sequence* seq = running_[i];
@@ -163,13 +204,10 @@ const StepPlan& Scheduler::Schedule() {
     if (!ReserveDecodeSlots(seq)) break;  // it was the last one left
     Plan(seq, std::min(seq->num_uncomputed(), budget_));
   }
-  if (plan_.num_preempted > 0) return plan_;
+  if (plan_.num_preempted > fair_preempted) return plan_;
 
   // Sequence slots already promised: samples of unforked n > 1 requests.
-  int32_t seq_slots = 0;
-  for (const Sequence* seq : running_) {
-    seq_slots += seq->request->forked ? 1 : seq->request->params.n;
-  }
+  int32_t seq_slots = PromisedSlots();
 
   // 2. Swapped sequences come back before anything new is admitted.
   while (!swapped_.empty() && budget_ > 0 && seq_slots < config_.max_num_seqs) {
@@ -209,9 +247,7 @@ const StepPlan& Scheduler::Schedule() {
     // An evicting sequence reserves its first step only.
     const int32_t rows = seq->evictor ? EvictingRows(seq) : 0;
     if (rows > budget_) break;
-    const std::span<const int32_t> reserve =
-        seq->evictor ? std::span<const int32_t>(seq->tokens.data(), static_cast<size_t>(rows))
-                     : std::span<const int32_t>(seq->tokens);
+    const std::span<const int32_t> reserve = AdmissionTokens(seq);
     const bool use_cache = !SkipsPrefixCache(seq);
     if (!kv_->CanAllocate(reserve, req->params.cache_salt, use_cache)) break;
     absl::StatusOr<AllocateResult> r =

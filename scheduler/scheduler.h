@@ -9,9 +9,15 @@
 //      sequence's new slot, the last running sequence in service order (lowest
 //      priority, latest arrival, highest sample index) is preempted, until
 //      the slot fits or the sequence itself was the one preempted.
-//   2. If nothing was preempted this step, swapped sequences are resumed in
+//   2. If nothing was preempted in 1., swapped sequences are resumed in
 //      service order while blocks and max_num_seqs allow.
-//   3. If nothing was preempted and no sequence is still swapped, waiting
+//   0. With per-client fairness (SchedulerConfig::fair_clients), while the
+//      next waiting sequence is of another client, served before the last
+//      running one (a lower client rank: clients take turns) and does not
+//      fit (sequence slots or blocks), the last running one is preempted by
+//      recompute. One client's many requests then delay another's by about
+//      one step, not by the length of its queue.
+//   3. If nothing was preempted in 1. and no sequence is still swapped, waiting
 //      sequences are admitted in service order (strictly: the first that does
 //      not fit stops admission, so a large request is never overtaken
 //      forever) while max_num_seqs, the token budget and blocks allow. A
@@ -55,6 +61,11 @@ struct SchedulerConfig {
   int32_t max_num_seqs = 64;
   int32_t max_num_batched_tokens = 512;
   PreemptionMode preemption_mode = PreemptionMode::kRecompute;
+  // Per-client fairness: a waiting sequence of another client that is
+  // served before the last running one but does not fit takes its place
+  // (the victim is recomputed, never swapped: a swapped sequence would hold
+  // admission back).
+  bool fair_clients = false;
 };
 
 struct ScheduledSeq {
@@ -106,6 +117,15 @@ class Scheduler {
   // preempting as needed. Returns false when `seq` itself was preempted.
   bool ReserveRows(Sequence* seq, int32_t rows);
   void Preempt(Sequence* victim);
+  // Recompute preemption (whatever the mode).
+  void PreemptByRecompute(Sequence* victim);
+  // Fairness: preempts running sequences that the next waiting one of
+  // another client is served before, until it fits. Returns how many.
+  int32_t PreemptForWaiting();
+  // What admission reserves for `seq`: its first step when evicting, else all
+  // its tokens.
+  std::span<const int32_t> AdmissionTokens(const Sequence* seq) const;
+  int32_t PromisedSlots() const;
   void InsertSorted(std::deque<Sequence*>& queue, Sequence* seq);
   void InsertRunning(Sequence* seq);
   void Plan(Sequence* seq, int32_t num_new);

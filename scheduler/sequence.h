@@ -87,15 +87,20 @@ struct Sequence {
   }
 };
 
-// Order of service: lower priority value first, then earlier arrival, then
-// lower sample index. Preemption picks victims from the other end.
+// Order of service: lower priority value first, then (with per-client
+// fairness) lower client rank, then earlier arrival, then lower sample index.
+// Preemption picks victims from the other end.
 inline bool ServedBefore(const Sequence* a, const Sequence* b);
 
 struct RequestState {
   std::string id;
   GenerateRequest params;  // prompt text dropped; prompt ids below
   std::shared_ptr<RequestStream> stream;
-  uint64_t arrival = 0;    // submission order
+  uint64_t arrival = 0;  // submission order
+  // With per-client fairness: how many of its client's requests were live
+  // when it was admitted (0 for a client's first), so clients take turns;
+  // always 0 without fairness.
+  int32_t client_rank = 0;
   uint64_t seed_base = 0;  // sample i uses seed_base + i
   std::vector<int32_t> prompt_ids;
   std::vector<int32_t> stop_ids;  // EOS/BOS (unless ignore_eos) + stop_token_ids
@@ -124,6 +129,9 @@ struct RequestState {
 inline bool ServedBefore(const Sequence* a, const Sequence* b) {
   if (a->request->params.priority != b->request->params.priority) {
     return a->request->params.priority < b->request->params.priority;
+  }
+  if (a->request->client_rank != b->request->client_rank) {
+    return a->request->client_rank < b->request->client_rank;
   }
   if (a->request->arrival != b->request->arrival) {
     return a->request->arrival < b->request->arrival;

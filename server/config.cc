@@ -335,6 +335,8 @@ const std::vector<Field>& Fields() {
                    [](ServeConfig& c, std::string v) {
                      c.scheduler.preemption_mode = std::move(v);
                    }),
+              Enum("scheduler.fairness", {"auto", "per_client", "fcfs"},
+                   [](ServeConfig& c, std::string v) { c.scheduler.fairness = std::move(v); }),
               // server
               Str("server.host",
                   [](ServeConfig& c, std::string v) { c.server.host = std::move(v); }),
@@ -608,6 +610,8 @@ EngineConfig ServeConfig::ToEngineConfig() const {
   e.preemption_mode =
       scheduler.preemption_mode == "swap" ? PreemptionMode::kSwap : PreemptionMode::kRecompute;
   e.prefix_caching = cache.prefix_caching;
+  const bool keys = !server.api_key.empty() || !server.api_key_file.empty();
+  e.fair_clients = scheduler.fairness == "per_client" || (scheduler.fairness == "auto" && keys);
   // The enum parser only lets policy names through.
   e.eviction.policy = ParseEvictionPolicy(cache.eviction_policy, "cache.eviction_policy")
                           .value_or(EvictionPolicyKind::kNone);
@@ -742,6 +746,8 @@ std::string ServeConfigKeyHelp(const std::string& key) {
       {"scheduler.max_num_batched_tokens", "most tokens in one step"},
       {"scheduler.max_model_len", "longest sequence (prompt + output); 0: the model's"},
       {"scheduler.preemption_mode", "recompute or swap (needs cache.num_swap_blocks)"},
+      {"scheduler.fairness",
+       "per_client (clients take turns), fcfs, or auto (per_client with API keys)"},
       {"server.host", "address the HTTP and gRPC servers listen on"},
       {"server.http_port", "OpenAI-compatible HTTP port; 0: any free port"},
       {"server.grpc_port", "gRPC port; 0: any free port"},

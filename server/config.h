@@ -66,6 +66,9 @@ struct ServeConfig {
     int32_t max_num_batched_tokens = 512;
     int32_t max_model_len = 0;                  // 0: the model's
     std::string preemption_mode = "recompute";  // recompute | swap
+    // per_client: clients (API keys, else peer hosts) take turns; fcfs:
+    // arrival order; auto: per_client when API keys are configured.
+    std::string fairness = "auto";
   } scheduler;
   struct Server {
     std::string host = "127.0.0.1";

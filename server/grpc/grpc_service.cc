@@ -433,8 +433,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
     if (!st.ok()) return st;
     v1::GenerateRequest p;
     if (absl::Status parsed = ParseRequest(raw, &p); !parsed.ok()) {
-      LogRequest(spdlog::level::info, p.request_id().empty() ? "-" : p.request_id(),
-                 "grpc Generate refused: {}", std::string(parsed.message()));
+      // The id is not validated yet: logged capped, like any client string.
+      LogRequest(spdlog::level::info, p.request_id().empty() ? "-" : LogText(p.request_id()),
+                 "grpc Generate refused: {}", LogText(std::string(parsed.message())));
       return ToGrpc(parsed, ctx_);
     }
     absl::StatusOr<ClientLimiter::Token> slot = env_.limiter->Acquire(env_.ClientOf(*ctx_));
@@ -448,6 +449,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
       return ToGrpc(v, ctx_);
     }
     g->cache_salt = TenantCacheSalt(env_.ApiKeyOf(*ctx_), g->cache_salt);
+    g->client = env_.ClientOf(*ctx_);
     request_id_ = g->request_id;
     return grpc::Status::OK;
   }

@@ -352,6 +352,7 @@ void HttpService::GenerateOnWorker(bool chat, const std::shared_ptr<HttpExchange
       return reply(ErrorResponse(*e));
     }
     api.request.cache_salt = TenantCacheSalt(key, api.request.cache_salt);
+    api.request.client = ClientKey(key, req.peer);
 
     std::string request_id(req.Header("X-Request-Id"));
     if (!IsAcceptableRequestId(request_id)) request_id = NewRequestId();

@@ -37,6 +37,7 @@ struct Setup : testing::EngineSetup {
   std::function<void(const RequestMetrics&)> on_finished;
   std::vector<int32_t> model_stop_ids;  // ModelConfig::stop_ids
   std::shared_ptr<const Clock> clock;   // null: the real clock
+  bool fair_clients = false;            // EngineConfig::fair_clients
 };
 
 std::unique_ptr<Engine> MakeEngine(const Setup& s) {
@@ -53,6 +54,7 @@ std::unique_ptr<Engine> MakeEngine(const Setup& s) {
   EngineConfig config = testing::EngineConfigOf(s);
   config.on_request_finished = s.on_finished;
   config.clock = s.clock;
+  config.fair_clients = s.fair_clients;
   auto engine = Engine::Create(config, std::move(*runner), Stories().tokenizer);
   REQUIRE(engine.ok());
   return std::move(*engine);
@@ -846,6 +848,74 @@ TEST_CASE("Waiting requests are admitted by priority, then in arrival order", "[
   REQUIRE(finished.size() >= 5);
   REQUIRE(std::vector<std::string>(finished.end() - 5, finished.end()) ==
           std::vector<std::string>{"first", "d-1", "b0", "e0", "c1"});
+}
+
+TEST_CASE("Per-client fairness: a light client's request overtakes a heavy client's queue",
+          "[scheduler]") {
+  std::vector<std::vector<int32_t>> heavy_tokens[2];
+  for (bool fair : {true, false}) {
+    absl::Mutex mu;
+    std::vector<std::string> finished;
+    Setup setup;
+    setup.max_num_seqs = 2;
+    setup.fair_clients = fair;
+    setup.on_finished = [&](const RequestMetrics& m) {
+      absl::MutexLock lock(&mu);
+      finished.push_back(m.request_id);
+    };
+    auto engine = MakeEngine(setup);
+    Engine* e = engine.get();
+    // Client a queues six 64-token requests; once its first has streamed a
+    // token, client b sends one of a single token (from the engine thread,
+    // so a's first request is surely mid-generation).
+    std::vector<std::shared_ptr<RequestStream>> heavy;
+    for (int i = 0; i < 6; ++i) {
+      GenerateRequest r = Greedy(i % 2 == 0 ? "Once upon a time" : "The dog", 64);
+      r.ignore_eos = true;
+      r.request_id = absl::StrCat("a", i);
+      r.client = "key:a";
+      auto s = engine->Submit(r);
+      REQUIRE(s.ok());
+      heavy.push_back(*s);
+    }
+    auto light = std::make_shared<std::shared_ptr<RequestStream>>();
+    auto light_mu = std::make_shared<absl::Mutex>();
+    heavy[0]->SetNotify([e, light, light_mu] {
+      absl::MutexLock lock(light_mu.get());
+      if (*light != nullptr) return;
+      GenerateRequest r = Greedy("The cat", 1);
+      r.request_id = "b0";
+      r.client = "key:b";
+      auto s = e->Submit(r);
+      if (s.ok()) *light = *s;
+    });
+    for (auto& s : heavy) {
+      Result r = Collect(*s);
+      REQUIRE(r.tokens[0].size() == 64);
+      heavy_tokens[fair ? 0 : 1].push_back(r.tokens[0]);
+    }
+    std::shared_ptr<RequestStream> b;
+    {
+      absl::MutexLock lock(light_mu.get());
+      b = *light;
+    }
+    REQUIRE(b != nullptr);
+    REQUIRE(Collect(*b).tokens[0].size() == 1);
+    absl::MutexLock lock(&mu);
+    REQUIRE(finished.size() == 7);
+    INFO("fair " << fair);
+    if (fair) {
+      // b0 took the place of a1 (recomputed later) and ended first.
+      REQUIRE(finished.front() == "b0");
+      REQUIRE(engine->GetStats().preemptions >= 1);
+    } else {
+      // First come, first served: b0 waits for the whole queue.
+      REQUIRE(finished == std::vector<std::string>{"a0", "a1", "a2", "a3", "a4", "a5", "b0"});
+    }
+    RequireAllBlocksFree(*engine);
+  }
+  // Preempted and recomputed, a's requests keep every token.
+  REQUIRE(heavy_tokens[0] == heavy_tokens[1]);
 }
 
 TEST_CASE("Destroying a busy engine cancels its requests", "[scheduler]") {

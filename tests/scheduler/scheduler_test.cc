@@ -2,7 +2,9 @@
 // plans (chunked prefill, admission order, budgets), exact preemption victims
 // in both modes, priorities and strict first-come-first-served admission,
 // swapped sequences ahead of new ones, evicting sequences' whole steps, and
-// the samples of an n > 1 request in index order.
+// the samples of an n > 1 request in index order, and per-client fairness
+// (clients take turns; a waiting request of another client takes the last
+// running one's place).
 // The engine's part of a step (running the model, sampling, evicting) is
 // played by Complete(): every planned row is computed, a sequence whose
 // tokens are all computed gets one more sampled token, and an evicting one
@@ -10,7 +12,9 @@
 #include "scheduler/scheduler.h"
 
 #include <catch2/catch.hpp>
+#include <map>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -24,17 +28,22 @@ namespace {
 class Fixture {
  public:
   Fixture(int32_t num_blocks, int32_t budget, int32_t max_num_seqs, PreemptionMode mode,
-          int32_t num_swap_blocks = 0)
+          int32_t num_swap_blocks = 0, bool fair_clients = false)
       : tokenizer_(Tokenizer::ByteLevel(512)),
         kv_(KvCacheConfig{/*block_size=*/4, num_blocks, num_swap_blocks,
                           /*enable_prefix_caching=*/false}),
-        scheduler_(SchedulerConfig{max_num_seqs, budget, mode}, &kv_) {}
+        scheduler_(SchedulerConfig{max_num_seqs, budget, mode, fair_clients}, &kv_),
+        fair_clients_(fair_clients) {}
 
-  // A one-sample request of `prompt_len` tokens, queued as waiting.
-  Sequence* Submit(int32_t prompt_len, int32_t priority = 0) {
+  // A one-sample request of `prompt_len` tokens from `client`, queued as
+  // waiting. With fairness its client rank is the client's requests so far,
+  // as EngineImpl::Admit counts them (none finishes in these tests).
+  Sequence* Submit(int32_t prompt_len, int32_t priority = 0, const std::string& client = "") {
     auto req = std::make_unique<RequestState>();
     req->arrival = next_arrival_++;
     req->params.priority = priority;
+    req->params.client = client;
+    if (fair_clients_) req->client_rank = submitted_per_client_[client]++;
     req->params.n = 1;
     for (int32_t i = 0; i < prompt_len; ++i) req->prompt_ids.push_back(100 + i);
     req->samples.push_back(
@@ -114,6 +123,8 @@ class Fixture {
   KvCacheManager kv_;
   Scheduler scheduler_;
   std::vector<std::unique_ptr<RequestState>> requests_;
+  const bool fair_clients_;
+  std::map<std::string, int32_t> submitted_per_client_;
   uint64_t next_arrival_ = 0;
   SeqId next_id_ = 1;
 };
@@ -360,6 +371,108 @@ TEST_CASE("Scheduler: n > 1 samples are preempted highest index first and resume
   REQUIRE(Rows(p3) == Planned{{s2->id, 1}});
   REQUIRE(s2->status == SeqStatus::kRunning);
   REQUIRE(f.scheduler().next_swapped() == s3);
+}
+
+TEST_CASE("Scheduler: with per-client fairness clients take turns at admission", "[scheduler]") {
+  for (bool fair : {true, false}) {
+    DYNAMIC_SECTION("fair " << fair) {
+      Fixture f(/*num_blocks=*/16, /*budget=*/64, /*max_num_seqs=*/2, PreemptionMode::kRecompute,
+                /*num_swap_blocks=*/0, fair);
+      Sequence* a1 = f.Submit(4, 0, "key:a");
+      Sequence* a2 = f.Submit(4, 0, "key:a");
+      Sequence* a3 = f.Submit(4, 0, "key:a");
+      Sequence* b1 = f.Submit(4, 0, "key:b");
+      const StepPlan& s1 = f.Schedule();
+      if (fair) {
+        // Rank 0 of each client first (a1, then b1 by arrival), then rank 1.
+        REQUIRE(Rows(s1) == Planned{{a1->id, 4}, {b1->id, 4}});
+        REQUIRE(f.scheduler().next_waiting() == a2);
+      } else {
+        REQUIRE(Rows(s1) == Planned{{a1->id, 4}, {a2->id, 4}});
+        REQUIRE(f.scheduler().next_waiting() == a3);
+      }
+      REQUIRE(s1.num_preempted == 0);
+    }
+  }
+}
+
+TEST_CASE(
+    "Scheduler: with per-client fairness a waiting request of another client takes the last "
+    "running one's place",
+    "[scheduler]") {
+  for (bool fair : {true, false}) {
+    DYNAMIC_SECTION("fair " << fair) {
+      Fixture f(/*num_blocks=*/16, /*budget=*/64, /*max_num_seqs=*/2, PreemptionMode::kSwap,
+                /*num_swap_blocks=*/8, fair);
+      Sequence* a1 = f.Submit(4, 0, "key:a");
+      Sequence* a2 = f.Submit(4, 0, "key:a");
+      Sequence* a3 = f.Submit(4, 0, "key:a");
+      const StepPlan& s1 = f.Schedule();
+      REQUIRE(Rows(s1) == Planned{{a1->id, 4}, {a2->id, 4}});
+      REQUIRE(s1.num_preempted == 0);  // a3 is a1's own client: it waits its turn
+      f.Complete(s1);
+
+      Sequence* b1 = f.Submit(4, 0, "key:b");
+      const StepPlan& s2 = f.Schedule();
+      if (!fair) {
+        REQUIRE(Rows(s2) == Planned{{a1->id, 1}, {a2->id, 1}});
+        REQUIRE(s2.num_preempted == 0);
+        REQUIRE(f.scheduler().next_waiting() == a3);  // b1 behind a3
+        continue;
+      }
+      // b1 (rank 0) is served before a2 (rank 1) and no slot is free: a2 is
+      // recomputed (not swapped, although the mode is swap), b1 runs now.
+      REQUIRE(Rows(s2) == Planned{{a1->id, 1}, {b1->id, 4}});
+      REQUIRE(s2.num_preempted == 1);
+      REQUIRE(a2->status == SeqStatus::kWaiting);
+      REQUIRE(a2->num_computed == 0);
+      REQUIRE_FALSE(f.kv().Contains(a2->id));
+      REQUIRE(f.scheduler().num_swapped() == 0);
+      REQUIRE(f.scheduler().next_waiting() == a2);  // ahead of a3 (rank 2)
+      f.Complete(s2);
+
+      // a2 is not served before b1: no more preemption, both decode.
+      const StepPlan& s3 = f.Schedule();
+      REQUIRE(Rows(s3) == Planned{{a1->id, 1}, {b1->id, 1}});
+      REQUIRE(s3.num_preempted == 0);
+      REQUIRE(f.scheduler().num_preemptions() == 1);
+    }
+  }
+}
+
+TEST_CASE("Scheduler: with per-client fairness a waiting request that lacks blocks preempts too",
+          "[scheduler]") {
+  Fixture f(/*num_blocks=*/4, /*budget=*/64, /*max_num_seqs=*/8, PreemptionMode::kRecompute,
+            /*num_swap_blocks=*/0, /*fair_clients=*/true);
+  Sequence* a1 = f.Submit(8, 0, "key:a");
+  Sequence* a2 = f.Submit(8, 0, "key:a");
+  const StepPlan& s1 = f.Schedule();
+  REQUIRE(Rows(s1) == Planned{{a1->id, 8}, {a2->id, 8}});
+  REQUIRE(f.kv().num_free_blocks() == 0);
+  f.Complete(s1);
+
+  // b1 needs one block; a2's two come back, a1's 9th token takes one.
+  Sequence* b1 = f.Submit(4, 0, "key:b");
+  const StepPlan& s2 = f.Schedule();
+  REQUIRE(Rows(s2) == Planned{{a1->id, 1}, {b1->id, 4}});
+  REQUIRE(s2.num_preempted == 1);
+  REQUIRE(a2->status == SeqStatus::kWaiting);
+  REQUIRE(f.kv().num_free_blocks() == 0);
+}
+
+TEST_CASE("Scheduler: with per-client fairness a priority still comes first", "[scheduler]") {
+  Fixture f(/*num_blocks=*/16, /*budget=*/64, /*max_num_seqs=*/1, PreemptionMode::kRecompute,
+            /*num_swap_blocks=*/0, /*fair_clients=*/true);
+  Sequence* a1 = f.Submit(4, /*priority=*/-1, "key:a");
+  const StepPlan& s1 = f.Schedule();
+  REQUIRE(Rows(s1) == Planned{{a1->id, 4}});
+  f.Complete(s1);
+  // b1 has rank 0 like a1 but a lower priority (a higher value): it waits.
+  Sequence* b1 = f.Submit(4, /*priority=*/0, "key:b");
+  const StepPlan& s2 = f.Schedule();
+  REQUIRE(Rows(s2) == Planned{{a1->id, 1}});
+  REQUIRE(s2.num_preempted == 0);
+  REQUIRE(f.scheduler().next_waiting() == b1);
 }
 
 }  // namespace

@@ -135,7 +135,26 @@ logging:
     REQUIRE(e.eviction.recent_tokens == 254);
     REQUIRE(e.eviction.history == 8);
     REQUIRE(e.evictor_model == "/etc/kvserve/evictor.txt");
+    REQUIRE(e.fair_clients);  // fairness auto with an API key
   }
+}
+
+TEST_CASE("scheduler.fairness: auto is per-client exactly when API keys are configured",
+          "[server]") {
+  auto fair = [](const std::string& body) {
+    absl::StatusOr<ServeConfig> c = ParseServeConfig("model:\n  path: dummy:tiny\n" + body, "");
+    REQUIRE(c.ok());
+    return c->ToEngineConfig().fair_clients;
+  };
+  REQUIRE_FALSE(fair(""));
+  REQUIRE(fair("server:\n  api_key: k\n"));
+  REQUIRE(fair("server:\n  api_key_file: keys.txt\n"));
+  REQUIRE_FALSE(fair("scheduler:\n  fairness: fcfs\nserver:\n  api_key: k\n"));
+  REQUIRE(fair("scheduler:\n  fairness: per_client\n"));
+  REQUIRE(fair("scheduler:\n  fairness: auto\nserver:\n  api_key: k\n"));
+  REQUIRE(
+      Error(ParseServeConfig("model:\n  path: dummy:tiny\nscheduler:\n  fairness: fifo\n", "")) ==
+      "scheduler.fairness: expected one of auto, per_client, fcfs, got 'fifo'");
 }
 
 TEST_CASE("Bad values stop with the key path and the reason", "[server]") {
@@ -250,6 +269,54 @@ TEST_CASE("Whole-config rules name the key to fix", "[server]") {
   REQUIRE(Error(ParseServeConfig("model: {path: x}\nscheduler: {preemption_mode: swap}\n", "")) ==
           "cache.num_swap_blocks: must be > 0 when scheduler.preemption_mode is swap");
   REQUIRE(ParseServeConfig("model: {path: x}\nserver: {http_port: 0, grpc_port: 0}\n", "").ok());
+}
+
+TEST_CASE("Every pairwise config rule accepts its boundary and refuses one past it", "[server]") {
+  struct Rule {
+    const char* what;
+    std::string at_boundary;  // valid
+    std::string past;         // refused with `error`
+    std::string error;
+  };
+  const Rule rules[] = {
+      {"max_num_batched_tokens >= max_num_seqs",
+       "scheduler: {max_num_seqs: 64, max_num_batched_tokens: 64}\n",
+       "scheduler: {max_num_seqs: 64, max_num_batched_tokens: 63}\n",
+       "scheduler.max_num_batched_tokens: must be >= scheduler.max_num_seqs (63 < 64)"},
+      {"grpc_port differs from http_port", "server: {http_port: 9000, grpc_port: 9001}\n",
+       "server: {http_port: 9001, grpc_port: 9001}\n",
+       "server.grpc_port: must differ from server.http_port (both 9001)"},
+      {"swap needs a swap pool",
+       "scheduler: {preemption_mode: swap}\ncache: {num_swap_blocks: 1}\n",
+       "scheduler: {preemption_mode: swap}\ncache: {num_swap_blocks: 0}\n",
+       "cache.num_swap_blocks: must be > 0 when scheduler.preemption_mode is swap"},
+      {"streaming sink_tokens <= eviction_budget - 1",
+       "cache: {eviction_policy: streaming, eviction_budget: 8, sink_tokens: 7}\n",
+       "cache: {eviction_policy: streaming, eviction_budget: 8, sink_tokens: 8}\n",
+       "cache.sink_tokens must be in [0, cache.eviction_budget - 1 = 7], got 8"},
+      {"streaming recent_tokens + sink_tokens == eviction_budget",
+       "cache: {eviction_policy: streaming, eviction_budget: 8, sink_tokens: 2, recent_tokens: "
+       "6}\n",
+       "cache: {eviction_policy: streaming, eviction_budget: 8, sink_tokens: 2, recent_tokens: "
+       "7}\n",
+       "cache.recent_tokens (7) + cache.sink_tokens (2) must equal cache.eviction_budget (8) for "
+       "streaming"},
+      {"h2o recent_tokens <= eviction_budget - 1",
+       "cache: {eviction_policy: h2o, eviction_budget: 8, recent_tokens: 7}\n",
+       "cache: {eviction_policy: h2o, eviction_budget: 8, recent_tokens: 8}\n",
+       "cache.recent_tokens must be in [0, cache.eviction_budget - 1 = 7] for h2o (0: "
+       "cache.eviction_budget / 2), got 8"},
+      {"eviction_budget >= 2", "cache: {eviction_policy: h2o, eviction_budget: 2}\n",
+       "cache: {eviction_policy: h2o, eviction_budget: 1}\n",
+       "cache.eviction_budget must be >= 2 for h2o, got 1"},
+  };
+  for (const Rule& r : rules) {
+    INFO(r.what);
+    absl::StatusOr<ServeConfig> ok = ParseServeConfig("model: {path: x}\n" + r.at_boundary, "");
+    INFO((ok.ok() ? std::string("ok") : std::string(ok.status().message())));
+    REQUIRE(ok.ok());
+    REQUIRE(Error(ParseServeConfig("model: {path: x}\n" + r.past, "")) == r.error);
+  }
 }
 
 TEST_CASE("Overrides (--set) apply after the file and are checked the same way", "[server]") {
