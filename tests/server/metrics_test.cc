@@ -4,7 +4,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
+#include <set>
+#include <string>
+#include <vector>
 
+#include "cache/eviction_policy.h"
 #include "tests/test_util.h"
 
 namespace kvserve {
@@ -97,6 +102,98 @@ TEST_CASE("Gauges mirror the engine and counters advance by its deltas", "[serve
     REQUIRE(Sample(text, "kvserve_running_sequences") == 0);
     REQUIRE(Sample(text, "kvserve_kv_usage_ratio{kind=\"active\"}") == 0);
   }
+}
+
+// Every counter fed from EngineStats, with the field it counts. Each gets a
+// distinct value, so a counter fed from the wrong field (or from none) fails.
+struct CounterField {
+  std::string series;
+  std::function<int64_t&(EngineStats&)> field;
+};
+
+std::vector<CounterField> EngineCounters() {
+  std::vector<CounterField> c = {
+      {"kvserve_requests_total{finish_reason=\"stop\"}",
+       [](EngineStats& s) -> int64_t& { return s.requests_finished_stop; }},
+      {"kvserve_requests_total{finish_reason=\"length\"}",
+       [](EngineStats& s) -> int64_t& { return s.requests_finished_length; }},
+      {"kvserve_requests_total{finish_reason=\"cancelled\"}",
+       [](EngineStats& s) -> int64_t& { return s.requests_finished_cancelled; }},
+      {"kvserve_requests_total{finish_reason=\"error\"}",
+       [](EngineStats& s) -> int64_t& { return s.requests_finished_error; }},
+      {"kvserve_requests_rejected_total",
+       [](EngineStats& s) -> int64_t& { return s.requests_rejected; }},
+      {"kvserve_prefix_cache_queries_tokens_total",
+       [](EngineStats& s) -> int64_t& { return s.kv.prefix_query_tokens; }},
+      {"kvserve_prefix_cache_hits_tokens_total",
+       [](EngineStats& s) -> int64_t& { return s.kv.prefix_hit_tokens; }},
+      {"kvserve_preemptions_total", [](EngineStats& s) -> int64_t& { return s.preemptions; }},
+      {"kvserve_swap_out_blocks_total",
+       [](EngineStats& s) -> int64_t& { return s.kv.swapped_out_blocks; }},
+      {"kvserve_swap_in_blocks_total",
+       [](EngineStats& s) -> int64_t& { return s.kv.swapped_in_blocks; }},
+      {"kvserve_copy_on_write_blocks_total",
+       [](EngineStats& s) -> int64_t& { return s.kv.cow_copies; }},
+      {"kvserve_cached_block_evictions_total",
+       [](EngineStats& s) -> int64_t& { return s.kv.evicted_cached_blocks; }},
+      {"kvserve_engine_steps_total", [](EngineStats& s) -> int64_t& { return s.steps; }},
+      {"kvserve_batched_tokens_total", [](EngineStats& s) -> int64_t& { return s.batched_tokens; }},
+      {"kvserve_batched_sequences_total",
+       [](EngineStats& s) -> int64_t& { return s.batched_seqs; }},
+      {"kvserve_prompt_tokens_total", [](EngineStats& s) -> int64_t& { return s.prompt_tokens; }},
+      {"kvserve_generation_tokens_total",
+       [](EngineStats& s) -> int64_t& { return s.generated_tokens; }},
+  };
+  for (EvictionPolicyKind kind : kAllEvictionPolicies) {
+    const int i = static_cast<int>(kind);
+    const std::string policy(EvictionPolicyName(kind));
+    c.push_back({"kvserve_kv_evictions_total{policy=\"" + policy + "\"}",
+                 [i](EngineStats& s) -> int64_t& { return s.kv_evictions[i]; }});
+    c.push_back({"kvserve_kv_evicted_tokens_total{policy=\"" + policy + "\"}",
+                 [i](EngineStats& s) -> int64_t& { return s.kv_evicted_tokens[i]; }});
+    c.push_back({"kvserve_kv_eviction_freed_blocks_total{policy=\"" + policy + "\"}",
+                 [i](EngineStats& s) -> int64_t& { return s.kv_eviction_freed_blocks[i]; }});
+  }
+  return c;
+}
+
+TEST_CASE("Every engine counter advances by exactly what its own field grew", "[server]") {
+  const std::vector<CounterField> counters = EngineCounters();
+  ServerMetrics m;
+  EngineStats s;
+  // Field k holds 1000 + 7k, then grows by k + 1: every value is distinct.
+  for (size_t k = 0; k < counters.size(); ++k) counters[k].field(s) = 1000 + 7 * k;
+  std::string text = m.Scrape(s);
+  for (size_t k = 0; k < counters.size(); ++k) {
+    INFO(counters[k].series);
+    REQUIRE(Sample(text, counters[k].series) == 1000 + 7 * k);
+  }
+  for (size_t k = 0; k < counters.size(); ++k) counters[k].field(s) += k + 1;
+  text = m.Scrape(s);
+  for (size_t k = 0; k < counters.size(); ++k) {
+    INFO(counters[k].series);
+    REQUIRE(Sample(text, counters[k].series) == 1000 + 8 * k + 1);
+  }
+  // A field that went back (an engine restarted) adds nothing.
+  for (size_t k = 0; k < counters.size(); ++k) counters[k].field(s) = 0;
+  text = m.Scrape(s);
+  for (size_t k = 0; k < counters.size(); ++k) {
+    INFO(counters[k].series);
+    REQUIRE(Sample(text, counters[k].series) == 1000 + 8 * k + 1);
+  }
+  // The table is every kvserve_* counter family but the front ends' own.
+  std::set<std::string> families;
+  for (size_t pos = text.find("# TYPE kvserve_"); pos != std::string::npos;
+       pos = text.find("# TYPE kvserve_", pos + 1)) {
+    const std::string line = text.substr(pos + 7, text.find('\n', pos) - pos - 7);
+    if (line.ends_with(" counter")) families.insert(line.substr(0, line.find(' ')));
+  }
+  std::set<std::string> tabled;
+  for (const CounterField& c : counters) tabled.insert(c.series.substr(0, c.series.find('{')));
+  for (const char* own : {"kvserve_http_responses_total", "kvserve_grpc_calls_total"}) {
+    families.erase(own);
+  }
+  REQUIRE(tabled == families);
 }
 
 TEST_CASE("Finished requests feed the latency histograms", "[server]") {

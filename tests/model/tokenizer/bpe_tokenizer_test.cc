@@ -95,6 +95,25 @@ TEST_CASE("Byte-level BPE merges by rank, leftmost first", "[model]") {
   }
 }
 
+TEST_CASE("A merge listed twice takes its last rank, as Hugging Face tokenizers does",
+          "[model]") {
+  // The tokenizers library (and transformers.js) build the merge map by
+  // inserting the merges in order into a hash map, so a repeated pair keeps
+  // the rank of its last occurrence.
+  json j = testing::TinyBpeTokenizerJson();
+  j["model"]["vocab"]["el"] = 267;
+  j["model"]["merges"].push_back("e l");  // rank 10
+  j["model"]["merges"].push_back("h e");  // rank 11, again (first at rank 0)
+  auto t = LoadOrDie(j);
+  // "h e" at 11 now comes after "e l" at 10: "hel" is h + el.
+  REQUIRE(t->Encode("hel", false) == Ids{104, 267});
+  // Without the repeat, "h e" (rank 0) wins.
+  json once = testing::TinyBpeTokenizerJson();
+  once["model"]["vocab"]["el"] = 267;
+  once["model"]["merges"].push_back("e l");
+  REQUIRE(LoadOrDie(once)->Encode("hel", false) == Ids{256, 108});
+}
+
 TEST_CASE("Added tokens split the text first and decode by their special flag", "[model]") {
   auto t = LoadOrDie(testing::TinyBpeTokenizerJson());
   SECTION("special and non-special added tokens are whole tokens anywhere") {

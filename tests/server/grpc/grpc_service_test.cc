@@ -4,6 +4,11 @@
 #include <grpcpp/grpcpp.h>
 
 #include <catch2/catch.hpp>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "proto/kvserve.grpc.pb.h"
 #include "server/client_limiter.h"
@@ -147,6 +152,124 @@ TEST_CASE("gRPC kv_policy reaches the engine, unset fields left to its defaults"
   REQUIRE(seen.budget == 256);
   REQUIRE(seen.sink_tokens == 0);
   REQUIRE(seen.recent_tokens == -1);
+  REQUIRE(f.state.WaitForCalls(absl::Now() + absl::Seconds(10)));
+}
+
+// Every field of the proto's GenerateRequest (and of its SamplingParams and
+// KvPolicy) set to a value that is not its default, and what the engine's
+// request must hold for it. A field added to the proto without an entry here
+// fails the test, so none is dropped in the conversion unnoticed.
+TEST_CASE("gRPC converts every GenerateRequest field into the engine's request", "[server]") {
+  using Check = std::function<void(const GenerateRequest&)>;
+  v1::GenerateRequest req;
+  std::map<std::string, Check> checks;
+  auto add = [&checks](const std::string& name, Check c) {
+    REQUIRE(checks.emplace(name, std::move(c)).second);
+  };
+  req.set_request_id("map-1");
+  add("kvserve.v1.GenerateRequest.request_id",
+      [](const GenerateRequest& g) { REQUIRE(g.request_id == "map-1"); });
+  req.set_prompt("hi");
+  req.set_add_bos(false);
+  add("kvserve.v1.GenerateRequest.prompt", [](const GenerateRequest& g) {
+    REQUIRE(g.prompt_token_ids == std::vector<int32_t>{3 + 'h', 3 + 'i'});  // no BOS
+  });
+  add("kvserve.v1.GenerateRequest.add_bos",
+      [](const GenerateRequest& g) { REQUIRE_FALSE(g.add_bos); });
+  // prompt_token_ids win over the text: checked in a second call below.
+  add("kvserve.v1.GenerateRequest.prompt_token_ids", nullptr);
+  v1::SamplingParams* sp = req.mutable_sampling();
+  add("kvserve.v1.GenerateRequest.sampling", nullptr);  // its fields below
+  sp->set_temperature(0.5f);
+  add("kvserve.v1.SamplingParams.temperature",
+      [](const GenerateRequest& g) { REQUIRE(g.sampling.temperature == 0.5f); });
+  sp->set_top_k(7);
+  add("kvserve.v1.SamplingParams.top_k",
+      [](const GenerateRequest& g) { REQUIRE(g.sampling.top_k == 7); });
+  sp->set_top_p(0.75f);
+  add("kvserve.v1.SamplingParams.top_p",
+      [](const GenerateRequest& g) { REQUIRE(g.sampling.top_p == 0.75f); });
+  sp->set_min_p(0.125f);
+  add("kvserve.v1.SamplingParams.min_p",
+      [](const GenerateRequest& g) { REQUIRE(g.sampling.min_p == 0.125f); });
+  sp->set_repetition_penalty(1.25f);
+  add("kvserve.v1.SamplingParams.repetition_penalty",
+      [](const GenerateRequest& g) { REQUIRE(g.sampling.repetition_penalty == 1.25f); });
+  sp->set_presence_penalty(0.5f);
+  add("kvserve.v1.SamplingParams.presence_penalty",
+      [](const GenerateRequest& g) { REQUIRE(g.sampling.presence_penalty == 0.5f); });
+  sp->set_frequency_penalty(-0.25f);
+  add("kvserve.v1.SamplingParams.frequency_penalty",
+      [](const GenerateRequest& g) { REQUIRE(g.sampling.frequency_penalty == -0.25f); });
+  sp->set_seed(42);
+  add("kvserve.v1.SamplingParams.seed", [](const GenerateRequest& g) {
+    REQUIRE(g.sampling.seed.has_value());
+    REQUIRE(*g.sampling.seed == 42);
+  });
+  req.set_max_tokens(5);
+  add("kvserve.v1.GenerateRequest.max_tokens",
+      [](const GenerateRequest& g) { REQUIRE(g.max_tokens == 5); });
+  req.set_n(2);
+  add("kvserve.v1.GenerateRequest.n", [](const GenerateRequest& g) { REQUIRE(g.n == 2); });
+  req.add_stop("zz");
+  add("kvserve.v1.GenerateRequest.stop",
+      [](const GenerateRequest& g) { REQUIRE(g.stop == std::vector<std::string>{"zz"}); });
+  req.add_stop_token_ids(9);
+  add("kvserve.v1.GenerateRequest.stop_token_ids",
+      [](const GenerateRequest& g) { REQUIRE(g.stop_token_ids == std::vector<int32_t>{9}); });
+  req.set_ignore_eos(true);
+  add("kvserve.v1.GenerateRequest.ignore_eos",
+      [](const GenerateRequest& g) { REQUIRE(g.ignore_eos); });
+  req.set_logprobs(2);
+  add("kvserve.v1.GenerateRequest.logprobs",
+      [](const GenerateRequest& g) { REQUIRE(g.logprobs == 2); });
+  req.set_cache_salt("salt");
+  add("kvserve.v1.GenerateRequest.cache_salt",
+      [](const GenerateRequest& g) { REQUIRE(g.cache_salt == "salt"); });  // no keys: as sent
+  req.set_priority(3);
+  add("kvserve.v1.GenerateRequest.priority",
+      [](const GenerateRequest& g) { REQUIRE(g.priority == 3); });
+  v1::KvPolicy* kv = req.mutable_kv_policy();
+  add("kvserve.v1.GenerateRequest.kv_policy", nullptr);  // its fields below
+  kv->set_policy("h2o");
+  add("kvserve.v1.KvPolicy.policy",
+      [](const GenerateRequest& g) { REQUIRE(g.kv_policy.policy == "h2o"); });
+  kv->set_budget(64);
+  add("kvserve.v1.KvPolicy.budget",
+      [](const GenerateRequest& g) { REQUIRE(g.kv_policy.budget == 64); });
+  kv->set_sink_tokens(2);
+  add("kvserve.v1.KvPolicy.sink_tokens",
+      [](const GenerateRequest& g) { REQUIRE(g.kv_policy.sink_tokens == 2); });
+  kv->set_recent_tokens(16);
+  add("kvserve.v1.KvPolicy.recent_tokens",
+      [](const GenerateRequest& g) { REQUIRE(g.kv_policy.recent_tokens == 16); });
+
+  // The table covers the proto, field for field.
+  std::set<std::string> fields;
+  for (const google::protobuf::Descriptor* d :
+       {v1::GenerateRequest::descriptor(), v1::SamplingParams::descriptor(),
+        v1::KvPolicy::descriptor()}) {
+    for (int i = 0; i < d->field_count(); ++i) fields.insert(d->field(i)->full_name());
+  }
+  std::set<std::string> covered;
+  for (const auto& [name, check] : checks) covered.insert(name);
+  REQUIRE(covered == fields);
+
+  GrpcFixture f;
+  grpc::Status st;
+  Generate(f, req, &st);
+  INFO(st.error_message());
+  REQUIRE(st.ok());
+  const GenerateRequest seen = f.engine.last_request();
+  for (const auto& [name, check] : checks) {
+    INFO(name);
+    if (check) check(seen);
+  }
+  req.add_prompt_token_ids(1);
+  req.add_prompt_token_ids(40);
+  Generate(f, req, &st);
+  REQUIRE(st.ok());
+  REQUIRE(f.engine.last_request().prompt_token_ids == std::vector<int32_t>{1, 40});
   REQUIRE(f.state.WaitForCalls(absl::Now() + absl::Seconds(10)));
 }
 

@@ -156,6 +156,65 @@ TEST_CASE("Ambiguous or unsupported framing is refused with its status, then clo
   REQUIRE(metrics.find("kvserve_http_responses_total{code=\"501\"} 2") != std::string::npos);
 }
 
+TEST_CASE("A body of exactly server.max_body_bytes is read and one byte more is 413",
+          "[server][http]") {
+  Server s;  // max_body_bytes 4096
+  const std::string post = "POST /v1/completions HTTP/1.1\r\nHost: x\r\n";
+  // Valid JSON of exactly n bytes: the request, then spaces.
+  auto body_of = [](size_t n) {
+    std::string b = R"({"prompt": "hi", "max_tokens": 2})";
+    b.append(n - b.size(), ' ');
+    return b;
+  };
+  for (bool chunked : {false, true}) {
+    INFO((chunked ? "chunked" : "Content-Length"));
+    for (size_t n : {size_t{4096}, size_t{4097}}) {
+      INFO(n << " bytes");
+      const std::string body = body_of(n);
+      RawConnection c = s.Connect();
+      if (chunked) {
+        REQUIRE(c.Send(post + "Transfer-Encoding: chunked\r\n\r\n" +
+                       absl::StrCat(absl::Hex(body.size())) + "\r\n" + body + "\r\n0\r\n\r\n"));
+      } else {
+        REQUIRE(
+            c.Send(post + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body));
+      }
+      if (n == 4096) {
+        REQUIRE(CompletionText(c.ReadResponse()) == "ab");
+      } else {
+        RequireError(c.ReadResponse(), 413, "payload_too_large",
+                     "larger than server.max_body_bytes (4096 bytes)");
+      }
+    }
+  }
+  REQUIRE(s.state.calls_in_flight() == 0);
+}
+
+TEST_CASE("A query string does not change the route", "[server][http]") {
+  Server s;
+  RawConnection c = s.Connect();
+  REQUIRE(c.Send("GET /health?probe=1 HTTP/1.1\r\nHost: x\r\n\r\n"));
+  std::optional<RawResponse> health = c.ReadResponse();
+  REQUIRE(health.has_value());
+  INFO(health->body);
+  REQUIRE(health->status == 200);
+  REQUIRE(json::parse(health->body)["status"] == "ready");
+  REQUIRE(c.Send("GET /v1/models?limit=1&x HTTP/1.1\r\nHost: x\r\n\r\n"));
+  std::optional<RawResponse> models = c.ReadResponse();
+  REQUIRE(models.has_value());
+  REQUIRE(models->status == 200);
+  REQUIRE(json::parse(models->body)["data"][0]["id"] == "fake");
+  const std::string body = R"({"prompt": "hi", "max_tokens": 2})";
+  REQUIRE(c.Send("POST /v1/completions?x=y HTTP/1.1\r\nHost: x\r\nContent-Length: " +
+                 std::to_string(body.size()) + "\r\n\r\n" + body));
+  REQUIRE(CompletionText(c.ReadResponse()) == "ab");
+  // The query is not part of the path a 404 names.
+  REQUIRE(c.Send("GET /nope?x=y HTTP/1.1\r\nHost: x\r\n\r\n"));
+  std::optional<RawResponse> missing = c.ReadResponse();
+  REQUIRE(missing.has_value());
+  REQUIRE(missing->status == 404);
+}
+
 TEST_CASE("The API key is checked on the head, before any body byte is read", "[server][http]") {
   HttpService::Options o;
   o.max_body_bytes = 1 << 30;
