@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <filesystem>
@@ -27,6 +28,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "proto/kvserve.grpc.pb.h"
 #include "tests/integration/daemon_fixture.h"
 
@@ -170,18 +172,27 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// B's median latency for 1-token requests sent one after another while A
-// keeps 16 requests of 160 tokens in flight against 4 sequence slots, and A's
-// median latency.
+// B's median latency for 1-token requests sent one after another while A's
+// 16 clients threads keep sending 200-token requests back to back against 4
+// sequence slots (a queue of about 12 always waiting), and A's median.
 std::pair<double, double> LatenciesUnderLoad(const DaemonProcess& d) {
-  std::vector<double> heavy(16);
+  std::atomic<bool> stop{false};
+  absl::Mutex mu;
+  std::vector<double> heavy;
   std::vector<std::thread> threads;
-  for (size_t i = 0; i < heavy.size(); ++i) {
-    threads.emplace_back([&d, &heavy, i] { heavy[i] = CompletionSeconds(d, "key-a", 160); });
+  for (int i = 0; i < 16; ++i) {
+    threads.emplace_back([&] {
+      while (!stop.load()) {
+        const double s = CompletionSeconds(d, "key-a", 200);
+        absl::MutexLock lock(&mu);
+        heavy.push_back(s);
+      }
+    });
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // A's queue forms
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // A's queue forms
   std::vector<double> light;
   for (int i = 0; i < 5; ++i) light.push_back(CompletionSeconds(d, "key-b", 1));
+  stop.store(true);
   for (std::thread& t : threads) t.join();
   return {Median(light), Median(heavy)};
 }
@@ -212,7 +223,7 @@ TEST_CASE("Daemon: with API keys one client's queue does not hold another's requ
        << " ms");
   // First come, first served, B waits for A's queue; taking turns, B waits
   // about one step (a ratio in one run, not a time: the machine is shared).
-  REQUIRE(fcfs.first > 0.5 * fcfs.second);
+  REQUIRE(fcfs.first > 0.3 * fcfs.second);
   REQUIRE(fair.first * 4 < fcfs.first);
   REQUIRE(fair.first * 4 < fair.second);
 }
