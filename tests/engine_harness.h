@@ -263,4 +263,42 @@ inline std::vector<GenerateRequest> SharedPrefixRequests(const std::vector<int32
   return reqs;
 }
 
+// As RunConcurrently, but every request reaches the engine in the same step:
+// they are submitted from the engine thread, at an event of a leader request
+// (8 greedy tokens, its result dropped) that runs first. So a test that needs
+// them all queued at once (to force preemption, say) does not depend on how
+// fast this thread submits.
+inline std::vector<Result> RunInOneStep(Engine& engine, const std::vector<GenerateRequest>& reqs) {
+  struct Burst {
+    absl::Mutex mu;
+    bool sent = false;
+    std::vector<absl::StatusOr<std::shared_ptr<RequestStream>>> streams;
+  };
+  auto burst = std::make_shared<Burst>();
+  GenerateRequest leader = Greedy("Once", 8);
+  leader.ignore_eos = true;
+  auto lead = engine.Submit(leader);
+  REQUIRE(lead.ok());
+  Engine* e = &engine;
+  (*lead)->SetNotify([burst, e, reqs] {
+    absl::MutexLock lock(&burst->mu);
+    if (burst->sent) return;
+    burst->sent = true;
+    for (const GenerateRequest& r : reqs) burst->streams.push_back(e->Submit(r));
+  });
+  Collect(**lead);  // 8 events: the notify ran at one of them
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  {
+    absl::MutexLock lock(&burst->mu);
+    REQUIRE(burst->sent);
+    for (auto& s : burst->streams) {
+      REQUIRE(s.ok());
+      streams.push_back(*s);
+    }
+  }
+  std::vector<Result> results;
+  for (size_t i = 0; i < streams.size(); ++i) results.push_back(Collect(*streams[i], reqs[i].n));
+  return results;
+}
+
 }  // namespace kvserve::testing
