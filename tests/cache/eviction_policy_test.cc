@@ -9,19 +9,15 @@
 #include <vector>
 
 #include "cache/sequence_evictor.h"
+#include "tests/cache/tiny_cache.h"
 
 namespace kvserve {
 namespace {
 
+using testing::Range;
 using Victims = std::vector<int32_t>;
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
-
-std::vector<int32_t> Range(int32_t start, int32_t n) {
-  std::vector<int32_t> v(n);
-  std::iota(v.begin(), v.end(), start);
-  return v;
-}
 
 EvictionParams Params(EvictionPolicyKind kind, int32_t budget, int32_t recent = 0,
                       int32_t sinks = 4) {

@@ -10,34 +10,20 @@
 #include <vector>
 
 #include "tests/cache/kv_cache_checker.h"
+#include "tests/cache/tiny_cache.h"
 
 namespace kvserve {
 namespace {
 
+using testing::Blocks;
+using testing::Range;
+using testing::Tiny;
 using Ids = std::vector<BlockId>;
-
-KvCacheConfig Tiny(bool prefix_caching = true) {
-  KvCacheConfig c;
-  c.block_size = 4;
-  c.num_blocks = 8;
-  c.num_swap_blocks = 4;
-  c.enable_prefix_caching = prefix_caching;
-  return c;
-}
-
-// start, start + 1, ..., start + n - 1
-std::vector<int32_t> Range(int32_t start, int32_t n) {
-  std::vector<int32_t> v(n);
-  std::iota(v.begin(), v.end(), start);
-  return v;
-}
 
 std::vector<int32_t> Concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
 }
-
-const Ids& Blocks(const KvCacheManager& kv, SeqId seq) { return kv.block_table(seq).blocks(); }
 
 int32_t Cached(const absl::StatusOr<AllocateResult>& r) {
   REQUIRE(r.ok());

@@ -6,15 +6,12 @@
 
 #include "cache/kv_cache_manager.h"
 #include "tests/cache/kv_cache_checker.h"
+#include "tests/cache/tiny_cache.h"
 
 namespace kvserve {
 namespace {
 
-std::vector<int32_t> Range(int32_t start, int32_t n) {
-  std::vector<int32_t> v(n);
-  std::iota(v.begin(), v.end(), start);
-  return v;
-}
+using testing::Range;
 
 TEST_CASE("KvCacheStats follow a scripted scenario", "[cache]") {
   KvCacheConfig config;

@@ -9,32 +9,17 @@
 
 #include "cache/kv_cache_manager.h"
 #include "tests/cache/kv_cache_checker.h"
+#include "tests/cache/tiny_cache.h"
 
 namespace kvserve {
 namespace {
 
+using testing::Blocks;
+using testing::Range;
+using testing::TinyWithTails;
 using Ids = std::vector<BlockId>;
 using testing::CopyPairs;
 using testing::Pairs;
-
-KvCacheConfig TinyWithTails(bool prefix_caching = true) {
-  KvCacheConfig c;
-  c.block_size = 4;
-  c.num_blocks = 8;
-  c.num_swap_blocks = 4;
-  c.num_tail_blocks = 3;
-  c.num_swap_tail_blocks = 2;
-  c.enable_prefix_caching = prefix_caching;
-  return c;
-}
-
-std::vector<int32_t> Range(int32_t start, int32_t n) {
-  std::vector<int32_t> v(n);
-  std::iota(v.begin(), v.end(), start);
-  return v;
-}
-
-const Ids& Blocks(const KvCacheManager& kv, SeqId seq) { return kv.block_table(seq).blocks(); }
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
 

@@ -10,32 +10,19 @@
 
 #include "cache/kv_cache_manager.h"
 #include "tests/cache/kv_cache_checker.h"
+#include "tests/cache/tiny_cache.h"
 
 namespace kvserve {
 namespace {
 
+using testing::Blocks;
+using testing::Range;
+using testing::Tiny;
 using Ids = std::vector<BlockId>;
 using Moves = std::vector<IndexMove>;
 using SlotMoves = std::vector<SlotMove>;
 using testing::CopyPairs;
 using testing::Pairs;
-
-KvCacheConfig Tiny(bool prefix_caching) {
-  KvCacheConfig c;
-  c.block_size = 4;
-  c.num_blocks = 8;
-  c.num_swap_blocks = 4;
-  c.enable_prefix_caching = prefix_caching;
-  return c;
-}
-
-std::vector<int32_t> Range(int32_t start, int32_t n) {
-  std::vector<int32_t> v(n);
-  std::iota(v.begin(), v.end(), start);
-  return v;
-}
-
-const Ids& Blocks(const KvCacheManager& kv, SeqId seq) { return kv.block_table(seq).blocks(); }
 
 std::vector<int32_t> Tokens(const KvCacheManager& kv, SeqId seq) {
   auto t = kv.token_ids(seq);
