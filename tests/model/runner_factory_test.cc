@@ -6,21 +6,15 @@
 #include <string>
 
 #include "model/loader/llama2c_loader.h"
+#include "tests/model/stories260k.h"
 #include "tests/test_util.h"
 
 namespace kvserve {
 namespace {
 
-std::string Message(const absl::Status& s) { return std::string(s.message()); }
+using testing::Stories260k;
 
-const LlamaWeights& Stories260k() {
-  static const LlamaWeights* w = [] {
-    auto loaded = LoadLlama2cCheckpoint(testing::Stories260kCheckpoint());
-    if (!loaded.ok()) FAIL(std::string(loaded.status().message()));
-    return new LlamaWeights(std::move(*loaded));
-  }();
-  return *w;
-}
+std::string Message(const absl::Status& s) { return std::string(s.message()); }
 
 TEST_CASE("model.device: cpu, cuda, cuda:N", "[model]") {
   REQUIRE(ParseDevice("cpu")->kind == DeviceSpec::Kind::kCpu);

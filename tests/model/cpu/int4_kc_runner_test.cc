@@ -12,25 +12,17 @@
 #include "model/cpu/cpu_model_runner.h"
 #include "model/loader/llama2c_loader.h"
 #include "model/tokenizer/tokenizer.h"
+#include "tests/model/stories260k.h"
 #include "tests/test_util.h"
 
 namespace kvserve {
 namespace {
 
-const LlamaWeights& Stories260k() {
-  static const LlamaWeights* w = [] {
-    auto loaded = LoadLlama2cCheckpoint(testing::Stories260kCheckpoint());
-    if (!loaded.ok()) FAIL(std::string(loaded.status().message()));
-    return new LlamaWeights(std::move(*loaded));
-  }();
-  return *w;
-}
+using testing::Stories260k;
 
 std::vector<int32_t> Prompt() {
   static const std::vector<int32_t> p = [] {
-    auto tok = Tokenizer::LoadSentencePiece(testing::Stories260kTokenizer());
-    REQUIRE(tok.ok());
-    return (*tok)->Encode(
+    return testing::Stories260kTok().Encode(
         "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
         "park with her dog. One day, she saw a big red ball under a tree.",
         true);

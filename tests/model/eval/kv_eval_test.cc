@@ -16,28 +16,14 @@
 #include "model/cpu/cpu_model_runner.h"
 #include "model/loader/llama2c_loader.h"
 #include "model/tokenizer/tokenizer.h"
+#include "tests/model/stories260k.h"
 #include "tests/test_util.h"
 
 namespace kvserve {
 namespace {
 
-const LlamaWeights& Stories260k() {
-  static const LlamaWeights* w = [] {
-    auto loaded = LoadLlama2cCheckpoint(testing::Stories260kCheckpoint());
-    if (!loaded.ok()) FAIL(std::string(loaded.status().message()));
-    return new LlamaWeights(std::move(*loaded));
-  }();
-  return *w;
-}
-
-const Tokenizer& Stories260kTok() {
-  static const Tokenizer* t = [] {
-    auto tok = Tokenizer::LoadSentencePiece(testing::Stories260kTokenizer());
-    if (!tok.ok()) FAIL(std::string(tok.status().message()));
-    return tok->release();
-  }();
-  return *t;
-}
+using testing::Stories260k;
+using testing::Stories260kTok;
 
 std::string DevText() {
   return testing::ReadFileOrDie(testing::SharedDir() + "/data/tinystories_valid_dev.txt");
