@@ -39,6 +39,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/shared_file.h"
 #include "cache/block_pool.h"
 #include "kernels/cpu/gemm.h"
 #include "model/cpu/cpu_model_runner.h"
@@ -50,18 +51,7 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-std::string DefaultModel() {
-  const std::string rel = "models/stories260k/stories260K.bin";
-  if (const char* env = std::getenv("KVSERVE_SHARED"); env != nullptr && *env != '\0') {
-    return std::string(env) + "/" + rel;
-  }
-  for (fs::path d = fs::current_path();; d = d.parent_path()) {
-    if (fs::exists(d / "shared" / rel)) return (d / "shared" / rel).string();
-    if (fs::exists(d / ".." / "shared" / rel)) return (d / ".." / "shared" / rel).string();
-    if (d == d.parent_path()) break;
-  }
-  return "../shared/" + rel;
-}
+std::string DefaultModel() { return bench::SharedFile("models/stories260k/stories260K.bin"); }
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

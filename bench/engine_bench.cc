@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "bench/shared_file.h"
 #include "model/cpu/cpu_model_runner.h"
 #include "model/loader/model_loader.h"
 #include "scheduler/engine.h"
@@ -43,17 +44,7 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-std::string SharedFile(const std::string& rel) {
-  if (const char* env = std::getenv("KVSERVE_SHARED"); env != nullptr && *env != '\0') {
-    return std::string(env) + "/" + rel;
-  }
-  for (fs::path d = fs::current_path();; d = d.parent_path()) {
-    if (fs::exists(d / "shared" / rel)) return (d / "shared" / rel).string();
-    if (fs::exists(d / ".." / "shared" / rel)) return (d / ".." / "shared" / rel).string();
-    if (d == d.parent_path()) break;
-  }
-  return "../shared/" + rel;
-}
+using bench::SharedFile;
 
 struct Options {
   std::string model;

@@ -35,6 +35,7 @@
 #include "bench/loadgen/report.h"
 #include "bench/loadgen/server_metrics.h"
 #include "bench/loadgen/workload.h"
+#include "bench/shared_file.h"
 #include "model/tokenizer/hf_tokenizer.h"
 #include "proto/kvserve.grpc.pb.h"
 
@@ -116,18 +117,7 @@ struct Options {
 
 // shared/<rel> beside the current directory or an ancestor, or under
 // $KVSERVE_SHARED.
-std::string SharedFile(const std::string& rel) {
-  if (const char* env = std::getenv("KVSERVE_SHARED"); env != nullptr && *env != '\0') {
-    return std::string(env) + "/" + rel;
-  }
-  for (fs::path d = fs::current_path();; d = d.parent_path()) {
-    if (fs::exists(d / "shared" / rel)) return (d / "shared" / rel).string();
-    if (fs::exists(d / ".." / "shared" / rel))
-      return (d / ".." / "shared" / rel).lexically_normal();
-    if (d == d.parent_path()) break;
-  }
-  return "../shared/" + rel;
-}
+using bench::SharedFile;
 
 int UsageError(const std::string& message) {
   std::fprintf(stderr, "kvserve_bench: %s\n(run 'kvserve_bench --help' for usage)\n",
