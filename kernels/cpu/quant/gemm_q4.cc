@@ -1,15 +1,16 @@
 // The int4-weight kernels of QuantLinear (quant_matrix.h): AVX-512 VNNI and
 // AVX2, unpacking the nibbles in registers. Both form, per row, channel and
-// group, the exact int32 sum_{k in g} p_k (q_k + 8) - 8 sum_{k in g} p_k,
-// then fma(float(sum), scale, acc) over the groups in order and a final
-// multiply by the row's activation scale: the float operations of Q4Scalar,
-// so all three give the same bits.
+// group, the exact int32s sum_{k in g} h_k (q_k + 8) - 8 sum_{k in g} h_k
+// (and the same for l), then fma(128 float(h sum) + float(l sum), scale,
+// acc) over the groups in order and a final multiply by the row's
+// activation scale: the float operations of Q4Scalar, so all three give the
+// same bits.
 //
 // One 64-byte load holds two quads for a block's 16 channels: the low
 // nibbles are the quad at k, the high ones the quad at k + 4. The weights
 // (q + 8 in [1, 15]) are the unsigned operand of vpdpbusd and the
-// activations (p in [-127, 127]) the signed one, so nothing is offset; the
-// accumulator starts at -8 * sum p of the group instead. AVX2's vpmaddubsw
+// activation bytes (h in [-127, 127], l in [0, 127]) the signed one, so
+// nothing is offset; the accumulators start at -8 * the group's sums. AVX2's vpmaddubsw
 // pairs are at most 2 x 15 x 127 = 3810, so four quad pairs (eight of
 // them) add in int16 before vpmaddwd widens them.
 #include <algorithm>
@@ -49,9 +50,14 @@ KV_VNNI void TileVnni(const QuantGemmArgs& a, int64_t r0, int64_t b0) {
   const int64_t kp = w.k_padded(), groups = w.num_groups(), pairs = w.group_size() / 8;
   const uint8_t* wb[NB];
   for (int b = 0; b < NB; ++b) wb[b] = w.block(b0 + b);
-  const int8_t* xr[R];
-  for (int r = 0; r < R; ++r) xr[r] = a.xq + (r0 + r) * kp;
+  const int8_t* xh[R];
+  const uint8_t* xl[R];
+  for (int r = 0; r < R; ++r) {
+    xh[r] = a.xh + (r0 + r) * kp;
+    xl[r] = a.xl + (r0 + r) * kp;
+  }
   const __m512i low = _mm512_set1_epi8(0x0F);
+  const __m512 k128 = _mm512_set1_ps(128.0f);
   __m512 facc[R][NB];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
@@ -59,12 +65,16 @@ KV_VNNI void TileVnni(const QuantGemmArgs& a, int64_t r0, int64_t b0) {
     for (int b = 0; b < NB; ++b) facc[r][b] = _mm512_setzero_ps();
   }
   for (int64_t g = 0; g < groups; ++g) {
-    __m512i acc[R][NB];
+    __m512i ah[R][NB], al[R][NB];
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const __m512i init = _mm512_set1_epi32(-8 * a.xsum[(r0 + r) * groups + g]);
+      const __m512i ih = _mm512_set1_epi32(-8 * a.sum_h[(r0 + r) * groups + g]);
+      const __m512i il = _mm512_set1_epi32(-8 * a.sum_l[(r0 + r) * groups + g]);
 #pragma GCC unroll 16
-      for (int b = 0; b < NB; ++b) acc[r][b] = init;
+      for (int b = 0; b < NB; ++b) {
+        ah[r][b] = ih;
+        al[r][b] = il;
+      }
     }
     for (int64_t p = 0; p < pairs; ++p) {
       const int64_t off = (g * pairs + p) * 64;
@@ -76,15 +86,19 @@ KV_VNNI void TileVnni(const QuantGemmArgs& a, int64_t r0, int64_t b0) {
         lo[b] = _mm512_and_si512(v, low);
         hi[b] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
       }
-      const int64_t k = g * pairs * 8 + p * 8;
+      const int64_t k = (g * pairs + p) * 8;
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
-        const __m512i x0 = _mm512_set1_epi32(Load4(xr[r] + k));
-        const __m512i x1 = _mm512_set1_epi32(Load4(xr[r] + k + 4));
+        const __m512i h0 = _mm512_set1_epi32(Load4(xh[r] + k));
+        const __m512i h1 = _mm512_set1_epi32(Load4(xh[r] + k + 4));
+        const __m512i l0 = _mm512_set1_epi32(Load4(xl[r] + k));
+        const __m512i l1 = _mm512_set1_epi32(Load4(xl[r] + k + 4));
 #pragma GCC unroll 16
         for (int b = 0; b < NB; ++b) {
-          acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], lo[b], x0);
-          acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], hi[b], x1);
+          ah[r][b] = _mm512_dpbusd_epi32(ah[r][b], lo[b], h0);
+          ah[r][b] = _mm512_dpbusd_epi32(ah[r][b], hi[b], h1);
+          al[r][b] = _mm512_dpbusd_epi32(al[r][b], lo[b], l0);
+          al[r][b] = _mm512_dpbusd_epi32(al[r][b], hi[b], l1);
         }
       }
     }
@@ -94,7 +108,9 @@ KV_VNNI void TileVnni(const QuantGemmArgs& a, int64_t r0, int64_t b0) {
           reinterpret_cast<const __m256i*>(wb[b] + w.scale_offset() + g * kQuantBlock * 2)));
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
-        facc[r][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[r][b]), s, facc[r][b]);
+        const __m512 comb = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(ah[r][b]), k128),
+                                          _mm512_cvtepi32_ps(al[r][b]));
+        facc[r][b] = _mm512_fmadd_ps(comb, s, facc[r][b]);
       }
     }
   }
@@ -116,97 +132,79 @@ KV_VNNI void ColsVnni(const QuantGemmArgs& a, int64_t r0, int64_t b_lo, int64_t 
   for (; b < b_hi; ++b) TileVnni<R, 1>(a, r0, b);
 }
 
-// 8 channels (half a block) per ymm; R rows x NH halves.
-template <int R, int NH>
+// 8 channels (half a block) per ymm; R rows x one half.
+template <int R>
 KV_AVX2 void TileAvx2(const QuantGemmArgs& a, int64_t r0, int64_t h0) {
   const QuantMatrix& w = *a.w;
   const int64_t kp = w.k_padded(), groups = w.num_groups(), pairs = w.group_size() / 8;
-  const uint8_t* wb[NH];
-  int half[NH];
-  for (int h = 0; h < NH; ++h) {
-    wb[h] = w.block((h0 + h) / 2);
-    half[h] = static_cast<int>((h0 + h) % 2);
-  }
-  const int8_t* xr[R];
-  for (int r = 0; r < R; ++r) xr[r] = a.xq + (r0 + r) * kp;
-  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  __m256 facc[R][NH];
-#pragma GCC unroll 16
+  const uint8_t* wb = w.block(h0 / 2);
+  const int half = static_cast<int>(h0 % 2);
+  const int8_t* xh[R];
+  const uint8_t* xl[R];
   for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 16
-    for (int h = 0; h < NH; ++h) facc[r][h] = _mm256_setzero_ps();
+    xh[r] = a.xh + (r0 + r) * kp;
+    xl[r] = a.xl + (r0 + r) * kp;
   }
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256 k128 = _mm256_set1_ps(128.0f);
+  __m256 facc[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) facc[r] = _mm256_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
-    __m256i acc[R][NH];
+    __m256i ah[R], al[R];
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const __m256i init = _mm256_set1_epi32(-8 * a.xsum[(r0 + r) * groups + g]);
-#pragma GCC unroll 16
-      for (int h = 0; h < NH; ++h) acc[r][h] = init;
+      ah[r] = _mm256_set1_epi32(-8 * a.sum_h[(r0 + r) * groups + g]);
+      al[r] = _mm256_set1_epi32(-8 * a.sum_l[(r0 + r) * groups + g]);
     }
     for (int64_t p0 = 0; p0 < pairs; p0 += 4) {
       const int64_t p1 = std::min<int64_t>(pairs, p0 + 4);
-      __m256i s16[R][NH];
+      __m256i sh[R], sl[R];
 #pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 16
-        for (int h = 0; h < NH; ++h) s16[r][h] = _mm256_setzero_si256();
-      }
+      for (int r = 0; r < R; ++r) sh[r] = sl[r] = _mm256_setzero_si256();
       for (int64_t p = p0; p < p1; ++p) {
-        __m256i lo[NH], hi[NH];
-#pragma GCC unroll 16
-        for (int h = 0; h < NH; ++h) {
-          const __m256i v = _mm256_load_si256(
-              reinterpret_cast<const __m256i*>(wb[h] + (g * pairs + p) * 64 + half[h] * 32));
-          lo[h] = _mm256_and_si256(v, low);
-          hi[h] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-        }
+        const __m256i v = _mm256_load_si256(
+            reinterpret_cast<const __m256i*>(wb + (g * pairs + p) * 64 + half * 32));
+        const __m256i lo = _mm256_and_si256(v, low);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
         const int64_t k = (g * pairs + p) * 8;
 #pragma GCC unroll 16
         for (int r = 0; r < R; ++r) {
-          const __m256i x0 = _mm256_set1_epi32(Load4(xr[r] + k));
-          const __m256i x1 = _mm256_set1_epi32(Load4(xr[r] + k + 4));
-#pragma GCC unroll 16
-          for (int h = 0; h < NH; ++h) {
-            s16[r][h] = _mm256_add_epi16(s16[r][h], _mm256_maddubs_epi16(lo[h], x0));
-            s16[r][h] = _mm256_add_epi16(s16[r][h], _mm256_maddubs_epi16(hi[h], x1));
-          }
+          sh[r] = _mm256_add_epi16(sh[r],
+                                   _mm256_maddubs_epi16(lo, _mm256_set1_epi32(Load4(xh[r] + k))));
+          sh[r] = _mm256_add_epi16(
+              sh[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(Load4(xh[r] + k + 4))));
+          sl[r] = _mm256_add_epi16(sl[r],
+                                   _mm256_maddubs_epi16(lo, _mm256_set1_epi32(Load4(xl[r] + k))));
+          sl[r] = _mm256_add_epi16(
+              sl[r], _mm256_maddubs_epi16(hi, _mm256_set1_epi32(Load4(xl[r] + k + 4))));
         }
       }
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
-#pragma GCC unroll 16
-        for (int h = 0; h < NH; ++h) {
-          acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(s16[r][h], ones));
-        }
+        ah[r] = _mm256_add_epi32(ah[r], _mm256_madd_epi16(sh[r], ones));
+        al[r] = _mm256_add_epi32(al[r], _mm256_madd_epi16(sl[r], ones));
       }
     }
+    const __m256 s = _mm256_cvtph_ps(_mm_load_si128(
+        reinterpret_cast<const __m128i*>(wb + w.scale_offset() + g * kQuantBlock * 2 + half * 16)));
 #pragma GCC unroll 16
-    for (int h = 0; h < NH; ++h) {
-      const __m256 s = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(
-          wb[h] + w.scale_offset() + g * kQuantBlock * 2 + half[h] * 16)));
-#pragma GCC unroll 16
-      for (int r = 0; r < R; ++r) {
-        facc[r][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[r][h]), s, facc[r][h]);
-      }
+    for (int r = 0; r < R; ++r) {
+      const __m256 comb =
+          _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ah[r]), k128), _mm256_cvtepi32_ps(al[r]));
+      facc[r] = _mm256_fmadd_ps(comb, s, facc[r]);
     }
   }
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
-    const __m256 t = _mm256_set1_ps(a.xscale[r0 + r]);
-#pragma GCC unroll 16
-    for (int h = 0; h < NH; ++h) {
-      _mm256_storeu_ps(a.out + (r0 + r) * a.ldo + (h0 + h) * 8 - a.b_begin * kQuantBlock,
-                       _mm256_mul_ps(facc[r][h], t));
-    }
+    _mm256_storeu_ps(a.out + (r0 + r) * a.ldo + h0 * 8 - a.b_begin * kQuantBlock,
+                     _mm256_mul_ps(facc[r], _mm256_set1_ps(a.xscale[r0 + r])));
   }
 }
 
-template <int R, int NH>
+template <int R>
 KV_AVX2 void ColsAvx2(const QuantGemmArgs& a, int64_t r0, int64_t b_lo, int64_t b_hi) {
-  int64_t h = 2 * b_lo;
-  for (; h + NH <= 2 * b_hi; h += NH) TileAvx2<R, NH>(a, r0, h);
-  for (; h < 2 * b_hi; ++h) TileAvx2<R, 1>(a, r0, h);
+  for (int64_t h = 2 * b_lo; h < 2 * b_hi; ++h) TileAvx2<R>(a, r0, h);
 }
 
 }  // namespace
@@ -216,20 +214,8 @@ KV_VNNI void Q4Vnni512(const QuantGemmArgs& a) {
   for (int64_t g0 = a.b_begin; g0 < a.b_end; g0 += per_group) {
     const int64_t g1 = std::min(a.b_end, g0 + per_group);
     int64_t r = 0;
-    for (; r + 4 <= a.rows; r += 4) ColsVnni<4, 2>(a, r, g0, g1);
-    switch (a.rows - r) {
-      case 3:
-        ColsVnni<3, 2>(a, r, g0, g1);
-        break;
-      case 2:
-        ColsVnni<2, 2>(a, r, g0, g1);
-        break;
-      case 1:
-        ColsVnni<1, 4>(a, r, g0, g1);
-        break;
-      default:
-        break;
-    }
+    for (; r + 2 <= a.rows; r += 2) ColsVnni<2, 2>(a, r, g0, g1);
+    if (r < a.rows) ColsVnni<1, 4>(a, r, g0, g1);
   }
 }
 
@@ -238,8 +224,8 @@ KV_AVX2 void Q4Avx2(const QuantGemmArgs& a) {
   for (int64_t g0 = a.b_begin; g0 < a.b_end; g0 += per_group) {
     const int64_t g1 = std::min(a.b_end, g0 + per_group);
     int64_t r = 0;
-    for (; r + 2 <= a.rows; r += 2) ColsAvx2<2, 2>(a, r, g0, g1);
-    if (r < a.rows) ColsAvx2<1, 2>(a, r, g0, g1);
+    for (; r + 2 <= a.rows; r += 2) ColsAvx2<2>(a, r, g0, g1);
+    if (r < a.rows) ColsAvx2<1>(a, r, g0, g1);
   }
 }
 

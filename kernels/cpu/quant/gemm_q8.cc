@@ -1,17 +1,19 @@
 // The int8-weight kernels of QuantLinear (quant_matrix.h): AVX-512 VNNI and
-// AVX2. Both produce the exact int32 sums sum_k p_rk q_ok and then the same
-// float operations as Q8Scalar, so all three give the same bits.
+// AVX2. Both produce the exact int32 sums sum_k h_rk q_ok and sum_k l_rk
+// q_ok and then the same float operations as Q8Scalar, so all three give
+// the same bits.
 //
 // VNNI: one 64-byte load is a quad of inputs for a block's 16 channels; a
-// row's 4 activation bytes (offset by 128, unsigned) are broadcast to every
-// lane and vpdpbusd adds the four products into each channel's int32. Tiles
-// are R rows x NB blocks (4 x 4 for prefill: 16 accumulators, 4 weight
-// loads and 4 broadcasts per 16 vpdpbusd; one row takes 4 blocks, i.e. 4
-// independent chains). The offset is removed at the end with the channel's
-// 128 * sum_k q_ok.
+// row's 4 high bytes (offset by 128, unsigned) and 4 low bytes are
+// broadcast to every lane and two vpdpbusd add the products into each
+// channel's two int32s. Tiles are R rows x NB blocks (2 x 4: 16
+// accumulators, 4 weight loads and 4 broadcasts per 16 vpdpbusd; one row
+// takes 4 blocks, i.e. 8 independent chains). The offset is removed at the
+// end with the channel's 128 * sum_k q_ok.
 //
-// AVX2: vpmaddubsw(|q|, p with q's sign) gives pairs of at most 2 x 127 x
-// 127 < 2^15 (no saturation), vpmaddwd by ones widens to int32.
+// AVX2: vpmaddubsw(|q|, h with q's sign) and vpmaddubsw(l, q) give pairs of
+// at most 2 x 127 x 127 < 2^15 (no saturation), vpmaddwd by ones widens to
+// int32.
 //
 // Column blocks are walked in groups that stay in L2 while every row tile
 // passes over them.
@@ -52,13 +54,17 @@ KV_VNNI void TileVnni(const QuantGemmArgs& a, int64_t r0, int64_t b0) {
   const int64_t kp = w.k_padded(), nq = kp / 4;
   const uint8_t* wb[NB];
   for (int b = 0; b < NB; ++b) wb[b] = w.block(b0 + b);
-  const uint8_t* xr[R];
-  for (int r = 0; r < R; ++r) xr[r] = a.xu + (r0 + r) * kp;
-  __m512i acc[R][NB];
+  const uint8_t* xh[R];
+  const uint8_t* xl[R];
+  for (int r = 0; r < R; ++r) {
+    xh[r] = a.xhu + (r0 + r) * kp;
+    xl[r] = a.xl + (r0 + r) * kp;
+  }
+  __m512i ah[R][NB], al[R][NB];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 16
-    for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_setzero_si512();
+    for (int b = 0; b < NB; ++b) ah[r][b] = al[r][b] = _mm512_setzero_si512();
   }
   for (int64_t q = 0; q < nq; ++q) {
     __m512i wv[NB];
@@ -69,11 +75,16 @@ KV_VNNI void TileVnni(const QuantGemmArgs& a, int64_t r0, int64_t b0) {
     }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const __m512i xv = _mm512_set1_epi32(Load4(xr[r] + 4 * q));
+      const __m512i vh = _mm512_set1_epi32(Load4(xh[r] + 4 * q));
+      const __m512i vl = _mm512_set1_epi32(Load4(xl[r] + 4 * q));
 #pragma GCC unroll 16
-      for (int b = 0; b < NB; ++b) acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], xv, wv[b]);
+      for (int b = 0; b < NB; ++b) {
+        ah[r][b] = _mm512_dpbusd_epi32(ah[r][b], vh, wv[b]);
+        al[r][b] = _mm512_dpbusd_epi32(al[r][b], vl, wv[b]);
+      }
     }
   }
+  const __m512 k128 = _mm512_set1_ps(128.0f);
 #pragma GCC unroll 16
   for (int b = 0; b < NB; ++b) {
     const int64_t c = (b0 + b) * kQuantBlock;
@@ -81,10 +92,12 @@ KV_VNNI void TileVnni(const QuantGemmArgs& a, int64_t r0, int64_t b0) {
     const __m512 ws = _mm512_loadu_ps(w.channel_scales() + c);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const __m512i s = _mm512_sub_epi32(acc[r][b], corr);
+      const __m512i h = _mm512_sub_epi32(ah[r][b], corr);
+      const __m512 comb =
+          _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(h), k128), _mm512_cvtepi32_ps(al[r][b]));
       const __m512 scale = _mm512_mul_ps(ws, _mm512_set1_ps(a.xscale[r0 + r]));
       _mm512_storeu_ps(a.out + (r0 + r) * a.ldo + (b0 + b - a.b_begin) * kQuantBlock,
-                       _mm512_mul_ps(_mm512_cvtepi32_ps(s), scale));
+                       _mm512_mul_ps(comb, scale));
     }
   }
 }
@@ -103,14 +116,18 @@ KV_AVX2 void TileAvx2(const QuantGemmArgs& a, int64_t r0, int64_t h0) {
   const int64_t kp = w.k_padded(), nq = kp / 4;
   const uint8_t* wh[NH];
   for (int h = 0; h < NH; ++h) wh[h] = w.block((h0 + h) / 2) + ((h0 + h) % 2) * 32;
-  const int8_t* xr[R];
-  for (int r = 0; r < R; ++r) xr[r] = a.xq + (r0 + r) * kp;
+  const int8_t* xh[R];
+  const uint8_t* xl[R];
+  for (int r = 0; r < R; ++r) {
+    xh[r] = a.xh + (r0 + r) * kp;
+    xl[r] = a.xl + (r0 + r) * kp;
+  }
   const __m256i ones = _mm256_set1_epi16(1);
-  __m256i acc[R][NH];
+  __m256i ah[R][NH], al[R][NH];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
 #pragma GCC unroll 16
-    for (int h = 0; h < NH; ++h) acc[r][h] = _mm256_setzero_si256();
+    for (int h = 0; h < NH; ++h) ah[r][h] = al[r][h] = _mm256_setzero_si256();
   }
   for (int64_t q = 0; q < nq; ++q) {
     __m256i wv[NH], aw[NH];
@@ -121,23 +138,29 @@ KV_AVX2 void TileAvx2(const QuantGemmArgs& a, int64_t r0, int64_t h0) {
     }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
-      const __m256i xv = _mm256_set1_epi32(Load4(xr[r] + 4 * q));
+      const __m256i vh = _mm256_set1_epi32(Load4(xh[r] + 4 * q));
+      const __m256i vl = _mm256_set1_epi32(Load4(xl[r] + 4 * q));
 #pragma GCC unroll 16
       for (int h = 0; h < NH; ++h) {
-        const __m256i p = _mm256_maddubs_epi16(aw[h], _mm256_sign_epi8(xv, wv[h]));
-        acc[r][h] = _mm256_add_epi32(acc[r][h], _mm256_madd_epi16(p, ones));
+        const __m256i ph = _mm256_maddubs_epi16(aw[h], _mm256_sign_epi8(vh, wv[h]));
+        const __m256i pl = _mm256_maddubs_epi16(vl, wv[h]);
+        ah[r][h] = _mm256_add_epi32(ah[r][h], _mm256_madd_epi16(ph, ones));
+        al[r][h] = _mm256_add_epi32(al[r][h], _mm256_madd_epi16(pl, ones));
       }
     }
   }
+  const __m256 k128 = _mm256_set1_ps(128.0f);
 #pragma GCC unroll 16
   for (int h = 0; h < NH; ++h) {
     const int64_t c = (h0 + h) * 8;
     const __m256 ws = _mm256_loadu_ps(w.channel_scales() + c);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
+      const __m256 comb = _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ah[r][h]), k128),
+                                        _mm256_cvtepi32_ps(al[r][h]));
       const __m256 scale = _mm256_mul_ps(ws, _mm256_set1_ps(a.xscale[r0 + r]));
       _mm256_storeu_ps(a.out + (r0 + r) * a.ldo + c - a.b_begin * kQuantBlock,
-                       _mm256_mul_ps(_mm256_cvtepi32_ps(acc[r][h]), scale));
+                       _mm256_mul_ps(comb, scale));
     }
   }
 }
@@ -156,20 +179,8 @@ KV_VNNI void Q8Vnni512(const QuantGemmArgs& a) {
   for (int64_t g0 = a.b_begin; g0 < a.b_end; g0 += per_group) {
     const int64_t g1 = std::min(a.b_end, g0 + per_group);
     int64_t r = 0;
-    for (; r + 4 <= a.rows; r += 4) ColsVnni<4>(a, r, g0, g1);
-    switch (a.rows - r) {
-      case 3:
-        ColsVnni<3>(a, r, g0, g1);
-        break;
-      case 2:
-        ColsVnni<2>(a, r, g0, g1);
-        break;
-      case 1:
-        ColsVnni<1>(a, r, g0, g1);
-        break;
-      default:
-        break;
-    }
+    for (; r + 2 <= a.rows; r += 2) ColsVnni<2>(a, r, g0, g1);
+    if (r < a.rows) ColsVnni<1>(a, r, g0, g1);
   }
 }
 
@@ -178,17 +189,8 @@ KV_AVX2 void Q8Avx2(const QuantGemmArgs& a) {
   for (int64_t g0 = a.b_begin; g0 < a.b_end; g0 += per_group) {
     const int64_t g1 = std::min(a.b_end, g0 + per_group);
     int64_t r = 0;
-    for (; r + 3 <= a.rows; r += 3) ColsAvx2<3, 2>(a, r, g0, g1);
-    switch (a.rows - r) {
-      case 2:
-        ColsAvx2<2, 2>(a, r, g0, g1);
-        break;
-      case 1:
-        ColsAvx2<1, 4>(a, r, g0, g1);
-        break;
-      default:
-        break;
-    }
+    for (; r + 2 <= a.rows; r += 2) ColsAvx2<2, 2>(a, r, g0, g1);
+    if (r < a.rows) ColsAvx2<1, 2>(a, r, g0, g1);
   }
 }
 

@@ -15,10 +15,12 @@ namespace kvserve::cpu::internal {
 
 struct QuantGemmArgs {
   const QuantMatrix* w = nullptr;
-  const int8_t* xq = nullptr;     // [rows][k_padded] activations p
-  const uint8_t* xu = nullptr;    // [rows][k_padded] p + 128 (int8 on VNNI only)
-  const float* xscale = nullptr;  // [rows] t
-  const int32_t* xsum = nullptr;  // [rows][num_groups] sums of p (int4 only)
+  const int8_t* xh = nullptr;      // [rows][k_padded] activations' high bytes h
+  const uint8_t* xhu = nullptr;    // [rows][k_padded] h + 128 (int8 on VNNI only)
+  const uint8_t* xl = nullptr;     // [rows][k_padded] low bytes l
+  const float* xscale = nullptr;   // [rows] t
+  const int32_t* sum_h = nullptr;  // [rows][num_groups] sums of h (int4 only)
+  const int32_t* sum_l = nullptr;  // [rows][num_groups] sums of l (int4 only)
   int64_t rows = 0;
   int64_t b_begin = 0, b_end = 0;  // blocks of kQuantBlock outputs
   float* out = nullptr;            // [rows][ldo]; block b at (b - b_begin) * kQuantBlock

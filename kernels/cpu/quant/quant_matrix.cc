@@ -27,6 +27,36 @@ inline int ClampQ(float v, int lim) {
   return std::clamp(q, -lim, lim);
 }
 
+// An int4 group's scale, as fp16: q = round(w / s) in [-8, 7]. As llama.cpp's
+// q4_0, the weight of largest magnitude m maps to -8 (s = m / -8), which
+// uses all 16 levels; then a few smaller |s| are tried and the one with the
+// least squared error kept (clipping the extreme a little often lowers the
+// error of all the others).
+uint16_t Int4GroupScale(const float* w, int64_t n) {
+  float m = 0.0f;
+  for (int64_t k = 0; k < n; ++k) m = std::fabs(w[k]) > std::fabs(m) ? w[k] : m;
+  if (m == 0.0f) return 0;
+  uint16_t best = 0;
+  double best_err = -1;
+  for (int step = 0; step <= 8; ++step) {
+    const float f = 1.0f - 0.03f * step;
+    const uint16_t s16 = FloatToFp16(std::clamp(m * f / -8.0f, -kFp16Max, kFp16Max));
+    const float s = Fp16ToFloat(s16);
+    if (s == 0.0f) continue;
+    double err = 0;
+    for (int64_t k = 0; k < n; ++k) {
+      const int q = std::clamp(static_cast<int>(RoundSmall(w[k] / s)), -8, 7);
+      const double d = double(w[k]) - double(s) * q;
+      err += d * d;
+    }
+    if (best_err < 0 || err < best_err) {
+      best_err = err;
+      best = s16;
+    }
+  }
+  return best;
+}
+
 }  // namespace
 
 std::string_view QuantKindName(QuantKind kind) {
@@ -77,12 +107,13 @@ QuantMatrix QuantMatrix::Quantize(const float* w, int64_t out, int64_t in, Quant
       const float* wr = w + o * in;
       float amax = 0.0f;
       for (int64_t k = 0; k < in; ++k) amax = std::max(amax, std::fabs(wr[k]));
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      m.channel_scales_[o] = amax / 127.0f;
+      // q = round(w / s), the textbook rounding (load time: no hurry).
+      const float scale = amax / 127.0f;
+      m.channel_scales_[o] = scale;
       uint8_t* blk = m.data_.get() + (o / kQuantBlock) * m.block_stride_ + (o % kQuantBlock) * 4;
       int32_t sum = 0;
       for (int64_t k = 0; k < in; ++k) {
-        const int q = ClampQ(wr[k] * inv, 127);
+        const int q = scale > 0.0f ? ClampQ(wr[k] / scale, 127) : 0;
         blk[(k / 4) * 64 + (k % 4)] = static_cast<uint8_t>(static_cast<int8_t>(q));
         sum += q;
       }
@@ -98,13 +129,11 @@ QuantMatrix QuantMatrix::Quantize(const float* w, int64_t out, int64_t in, Quant
     const int lane = static_cast<int>(o % kQuantBlock);
     for (int64_t g = 0; g * g_size < in; ++g) {
       const int64_t k0 = g * g_size, k1 = std::min(in, k0 + g_size);
-      float amax = 0.0f;
-      for (int64_t k = k0; k < k1; ++k) amax = std::max(amax, std::fabs(wr[k]));
-      const uint16_t s16 = FloatToFp16(std::min(amax / 7.0f, kFp16Max));
+      const uint16_t s16 = Int4GroupScale(wr + k0, k1 - k0);
       const float s = Fp16ToFloat(s16);
       std::memcpy(blk + m.scale_offset_ + (g * kQuantBlock + lane) * 2, &s16, 2);
       for (int64_t k = k0; k < k1; ++k) {
-        const int q = s > 0.0f ? ClampQ(wr[k] / s, 7) : 0;
+        const int q = s != 0.0f ? std::clamp(static_cast<int>(RoundSmall(wr[k] / s)), -8, 7) : 0;
         const int64_t kk = k - k0;
         uint8_t& byte = blk[(k0 / 8 + kk / 8) * 64 + lane * 4 + (kk % 4)];
         const uint8_t u = static_cast<uint8_t>(q + 8);
@@ -140,39 +169,58 @@ float QuantMatrix::ScaleAt(int64_t o, int64_t g) const {
   return Fp16ToFloat(s16);
 }
 
-void QuantizeActivationRow(const float* x, int64_t in, int64_t k_padded, int group, int8_t* q,
-                           float* scale, int32_t* group_sums) {
+void QuantizeActivationRow(const float* x, int64_t in, int64_t k_padded, int group, int8_t* hi,
+                           uint8_t* lo, float* scale, int32_t* hi_sums, int32_t* lo_sums) {
   float amax = 0.0f;
   for (int64_t k = 0; k < in; ++k) {
     const float a = std::fabs(x[k]);
     amax = a > amax ? a : amax;
   }
-  const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-  *scale = amax / 127.0f;
-  for (int64_t k = 0; k < in; ++k) q[k] = static_cast<int8_t>(ClampQ(x[k] * inv, 127));
-  std::memset(q + in, 0, k_padded - in);
-  if (group_sums == nullptr) return;
+  const float inv = amax > 0.0f ? static_cast<float>(kActMax) / amax : 0.0f;
+  *scale = amax / static_cast<float>(kActMax);
+  for (int64_t k = 0; k < in; ++k) {
+    const int v = ClampQ(x[k] * inv, kActMax);
+    hi[k] = static_cast<int8_t>(v >> 7);  // floor(v / 128): v = 128 hi + lo
+    lo[k] = static_cast<uint8_t>(v & 127);
+  }
+  std::memset(hi + in, 0, k_padded - in);
+  std::memset(lo + in, 0, k_padded - in);
+  if (hi_sums == nullptr || lo_sums == nullptr) return;
   for (int64_t g = 0; g * group < k_padded; ++g) {
-    int32_t s = 0;
-    for (int64_t k = g * group; k < (g + 1) * group; ++k) s += q[k];
-    group_sums[g] = s;
+    int32_t sh = 0, sl = 0;
+    for (int64_t k = g * group; k < (g + 1) * group; ++k) {
+      sh += hi[k];
+      sl += lo[k];
+    }
+    hi_sums[g] = sh;
+    lo_sums[g] = sl;
   }
 }
 
 namespace internal {
 
+// 128 h + l recombined in float, as every kernel does.
+inline float Combine(int32_t acc_h, int32_t acc_l) {
+  return static_cast<float>(acc_h) * 128.0f + static_cast<float>(acc_l);
+}
+
 void Q8Scalar(const QuantGemmArgs& a) {
   const QuantMatrix& w = *a.w;
   const int64_t kp = w.k_padded();
   for (int64_t r = 0; r < a.rows; ++r) {
-    const int8_t* xr = a.xq + r * kp;
+    const int8_t* xh = a.xh + r * kp;
+    const uint8_t* xl = a.xl + r * kp;
     for (int64_t b = a.b_begin; b < a.b_end; ++b) {
       const int8_t* blk = reinterpret_cast<const int8_t*>(w.block(b));
       for (int j = 0; j < kQuantBlock; ++j) {
-        int32_t acc = 0;
-        for (int64_t k = 0; k < kp; ++k) acc += xr[k] * blk[(k / 4) * 64 + j * 4 + (k % 4)];
+        int32_t acc_h = 0, acc_l = 0;
+        for (int64_t k = 0; k < kp; ++k) {
+          const int q = blk[(k / 4) * 64 + j * 4 + (k % 4)];
+          acc_h += xh[k] * q;
+          acc_l += xl[k] * q;
+        }
         const float scale = w.channel_scales()[b * kQuantBlock + j] * a.xscale[r];
-        a.out[r * a.ldo + (b - a.b_begin) * kQuantBlock + j] = static_cast<float>(acc) * scale;
+        a.out[r * a.ldo + (b - a.b_begin) * kQuantBlock + j] = Combine(acc_h, acc_l) * scale;
       }
     }
   }
@@ -182,20 +230,23 @@ void Q4Scalar(const QuantGemmArgs& a) {
   const QuantMatrix& w = *a.w;
   const int64_t kp = w.k_padded(), groups = w.num_groups(), g_size = w.group_size();
   for (int64_t r = 0; r < a.rows; ++r) {
-    const int8_t* xr = a.xq + r * kp;
+    const int8_t* xh = a.xh + r * kp;
+    const uint8_t* xl = a.xl + r * kp;
     for (int64_t b = a.b_begin; b < a.b_end; ++b) {
       const uint8_t* blk = w.block(b);
       for (int j = 0; j < kQuantBlock; ++j) {
         float facc = 0.0f;
         for (int64_t g = 0; g < groups; ++g) {
-          int32_t acc = -8 * a.xsum[r * groups + g];
+          int32_t acc_h = -8 * a.sum_h[r * groups + g], acc_l = -8 * a.sum_l[r * groups + g];
           for (int64_t k = g * g_size; k < (g + 1) * g_size; ++k) {
             const uint8_t byte = blk[(k / 8) * 64 + j * 4 + (k % 4)];
-            acc += xr[k] * ((k % 8) < 4 ? (byte & 0x0F) : (byte >> 4));
+            const int u = (k % 8) < 4 ? (byte & 0x0F) : (byte >> 4);
+            acc_h += xh[k] * u;
+            acc_l += xl[k] * u;
           }
           uint16_t s16;
           std::memcpy(&s16, blk + w.scale_offset() + (g * kQuantBlock + j) * 2, 2);
-          facc = std::fma(static_cast<float>(acc), Fp16ToFloat(s16), facc);
+          facc = std::fma(Combine(acc_h, acc_l), Fp16ToFloat(s16), facc);
         }
         a.out[r * a.ldo + (b - a.b_begin) * kQuantBlock + j] = facc * a.xscale[r];
       }
@@ -248,32 +299,41 @@ void QuantLinear(const float* x, int64_t rows, const QuantMatrix& w, int64_t o_b
   if (!QuantKernelAvailable(kernel)) kernel = QuantKernel::kScalar;
   const bool int4 = w.kind() == QuantKind::kInt4;
   const int64_t kp = w.k_padded(), groups = w.num_groups();
-  thread_local std::vector<int8_t> xq;
-  thread_local std::vector<uint8_t> xu;
+  thread_local std::vector<int8_t> xh;
+  thread_local std::vector<uint8_t> xhu, xl;
   thread_local std::vector<float> xscale, out;
-  thread_local std::vector<int32_t> xsum;
-  xq.resize(std::max<size_t>(xq.size(), rows * kp));
-  xscale.resize(std::max<size_t>(xscale.size(), rows));
-  if (int4) xsum.resize(std::max<size_t>(xsum.size(), rows * groups));
+  thread_local std::vector<int32_t> sum_h, sum_l;
+  auto grow = [](auto& v, size_t n) { v.resize(std::max(v.size(), n)); };
+  grow(xh, rows * kp);
+  grow(xl, rows * kp);
+  grow(xscale, rows);
+  if (int4) {
+    grow(sum_h, rows * groups);
+    grow(sum_l, rows * groups);
+  }
   for (int64_t r = 0; r < rows; ++r) {
-    QuantizeActivationRow(x + r * w.in(), w.in(), kp, w.group_size(), xq.data() + r * kp,
-                          &xscale[r], int4 ? xsum.data() + r * groups : nullptr);
+    QuantizeActivationRow(x + r * w.in(), w.in(), kp, w.group_size(), xh.data() + r * kp,
+                          xl.data() + r * kp, &xscale[r],
+                          int4 ? sum_h.data() + r * groups : nullptr,
+                          int4 ? sum_l.data() + r * groups : nullptr);
   }
   internal::QuantGemmArgs a;
   a.w = &w;
-  a.xq = xq.data();
+  a.xh = xh.data();
+  a.xl = xl.data();
   a.xscale = xscale.data();
-  a.xsum = xsum.data();
+  a.sum_h = sum_h.data();
+  a.sum_l = sum_l.data();
   a.rows = rows;
   a.b_begin = o_begin / kQuantBlock;
   a.b_end = (o_end + kQuantBlock - 1) / kQuantBlock;
   a.ldo = (a.b_end - a.b_begin) * kQuantBlock;
-  out.resize(std::max<size_t>(out.size(), rows * a.ldo));
+  grow(out, rows * a.ldo);
   a.out = out.data();
   if (!int4 && kernel == QuantKernel::kVnni512) {
-    xu.resize(std::max<size_t>(xu.size(), rows * kp));
-    for (int64_t i = 0; i < rows * kp; ++i) xu[i] = static_cast<uint8_t>(xq[i]) ^ 0x80;
-    a.xu = xu.data();
+    grow(xhu, rows * kp);
+    for (int64_t i = 0; i < rows * kp; ++i) xhu[i] = static_cast<uint8_t>(xh[i]) ^ 0x80;
+    a.xhu = xhu.data();
   }
   switch (kernel) {
 #if defined(__x86_64__)

@@ -5,14 +5,23 @@
 // Weights (quantized once, at load):
 //   int8: symmetric per output channel: s_o = max_k |w_ok| / 127,
 //         q_ok = round(w_ok / s_o) in [-127, 127].
-//   int4: symmetric per group of `group_size` consecutive inputs of one
-//         output channel: s_og = max |w| / 7 rounded to fp16, q in [-7, 7].
-// Activations are quantized per row on the fly, x_rk ~ t_r * p_rk with
-// t_r = max_k |x_rk| / 127 and p_rk in [-127, 127], so a row's products
-// sum exactly in int32:
-//   int8: y_ro = (float(sum_k p_rk q_ok) * (s_o * t_r))
-//   int4: y_ro = (sum over groups g, in order, fma(float(sum_{k in g} p_rk
-//         q_ok), s_og, .)) * t_r
+//   int4: per group of `group_size` consecutive inputs of one output
+//         channel, q = round(w / s_og) in [-8, 7] with an fp16 scale: the
+//         largest |w| maps to -8 (llama.cpp's q4_0), or a slightly smaller
+//         |s| where that gives less squared error; no zero point.
+// Activations are quantized per row on the fly to 15 bits,
+// x_rk ~ t_r v_rk with t_r = max_k |x_rk| / 16256 and v_rk in [-16256,
+// 16256], split into two bytes v = 128 h + l, h in [-127, 127] (signed),
+// l in [0, 127]. So each product is two exact int8 x int8 sums, and the
+// activations cost nothing in accuracy next to the weights: on stories260K
+// 8-bit activations (one scale per row) moved logits by 0.25 and greedy text
+// parted from fp32's after 61 tokens, where 15 bits follow int8 weights with
+// fp32 activations. Decode reads each weight once per token whatever the
+// number of byte products, so the second one is free there; prefill pays
+// it in compute.
+//   int8: y_ro = (128 float(sum_k h q) + float(sum_k l q)) * (s_o * t_r)
+//   int4: y_ro = (sum over groups g, in order, fma(128 float(sum_g h q) +
+//         float(sum_g l q), s_og, .)) * t_r
 // Every kernel (AVX-512 VNNI, AVX2, scalar) forms the same integers and then
 // the same float operations, so all give the same bits, and a row's result
 // depends neither on the batch nor on the thread split (the batch
@@ -29,11 +38,12 @@
 // K = 172, 5 groups of 32 and one of 12 real inputs plus 20 zeros.
 //
 // Unsigned x signed: vpdpbusd multiplies unsigned by signed bytes. int8
-// feeds the activations offset by 128 (p + 128 in [1, 255]) and subtracts
+// feeds l as it is and h offset by 128 (h + 128 in [1, 255]), subtracting
 // 128 * sum_k q_ok (kept per channel); int4 feeds the weights as unsigned
-// nibbles (q + 8) and subtracts 8 * sum_{k in g} p_rk (per row and group).
-// AVX2's vpmaddubsw would saturate on 255 x 127 pairs, so int8 uses the sign
-// trick there (|q| times p with q's sign: at most 2 x 127 x 127 per pair).
+// nibbles (q + 8) and subtracts 8 * the group's sum of h (and of l) per
+// row. AVX2's vpmaddubsw would saturate on 255 x 127 pairs, so int8 uses
+// the sign trick there for h (|q| times h with q's sign: at most 2 x 127 x
+// 127 per pair).
 //
 // Thread-safety: QuantMatrix is immutable after Quantize; QuantLinear is
 // reentrant (per-thread scratch) and concurrent calls on disjoint outputs
@@ -77,7 +87,7 @@ class QuantMatrix {
   // Bytes a pass over the matrix reads (packed weights, scales, sums).
   int64_t bytes() const;
 
-  // The stored values, for tests: q in [-127, 127] (int8) or [-7, 7] (int4),
+  // The stored values, for tests: q in [-127, 127] (int8) or [-8, 7] (int4),
   // and the scale of channel o's group g (int8: g = 0).
   int QuantAt(int64_t o, int64_t k) const;
   float ScaleAt(int64_t o, int64_t g) const;
@@ -119,10 +129,14 @@ QuantKernel BestQuantKernel();
 void QuantLinear(const float* x, int64_t rows, const QuantMatrix& w, int64_t o_begin, int64_t o_end,
                  float* y, int64_t ldy, bool accumulate, QuantKernel kernel = QuantKernel::kBest);
 
-// One row's activation quantization, as QuantLinear does it: q[0, k_padded)
-// (zeros past `in`), *scale = t, group_sums[g] = sum of q over group g of
-// `group` inputs (may be null). Exposed for tests.
-void QuantizeActivationRow(const float* x, int64_t in, int64_t k_padded, int group, int8_t* q,
-                           float* scale, int32_t* group_sums);
+// Largest |v| of a quantized activation (127 * 128: h stays in [-127, 127]).
+inline constexpr int kActMax = 16256;
+
+// One row's activation quantization, as QuantLinear does it: hi, lo over
+// [0, k_padded) (zeros past `in`) with x_k ~ *scale * (128 hi_k + lo_k);
+// hi_sums[g] / lo_sums[g] the sums over group g of `group` inputs (both may
+// be null). Exposed for tests.
+void QuantizeActivationRow(const float* x, int64_t in, int64_t k_padded, int group, int8_t* hi,
+                           uint8_t* lo, float* scale, int32_t* hi_sums, int32_t* lo_sums);
 
 }  // namespace kvserve::cpu

@@ -9,7 +9,10 @@
 //      within the float rounding of its last operations;
 //   3. it is within the error the quantization allows of the float64 product
 //      of the original x and W: sum_k |x_k| e_w + |w_k| e_x + e_x e_w, with
-//      e_x = t / 2 and e_w = s / 2 (half a quantization step), plus 2.
+//      e_x = t / 2 and e_w = |s| / 2 (half a quantization step; for an int4
+//      weight clipped to [-8, 7] s, its distance to the range), plus the
+//      float rounding of 2.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
@@ -61,34 +64,51 @@ void CheckShape(const Shape& sh, QuantKind kind, int group, uint32_t seed) {
   const int64_t kp = m.k_padded();
   REQUIRE(kp >= sh.in);
   REQUIRE(kp % (kind == QuantKind::kInt8 ? 4 : group) == 0);
-  const int lim = kind == QuantKind::kInt8 ? 127 : 7;
+  const int lo_q = kind == QuantKind::kInt8 ? -127 : -8, hi_q = kind == QuantKind::kInt8 ? 127 : 7;
+  // Half a step, or for a weight past the range (int4 clips its extreme
+  // where that lowers the group's error) its distance to the end of it.
+  auto weight_error = [&](double wv, double s) {
+    if (s == 0) return std::fabs(wv);
+    const double r = wv / s;
+    return std::fabs(s) * std::max({0.5, r - hi_q, lo_q - r}) + 2 * kU * std::fabs(wv);
+  };
   const int64_t gsize = m.group_size();
 
   // The stored weights are within half a step of the originals.
   for (int64_t o = 0; o < sh.out; ++o) {
     for (int64_t k = 0; k < kp; ++k) {
       const int q = m.QuantAt(o, k);
-      REQUIRE(std::abs(q) <= lim);
+      REQUIRE(q >= lo_q);
+      REQUIRE(q <= hi_q);
       if (k >= sh.in) {
         REQUIRE(q == 0);
         continue;
       }
       const double s = m.ScaleAt(o, k / gsize);
       const double wv = w[o * sh.in + k];
-      REQUIRE(std::fabs(wv - s * q) <= s / 2 + 2 * kU * std::fabs(wv));
+      REQUIRE(std::fabs(wv - s * q) <= weight_error(wv, s));
     }
   }
 
-  // The activations, as the kernels quantize them.
-  std::vector<int8_t> p(sh.rows * kp);
+  // The activations, as the kernels quantize them: x ~ t (128 hi + lo).
+  const int64_t groups = kp / gsize;
+  std::vector<int8_t> hi(sh.rows * kp);
+  std::vector<uint8_t> lo(sh.rows * kp);
   std::vector<float> t(sh.rows);
-  std::vector<int32_t> sums(sh.rows * (kp / gsize));
+  std::vector<int32_t> sums_h(sh.rows * groups), sums_l(sh.rows * groups);
   for (int64_t r = 0; r < sh.rows; ++r) {
     QuantizeActivationRow(x.data() + r * sh.in, sh.in, kp, static_cast<int>(gsize),
-                          p.data() + r * kp, &t[r], sums.data() + r * (kp / gsize));
+                          hi.data() + r * kp, lo.data() + r * kp, &t[r], sums_h.data() + r * groups,
+                          sums_l.data() + r * groups);
+    for (int64_t k = 0; k < kp; ++k) {
+      REQUIRE(std::abs(hi[r * kp + k]) <= 127);
+      REQUIRE(lo[r * kp + k] <= 127);
+      if (k >= sh.in) REQUIRE(128 * hi[r * kp + k] + lo[r * kp + k] == 0);
+    }
     for (int64_t k = 0; k < sh.in; ++k) {
       const double xv = x[r * sh.in + k];
-      REQUIRE(std::fabs(xv - double(t[r]) * p[r * kp + k]) <= t[r] / 2.0 + 2 * kU * std::fabs(xv));
+      const double v = 128.0 * hi[r * kp + k] + lo[r * kp + k];
+      REQUIRE(std::fabs(xv - double(t[r]) * v) <= t[r] / 2.0 + 2 * kU * std::fabs(xv));
     }
   }
 
@@ -120,25 +140,27 @@ void CheckShape(const Shape& sh, QuantKind kind, int group, uint32_t seed) {
         for (int64_t r = 0; r < sh.rows; ++r) {
           for (int64_t o = o0; o < o1; ++o) {
             double dq = 0, dq_abs = 0, exact = 0, qbound = 0;
-            for (int64_t g = 0; g * gsize < kp; ++g) {
+            for (int64_t g = 0; g < groups; ++g) {
               const double s = m.ScaleAt(o, g);
-              double acc = 0;
+              double acc_h = 0, acc_l = 0;
               for (int64_t k = g * gsize; k < (g + 1) * gsize; ++k) {
-                acc += double(p[r * kp + k]) * m.QuantAt(o, k);
+                acc_h += double(hi[r * kp + k]) * m.QuantAt(o, k);
+                acc_l += double(lo[r * kp + k]) * m.QuantAt(o, k);
                 if (k >= sh.in) continue;
                 const double xv = x[r * sh.in + k], wv = w[o * sh.in + k];
                 const double ex = t[r] / 2.0 + 2 * kU * std::fabs(xv);
-                const double ew = s / 2 + 2 * kU * std::fabs(wv);
+                const double ew = weight_error(wv, s);
                 exact += xv * wv;
                 qbound += std::fabs(xv) * ew + std::fabs(wv) * ex + ex * ew;
               }
-              dq += acc * s * t[r];
-              dq_abs += std::fabs(acc * s * t[r]);
+              dq += (128 * acc_h + acc_l) * s * t[r];
+              dq_abs += (std::fabs(128 * acc_h) + std::fabs(acc_l)) * std::fabs(s) * t[r];
             }
-            // int8: three roundings (int to float, s * t, the product);
-            // int4: one per group's fma and one for the final multiply.
-            const double groups = double(kp / gsize);
-            const double fbound = (kind == QuantKind::kInt8 ? 4 : groups + 3) * kU * dq_abs + 1e-30;
+            // int8: roundings of the int-to-float conversions, the
+            // recombination, s * t and the product; int4: the conversions
+            // and recombination per group, its fma, and the final multiply.
+            const double fbound =
+                (kind == QuantKind::kInt8 ? 6 : 2 * double(groups) + 4) * kU * dq_abs + 1e-30;
             const double base = accumulate ? double(y0[r * ldy + (o - o0)]) : 0.0;
             const double got = double(y[r * ldy + (o - o0)]) - base;
             const double add_bound = accumulate ? kU * std::fabs(y[r * ldy + (o - o0)]) : 0.0;
@@ -176,7 +198,7 @@ TEST_CASE("QuantLinear int4 group 128 and 8: inputs not a multiple of the group"
 }
 
 TEST_CASE("QuantLinear: a zero row gives zeros and large inputs do not overflow", "[kernels]") {
-  // K = 4099 with every product at its extreme (p = 127, q = +-127 or
+  // K = 4099 with every product at its extreme (v = 16256, q = +-127 or
   // +-7: weights +-1 and 0 quantize exactly at both widths), far from
   // int32's limit, and a row of zeros (scale 0).
   const int64_t in = 4099, out = 19;
