@@ -125,8 +125,52 @@ KV_VNNI void TileVnni(const QuantGemmArgs& a, int64_t r0, int64_t b0) {
   }
 }
 
+// One row (decode): one block at a time, so a thread streams its blocks as
+// one sequential run of memory; four accumulators per group (high and low
+// activation bytes times low and high nibbles) keep four chains in flight,
+// and consecutive groups are independent until their fma.
+KV_VNNI void RowVnni(const QuantGemmArgs& a, int64_t r0, int64_t b) {
+  const QuantMatrix& w = *a.w;
+  const int64_t kp = w.k_padded(), groups = w.num_groups(), pairs = w.group_size() / 8;
+  const uint8_t* wb = w.block(b);
+  const int8_t* xh = a.xh + r0 * kp;
+  const uint8_t* xl = a.xl + r0 * kp;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  const __m512 k128 = _mm512_set1_ps(128.0f);
+  __m512 facc = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i ah0 = _mm512_set1_epi32(-8 * a.sum_h[r0 * groups + g]);
+    __m512i al0 = _mm512_set1_epi32(-8 * a.sum_l[r0 * groups + g]);
+    __m512i ah1 = _mm512_setzero_si512(), al1 = _mm512_setzero_si512();
+    for (int64_t p = 0; p < pairs; ++p) {
+      const int64_t off = (g * pairs + p) * 64;
+      const __m512i v = _mm512_load_si512(wb + off);
+      _mm_prefetch(reinterpret_cast<const char*>(wb + off + 2048), _MM_HINT_T0);
+      const __m512i lo = _mm512_and_si512(v, low);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+      const int64_t k = (g * pairs + p) * 8;
+      ah0 = _mm512_dpbusd_epi32(ah0, lo, _mm512_set1_epi32(Load4(xh + k)));
+      ah1 = _mm512_dpbusd_epi32(ah1, hi, _mm512_set1_epi32(Load4(xh + k + 4)));
+      al0 = _mm512_dpbusd_epi32(al0, lo, _mm512_set1_epi32(Load4(xl + k)));
+      al1 = _mm512_dpbusd_epi32(al1, hi, _mm512_set1_epi32(Load4(xl + k + 4)));
+    }
+    const __m512 s = _mm512_cvtph_ps(_mm256_load_si256(
+        reinterpret_cast<const __m256i*>(wb + w.scale_offset() + g * kQuantBlock * 2)));
+    const __m512 comb =
+        _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ah0, ah1)), k128),
+                      _mm512_cvtepi32_ps(_mm512_add_epi32(al0, al1)));
+    facc = _mm512_fmadd_ps(comb, s, facc);
+  }
+  _mm512_storeu_ps(a.out + r0 * a.ldo + (b - a.b_begin) * kQuantBlock,
+                   _mm512_mul_ps(facc, _mm512_set1_ps(a.xscale[r0])));
+}
+
 template <int R, int NB>
 KV_VNNI void ColsVnni(const QuantGemmArgs& a, int64_t r0, int64_t b_lo, int64_t b_hi) {
+  if constexpr (R == 1) {
+    for (int64_t b = b_lo; b < b_hi; ++b) RowVnni(a, r0, b);
+    return;
+  }
   int64_t b = b_lo;
   for (; b + NB <= b_hi; b += NB) TileVnni<R, NB>(a, r0, b);
   for (; b < b_hi; ++b) TileVnni<R, 1>(a, r0, b);

@@ -102,8 +102,55 @@ KV_VNNI void TileVnni(const QuantGemmArgs& a, int64_t r0, int64_t b0) {
   }
 }
 
+// One row (decode): one block at a time, its quads dealt round-robin to four
+// pairs of accumulators (the int32 sums are exact, so the split changes no
+// bit), so a thread streams its blocks as one sequential run of memory.
+KV_VNNI void RowVnni(const QuantGemmArgs& a, int64_t r0, int64_t b) {
+  constexpr int C = 4;
+  const QuantMatrix& w = *a.w;
+  const int64_t kp = w.k_padded(), nq = kp / 4;
+  const uint8_t* wb = w.block(b);
+  const uint8_t* xh = a.xhu + r0 * kp;
+  const uint8_t* xl = a.xl + r0 * kp;
+  __m512i ah[C], al[C];
+#pragma GCC unroll 16
+  for (int j = 0; j < C; ++j) ah[j] = al[j] = _mm512_setzero_si512();
+  int64_t q = 0;
+  for (; q + C <= nq; q += C) {
+#pragma GCC unroll 16
+    for (int j = 0; j < C; ++j) {
+      const __m512i wv = _mm512_load_si512(wb + (q + j) * 64);
+      ah[j] = _mm512_dpbusd_epi32(ah[j], _mm512_set1_epi32(Load4(xh + 4 * (q + j))), wv);
+      al[j] = _mm512_dpbusd_epi32(al[j], _mm512_set1_epi32(Load4(xl + 4 * (q + j))), wv);
+    }
+    _mm_prefetch(reinterpret_cast<const char*>(wb + q * 64 + 2048), _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(wb + q * 64 + 2048 + 128), _MM_HINT_T0);
+  }
+  for (; q < nq; ++q) {
+    const __m512i wv = _mm512_load_si512(wb + q * 64);
+    ah[0] = _mm512_dpbusd_epi32(ah[0], _mm512_set1_epi32(Load4(xh + 4 * q)), wv);
+    al[0] = _mm512_dpbusd_epi32(al[0], _mm512_set1_epi32(Load4(xl + 4 * q)), wv);
+  }
+  const __m512i sh =
+      _mm512_add_epi32(_mm512_add_epi32(ah[0], ah[1]), _mm512_add_epi32(ah[2], ah[3]));
+  const __m512i sl =
+      _mm512_add_epi32(_mm512_add_epi32(al[0], al[1]), _mm512_add_epi32(al[2], al[3]));
+  const int64_t c = b * kQuantBlock;
+  const __m512i h =
+      _mm512_sub_epi32(sh, _mm512_slli_epi32(_mm512_loadu_si512(w.channel_sums() + c), 7));
+  const __m512 comb = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(h), _mm512_set1_ps(128.0f)),
+                                    _mm512_cvtepi32_ps(sl));
+  const __m512 scale =
+      _mm512_mul_ps(_mm512_loadu_ps(w.channel_scales() + c), _mm512_set1_ps(a.xscale[r0]));
+  _mm512_storeu_ps(a.out + r0 * a.ldo + (b - a.b_begin) * kQuantBlock, _mm512_mul_ps(comb, scale));
+}
+
 template <int R>
 KV_VNNI void ColsVnni(const QuantGemmArgs& a, int64_t r0, int64_t b_lo, int64_t b_hi) {
+  if constexpr (R == 1) {
+    for (int64_t b = b_lo; b < b_hi; ++b) RowVnni(a, r0, b);
+    return;
+  }
   int64_t b = b_lo;
   for (; b + 4 <= b_hi; b += 4) TileVnni<R, 4>(a, r0, b);
   for (; b < b_hi; ++b) TileVnni<R, 1>(a, r0, b);
