@@ -100,4 +100,27 @@ int64_t ForwardWeightBytes(const LlamaWeights& weights) {
   return all - fp32_replaced * int64_t{sizeof(float)} + q.bytes();
 }
 
+int64_t ForwardWeightBytesFor(const ModelConfig& c, const WeightQuantSpec& requested) {
+  const WeightQuantSpec spec = requested.Resolve(c.vocab_size);
+  int64_t bytes = c.NumParams() * int64_t{sizeof(float)};
+  const int g = spec.group_size;
+  if (spec.body != WeightQuant::kNone) {
+    const cpu::QuantKind k = KindOf(spec.body);
+    const int64_t dim = c.dim, hid = c.hidden_dim;
+    const int64_t qd = int64_t{c.num_heads} * c.head_dim,
+                  kvd = int64_t{c.num_kv_heads} * c.head_dim;
+    const int64_t packed =
+        cpu::QuantMatrix::BytesFor(qd, dim, k, g) + 2 * cpu::QuantMatrix::BytesFor(kvd, dim, k, g) +
+        cpu::QuantMatrix::BytesFor(dim, qd, k, g) + 2 * cpu::QuantMatrix::BytesFor(hid, dim, k, g) +
+        cpu::QuantMatrix::BytesFor(dim, hid, k, g);
+    const int64_t fp32 = (2 * qd * dim + 2 * kvd * dim + 3 * dim * hid) * int64_t{sizeof(float)};
+    bytes += int64_t{c.num_layers} * (packed - fp32);
+  }
+  if (spec.head != WeightQuant::kNone) {
+    bytes += cpu::QuantMatrix::BytesFor(c.vocab_size, c.dim, KindOf(spec.head), g);
+    if (!c.tie_word_embeddings) bytes -= int64_t{c.vocab_size} * c.dim * int64_t{sizeof(float)};
+  }
+  return bytes;
+}
+
 }  // namespace kvserve

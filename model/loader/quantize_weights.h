@@ -39,5 +39,8 @@ absl::Status QuantizeWeights(const WeightQuantSpec& spec, LlamaWeights* weights)
 // plans and memory reports; the checkpoint's own fp32 bytes may still be in
 // memory beside them).
 int64_t ForwardWeightBytes(const LlamaWeights& weights);
+// The same for a config and a spec, without weights (kvserve plan): equal
+// to ForwardWeightBytes of weights quantized with `spec`.
+int64_t ForwardWeightBytesFor(const ModelConfig& config, const WeightQuantSpec& spec);
 
 }  // namespace kvserve

@@ -151,6 +151,17 @@ int64_t QuantMatrix::bytes() const {
                               channel_sums_.size() * sizeof(int32_t));
 }
 
+int64_t QuantMatrix::BytesFor(int64_t out, int64_t in, QuantKind kind, int group_size) {
+  if (out <= 0 || in <= 0) return 0;
+  const int64_t nb = (out + kQuantBlock - 1) / kQuantBlock;
+  if (kind == QuantKind::kInt8) {
+    const int64_t kp = RoundUp(in, 4);
+    return nb * kp * kQuantBlock + nb * kQuantBlock * int64_t{sizeof(float) + sizeof(int32_t)};
+  }
+  const int64_t kp = RoundUp(in, group_size), groups = kp / group_size;
+  return nb * RoundUp(kp * kQuantBlock / 2 + groups * kQuantBlock * 2, 64);
+}
+
 int QuantMatrix::QuantAt(int64_t o, int64_t k) const {
   const uint8_t* blk = block(o / kQuantBlock);
   const int lane = static_cast<int>(o % kQuantBlock);

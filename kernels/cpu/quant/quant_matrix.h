@@ -86,6 +86,9 @@ class QuantMatrix {
   int64_t num_blocks() const { return (out_ + kQuantBlock - 1) / kQuantBlock; }
   // Bytes a pass over the matrix reads (packed weights, scales, sums).
   int64_t bytes() const;
+  // bytes() of a matrix Quantize would make, without making it (plans).
+  static int64_t BytesFor(int64_t out, int64_t in, QuantKind kind,
+                          int group_size = kDefaultInt4Group);
 
   // The stored values, for tests: q in [-127, 127] (int8) or [-8, 7] (int4),
   // and the scale of channel o's group g (int8: g = 0).

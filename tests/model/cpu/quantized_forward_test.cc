@@ -156,6 +156,40 @@ TEST_CASE("Quantized weights: the head rule and the reported weight bytes", "[mo
   REQUIRE(a >= 32);
 }
 
+TEST_CASE("ForwardWeightBytesFor counts what QuantizeWeights makes", "[model]") {
+  absl::StatusOr<LoadedModel> tiny = LoadModel("dummy:tiny");  // tied head, dim 128
+  REQUIRE(tiny.ok());
+  const LlamaWeights* models[] = {&Stories260k(), &tiny->weights};
+  for (const LlamaWeights* w : models) {
+    for (const char* spec : {"fp32", "int8", "int4"}) {
+      for (const char* head : {"auto", "int8", "int4"}) {
+        for (int group : {32, 128}) {
+          INFO(w->config.name << " " << spec << " head " << head << " group " << group);
+          const WeightQuantSpec q = *ParseWeightQuant(spec, head, group);
+          LlamaWeights copy = *w;
+          REQUIRE(QuantizeWeights(q, &copy).ok());
+          REQUIRE(ForwardWeightBytesFor(w->config, q) == ForwardWeightBytes(copy));
+        }
+      }
+    }
+  }
+  // stories110m-shape: the bytes a decode step streams, per dtype.
+  absl::StatusOr<ModelConfig> c = [] {
+    absl::StatusOr<LoadedModel> m = LoadModel("dummy:stories110m-shape", "", true);
+    return m.ok() ? absl::StatusOr<ModelConfig>(m->weights.config) : m.status();
+  }();
+  REQUIRE(c.ok());
+  const int64_t fp32 = ForwardWeightBytesFor(*c, *ParseWeightQuant("fp32"));
+  const int64_t int8 = ForwardWeightBytesFor(*c, *ParseWeightQuant("int8"));
+  const int64_t int4 = ForwardWeightBytesFor(*c, *ParseWeightQuant("int4"));
+  std::printf("stories110m-shape weight bytes: fp32 %lld, int8 %lld, int4 %lld\n",
+              static_cast<long long>(fp32), static_cast<long long>(int8),
+              static_cast<long long>(int4));
+  REQUIRE(fp32 == c->NumParams() * 4);
+  REQUIRE(int8 < fp32 / 3);
+  REQUIRE(int4 < int8 * 6 / 10);
+}
+
 TEST_CASE("Quantized weights load from llama2.c, HF safetensors and dummy checkpoints", "[model]") {
   const std::string dir = testing::MakeTempDir("quant_hf");
   REQUIRE(
