@@ -225,5 +225,31 @@ TEST_CASE("QuantLinear: a zero row gives zeros and large inputs do not overflow"
   }
 }
 
+TEST_CASE("QuantLinear int4: the largest nibbles and activations fit every kernel's sums",
+          "[kernels]") {
+  // Per group one weight -1 (the scale: 1 / 8, q = -8) and the others 7 / 8
+  // (q = 7, nibble 15), all activations equal (high byte 127): every
+  // vpmaddubsw pair is 2 x 15 x 127, the most the AVX2 kernel's int16 sums
+  // (four quad pairs) can take; eight would overflow.
+  for (int group : {32, 128}) {
+    const int64_t in = 2 * group, out = 24;
+    std::vector<float> w(out * in), x(in, 2.0f);
+    for (int64_t o = 0; o < out; ++o) {
+      for (int64_t k = 0; k < in; ++k) w[o * in + k] = k % group == 0 ? -1.0f : 0.875f;
+    }
+    const QuantMatrix m = QuantMatrix::Quantize(w.data(), out, in, QuantKind::kInt4, group);
+    REQUIRE(m.QuantAt(0, 0) == -8);
+    REQUIRE(m.QuantAt(0, 1) == 7);
+    double exact = 0;
+    for (int64_t k = 0; k < in; ++k) exact += 2.0 * w[k];
+    for (QuantKernel kern : Kernels()) {
+      INFO("group " << group << " " << std::string(QuantKernelName(kern)));
+      std::vector<float> y(out, 0.0f);
+      QuantLinear(x.data(), 1, m, 0, out, y.data(), out, false, kern);
+      for (int64_t o = 0; o < out; ++o) REQUIRE(std::fabs(y[o] - exact) <= 1e-5 * std::fabs(exact));
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvserve::cpu
