@@ -13,12 +13,13 @@
 // x_rk ~ t_r v_rk with t_r = max_k |x_rk| / 16256 and v_rk in [-16256,
 // 16256], split into two bytes v = 128 h + l, h in [-127, 127] (signed),
 // l in [0, 127]. So each product is two exact int8 x int8 sums, and the
-// activations cost nothing in accuracy next to the weights: on stories260K
-// 8-bit activations (one scale per row) moved logits by 0.25 and greedy text
-// parted from fp32's after 61 tokens, where 15 bits follow int8 weights with
-// fp32 activations. Decode reads each weight once per token whatever the
-// number of byte products, so the second one is free there; prefill pays
-// it in compute.
+// activations cost next to nothing in accuracy: on stories260K the kernels'
+// logits stay within 0.002 of the same int8 weights multiplied in fp32,
+// where the weights' own rounding moves them by 0.13; with 8-bit
+// activations (one scale per row) the logits moved by up to 0.29 against
+// fp32 instead of 0.19. Decode reads each weight once per token whatever
+// the number of byte products, so the second one costs little there;
+// prefill pays it in compute.
 //   int8: y_ro = (128 float(sum_k h q) + float(sum_k l q)) * (s_o * t_r)
 //   int4: y_ro = (sum over groups g, in order, fma(128 float(sum_g h q) +
 //         float(sum_g l q), s_og, .)) * t_r
