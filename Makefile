@@ -5,7 +5,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 CONFIG ?= configs/default.yaml
 
-.PHONY: all deps deps-run build build-daemon run test test-sanitize fuzz soak bench bench-eviction image clean format
+.PHONY: all deps deps-run build build-daemon run test test-sanitize fuzz soak bench bench-eviction bench-weights image clean format
 
 all: build
 
@@ -86,6 +86,11 @@ bench: build
 # The KV eviction study the README reports (long text and budget sweep).
 bench-eviction: build
 	@bash bench/eviction_study.sh $(BUILD_DIR)
+
+# model.weight_dtype fp32 / int8 / int4: decode and prefill speed at the
+# stories110m shape, quality on stories260K (bench/weight_dtypes.sh).
+bench-weights: build
+	@bash bench/weight_dtypes.sh $(BUILD_DIR)
 
 # The CPU container image (kvserve:cpu): Docker where an engine answers, else
 # buildah with a debootstrapped base image (deploy/README.md).

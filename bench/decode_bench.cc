@@ -13,7 +13,9 @@
 // 1,2). The thread counts take turns within each run, so a noisy neighbour
 // hits all of them alike; medians over --runs. It also checks that every
 // thread count produced the same tokens. Meant for the model
-// dummy:stories110m-shape (85.7M parameters; bench/README.md).
+// dummy:stories110m-shape (85.7M parameters; bench/README.md). With
+// --weight-dtype fp32,int8,int4 every weight dtype runs at every thread
+// count, in turns, and the table gives each against the first dtype.
 //
 // --write-llama2c FILE writes the model as a llama2.c checkpoint and exits,
 // so other engines can run the very same weights (llama.cpp's
@@ -39,12 +41,15 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_split.h"
 #include "bench/shared_file.h"
 #include "cache/block_pool.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/quant/quant_matrix.h"
 #include "model/cpu/cpu_model_runner.h"
 #include "model/loader/llama2c_loader.h"
 #include "model/loader/model_loader.h"
+#include "model/loader/quantize_weights.h"
 
 namespace kvserve {
 namespace {
@@ -215,61 +220,99 @@ PromptResult RunPromptThenDecode(CpuModelRunner& runner, int prompt_len, int ste
   return res;
 }
 
-// --mode threads (see the top of the file).
-nlohmann::json BenchThreads(const LlamaWeights& w, const std::vector<int>& thread_counts,
-                            int prompt_len, int decode_tokens, int runs) {
+// --mode threads (see the top of the file): every weight dtype at every
+// thread count, taking turns within each run.
+nlohmann::json BenchThreads(const LlamaWeights& w, const std::vector<std::string>& weight_dtypes,
+                            const std::vector<int>& thread_counts, int prompt_len,
+                            int decode_tokens, int runs) {
   const ModelConfig& c = w.config;
-  struct PerThreads {
+  struct Config {
+    std::string weight_dtype;
     std::unique_ptr<CpuModelRunner> runner;
     std::vector<double> prefill_tps, decode_tps;
     std::vector<int32_t> tokens;
   };
-  std::vector<PerThreads> per(thread_counts.size());
+  std::vector<Config> per;
   const int steps = decode_tokens;
-  for (size_t i = 0; i < thread_counts.size(); ++i) {
-    CpuRunnerOptions opt;
-    opt.num_threads = thread_counts[i];
-    opt.num_blocks = (prompt_len + steps + opt.block_size - 1) / opt.block_size;
-    auto runner = CpuModelRunner::Create(w, opt);
-    if (!runner.ok()) {
-      std::fprintf(stderr, "decode_bench: %s\n", std::string(runner.status().message()).c_str());
+  for (const std::string& wd : weight_dtypes) {
+    absl::StatusOr<WeightQuantSpec> spec = ParseWeightQuant(wd);
+    if (!spec.ok()) {
+      std::fprintf(stderr, "decode_bench: %s\n", std::string(spec.status().message()).c_str());
+      std::exit(2);
+    }
+    LlamaWeights qw = w;
+    if (absl::Status st = QuantizeWeights(*spec, &qw); !st.ok()) {
+      std::fprintf(stderr, "decode_bench: %s\n", std::string(st.message()).c_str());
       std::exit(1);
     }
-    per[i].runner = std::move(*runner);
-    per[i].tokens = RunPromptThenDecode(*per[i].runner, prompt_len, steps).tokens;  // warm-up
+    for (int threads : thread_counts) {
+      CpuRunnerOptions opt;
+      opt.num_threads = threads;
+      opt.num_blocks = (prompt_len + steps + opt.block_size - 1) / opt.block_size;
+      auto runner = CpuModelRunner::Create(qw, opt);
+      if (!runner.ok()) {
+        std::fprintf(stderr, "decode_bench: %s\n", std::string(runner.status().message()).c_str());
+        std::exit(1);
+      }
+      Config cf;
+      cf.weight_dtype = wd;
+      cf.runner = std::move(*runner);
+      cf.tokens = RunPromptThenDecode(*cf.runner, prompt_len, steps).tokens;  // warm-up
+      per.push_back(std::move(cf));
+    }
   }
   std::printf("%s: prompt of %d tokens in one step, then %d greedy decode steps; %d runs\n",
               c.name.c_str(), prompt_len, steps, runs);
   for (int r = 0; r < runs; ++r) {
-    for (size_t i = 0; i < per.size(); ++i) {
-      PromptResult pr = RunPromptThenDecode(*per[i].runner, prompt_len, steps);
-      per[i].prefill_tps.push_back(prompt_len / pr.prefill_seconds);
-      per[i].decode_tps.push_back(steps / pr.decode_seconds);
-      std::printf("run %d, %d thread(s): prefill %.0f tokens/s, decode %.1f tokens/s\n", r + 1,
-                  per[i].runner->num_threads(), per[i].prefill_tps.back(),
-                  per[i].decode_tps.back());
-      if (pr.tokens != per[i].tokens) {
-        std::fprintf(stderr, "decode_bench: %d thread(s) generated different tokens run to run\n",
-                     per[i].runner->num_threads());
+    for (Config& p : per) {
+      PromptResult pr = RunPromptThenDecode(*p.runner, prompt_len, steps);
+      p.prefill_tps.push_back(prompt_len / pr.prefill_seconds);
+      p.decode_tps.push_back(steps / pr.decode_seconds);
+      std::printf("run %d, %s weights, %d thread(s): prefill %.0f tokens/s, decode %.1f tokens/s\n",
+                  r + 1, p.weight_dtype.c_str(), p.runner->num_threads(), p.prefill_tps.back(),
+                  p.decode_tps.back());
+      if (pr.tokens != p.tokens) {
+        std::fprintf(stderr,
+                     "decode_bench: %s, %d thread(s) generated different tokens run to run\n",
+                     p.weight_dtype.c_str(), p.runner->num_threads());
         std::exit(1);
       }
     }
   }
   nlohmann::json out = nlohmann::json::array();
   bool same = true;
-  for (const PerThreads& p : per) same = same && p.tokens == per[0].tokens;
-  const double base = Median(per[0].decode_tps);
-  for (const PerThreads& p : per) {
+  for (const Config& p : per) {
+    // The same weights give the same tokens at every thread count.
+    for (const Config& q : per)
+      same = same && (q.weight_dtype != p.weight_dtype || q.tokens == p.tokens);
+  }
+  std::printf("\n%-8s %7s %14s %13s %9s %9s\n", "weights", "threads", "prefill tok/s",
+              "decode tok/s", "prefill x", "decode x");
+  for (const Config& p : per) {
     const double dec = Median(p.decode_tps), pre = Median(p.prefill_tps);
-    std::printf("%d thread(s): median prefill %.0f tokens/s, decode %.1f tokens/s (%.2fx %d)\n",
-                p.runner->num_threads(), pre, dec, dec / base, per[0].runner->num_threads());
-    out.push_back({{"threads", p.runner->num_threads()},
+    // Against the first weight dtype (fp32 by default) at the same thread count.
+    double base_dec = dec, base_pre = pre;
+    for (const Config& q : per) {
+      if (q.weight_dtype == per[0].weight_dtype &&
+          q.runner->num_threads() == p.runner->num_threads()) {
+        base_dec = Median(q.decode_tps);
+        base_pre = Median(q.prefill_tps);
+        break;
+      }
+    }
+    std::printf("%-8s %7d %14.0f %13.1f %8.2fx %8.2fx\n", p.weight_dtype.c_str(),
+                p.runner->num_threads(), pre, dec, pre / base_pre, dec / base_dec);
+    out.push_back({{"weight_dtype", p.weight_dtype},
+                   {"weight_bytes", p.runner->memory_info().weight_bytes},
+                   {"threads", p.runner->num_threads()},
                    {"prefill_tokens", prompt_len},
                    {"decode_tokens", steps},
                    {"runs_prefill_tokens_per_s", p.prefill_tps},
                    {"runs_decode_tokens_per_s", p.decode_tps},
                    {"median_prefill_tokens_per_s", pre},
-                   {"median_decode_tokens_per_s", dec}});
+                   {"median_decode_tokens_per_s", dec},
+                   {"prefill_vs_first_dtype", pre / base_pre},
+                   {"decode_vs_first_dtype", dec / base_dec}});
   }
   std::printf("tokens identical across thread counts: %s\n", same ? "yes" : "NO");
   if (!same) std::exit(1);
@@ -336,6 +379,7 @@ int Main(int argc, char** argv) {
   int runs = 7;
   std::string mode = "all";
   std::vector<int> thread_counts = {1, 2};
+  std::vector<std::string> weight_dtypes = {"fp32"};
   int prefill_tokens = 169, decode_tokens = 64;
   std::string llama2c_out;
   for (int i = 1; i < argc; ++i) {
@@ -359,11 +403,14 @@ int Main(int argc, char** argv) {
         while (*p != '\0' && *p != ',') ++p;
         if (*p == ',') ++p;
       }
+    } else if (a == "--weight-dtype" && i + 1 < argc) {
+      weight_dtypes = absl::StrSplit(argv[++i], ',');
     } else if (a == "--help" || a == "-h") {
       std::printf(
           "usage: decode_bench [MODEL] [--runs N] [--json FILE] [--mode "
           "all|single|batched|gemm|threads]\n"
           "                    [--threads 1,2] [--prefill-tokens 169] [--decode-tokens 64]\n"
+          "                    [--weight-dtype fp32,int8,int4] (--mode threads)\n"
           "                    [--write-llama2c FILE]\n");
       return 0;
     } else if (!a.empty() && a[0] != '-') {
@@ -396,8 +443,9 @@ int Main(int argc, char** argv) {
       return 2;
     }
     nlohmann::json out = {{"model", c.name},
-                          {"threads", BenchThreads(loaded->weights, thread_counts, prefill_tokens,
-                                                   decode_tokens, runs)}};
+                          {"cpu_kernel", std::string(cpu::QuantKernelName(cpu::BestQuantKernel()))},
+                          {"threads", BenchThreads(loaded->weights, weight_dtypes, thread_counts,
+                                                   prefill_tokens, decode_tokens, runs)}};
     std::ofstream(json_path) << out.dump(2) << "\n";
     std::printf("wrote %s\n", json_path.c_str());
     return 0;

@@ -7,6 +7,12 @@
 // loaded for a device (LoadDummyModelShapes) has shapes but no data, and
 // dummy_seed set: the runner generates the values (model/loader/dummy_model.h).
 //
+// With model.weight_dtype int8 or int4 (CPU only), QuantizeWeights
+// (model/loader/quantize_weights.h) adds packed copies of the linear layers
+// in `quantized` and records the choice in weight_quant; the fp32 tensors
+// stay valid (embeddings and norms are read from them). A runner that
+// cannot use them (CUDA) refuses weights with weight_quant.any().
+//
 // Thread-safety: immutable after loading; shared read-only by kernels.
 #pragma once
 
@@ -19,6 +25,8 @@
 #include "model/model_config.h"
 
 namespace kvserve {
+
+struct QuantizedLinears;  // model/loader/quantize_weights.h
 
 struct Tensor {
   const float* data = nullptr;
@@ -60,6 +68,9 @@ struct LlamaWeights {
   // FingerprintHex of the weight files' bytes (several: of their
   // fingerprints in order); "" for a dummy model.
   std::string fingerprint;
+  // The quantized linear layers (null unless weight_quant.any()).
+  WeightQuantSpec weight_quant;
+  std::shared_ptr<const QuantizedLinears> quantized;
 };
 
 }  // namespace kvserve

@@ -2,10 +2,88 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "util/status_macros.h"
 
 namespace kvserve {
+
+std::string_view WeightQuantName(WeightQuant q) {
+  switch (q) {
+    case WeightQuant::kNone:
+      return "fp32";
+    case WeightQuant::kInt8:
+      return "int8";
+    case WeightQuant::kInt4:
+      return "int4";
+  }
+  return "?";
+}
+
+WeightQuantSpec WeightQuantSpec::Resolve(int vocab_size) const {
+  WeightQuantSpec r = *this;
+  if (head_auto) {
+    r.head = body != WeightQuant::kNone && vocab_size >= kInt8HeadMinVocab ? WeightQuant::kInt8
+                                                                           : WeightQuant::kNone;
+  }
+  r.head_auto = false;
+  return r;
+}
+
+std::string WeightQuantSpec::ToString() const {
+  std::string s(WeightQuantName(body));
+  if (!head_auto && head != body) {
+    s += absl::StrCat("+head ", std::string(WeightQuantName(head)));
+  }
+  if ((body == WeightQuant::kInt4 || head == WeightQuant::kInt4) && group_size != 32) {
+    s += absl::StrCat("/g", group_size);
+  }
+  return s;
+}
+
+absl::StatusOr<WeightQuantSpec> ParseWeightQuant(std::string_view body, std::string_view head,
+                                                 int group_size) {
+  auto lower = [](std::string_view t) {
+    return absl::AsciiStrToLower(absl::StripAsciiWhitespace(std::string(t)));
+  };
+  auto parse = [](const std::string& t, const char* key,
+                  bool allow_auto) -> absl::StatusOr<std::optional<WeightQuant>> {
+    if (t == "auto" || t.empty()) {
+      if (allow_auto) return std::optional<WeightQuant>();
+    }
+    if (t == "fp32" || t == "float32" || t == "fp16" || t == "float16" || t == "bf16" ||
+        t == "bfloat16" || (t == "auto" && !allow_auto)) {
+      return std::optional<WeightQuant>(WeightQuant::kNone);
+    }
+    if (t == "int8") return std::optional<WeightQuant>(WeightQuant::kInt8);
+    if (t == "int4") return std::optional<WeightQuant>(WeightQuant::kInt4);
+    if (t == "fp8_e4m3" || t == "fp8") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          key,
+          ": fp8_e4m3 weights are not supported yet; use fp32, int8 or int4 (model.device: "
+          "cpu)"));
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(key, ": expected auto, fp32, fp16, bf16, int8 or int4, got '", t, "'"));
+  };
+  WeightQuantSpec spec;
+  KV_ASSIGN_OR_RETURN(std::optional<WeightQuant> b,
+                      parse(lower(body), "model.weight_dtype", false));
+  spec.body = *b;
+  KV_ASSIGN_OR_RETURN(std::optional<WeightQuant> h,
+                      parse(lower(head), "model.weight_dtype_head", true));
+  spec.head_auto = !h.has_value();
+  spec.head = h ? *h : WeightQuant::kNone;
+  if (group_size < 8 || group_size > 4096 || group_size % 8 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.weight_group_size: expected a multiple of 8 in [8, 4096] (32 or 128), got ",
+        group_size));
+  }
+  spec.group_size = group_size;
+  return spec;
+}
 
 absl::Status ModelConfig::Validate() const {
   auto bad = [](const char* field, int64_t v, const char* why) {

@@ -7,9 +7,11 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "model/sampling/sampling_params.h"
 
 namespace kvserve {
@@ -38,6 +40,53 @@ struct RopeScaling {
   float high_freq_factor = 4.0f;  // llama3
   int original_max_position_embeddings = 0;
 };
+
+// model.weight_dtype: the linear layers' weights as the CPU forward pass
+// multiplies them (kernels/cpu/quant/quant_matrix.h). kNone keeps them as
+// loaded (model.dtype); int8 is symmetric per output channel, int4 symmetric
+// per group of `group_size` inputs with fp16 scales. Embeddings and norms
+// stay in full precision. The output head has its own choice
+// (model.weight_dtype_head); auto keeps it in fp32 for vocabularies under
+// kInt8HeadMinVocab tokens, where it is a small share of the bytes and an
+// error in it moves every logit (stories260K's int8 head alone costs 2
+// greedy flips in 200 teacher-forced steps, and free-running greedy text
+// parts from fp32's after 61 tokens instead of agreeing for all 200), and
+// makes it int8 for larger ones (Llama 3's 128k x 4096 head is 2 GiB in fp32).
+//
+// The int4 group defaults to 32 (llama.cpp's q4_0 group, 4.5 bits a
+// weight with the fp16 scales): stories260K's rows have only 64 or 172
+// inputs, and a group of 128 would spread one scale over a whole row
+// there; 128 (4.1 bits) is the choice for big models where bandwidth counts
+// more.
+enum class WeightQuant : uint8_t { kNone, kInt8, kInt4 };
+std::string_view WeightQuantName(WeightQuant q);  // "fp32", "int8", "int4"
+
+inline constexpr int kInt8HeadMinVocab = 32768;
+
+struct WeightQuantSpec {
+  WeightQuant body = WeightQuant::kNone;
+  WeightQuant head = WeightQuant::kNone;
+  bool head_auto = true;  // head follows the rule above (Resolve)
+  int group_size = 32;    // int4 inputs per scale: a positive multiple of 8
+  // Whether anything is (or, with head_auto, may be) quantized.
+  bool any() const {
+    return body != WeightQuant::kNone || head != WeightQuant::kNone ||
+           (head_auto && body != WeightQuant::kNone);
+  }
+  bool operator==(const WeightQuantSpec&) const = default;
+  // The head decided for a vocabulary (head_auto cleared).
+  WeightQuantSpec Resolve(int vocab_size) const;
+  // The body's dtype ("fp32", "int8", "int4"), "+head <dtype>" where the
+  // head differs from it, "/g<N>" for an int4 group other than 32.
+  std::string ToString() const;
+};
+
+// model.weight_dtype (auto, fp32, fp16, bf16: no quantization; int8, int4),
+// model.weight_dtype_head (auto: the rule above; fp32, int8, int4) and model.weight_group_size (a
+// multiple of 8 in [8, 4096]). Errors name the key; fp8_e4m3 is refused as not yet supported.
+absl::StatusOr<WeightQuantSpec> ParseWeightQuant(std::string_view body,
+                                                 std::string_view head = "auto",
+                                                 int group_size = 32);
 
 struct ModelConfig {
   std::string name;          // e.g. "stories260k", "llama-3-8b"

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "cache/sizing/kv_pool_plan.h"
 #include "model/cpu/cpu_model_runner.h"
+#include "model/loader/quantize_weights.h"
 #include "util/status_macros.h"
 #ifdef KVSERVE_HAVE_CUDA
 #include "model/cuda/cuda_model_runner.h"
@@ -46,6 +47,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(LlamaWeights weight
   }
   const ModelConfig& mc = weights.config;
   KV_RETURN_IF_ERROR(mc.Validate());
+  KV_ASSIGN_OR_RETURN(WeightQuantSpec quant,
+                      ParseWeightQuant(o.weight_dtype, o.weight_dtype_head, o.weight_group_size));
+  KV_RETURN_IF_ERROR(QuantizeWeights(quant, &weights));
   // One format per layer; int4_kc layers also keep full-precision tails, a
   // tail per running sequence twice over (one freed while a pending copy
   // reads it is reused a step later), taken off the budget first.
@@ -68,7 +72,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(LlamaWeights weight
   pool.memory_fraction = o.memory_fraction;
   pool.default_bytes = kDefaultCpuKvBudget;
   if (o.memory_fraction > 0) pool.available_bytes = HostMemAvailable();
-  pool.weight_bytes = mc.NumParams() * int64_t{sizeof(float)};
+  pool.weight_bytes = ForwardWeightBytes(weights);
   pool.bytes_per_block = bytes_per_block;
   pool.fixed_bytes = bytes_per_tail * num_tails;
   pool.block_size = o.block_size;
@@ -145,8 +149,28 @@ bool RunnerDefersDummyWeights(const RunnerOptions& options) {
 #endif
 }
 
+namespace {
+
+// The weight_dtype keys, checked whatever the device; int8 / int4 only on the CPU.
+absl::Status CheckWeightQuant(const RunnerOptions& options, const DeviceSpec& device,
+                              const LlamaWeights* weights) {
+  KV_ASSIGN_OR_RETURN(
+      WeightQuantSpec quant,
+      ParseWeightQuant(options.weight_dtype, options.weight_dtype_head, options.weight_group_size));
+  if (device.kind == DeviceSpec::Kind::kCpu) return absl::OkStatus();
+  if (weights != nullptr && weights->weight_quant.any()) quant = weights->weight_quant;
+  if (!quant.any()) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("model.weight_dtype: ", quant.ToString(),
+                   " weights run on the CPU only (model.device: cpu); ", options.device,
+                   " takes fp32, fp16 or bf16 weights (model.dtype)"));
+}
+
+}  // namespace
+
 absl::Status CheckRunnerDevice(const RunnerOptions& options) {
   KV_ASSIGN_OR_RETURN(DeviceSpec device, ParseDevice(options.device));
+  KV_RETURN_IF_ERROR(CheckWeightQuant(options, device, nullptr));
   if (device.kind == DeviceSpec::Kind::kCpu) return absl::OkStatus();
 #ifdef KVSERVE_HAVE_CUDA
   return CudaModelRunner::CheckDevice(options, device);
@@ -162,6 +186,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(LlamaWeights weig
                                                                const RunnerOptions& options) {
   KV_ASSIGN_OR_RETURN(DeviceSpec device, ParseDevice(options.device));
   if (device.kind == DeviceSpec::Kind::kCpu) return CreateCpuRunner(std::move(weights), options);
+  KV_RETURN_IF_ERROR(CheckWeightQuant(options, device, &weights));
   KV_RETURN_IF_ERROR(CheckRunnerDevice(options));
 #ifdef KVSERVE_HAVE_CUDA
   KV_ASSIGN_OR_RETURN(WeightDtype dtype, ResolveWeightDtype(options.dtype, device));

@@ -1,5 +1,6 @@
 // CreateModelRunner: the one place that turns model.device into a backend.
-//   cpu          CpuModelRunner (fp32 weights, host KV pool)
+//   cpu          CpuModelRunner (fp32 weights, or int8 / int4 linear layers
+//                per model.weight_dtype, host KV pool)
 //   cuda, cuda:N CudaModelRunner on device N (0 for "cuda"): weights in
 //                model.dtype, one cudaMalloc'd KV pool sized after a profile
 //                forward, pinned swap pool, CUDA graphs for decode
@@ -61,7 +62,13 @@ absl::StatusOr<WeightDtype> ResolveWeightDtype(std::string_view text, const Devi
 struct RunnerOptions {
   std::string device = "cpu";  // model.device
   std::string dtype = "auto";  // model.dtype
-  bool cuda_graphs = true;     // model.cuda_graphs
+  // model.weight_dtype, model.weight_dtype_head, model.weight_group_size
+  // (ParseWeightQuant in model/model_config.h): int8 / int4 quantize the
+  // CPU runner's linear layers at load; CUDA refuses them.
+  std::string weight_dtype = "auto";
+  std::string weight_dtype_head = "auto";
+  int32_t weight_group_size = 32;
+  bool cuda_graphs = true;  // model.cuda_graphs
   // cache.*
   KvDtypeSpec kv_dtype = KvDtype::kFp32;  // one dtype or one per layer
   int32_t block_size = 16;

@@ -238,6 +238,25 @@ const std::vector<Field>& Fields() {
                  c.model.dtype = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
                  return absl::OkStatus();
                }},
+              {"model.weight_dtype",
+               [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+                 absl::StatusOr<WeightQuantSpec> q = ParseWeightQuant(text);
+                 if (!q.ok()) return q.status();
+                 c.model.weight_dtype = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+                 return absl::OkStatus();
+               }},
+              {"model.weight_dtype_head",
+               [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+                 absl::StatusOr<WeightQuantSpec> q = ParseWeightQuant("auto", text);
+                 if (!q.ok()) return q.status();
+                 c.model.weight_dtype_head =
+                     absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+                 return absl::OkStatus();
+               }},
+              Int("model.weight_group_size", 8, 4096, "a multiple of 8 in [8, 4096] (32 or 128)",
+                  [](ServeConfig& c, int64_t v) {
+                    c.model.weight_group_size = static_cast<int32_t>(v);
+                  }),
               Bool("model.cuda_graphs", [](ServeConfig& c, bool v) { c.model.cuda_graphs = v; }),
               Bool("model.mmap", [](ServeConfig& c, bool v) { c.model.mmap = v; }),
               {"model.chat_template",
@@ -712,6 +731,13 @@ std::string ServeConfigKeyHelp(const std::string& key) {
       {"model.dtype",
        "weights and activations: auto (fp32 on cpu, bf16 on cuda), fp32, fp16 or bf16; the CPU "
        "backend computes in fp32 only"},
+      {"model.weight_dtype",
+       "linear layers: auto (as model.dtype), fp32, int8 (per channel) or int4 (per group, "
+       "model.weight_group_size), quantized at load; int8 and int4 on the CPU only"},
+      {"model.weight_dtype_head",
+       "the output head: auto (fp32 for vocabularies under 32768 tokens, else int8 when "
+       "model.weight_dtype quantizes), fp32, int8 or int4"},
+      {"model.weight_group_size", "int4 inputs per scale: 32 (default) or 128"},
       {"model.mmap",
        "mmap the weight files instead of reading them into memory (false): faster start, shared "
        "page cache, but a file truncated while served kills the daemon (SIGBUS) and one "

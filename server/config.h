@@ -36,8 +36,12 @@ struct ServeConfig {
     std::string device = "cpu";  // cpu | cuda | cuda:N
     int32_t threads = 0;         // CPU forward-pass threads; 0 = what the cgroup allows
     std::string dtype = "auto";  // auto | fp32 | fp16 | bf16 (auto: fp32 cpu, bf16 cuda)
-    bool cuda_graphs = true;     // CUDA: replay decode steps from captured graphs
-    bool mmap = false;           // mmap the weight files instead of reading them (risks: README)
+    // Linear layers (CPU: int8 / int4 quantized at load; model/model_config.h).
+    std::string weight_dtype = "auto";
+    std::string weight_dtype_head = "auto";
+    int32_t weight_group_size = 32;
+    bool cuda_graphs = true;  // CUDA: replay decode steps from captured graphs
+    bool mmap = false;        // mmap the weight files instead of reading them (risks: README)
     // auto (the checkpoint's own template, else plain), a built-in name or a
     // map of role patterns.
     ChatTemplate chat_template = ChatTemplate::Auto();

@@ -23,6 +23,9 @@ absl::StatusOr<RunnerOptions> RunnerOptionsFor(const ServeConfig& config) {
   RunnerOptions ro;
   ro.device = config.model.device;
   ro.dtype = config.model.dtype;
+  ro.weight_dtype = config.model.weight_dtype;
+  ro.weight_dtype_head = config.model.weight_dtype_head;
+  ro.weight_group_size = config.model.weight_group_size;
   ro.cuda_graphs = config.model.cuda_graphs;
   // One dtype, or one per layer (cache/kv_dtype_spec.h); errors name cache.kv_dtype.
   absl::StatusOr<KvDtypeSpec> kv_dtype = KvDtypeSpec::Parse(config.cache.kv_dtype);

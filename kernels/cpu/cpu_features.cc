@@ -31,6 +31,16 @@ bool DetectAvx2() {
 #endif
 }
 
+bool DetectAvx512Vnni() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_cpu_init();
+  return DetectAvx2() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+#else
+  return false;
+#endif
+}
+
 CpuIsa DetectDefault() {
   const bool has_avx2 = CpuHasAvx2();
   const char* env = std::getenv("KVSERVE_CPU_ISA");
@@ -63,6 +73,11 @@ std::string_view CpuIsaName(CpuIsa isa) {
 
 bool CpuHasAvx2() {
   static const bool has = DetectAvx2();
+  return has;
+}
+
+bool CpuHasAvx512Vnni() {
+  static const bool has = DetectAvx512Vnni();
   return has;
 }
 

@@ -22,6 +22,10 @@ std::string_view CpuIsaName(CpuIsa isa);
 // True when the CPU can run the AVX2 kernels (AVX2 + FMA + F16C).
 bool CpuHasAvx2();
 
+// True when the CPU has AVX-512 F, BW, VL and VNNI (vpdpbusd), which the
+// int8/int4 weight GEMMs (kernels/cpu/quant/) use; implies CpuHasAvx2().
+bool CpuHasAvx512Vnni();
+
 // The process default: KVSERVE_CPU_ISA if set, else the best available.
 // Never kAuto. An unknown KVSERVE_CPU_ISA value, or `avx2` on a CPU without
 // it, aborts with a message (a misconfigured host should not silently run a

@@ -13,6 +13,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/paged_attention.h"
 #include "model/batch_check.h"
+#include "model/loader/quantize_weights.h"
 #include "util/status_macros.h"
 
 namespace kvserve {
@@ -88,11 +89,42 @@ CpuForward::CpuForward(LlamaWeights weights, int num_threads)
                                              3 * int64_t{c.dim} * c.hidden_dim) +
                     int64_t{c.vocab_size} * c.dim;
   for (const LayerWeights& w : weights_.layers) {
-    mats_.push_back(
-        {w.wq.data, w.wk.data, w.wv.data, w.wo.data, w.w_gate.data, w.w_up.data, w.w_down.data});
+    LayerMatrices m;
+    m.wq.f = w.wq.data;
+    m.wk.f = w.wk.data;
+    m.wv.f = w.wv.data;
+    m.wo.f = w.wo.data;
+    m.w_gate.f = w.w_gate.data;
+    m.w_up.f = w.w_up.data;
+    m.w_down.f = w.w_down.data;
+    mats_.push_back(m);
   }
-  output_ = weights_.output.data;
+  output_.f = weights_.output.data;
+  if (const QuantizedLinears* q = weights_.quantized.get(); q != nullptr) {
+    for (size_t l = 0; l < q->layers.size() && l < mats_.size(); ++l) {
+      const QuantizedLinears::Layer& ql = q->layers[l];
+      LayerMatrices& m = mats_[l];
+      m.wq.q = &ql.wq;
+      m.wk.q = &ql.wk;
+      m.wv.q = &ql.wv;
+      m.wo.q = &ql.wo;
+      m.w_gate.q = &ql.w_gate;
+      m.w_up.q = &ql.w_up;
+      m.w_down.q = &ql.w_down;
+    }
+    if (!q->output.empty()) output_.q = &q->output;
+    granule_ = cpu::kQuantBlock;
+  }
   RepackIfMisaligned();
+}
+
+void CpuForward::MatMul(const float* x, int64_t rows, int64_t in, const Matrix& m, int64_t c0,
+                        int64_t c1, float* y, int64_t ldy, bool accumulate) {
+  if (m.q != nullptr) {
+    cpu::QuantLinear(x, rows, *m.q, c0, c1, y, ldy, accumulate);
+  } else {
+    cpu::Linear(x, rows, in, m.f + c0 * in, c1 - c0, y, ldy, accumulate);
+  }
 }
 
 void CpuForward::FreeDeleter::operator()(float* p) const { std::free(p); }
@@ -102,18 +134,22 @@ void CpuForward::RepackIfMisaligned() {
   auto misaligned = [](const float* p) { return reinterpret_cast<uintptr_t>(p) % 64 != 0; };
   auto padded = [](int64_t n) { return (n + kAlignFloats - 1) / kAlignFloats * kAlignFloats; };
   std::vector<std::pair<const float**, int64_t>> todo;  // matrix pointer, floats
+  auto add = [&](Matrix& m, const Tensor& t) {
+    if (m.q == nullptr) todo.push_back({&m.f, t.numel()});  // quantized: f is not read
+  };
   for (size_t l = 0; l < mats_.size(); ++l) {
     const LayerWeights& w = weights_.layers[l];
     LayerMatrices& m = mats_[l];
-    todo.push_back({&m.wq, w.wq.numel()});
-    todo.push_back({&m.wk, w.wk.numel()});
-    todo.push_back({&m.wv, w.wv.numel()});
-    todo.push_back({&m.wo, w.wo.numel()});
-    todo.push_back({&m.w_gate, w.w_gate.numel()});
-    todo.push_back({&m.w_up, w.w_up.numel()});
-    todo.push_back({&m.w_down, w.w_down.numel()});
+    add(m.wq, w.wq);
+    add(m.wk, w.wk);
+    add(m.wv, w.wv);
+    add(m.wo, w.wo);
+    add(m.w_gate, w.w_gate);
+    add(m.w_up, w.w_up);
+    add(m.w_down, w.w_down);
   }
-  todo.push_back({&output_, weights_.output.numel()});
+  add(output_, weights_.output);
+  if (todo.empty()) return;
   int64_t total = 0;
   bool any_misaligned = false;
   for (const auto& [ptr, n] : todo) {
@@ -218,12 +254,12 @@ void CpuForward::PlanStep(const BatchInput& batch) {
 
 template <typename Fn>
 void CpuForward::RunColumns(int64_t cols, Fn&& fn) {
-  const int64_t granules = (cols + cpu::kOutputGranule - 1) / cpu::kOutputGranule;
+  const int64_t granules = (cols + granule_ - 1) / granule_;
   const int chunks = static_cast<int>(std::min<int64_t>(col_chunks_, granules));
   pool_.Run(chunks, [&](int ch) {
     int64_t g0, g1;
     cpu::SplitRange(granules, chunks, ch, &g0, &g1);
-    fn(g0 * cpu::kOutputGranule, std::min(cols, g1 * cpu::kOutputGranule));
+    fn(g0 * granule_, std::min(cols, g1 * granule_));
   });
 }
 
@@ -304,7 +340,7 @@ void CpuForward::Qkv(int layer, int64_t r0, int64_t r1, int64_t c0, int64_t c1) 
   const int64_t dim = weights_.config.dim;
   const LayerMatrices& m = mats_[layer];
   struct Part {
-    const float* w;
+    const Matrix& w;
     float* y;
     int64_t width;
   };
@@ -314,8 +350,8 @@ void CpuForward::Qkv(int layer, int64_t r0, int64_t r1, int64_t c0, int64_t c1) 
   for (const Part& p : parts) {
     const int64_t lo = std::max(c0, base) - base, hi = std::min(c1, base + p.width) - base;
     if (lo < hi) {
-      cpu::Linear(xb_.data() + r0 * dim, r1 - r0, dim, p.w + lo * dim, hi - lo,
-                  p.y + r0 * p.width + lo, p.width, false);
+      MatMul(xb_.data() + r0 * dim, r1 - r0, dim, p.w, lo, hi, p.y + r0 * p.width + lo, p.width,
+             false);
     }
     base += p.width;
   }
@@ -369,8 +405,8 @@ void CpuForward::FinishQkv(int layer, const BatchInput& batch, HostKvPages& kv, 
 void CpuForward::AttentionOutput(int layer, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
   const int64_t dim = weights_.config.dim;
   float* x = x_.data() + r0 * dim;
-  cpu::Linear(att_.data() + r0 * q_dim_, r1 - r0, q_dim_, mats_[layer].wo + c0 * q_dim_, c1 - c0,
-              x + c0, dim, /*accumulate=*/true);
+  MatMul(att_.data() + r0 * q_dim_, r1 - r0, q_dim_, mats_[layer].wo, c0, c1, x + c0, dim,
+         /*accumulate=*/true);
   if (weights_.config.o_bias) {
     const float* bo = weights_.layers[layer].bo.data;
     for (int64_t r = 0; r < r1 - r0; ++r) {
@@ -391,8 +427,8 @@ void CpuForward::GateUp(int layer, int64_t r0, int64_t r1, int64_t c0, int64_t c
   const float* xb = xb_.data() + r0 * dim;
   float* gate = gate_.data() + r0 * hid;
   float* up = up_.data() + r0 * hid;
-  cpu::Linear(xb, r1 - r0, dim, m.w_gate + c0 * dim, c1 - c0, gate + c0, hid, false);
-  cpu::Linear(xb, r1 - r0, dim, m.w_up + c0 * dim, c1 - c0, up + c0, hid, false);
+  MatMul(xb, r1 - r0, dim, m.w_gate, c0, c1, gate + c0, hid, false);
+  MatMul(xb, r1 - r0, dim, m.w_up, c0, c1, up + c0, hid, false);
   if (c0 == 0 && c1 == hid) {
     cpu::SiluMul(gate, up, (r1 - r0) * hid);
   } else {
@@ -404,8 +440,8 @@ void CpuForward::GateUp(int layer, int64_t r0, int64_t r1, int64_t c0, int64_t c
 
 void CpuForward::Down(int layer, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
   const int64_t dim = weights_.config.dim, hid = weights_.config.hidden_dim;
-  cpu::Linear(gate_.data() + r0 * hid, r1 - r0, hid, mats_[layer].w_down + c0 * hid, c1 - c0,
-              x_.data() + r0 * dim + c0, dim, /*accumulate=*/true);
+  MatMul(gate_.data() + r0 * hid, r1 - r0, hid, mats_[layer].w_down, c0, c1,
+         x_.data() + r0 * dim + c0, dim, /*accumulate=*/true);
 }
 
 void CpuForward::AttentionInput(int layer, const BatchInput& batch, HostKvPages& kv, int64_t r0,
@@ -534,8 +570,7 @@ absl::Status CpuForward::Forward(const BatchInput& batch, HostKvPages& kv,
   cpu::RmsNorm(final_.data(), weights_.final_norm.data, final_.data(), R, dim, c.rms_norm_eps);
   // The head splits over vocabulary columns, which works for any number of rows.
   RunColumns(c.vocab_size, [&](int64_t c0, int64_t c1) {
-    cpu::Linear(final_.data(), R, dim, output_ + c0 * dim, c1 - c0, logits.data() + c0,
-                c.vocab_size, false);
+    MatMul(final_.data(), R, dim, output_, c0, c1, logits.data() + c0, c.vocab_size, false);
   });
   return absl::OkStatus();
 }

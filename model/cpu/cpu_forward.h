@@ -41,6 +41,12 @@
 // mass, which is summed per sequence and layer after each layer's attention
 // (attention_stats()).
 //
+// Quantized weights (weights.quantized: model.weight_dtype int8 / int4)
+// replace the fp32 matrices they cover with cpu::QuantLinear, which splits
+// over output features in blocks of cpu::kQuantBlock; every path above
+// stays as it is, and a row's result is still the same bits whatever the
+// batch, split or thread count.
+//
 // Matrices that are not 64-byte aligned (an mmap of a llama2.c file starts
 // them 28 bytes in) are copied once into an aligned arena when the model is
 // small enough (kMaxRepackBytes); the aligned loads make decode of tiny
@@ -59,6 +65,7 @@
 #include "cache/kv_pages.h"
 #include "kernels/batch_input.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/quant/quant_matrix.h"
 #include "kernels/cpu/thread_pool.h"
 #include "model/llama_weights.h"
 
@@ -142,23 +149,26 @@ class CpuForward {
   template <typename Fn>
   void RunColumns(int64_t cols, Fn&& fn);
 
-  // The matrices the forward pass reads: the weights' own, or aligned copies.
-  struct LayerMatrices {
-    const float* wq;
-    const float* wk;
-    const float* wv;
-    const float* wo;
-    const float* w_gate;
-    const float* w_up;
-    const float* w_down;
+  // A matrix the forward pass reads: fp32 (the weights' own, or an aligned
+  // copy) or quantized.
+  struct Matrix {
+    const float* f = nullptr;             // [out][in]
+    const cpu::QuantMatrix* q = nullptr;  // set: use it instead of f
   };
+  struct LayerMatrices {
+    Matrix wq, wk, wv, wo, w_gate, w_up, w_down;
+  };
+  // y[r * ldy + (o - c0)] (+)= x[r] . m[o] for outputs [c0, c1), rows [0, rows).
+  static void MatMul(const float* x, int64_t rows, int64_t in, const Matrix& m, int64_t c0,
+                     int64_t c1, float* y, int64_t ldy, bool accumulate);
   struct FreeDeleter {
     void operator()(float* p) const;
   };
 
   LlamaWeights weights_;
   std::vector<LayerMatrices> mats_;
-  const float* output_ = nullptr;              // [vocab][dim]
+  Matrix output_;                              // [vocab][dim]
+  int64_t granule_ = 8;                        // outputs a column split keeps together
   std::unique_ptr<float, FreeDeleter> arena_;  // aligned copies, when made
   cpu::RopeTable rope_;
   std::vector<float> inv_freq_;  // [head_dim / 2], what the table was built from

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "model/loader/quantize_weights.h"
 #include "util/status_macros.h"
 
 namespace kvserve {
@@ -63,11 +64,10 @@ CpuModelRunner::CpuModelRunner(std::unique_ptr<CpuForward> model,
     : model_(std::move(model)),
       primary_(formats, num_blocks, num_tails),
       swap_(formats, num_swap_blocks, num_swap_tails) {
-  const ModelConfig& c = model_->config();
   RunnerMemoryInfo& m = memory_info_;
   m.device = "cpu";
-  m.weight_dtype = "fp32";
-  m.weight_bytes = c.NumParams() * int64_t{sizeof(float)};
+  m.weight_dtype = model_->weights().weight_quant.ToString();
+  m.weight_bytes = ForwardWeightBytes(model_->weights());
   m.kv_bytes_per_block = primary_.bytes_per_block();
   m.num_blocks = num_blocks;
   m.kv_pool_bytes = primary_.total_bytes();  // int4_kc tails included

@@ -200,12 +200,24 @@ absl::StatusOr<KvQualityReport> EvaluateKvQuality(const std::vector<std::vector<
         options.num_prompts, ", ", options.prompt_tokens, ", ", options.continuation));
   }
   std::vector<KvDtypeSpec> dtypes = {KvDtype::kFp32};
-  for (const KvDtypeSpec& d : options.dtypes) {
-    if (std::find(dtypes.begin(), dtypes.end(), d) == dtypes.end()) dtypes.push_back(d);
+  std::vector<std::string> weight_names = {"fp32"};
+  const bool by_weights = !options.weight_dtypes.empty();
+  if (by_weights) {
+    for (const std::string& w : options.weight_dtypes) {
+      dtypes.push_back(KvDtype::kFp32);
+      weight_names.push_back(w);
+    }
+  } else {
+    for (const KvDtypeSpec& d : options.dtypes) {
+      if (std::find(dtypes.begin(), dtypes.end(), d) == dtypes.end()) dtypes.push_back(d);
+    }
+    weight_names.resize(dtypes.size(), "fp32");
   }
   std::vector<std::unique_ptr<ModelRunner>> runners;
-  for (const KvDtypeSpec& d : dtypes) {
-    KV_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> r, make_runner(d));
+  for (size_t i = 0; i < dtypes.size(); ++i) {
+    const KvDtypeSpec& d = dtypes[i];
+    KV_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> r,
+                        by_weights ? options.make_weight_runner(weight_names[i]) : make_runner(d));
     if (d.is_uniform() && r->kv_format().dtype() != d.first_dtype()) {
       return absl::InternalError(absl::StrCat("the runner made for ", d.ToString(), " stores ",
                                               std::string(KvDtypeName(r->kv_format().dtype()))));
@@ -340,6 +352,7 @@ absl::StatusOr<KvQualityReport> EvaluateKvQuality(const std::vector<std::vector<
     const Totals& acc = totals[f];
     KvFormatQuality q;
     q.dtype = dtypes[f];
+    q.weight_dtype = weight_names[f];
     KV_ASSIGN_OR_RETURN(std::vector<KvDtype> layers, dtypes[f].Resolve(config.num_layers));
     for (KvDtype d : layers) {
       KV_ASSIGN_OR_RETURN(
@@ -370,16 +383,26 @@ absl::StatusOr<KvQualityReport> EvaluateKvQuality(const std::vector<std::vector<
 
 std::string KvQualityTable(const KvQualityReport& report) {
   int width = 9;
+  bool by_weights = false;
   for (const KvFormatQuality& q : report.formats) {
     width = std::max(width, static_cast<int>(q.dtype.ToString().size()));
+    by_weights |= q.weight_dtype != "fp32";
+  }
+  auto name = [&](const KvFormatQuality& q) {
+    return by_weights ? q.weight_dtype : q.dtype.ToString();
+  };
+  if (by_weights) {
+    for (const KvFormatQuality& q : report.formats) {
+      width = std::max(width, static_cast<int>(q.weight_dtype.size()));
+    }
   }
   // "Δ" is two bytes but one column, hence its field is a byte wider.
-  std::string out =
-      absl::StrFormat("%-*s %11s %8s %9s %10s %10s %11s %16s\n", width, "format", "bytes/token",
-                      "vs fp16", "ppl", "Δppl%", "mean KL", "top-1 agree", "greedy agree len");
+  std::string out = absl::StrFormat("%-*s %11s %8s %9s %10s %10s %11s %16s\n", width,
+                                    by_weights ? "weights" : "format", "bytes/token", "vs fp16",
+                                    "ppl", "Δppl%", "mean KL", "top-1 agree", "greedy agree len");
   for (const KvFormatQuality& q : report.formats) {
     absl::StrAppendFormat(&out, "%-*s %11d %7.3fx %9.4f %+8.3f%% %10.2e %10.2f%% %16.1f\n", width,
-                          q.dtype.ToString(), q.bytes_per_token, q.bytes_vs_fp16, q.perplexity,
+                          name(q), q.bytes_per_token, q.bytes_vs_fp16, q.perplexity,
                           q.delta_ppl_percent, q.mean_kl, q.top1_agreement * 100.0,
                           q.mean_greedy_agreement);
   }
@@ -401,6 +424,8 @@ std::string KvQualityJson(const KvQualityReport& report) {
   nlohmann::json formats = nlohmann::json::array();
   for (const KvFormatQuality& q : report.formats) {
     formats.push_back({{"kv_dtype", q.dtype.ToString()},
+                       {"weight_dtype", q.weight_dtype},
+                       {"ppl", q.perplexity},
                        {"bytes_per_token", q.bytes_per_token},
                        {"bytes_vs_fp16", q.bytes_vs_fp16},
                        {"perplexity", q.perplexity},

@@ -75,10 +75,17 @@ struct KvQualityOptions {
   int32_t continuation = 128;
   // Called after each unit of work with (done, total); may be empty.
   std::function<void(int64_t, int64_t)> progress;
+  // Weight dtypes instead (kvserve eval-kv --weight-dtype): when set, the
+  // rows are "fp32" (the reference) then these names, each a runner from
+  // make_weight_runner with an fp32 KV cache; `dtypes` is ignored.
+  std::vector<std::string> weight_dtypes;
+  std::function<absl::StatusOr<std::unique_ptr<ModelRunner>>(const std::string&)>
+      make_weight_runner;
 };
 
 struct KvFormatQuality {
   KvDtypeSpec dtype = KvDtype::kFp32;  // one dtype or one per layer
+  std::string weight_dtype = "fp32";   // the runner's model.weight_dtype
   int64_t bytes_per_token = 0;         // all layers, K + V, scales included
   double bytes_vs_fp16 = 0;            // bytes_per_token / fp16's
   double perplexity = 0;

@@ -24,6 +24,7 @@
 #include "model/eval/evictor_training.h"
 #include "model/eval/kv_eval.h"
 #include "model/loader/model_loader.h"
+#include "model/loader/quantize_weights.h"
 #include "server/cli/commands.h"
 #include "server/cli/flags.h"
 #include "util/status_macros.h"
@@ -46,6 +47,9 @@ constexpr char kUsage[] =
     "                         layers, NAME* the layers left); repeat the flag for several;\n"
     "                         'all' is every dtype and int8,int4_kc*,int8 (default all; fp32\n"
     "                         always runs as the reference)\n"
+    "  --weight-dtype D       instead: weight dtypes to report (int8, int4, int8+head int8,\n"
+    "                         ...), repeatable; fp32 weights are the reference and the KV\n"
+    "                         cache stays fp32\n"
     "  --block-size B         KV block size in tokens (default 16)\n"
     "  --int4-group-size G    int4 channels per scale group: 32, 64 or 128, clamped to\n"
     "                         head_dim (default 64)\n"
@@ -80,6 +84,9 @@ struct Options {
   std::string tokenizer;
   std::string text;
   std::vector<KvDtypeSpec> dtypes;  // empty: all
+  // --weight-dtype: the names as given and their parse.
+  std::vector<std::string> weight_dtype_names;
+  std::vector<WeightQuantSpec> weight_dtypes;
   int block_size = 16;
   int int4_group_size = 64;
   int32_t max_stories = 0;
@@ -123,10 +130,14 @@ int ParseFlags(int argc, char** argv, Options* o) {
       for (const KvDtypeSpec& d : AllFormats()) o->dtypes.push_back(d);
       continue;
     }
-    if (std::optional<int> rc =
-            m.Take(flags, flag,
-                   kModelFlag | kTokenizerFlag | kKvDtypeFlag | kBlockSizeFlag | kThreadsFlag)) {
+    if (std::optional<int> rc = m.Take(flags, flag,
+                                       kModelFlag | kTokenizerFlag | kKvDtypeFlag | kBlockSizeFlag |
+                                           kThreadsFlag | kWeightDtypeFlag)) {
       if (*rc >= 0) return *rc;
+      if (flag.name == "--weight-dtype") {
+        o->weight_dtype_names.push_back(m.weight_dtype_names.back());
+        o->weight_dtypes.push_back(m.weight_dtypes.back());
+      }
       // Formats keep their order among 'all' and single ones.
       if (flag.name == "--kv-dtype") o->dtypes.push_back(m.kv_dtypes.back());
       continue;
@@ -424,6 +435,24 @@ int RunEvalKv(int argc, char** argv) {
     opt.eval.progress = [&bar](int64_t done, int64_t total) { bar.Update(done, total); };
   }
   opt.eval.dtypes = opt.dtypes.empty() ? AllFormats() : opt.dtypes;
+  opt.eval.weight_dtypes = opt.weight_dtype_names;
+  opt.eval.make_weight_runner =
+      [&](const std::string& name) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
+    LlamaWeights w = weights;
+    for (size_t i = 0; i < opt.weight_dtype_names.size(); ++i) {
+      if (opt.weight_dtype_names[i] != name) continue;
+      absl::Status s = QuantizeWeights(opt.weight_dtypes[i], &w);
+      if (!s.ok()) return s;
+      break;
+    }
+    CpuRunnerOptions ro;
+    ro.kv_dtype = KvDtype::kFp32;
+    ro.block_size = opt.block_size;
+    ro.num_threads = opt.threads;
+    absl::StatusOr<std::unique_ptr<CpuModelRunner>> r = CpuModelRunner::Create(std::move(w), ro);
+    if (!r.ok()) return r.status();
+    return std::unique_ptr<ModelRunner>(std::move(*r));
+  };
   opt.eval.int4_group_size = opt.int4_group_size;
   absl::StatusOr<KvQualityReport> report = EvaluateKvQuality(stories, make_runner, opt.eval);
   bar.Finish();

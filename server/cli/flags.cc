@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 
 namespace kvserve::cli {
 
@@ -50,6 +51,13 @@ bool CliFlags::ParseFloat(const std::string& text, float* out) {
   return absl::SimpleAtof(text, out);
 }
 
+void SetWeightDtype(const WeightQuantSpec& q, std::string* body, std::string* head,
+                    int32_t* group_size) {
+  *group_size = q.group_size;
+  *body = std::string(WeightQuantName(q.body));
+  *head = q.head_auto ? "auto" : std::string(WeightQuantName(q.head));
+}
+
 std::optional<int> ModelFlags::Take(const CliFlags& flags, const CliFlag& flag, unsigned accepted) {
   long long n = 0;
   if (flag.name == "--model" && (accepted & kModelFlag)) {
@@ -65,6 +73,26 @@ std::optional<int> ModelFlags::Take(const CliFlags& flags, const CliFlag& flag, 
       return flags.BadValue(flag, "an integer in [1, 65536]");
     }
     block_size = static_cast<int>(n);
+  } else if (flag.name == "--weight-dtype" && (accepted & kWeightDtypeFlag)) {
+    // "BODY[+head HEAD][/gN]" (N: the int4 group size).
+    std::string body = flag.value, head = "auto";
+    int group = 32;
+    if (size_t g = body.find("/g"); g != std::string::npos) {
+      if (!absl::SimpleAtoi(body.substr(g + 2), &group)) {
+        return flags.BadValue(flag, "BODY[+head HEAD][/gN] with N the int4 group size");
+      }
+      body = body.substr(0, g);
+    }
+    if (size_t plus = body.find("+head"); plus != std::string::npos) {
+      head = body.substr(plus + 5);
+      body = body.substr(0, plus);
+    }
+    absl::StatusOr<WeightQuantSpec> q = ParseWeightQuant(body, head, group);
+    if (!q.ok()) {
+      return flags.UsageError(absl::StrCat("--weight-dtype: ", std::string(q.status().message())));
+    }
+    weight_dtype_names.push_back(flag.value);
+    weight_dtypes.push_back(*q);
   } else if (flag.name == "--threads" && (accepted & kThreadsFlag)) {
     if (!CliFlags::ParseInt(flag.value, 0, 1024, &n)) {
       return flags.BadValue(flag, "an integer in [0, 1024]");

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "cache/kv_dtype_spec.h"
+#include "model/model_config.h"
 
 namespace kvserve::cli {
 
@@ -66,7 +67,15 @@ enum ModelFlag : unsigned {
   kKvDtypeFlag = 4,    // --kv-dtype D (one name or a per-layer list), repeatable
   kBlockSizeFlag = 8,  // --block-size B, in [1, 65536]
   kThreadsFlag = 16,   // --threads N, in [0, 1024] (0: what the cgroup and affinity allow)
+  // --weight-dtype D (model.weight_dtype: auto, fp32, int8, int4; "int8+head int8" sets the
+  // head, "int4/g128" the group size), repeatable
+  kWeightDtypeFlag = 32,
 };
+
+// RunnerOptions' weight_dtype, weight_dtype_head and weight_group_size for a
+// parsed --weight-dtype.
+void SetWeightDtype(const WeightQuantSpec& q, std::string* body, std::string* head,
+                    int32_t* group_size);
 
 struct ModelFlags {
   std::string model;
@@ -74,6 +83,9 @@ struct ModelFlags {
   std::vector<KvDtypeSpec> kv_dtypes;  // every --kv-dtype given, in order
   std::optional<int> block_size;
   std::optional<int> threads;
+  // Every --weight-dtype given, in order: the text and its parse.
+  std::vector<std::string> weight_dtype_names;
+  std::vector<WeightQuantSpec> weight_dtypes;
 
   // Takes `flag` if it is one of `accepted` (a ModelFlag mask): nullopt when
   // it is not (the caller's own, or unknown), -1 when taken, else the exit

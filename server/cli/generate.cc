@@ -52,7 +52,11 @@ constexpr char kUsage[] =
     "  --threads N          CPU threads, 0 = what the cgroup and affinity allow (default 0)\n"
     "  --device D           cpu, cuda or cuda:N (default cpu)\n"
     "  --dtype D            weights and activations: auto, fp32, fp16, bf16 (default auto:\n"
-    "                       fp32 on cpu, bf16 on cuda)\n";
+    "                       fp32 on cpu, bf16 on cuda)\n"
+    "  --weight-dtype D     linear layers (model.weight_dtype): auto, fp32, int8, int4,\n"
+    "                       quantized at load, CPU only; 'int8+head int8' sets the head,\n"
+    "                       'int4/g128' the int4 group (default 32)\n"
+    "                       (default auto: as --dtype)\n";
 
 struct Options {
   std::string model;
@@ -69,6 +73,8 @@ struct Options {
   int threads = 0;
   std::string device = "cpu";
   std::string dtype = "auto";
+  std::string weight_dtype = "auto", weight_dtype_head = "auto";
+  int32_t weight_group_size = 32;
 };
 
 // Parses argv (after the subcommand name) into *o. Returns -1 to go on, or
@@ -78,9 +84,9 @@ int ParseFlags(int argc, char** argv, Options* o) {
   if (int rc = flags.Split(argc, argv); rc >= 0) return rc;
   ModelFlags m;
   for (const CliFlag& flag : flags.flags()) {
-    if (std::optional<int> rc =
-            m.Take(flags, flag,
-                   kModelFlag | kTokenizerFlag | kKvDtypeFlag | kBlockSizeFlag | kThreadsFlag)) {
+    if (std::optional<int> rc = m.Take(flags, flag,
+                                       kModelFlag | kTokenizerFlag | kKvDtypeFlag | kBlockSizeFlag |
+                                           kThreadsFlag | kWeightDtypeFlag)) {
       if (*rc >= 0) return *rc;
       continue;
     }
@@ -134,6 +140,10 @@ int ParseFlags(int argc, char** argv, Options* o) {
   o->model = m.model;
   o->tokenizer = m.tokenizer;
   if (!m.kv_dtypes.empty()) o->kv_dtype = m.kv_dtypes.back();
+  if (!m.weight_dtypes.empty()) {
+    SetWeightDtype(m.weight_dtypes.back(), &o->weight_dtype, &o->weight_dtype_head,
+                   &o->weight_group_size);
+  }
   o->block_size = m.block_size.value_or(o->block_size);
   o->threads = m.threads.value_or(o->threads);
   if (o->model.empty()) return flags.UsageError("--model is required");
@@ -157,6 +167,9 @@ int RunGenerate(int argc, char** argv) {
   RunnerOptions ro;
   ro.device = opt.device;
   ro.dtype = opt.dtype;
+  ro.weight_dtype = opt.weight_dtype;
+  ro.weight_dtype_head = opt.weight_dtype_head;
+  ro.weight_group_size = opt.weight_group_size;
   ro.kv_dtype = opt.kv_dtype;
   ro.block_size = opt.block_size;
   ro.num_threads = opt.threads > 0 ? opt.threads : DefaultCpuThreads();

@@ -16,6 +16,7 @@
 #include "model/loader/dummy_model.h"
 #include "model/loader/hf_loader.h"
 #include "model/loader/model_loader.h"
+#include "model/loader/quantize_weights.h"
 #include "model/model_config.h"
 #include "server/cli/commands.h"
 #include "server/cli/flags.h"
@@ -40,7 +41,8 @@ constexpr char kUsage[] =
     "  --context N         tokens per sequence (required)\n"
     "  --block-size B      KV block size in tokens (default 16)\n"
     "  --batch N           also show what N sequences of --context tokens need (default 0)\n"
-    "  --weight-dtype D    weight storage: fp32, fp16, bf16, fp8, int8, int4 (default fp16)\n"
+    "  --weight-dtype D    weight storage: fp32, fp16, bf16, fp8, int8, int4 (default fp16;\n"
+    "                      int8 / int4 count the CPU runner's model.weight_dtype layout)\n"
     "  --int4-group-size G channels per int4 scale group (default 64)\n"
     "  --kv-dtype D        also plan D: a dtype or one per layer (int8,int4_kc*,int8: NAME*N\n"
     "                      is N layers, NAME* the layers left); repeatable\n"
@@ -178,6 +180,11 @@ int RunPlan(int argc, char** argv) {
   req.num_kv_heads = c.num_kv_heads;
   req.head_dim = c.head_dim;
   req.weight_bytes = static_cast<int64_t>(static_cast<double>(params) * o.weight_bytes_per_param);
+  if (o.weight_dtype == "int8" || o.weight_dtype == "int4") {
+    // What the CPU runner holds (model.weight_dtype): packed linear layers
+    // with their scales, embeddings and norms in fp32, the head per the rule.
+    req.weight_bytes = ForwardWeightBytesFor(c, *ParseWeightQuant(o.weight_dtype));
+  }
   req.memory_bytes = o.memory_bytes;
   req.context_tokens = o.context;
   req.block_size = o.block_size;

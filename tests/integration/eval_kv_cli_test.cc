@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdio>
 #include <string>
 
@@ -112,6 +113,35 @@ TEST_CASE("kvserve eval-kv reports fp32 and int8 as a table and JSON", "[integra
     REQUIRE(formats[1]["mean_kl"].get<double>() > 0.0);
     REQUIRE(formats[1]["delta_ppl_percent"].get<double>() <= 0.5);
   }
+}
+
+TEST_CASE("kvserve eval-kv --weight-dtype: one row per weight dtype against fp32 weights",
+          "[integration]") {
+  const std::string json_path = testing::MakeTempDir("eval-kv-weights") + "/report.json";
+  RunResult r = RunKvserve(
+      absl::StrCat(BaseArgs(), " --weight-dtype int8 --weight-dtype int4 --max-stories 5",
+                   " --prompts 2 --continuation 16 --json ", Quote(json_path)));
+  REQUIRE(r.exit_code == 0);
+  INFO(r.out);
+  REQUIRE(r.out.find("weights   bytes/token") != std::string::npos);
+  REQUIRE(!TableRow(r.out, "int8").empty());
+  REQUIRE(!TableRow(r.out, "int4").empty());
+  const nlohmann::json j = nlohmann::json::parse(testing::ReadFileOrDie(json_path));
+  const nlohmann::json& rows = j["formats"];
+  REQUIRE(rows.size() == 3);
+  const char* names[] = {"fp32", "int8", "int4"};
+  for (int i = 0; i < 3; ++i) {
+    REQUIRE(rows[i]["weight_dtype"] == names[i]);
+    REQUIRE(rows[i]["kv_dtype"] == "fp32");
+    REQUIRE(rows[i]["ppl"].get<double>() > 1.0);
+    REQUIRE(rows[i]["ppl"] == rows[i]["perplexity"]);
+  }
+  REQUIRE(rows[0]["delta_ppl_percent"].get<double>() == 0.0);
+  REQUIRE(std::abs(rows[1]["delta_ppl_percent"].get<double>()) < 0.5);
+  RunResult bad = RunKvserve(absl::StrCat(BaseArgs(), " --weight-dtype fp8_e4m3"), true);
+  REQUIRE(bad.exit_code == 2);
+  REQUIRE(bad.out.find("--weight-dtype: model.weight_dtype: fp8_e4m3 weights are not supported "
+                       "yet") != std::string::npos);
 }
 
 TEST_CASE("kvserve eval-kv takes int4_kc and per-layer lists, one format per --kv-dtype",

@@ -83,9 +83,10 @@ TEST_CASE("kvserve generate takes unset sampling flags from generation_config.js
   // The checkpoint recommends greedy decoding: no --temperature gives the
   // reference text; a flag still wins.
   std::ofstream(dir + "/generation_config.json")
-      << R"({"bos_token_id": 1, "eos_token_id": [2, 1], "temperature": 0.0, "top_k": 5})" << "\n";
-  RunResult greedy = RunKvserve(absl::StrCat("generate --model ", Quote(dir),
-                                             " --prompt '' --max-tokens 256"));
+      << R"({"bos_token_id": 1, "eos_token_id": [2, 1], "temperature": 0.0, "top_k": 5})"
+      << "\n";
+  RunResult greedy =
+      RunKvserve(absl::StrCat("generate --model ", Quote(dir), " --prompt '' --max-tokens 256"));
   REQUIRE(greedy.exit_code == 0);
   REQUIRE(WithoutFinalNewline(greedy.out) == testing::GoldenGreedyText());
   RunResult sampled = RunKvserve(absl::StrCat("generate --model ", Quote(dir),
@@ -146,9 +147,9 @@ TEST_CASE("kvserve generate stops at max-tokens and reports speed on stderr", "[
 TEST_CASE("kvserve generate rejects bad flags with exit code 2", "[integration]") {
   const std::string model = Quote(testing::Stories260kCheckpoint());
   SECTION("each bad value names its flag") {
-    for (const char* bad : {"--max-tokens 0", "--max-tokens ten", "--temperature -1", "--top-p 1.5",
-                            "--block-size 0", "--kv-dtype fp7", "--device tpu", "--dtype int8",
-                            "--bogus 1"}) {
+    for (const char* bad :
+         {"--max-tokens 0", "--max-tokens ten", "--temperature -1", "--top-p 1.5", "--block-size 0",
+          "--kv-dtype fp7", "--device tpu", "--dtype int8", "--bogus 1"}) {
       INFO(bad);
       RunResult r = RunKvserve(absl::StrCat("generate --model ", model, " ", bad), Capture::kBoth);
       REQUIRE(r.exit_code == 2);
@@ -166,8 +167,8 @@ TEST_CASE("kvserve generate rejects bad flags with exit code 2", "[integration]"
     REQUIRE(r.out.find("usage: kvserve generate") != std::string::npos);
   }
   SECTION("fp16 weights on the CPU are a runtime error naming model.dtype") {
-    RunResult r = RunKvserve(absl::StrCat("generate --model ", model, " --dtype fp16"),
-                             Capture::kBoth);
+    RunResult r =
+        RunKvserve(absl::StrCat("generate --model ", model, " --dtype fp16"), Capture::kBoth);
     REQUIRE(r.exit_code == 1);
     REQUIRE(r.out.find("model.dtype: fp16: the CPU backend computes in fp32") != std::string::npos);
   }
@@ -176,6 +177,30 @@ TEST_CASE("kvserve generate rejects bad flags with exit code 2", "[integration]"
     REQUIRE(r.exit_code == 1);
     REQUIRE(r.out.find("/nonexistent/model.bin") != std::string::npos);
   }
+}
+
+TEST_CASE("kvserve generate --weight-dtype int8 keeps the greedy text and refuses bad names",
+          "[integration]") {
+  // int8 weights agree with fp32's greedy tokens for the first 235 of 256 on
+  // stories260K (tests/model/cpu/quantized_forward_test.cc): 200 tokens of
+  // text are the same.
+  const std::string args =
+      absl::StrCat("generate --model ", Quote(testing::Stories260kCheckpoint()),
+                   " --prompt '' --max-tokens 200 --temperature 0");
+  RunResult fp32 = RunKvserve(args);
+  RunResult int8 = RunKvserve(args + " --weight-dtype int8 --threads 2");
+  REQUIRE(fp32.exit_code == 0);
+  REQUIRE(int8.exit_code == 0);
+  REQUIRE(int8.out == fp32.out);
+  REQUIRE(testing::GoldenGreedyText().rfind(WithoutFinalNewline(fp32.out), 0) == 0);
+  RunResult bad = RunKvserve(args + " --weight-dtype int9", Capture::kStderr);
+  REQUIRE(bad.exit_code == 2);
+  REQUIRE(bad.out.find("--weight-dtype: model.weight_dtype: expected auto, fp32, fp16, bf16, int8 "
+                       "or int4, got 'int9'") != std::string::npos);
+  RunResult cuda = RunKvserve(args + " --weight-dtype int4 --device cuda", Capture::kStderr);
+  REQUIRE(cuda.exit_code != 0);
+  REQUIRE(cuda.out.find("model.weight_dtype: int4 weights run on the CPU only") !=
+          std::string::npos);
 }
 
 }  // namespace

@@ -211,6 +211,23 @@ TEST_CASE("Bad values stop with the key path and the reason", "[server]") {
           "model.device: expected cpu, cuda or cuda:N, got 'cuda:-1'");
   REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  dtype: int8\n", "")) ==
           "model.dtype: expected one of auto, fp32, fp16, bf16, got 'int8'");
+  REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  weight_dtype: int5\n", "")) ==
+          "model.weight_dtype: expected auto, fp32, fp16, bf16, int8 or int4, got 'int5'");
+  REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  weight_dtype: fp8_e4m3\n", "")) ==
+          "model.weight_dtype: fp8_e4m3 weights are not supported yet; use fp32, int8 or int4 "
+          "(model.device: cpu)");
+  REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  weight_dtype_head: q6\n", "")) ==
+          "model.weight_dtype_head: expected auto, fp32, fp16, bf16, int8 or int4, got 'q6'");
+  {
+    absl::StatusOr<ServeConfig> c = ParseServeConfig(
+        "model:\n  path: x\n  weight_dtype: INT4\n  weight_dtype_head: int8\n  "
+        "weight_group_size: 128\n",
+        "");
+    REQUIRE(c.ok());
+    REQUIRE(c->model.weight_dtype == "int4");
+    REQUIRE(c->model.weight_dtype_head == "int8");
+    REQUIRE(c->model.weight_group_size == 128);
+  }
   REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  cuda_graphs: sometimes\n", "")) ==
           "model.cuda_graphs: expected true or false, got 'sometimes'");
   REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  threads: -1\n", "")) ==

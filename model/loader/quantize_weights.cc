@@ -1,0 +1,126 @@
+#include "model/loader/quantize_weights.h"
+
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvserve {
+namespace {
+
+cpu::QuantKind KindOf(WeightQuant q) {
+  return q == WeightQuant::kInt8 ? cpu::QuantKind::kInt8 : cpu::QuantKind::kInt4;
+}
+
+cpu::QuantMatrix Pack(const Tensor& t, WeightQuant q, int group) {
+  return cpu::QuantMatrix::Quantize(t.data, t.shape.at(0), t.shape.at(1), KindOf(q), group);
+}
+
+}  // namespace
+
+int64_t QuantizedLinears::bytes() const {
+  int64_t n = output.bytes();
+  for (const Layer& l : layers) {
+    n += l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + l.w_gate.bytes() +
+         l.w_up.bytes() + l.w_down.bytes();
+  }
+  return n;
+}
+
+absl::Status QuantizeWeights(const WeightQuantSpec& requested, LlamaWeights* weights) {
+  const WeightQuantSpec spec = requested.Resolve(weights->config.vocab_size);
+  if (weights->quantized != nullptr || weights->weight_quant.any()) {
+    if (weights->weight_quant == spec) return absl::OkStatus();
+    return absl::FailedPreconditionError(
+        absl::StrCat("model.weight_dtype: the weights are already quantized as ",
+                     weights->weight_quant.ToString(), ", not ", spec.ToString()));
+  }
+  if (!spec.any()) return absl::OkStatus();
+  if (weights->dummy_seed.has_value() || weights->tok_embeddings.data == nullptr) {
+    return absl::FailedPreconditionError(
+        "model.weight_dtype: int8/int4 weights need the weights on the host (model.device: cpu)");
+  }
+  auto check = [](const Tensor& t, const std::string& name) -> absl::Status {
+    if (t.data == nullptr || t.shape.size() != 2 || t.shape[0] <= 0 || t.shape[1] <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model.weight_dtype: ", name, " is not a 2-D matrix with data"));
+    }
+    return absl::OkStatus();
+  };
+  auto q = std::make_shared<QuantizedLinears>();
+  const int g = spec.group_size;
+  if (spec.body != WeightQuant::kNone) {
+    for (size_t l = 0; l < weights->layers.size(); ++l) {
+      const LayerWeights& w = weights->layers[l];
+      const std::string p = absl::StrCat("layers.", l, ".");
+      for (const auto& [t, name] : {std::pair{&w.wq, "wq"},
+                                    {&w.wk, "wk"},
+                                    {&w.wv, "wv"},
+                                    {&w.wo, "wo"},
+                                    {&w.w_gate, "w_gate"},
+                                    {&w.w_up, "w_up"},
+                                    {&w.w_down, "w_down"}}) {
+        if (absl::Status s = check(*t, p + name); !s.ok()) return s;
+      }
+      QuantizedLinears::Layer ql;
+      ql.wq = Pack(w.wq, spec.body, g);
+      ql.wk = Pack(w.wk, spec.body, g);
+      ql.wv = Pack(w.wv, spec.body, g);
+      ql.wo = Pack(w.wo, spec.body, g);
+      ql.w_gate = Pack(w.w_gate, spec.body, g);
+      ql.w_up = Pack(w.w_up, spec.body, g);
+      ql.w_down = Pack(w.w_down, spec.body, g);
+      q->layers.push_back(std::move(ql));
+    }
+  }
+  if (spec.head != WeightQuant::kNone) {
+    if (absl::Status s = check(weights->output, "output"); !s.ok()) return s;
+    q->output = Pack(weights->output, spec.head, g);
+  }
+  weights->weight_quant = spec;
+  weights->quantized = std::move(q);
+  return absl::OkStatus();
+}
+
+int64_t ForwardWeightBytes(const LlamaWeights& weights) {
+  const ModelConfig& c = weights.config;
+  const int64_t all = c.NumParams() * int64_t{sizeof(float)};
+  if (weights.quantized == nullptr) return all;
+  const QuantizedLinears& q = *weights.quantized;
+  int64_t fp32_replaced = 0;
+  if (!q.layers.empty()) {
+    const int64_t qd = int64_t{c.num_heads} * c.head_dim,
+                  kvd = int64_t{c.num_kv_heads} * c.head_dim;
+    fp32_replaced += int64_t{c.num_layers} *
+                     (2 * qd * c.dim + 2 * kvd * c.dim + 3 * int64_t{c.dim} * c.hidden_dim);
+  }
+  // A tied head is the embedding table, which stays: only an untied one is replaced.
+  if (!q.output.empty() && !c.tie_word_embeddings) fp32_replaced += int64_t{c.vocab_size} * c.dim;
+  return all - fp32_replaced * int64_t{sizeof(float)} + q.bytes();
+}
+
+int64_t ForwardWeightBytesFor(const ModelConfig& c, const WeightQuantSpec& requested) {
+  const WeightQuantSpec spec = requested.Resolve(c.vocab_size);
+  int64_t bytes = c.NumParams() * int64_t{sizeof(float)};
+  const int g = spec.group_size;
+  if (spec.body != WeightQuant::kNone) {
+    const cpu::QuantKind k = KindOf(spec.body);
+    const int64_t dim = c.dim, hid = c.hidden_dim;
+    const int64_t qd = int64_t{c.num_heads} * c.head_dim,
+                  kvd = int64_t{c.num_kv_heads} * c.head_dim;
+    const int64_t packed =
+        cpu::QuantMatrix::BytesFor(qd, dim, k, g) + 2 * cpu::QuantMatrix::BytesFor(kvd, dim, k, g) +
+        cpu::QuantMatrix::BytesFor(dim, qd, k, g) + 2 * cpu::QuantMatrix::BytesFor(hid, dim, k, g) +
+        cpu::QuantMatrix::BytesFor(dim, hid, k, g);
+    const int64_t fp32 = (2 * qd * dim + 2 * kvd * dim + 3 * dim * hid) * int64_t{sizeof(float)};
+    bytes += int64_t{c.num_layers} * (packed - fp32);
+  }
+  if (spec.head != WeightQuant::kNone) {
+    bytes += cpu::QuantMatrix::BytesFor(c.vocab_size, c.dim, KindOf(spec.head), g);
+    if (!c.tie_word_embeddings) bytes -= int64_t{c.vocab_size} * c.dim * int64_t{sizeof(float)};
+  }
+  return bytes;
+}
+
+}  // namespace kvserve
