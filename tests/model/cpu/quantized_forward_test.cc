@@ -15,6 +15,7 @@
 #include "model/loader/model_loader.h"
 #include "model/loader/quantize_weights.h"
 #include "model/runner_factory.h"
+#include "tests/model/stories260k.h"
 #include "tests/test_util.h"
 
 namespace kvserve {
@@ -22,14 +23,7 @@ namespace {
 
 std::string Message(const absl::Status& s) { return std::string(s.message()); }
 
-const LlamaWeights& Stories260k() {
-  static const LlamaWeights* w = [] {
-    auto loaded = LoadLlama2cCheckpoint(testing::Stories260kCheckpoint());
-    if (!loaded.ok()) FAIL(std::string(loaded.status().message()));
-    return new LlamaWeights(std::move(*loaded));
-  }();
-  return *w;
-}
+using testing::Stories260k;
 
 std::unique_ptr<ModelRunner> MakeRunner(const LlamaWeights& w, const std::string& dtype,
                                         int threads = 1, const std::string& head = "auto") {
