@@ -98,7 +98,14 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
   kv_config.num_tail_blocks = runner->num_tail_blocks();
   kv_config.num_swap_tail_blocks = runner->num_swap_tail_blocks();
   kv_config.enable_prefix_caching = config.prefix_caching;
-  kv_config.hash_seed = std::random_device{}();
+  std::unique_ptr<EngineTiers> tiers;
+  if (config.tiers.enabled()) {
+    KV_ASSIGN_OR_RETURN(tiers,
+                        EngineTiers::Create(config.tiers, *runner, config.weights_fingerprint));
+  }
+  // Tiers outlive the engine and are shared by replicas: their chains must
+  // be seeded alike.
+  kv_config.hash_seed = tiers != nullptr ? tiers->hash_seed() : std::random_device{}();
   KV_RETURN_IF_ERROR(kv_config.Validate());
   const int64_t blocks_needed =
       (static_cast<int64_t>(max_len) + kv_config.block_size - 1) / kv_config.block_size;
@@ -116,14 +123,15 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
       config.preemption_mode == PreemptionMode::kSwap ? "swap" : "recompute");
   return std::unique_ptr<EngineImpl>(new EngineImpl(config, max_len, std::move(runner),
                                                     std::move(tokenizer), kv_config, eviction,
-                                                    std::move(evictor_model)));
+                                                    std::move(evictor_model), std::move(tiers)));
 }
 
 EngineImpl::EngineImpl(const EngineConfig& config, int32_t max_model_len,
                        std::unique_ptr<ModelRunner> runner,
                        std::shared_ptr<const Tokenizer> tokenizer, const KvCacheConfig& kv_config,
                        const EvictionParams& eviction,
-                       std::shared_ptr<const EvictorModel> evictor_model)
+                       std::shared_ptr<const EvictorModel> evictor_model,
+                       std::unique_ptr<EngineTiers> tiers)
     : config_(config),
       clock_(config.clock != nullptr ? config.clock : RealClock()),
       max_model_len_(max_model_len),
@@ -134,11 +142,13 @@ EngineImpl::EngineImpl(const EngineConfig& config, int32_t max_model_len,
       block_size_(kv_config.block_size),
       num_blocks_(kv_config.num_blocks),
       default_eviction_(eviction),
+      tiers_(std::move(tiers)),
       kv_(kv_config),
       scheduler_(SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens,
                                  config.preemption_mode},
                  &kv_),
       seed_rng_(std::random_device{}()) {
+  if (tiers_ != nullptr) kv_.set_tier_source(&tiers_->tiers());
   policies_.resize(kNumEvictionPolicies);
   for (EvictionPolicyKind k : kAllEvictionPolicies) {
     if (k == EvictionPolicyKind::kNone) continue;
@@ -395,9 +405,13 @@ void EngineImpl::CancelRequests(bool all) {
 
 absl::Status EngineImpl::RunCopies() {
   StepCopies copies = kv_.TakePendingCopies();
+  // Spills read blocks the copies below and the forward pass may overwrite.
+  TierTransfers tier = tiers_ != nullptr ? kv_.TakeTierTransfers() : TierTransfers{};
+  if (tiers_ != nullptr) KV_RETURN_IF_ERROR(tiers_->RunSpills(tier, *runner_, block_size_));
   if (!copies.swap_out.empty()) KV_RETURN_IF_ERROR(runner_->SwapOut(copies.swap_out));
   if (!copies.copies.empty()) KV_RETURN_IF_ERROR(runner_->CopyBlocks(copies.copies));
   if (!copies.swap_in.empty()) KV_RETURN_IF_ERROR(runner_->SwapIn(copies.swap_in));
+  if (tiers_ != nullptr) KV_RETURN_IF_ERROR(tiers_->RunLoads(tier, *runner_));
   // Eviction's refills, last: a move's source may be a block copied above.
   if (!copies.slot_moves.empty()) KV_RETURN_IF_ERROR(runner_->MoveSlots(copies.slot_moves));
   return absl::OkStatus();
@@ -814,6 +828,13 @@ void EngineImpl::PublishStats() {
   stats_.num_swapped = scheduler_.num_swapped();
   stats_.kv = kv_.Stats();
   stats_.preemptions = scheduler_.num_preemptions();
+  if (tiers_ != nullptr) {
+    stats_.tiers_enabled = true;
+    stats_.tiers = tiers_->Stats(stats_.kv, block_size_);
+    if (std::string notice = tiers_->tiers().TakeNotice(); !notice.empty()) {
+      spdlog::warn("engine: {}", notice);
+    }
+  }
   num_waiting_.store(scheduler_.num_waiting(), std::memory_order_relaxed);
   absl::MutexLock lock(&stats_mu_);
   published_ = stats_;
