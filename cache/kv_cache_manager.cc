@@ -439,8 +439,12 @@ void KvCacheManager::MarkComputed(SeqId seq, int32_t num_computed_tokens) {
     // a sequence off it before writing (copy-on-write), so it is private
     // by the time it is full. Should that change, the check still leaves a
     // shared block's filing to whoever computed it.
-    if (!prefix_.contains(id) && SeqRefs(id) == 1)
-      prefix_.Insert(id, h, parent, s.extra_key, tokens);
+    if (!prefix_.contains(id) && SeqRefs(id) == 1 &&
+        prefix_.Insert(id, h, parent, s.extra_key, tokens) && write_through_) {
+      tier_pending_.writes.push_back({id, h, parent, s.extra_key});
+      tier_pending_.write_tokens.insert(tier_pending_.write_tokens.end(), tokens.begin(),
+                                        tokens.end());
+    }
     parent = h;
   }
 }

@@ -230,8 +230,14 @@ class KvCacheManager {
   // ---- Tiers below the device (cache/kv_tier_hooks.h) ------------------------
   // With a source, Allocate continues a prompt's chain of hashes below the
   // device, and every filed block the pool hands out for new content is
-  // recorded as a spill. Null (the default): neither.
-  void set_tier_source(KvTierSource* source) { tiers_ = source; }
+  // recorded as a spill; with write_through every block filed at
+  // MarkComputed is recorded too. Null (the default): none of it.
+  void set_tier_source(KvTierSource* source, bool write_through = false) {
+    tiers_ = source;
+    write_through_ = source != nullptr && write_through;
+  }
+  // Whether a block is filed under `hash` on the device.
+  bool IsFiledHash(BlockHash hash) const { return prefix_.ContainsHash(hash); }
   // The spills and loads recorded since the last call: export the spills
   // first in the step, import the loads with the swap-ins.
   TierTransfers TakeTierTransfers() { return std::exchange(tier_pending_, TierTransfers{}); }
@@ -369,6 +375,7 @@ class KvCacheManager {
 
   KvCacheStats counters_;
   KvTierSource* tiers_ = nullptr;
+  bool write_through_ = false;
   TierTransfers tier_pending_;
   std::vector<TierHit> tier_hits_;  // scratch
 };

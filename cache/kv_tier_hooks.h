@@ -67,8 +67,13 @@ struct TierLoad {
 struct TierTransfers {
   std::vector<TierSpill> spills;      // export first in the step
   std::vector<int32_t> spill_tokens;  // [spills][block_size]
+  // Blocks filed since the last step, for write-through to a shared tier
+  // (exported with the spills: a filed block is written only after the pool
+  // hands it out, which records a spill first).
+  std::vector<TierSpill> writes;
+  std::vector<int32_t> write_tokens;  // [writes][block_size]
   std::vector<TierLoad> loads;        // import with the swap-ins
-  bool empty() const { return spills.empty() && loads.empty(); }
+  bool empty() const { return spills.empty() && writes.empty() && loads.empty(); }
 };
 
 }  // namespace kvserve

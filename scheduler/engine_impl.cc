@@ -148,7 +148,13 @@ EngineImpl::EngineImpl(const EngineConfig& config, int32_t max_model_len,
                                  config.preemption_mode},
                  &kv_),
       seed_rng_(std::random_device{}()) {
-  if (tiers_ != nullptr) kv_.set_tier_source(&tiers_->tiers());
+  if (tiers_ != nullptr) {
+    KvTiers& t = tiers_->tiers();
+    kv_.set_tier_source(&t, /*write_through=*/t.remote() != nullptr);
+    if (t.remote() != nullptr) {
+      prefetch_ = std::make_unique<TierPrefetch>(&t, &kv_, config.tiers.load_timeout_ms);
+    }
+  }
   policies_.resize(kNumEvictionPolicies);
   for (EvictionPolicyKind k : kAllEvictionPolicies) {
     if (k == EvictionPolicyKind::kNone) continue;
@@ -376,7 +382,16 @@ void EngineImpl::Loop() {
     for (std::unique_ptr<RequestState>& req : incoming_) Admit(std::move(req));
     incoming_.clear();
     CancelRequests(stop || cancel_all);
-    if (!stop && !scheduler_.idle()) Step();
+    if (prefetch_ != nullptr) {
+      ready_.clear();
+      prefetch_->Poll(&ready_);
+      for (Sequence* seq : ready_) scheduler_.AddWaiting(seq);
+    }
+    if (!stop && !scheduler_.idle()) {
+      Step();
+    } else if (!stop && prefetch_ != nullptr) {
+      prefetch_->Wait(1);  // only remote loads are pending
+    }
     PublishStats();
     FlushEvents();
     if (stop) return;
@@ -391,7 +406,8 @@ void EngineImpl::Admit(std::unique_ptr<RequestState> req) {
   }
   req->num_live = 1;
   req->forked = req->params.n == 1;
-  scheduler_.AddWaiting(seq.get());
+  // Its prompt's remote blocks first, if any (tier_prefetch.h).
+  if (prefetch_ == nullptr || !prefetch_->MaybeHold(seq.get())) scheduler_.AddWaiting(seq.get());
   req->samples.push_back(std::move(seq));
   live_.push_back(std::move(req));
 }
@@ -719,7 +735,8 @@ void EngineImpl::FinishSample(Sequence* seq, FinishReason reason, bool flush_tex
   if (!error.empty()) seq->out.error = error;
   seq->has_out = true;
   Touch(req);
-  scheduler_.Remove(seq);  // frees its blocks
+  // Frees its blocks (one waiting for a remote load holds none).
+  if (prefetch_ == nullptr || !prefetch_->Cancel(seq)) scheduler_.Remove(seq);
   req->finish_reason = reason;
   if (!error.empty()) req->error = error;
   if (--req->num_live > 0) return;

@@ -70,6 +70,7 @@
 #include "scheduler/engine_tiers.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/sequence.h"
+#include "scheduler/tier_prefetch.h"
 
 namespace kvserve {
 
@@ -143,6 +144,8 @@ class EngineImpl final : public Engine {
   // Engine thread only.
   std::unique_ptr<EngineTiers> tiers_;  // null: no tier below the device
   KvCacheManager kv_;
+  std::unique_ptr<TierPrefetch> prefetch_;  // with a remote tier
+  std::vector<Sequence*> ready_;            // scratch: prefetched this iteration
   Scheduler scheduler_;
   BatchInput batch_;
   std::vector<SampleRow> sample_rows_;     // this step's draws

@@ -68,9 +68,6 @@ absl::StatusOr<std::unique_ptr<EngineTiers>> EngineTiers::Create(
         "runner with KV tiers (the CPU runner; ",
         runner.memory_info().device, " has none)"));
   }
-  if (!config.remote_url.empty()) {
-    return absl::InvalidArgumentError("cache.remote_tier_url: the remote tier is not built yet");
-  }
   KV_ASSIGN_OR_RETURN(std::unique_ptr<KvTiers> tiers,
                       KvTiers::Create(config, TierIdentityOf(runner, weights_fingerprint)));
   return std::unique_ptr<EngineTiers>(new EngineTiers(std::move(tiers)));
@@ -84,18 +81,26 @@ uint64_t EngineTiers::hash_seed() const {
 
 absl::Status EngineTiers::RunSpills(const TierTransfers& t, ModelRunner& runner,
                                     int32_t block_size) {
-  if (t.spills.empty()) return absl::OkStatus();
+  if (t.spills.empty() && t.writes.empty()) return absl::OkStatus();
   const int64_t per_block = runner.tier_block_bytes();
   ids_.clear();
   for (const TierSpill& s : t.spills) ids_.push_back(s.block);
+  for (const TierSpill& s : t.writes) ids_.push_back(s.block);
   bytes_.resize(ids_.size() * static_cast<size_t>(per_block));
   KV_RETURN_IF_ERROR(runner.ExportBlocks(ids_, bytes_));
+  auto key_of = [&](const TierSpill& s, const std::vector<int32_t>& tokens, size_t i) {
+    return TierBlockKey{
+        s.hash, s.parent, s.extra_key,
+        std::span<const int32_t>(tokens).subspan(i * static_cast<size_t>(block_size), block_size)};
+  };
+  auto payload = [&](size_t i) {
+    return std::span<const uint8_t>(bytes_).subspan(i * per_block, per_block);
+  };
   for (size_t i = 0; i < t.spills.size(); ++i) {
-    const TierSpill& s = t.spills[i];
-    const TierBlockKey key{s.hash, s.parent, s.extra_key,
-                           std::span<const int32_t>(t.spill_tokens)
-                               .subspan(i * static_cast<size_t>(block_size), block_size)};
-    tiers_->Store(key, std::span<const uint8_t>(bytes_).subspan(i * per_block, per_block));
+    tiers_->Store(key_of(t.spills[i], t.spill_tokens, i), payload(i));
+  }
+  for (size_t i = 0; i < t.writes.size(); ++i) {
+    tiers_->WriteThrough(key_of(t.writes[i], t.write_tokens, i), payload(t.spills.size() + i));
   }
   return absl::OkStatus();
 }

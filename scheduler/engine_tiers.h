@@ -5,10 +5,10 @@
 // ExportBlocks, and loads imported with the swap-ins, in one batched
 // ImportBlocks.
 //
-// Loads below the host come from a tier's Find on the engine thread
-// (host: memory; disk: one pread per block). A remote tier, whose loads must
-// wait in their own request state so the step never waits on the network,
-// is not there yet.
+// Host and disk loads come from a tier's Find on the engine thread (host:
+// memory; disk: one pread per block). Remote loads are fetched before the
+// request is scheduled (tier_prefetch.h). Blocks filed by MarkComputed are
+// exported with the spills and written through to the remote tier.
 //
 // Thread-safety: engine thread only.
 #pragma once
@@ -42,7 +42,7 @@ class EngineTiers {
   // the disk tier across restarts, name blocks alike).
   uint64_t hash_seed() const;
 
-  // Exports the spills (before any other copy of the step).
+  // Exports the spills and write-throughs (before any other copy of the step).
   absl::Status RunSpills(const TierTransfers& t, ModelRunner& runner, int32_t block_size);
   // Imports the loads (with the swap-ins, before the forward pass).
   absl::Status RunLoads(const TierTransfers& t, ModelRunner& runner);

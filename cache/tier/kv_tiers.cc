@@ -71,6 +71,12 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(const KvTierConfig& con
     if (!disk.ok()) return disk.status();
     tiers->disk_ = std::move(*disk);
   }
+  if (!config.remote_url.empty()) {
+    absl::StatusOr<std::unique_ptr<RemoteTier>> remote =
+        RemoteTier::Create(config.remote_url, id, config.load_timeout_ms);
+    if (!remote.ok()) return remote.status();
+    tiers->remote_ = std::move(*remote);
+  }
   return tiers;
 }
 
@@ -140,6 +146,20 @@ TierHit KvTiers::Find(const TierBlockKey& key) {
     }
     ++At(stats_, TierKind::kHost).miss_blocks;
   }
+  if (remote_ != nullptr) {
+    if (std::shared_ptr<const std::string> v = staging_.Get(key.hash)) {
+      staging_.Erase(key.hash);
+      const DecodedBlock d = DecodeBlockValue(*v, id_, key);
+      if (d.ok()) {
+        TierCounters& c = At(stats_, TierKind::kRemote);
+        ++c.hit_blocks;
+        c.loaded_tokens += id_.block_size;
+        c.loaded_bytes += id_.payload_bytes;
+        return TierHit{std::move(v), d.payload_offset, static_cast<uint8_t>(TierKind::kRemote)};
+      }
+      ++At(stats_, TierKind::kRemote).rejects[static_cast<int>(d.reject)];
+    }
+  }
   if (disk_ != nullptr && disk_->enabled()) {
     TierReject reject = TierReject::kNone;
     if (std::shared_ptr<const std::string> v = disk_->Get(key, &reject)) {
@@ -154,13 +174,53 @@ TierHit KvTiers::Find(const TierBlockKey& key) {
   return {};
 }
 
+bool KvTiers::HoldsLocally(BlockHash hash) const {
+  return (host_ != nullptr && host_->Contains(hash)) || staging_.Contains(hash) ||
+         (disk_ != nullptr && disk_->enabled() && disk_->Contains(hash));
+}
+
+void KvTiers::WriteThrough(const TierBlockKey& key, std::span<const uint8_t> payload) {
+  if (remote_ == nullptr) return;
+  remote_->WriteThrough(key.hash,
+                        std::make_shared<const std::string>(EncodeBlockValue(id_, key, payload)));
+}
+
+void KvTiers::AddFetched(BlockHash hash, std::shared_ptr<const std::string> value) {
+  staging_.Put(hash, std::move(value), nullptr);
+}
+
+void KvTiers::CountRemoteLoad(int64_t micros) {
+  TierCounters& c = At(stats_, TierKind::kRemote);
+  c.load_us_sum += micros;
+  ++c.load_count;
+  for (size_t i = 0; i < kTierLoadBucketsUs.size(); ++i) {
+    if (micros <= kTierLoadBucketsUs[i]) ++c.load_us_le[i];
+  }
+}
+
 TierStats KvTiers::Stats() const {
   TierStats s = stats_;
+  if (remote_ != nullptr) {
+    const RemoteTier::Counters r = remote_->counters();
+    TierCounters& c = At(s, TierKind::kRemote);
+    c.miss_blocks += r.miss_blocks;
+    c.stored_tokens += r.stored_blocks * id_.block_size;
+    c.stored_bytes += r.stored_bytes;
+    c.write_drops += r.write_drops;
+    for (int i = 0; i < kNumTierRejects; ++i) c.rejects[i] += r.rejects[i];
+  }
   if (host_ != nullptr) At(s, TierKind::kHost).bytes_used = host_->bytes_used();
   if (disk_ != nullptr) At(s, TierKind::kDisk).bytes_used = disk_->bytes_used();
   return s;
 }
 
-std::string KvTiers::TakeNotice() { return std::exchange(notice_, std::string()); }
+std::string KvTiers::TakeNotice() {
+  std::string out = std::exchange(notice_, std::string());
+  if (remote_ != nullptr) {
+    const std::string r = remote_->TakeNotice();
+    if (!r.empty()) absl::StrAppend(&out, out.empty() ? "" : "; ", r);
+  }
+  return out;
+}
 
 }  // namespace kvserve

@@ -1,12 +1,17 @@
-// KvTiers: the tiers below the device pool, walked in order host, disk
-// (remote: not yet), for the blocks a prompt's chain of hashes names past
-// the device pool (KvTierSource), and fed the blocks that leave it.
+// KvTiers: the tiers below the device pool, walked in order host, disk,
+// remote, for the blocks a prompt's chain of hashes names past the device
+// pool (KvTierSource), and fed the blocks that leave it.
 //
 // Placement: a block leaving the device goes to the host tier; what the
 // host tier's LRU pushes out goes down to the disk tier (without a host
 // tier, straight to disk). A hit stays where it was found (a block loaded
 // back to the device is spilled again later at no cost: Store of a hash the
 // host holds only refreshes it).
+// The remote tier (remote_tier.h) is never waited on here: full, computed
+// blocks are written through to it in the background (WriteThrough), and a
+// prompt's remote blocks are fetched by the engine before the request is
+// scheduled (scheduler/tier_prefetch.h), then staged (AddFetched) for Find,
+// which serves them as remote hits.
 // Every value is checked on load (block_value.h); a refused one is dropped
 // and counted by cause. Counters are per tier, TierKind-indexed.
 //
@@ -26,6 +31,7 @@
 #include "cache/tier/block_value.h"
 #include "cache/tier/disk_tier.h"
 #include "cache/tier/host_tier.h"
+#include "cache/tier/remote_tier.h"
 
 namespace kvserve {
 
@@ -76,6 +82,16 @@ class KvTiers final : public KvTierSource {
   const TierIdentity& identity() const { return id_; }
   const HostTier* host() const { return host_.get(); }
   const DiskTier* disk() const { return disk_.get(); }
+  RemoteTier* remote() { return remote_.get(); }
+
+  // Whether the host, a staged fetch or the disk holds the block.
+  bool HoldsLocally(BlockHash hash) const;
+  // A full, computed block, for the remote tier (no-op without one).
+  void WriteThrough(const TierBlockKey& key, std::span<const uint8_t> payload);
+  // A block the remote tier answered (checked), staged for Find.
+  void AddFetched(BlockHash hash, std::shared_ptr<const std::string> value);
+  // A remote load's latency, once per load.
+  void CountRemoteLoad(int64_t micros);
 
   // A block leaving the device pool (its bytes as stored).
   void Store(const TierBlockKey& key, std::span<const uint8_t> payload);
@@ -96,6 +112,8 @@ class KvTiers final : public KvTierSource {
   TierIdentity id_;
   std::unique_ptr<HostTier> host_;
   std::unique_ptr<DiskTier> disk_;
+  std::unique_ptr<RemoteTier> remote_;
+  HostTier staging_{64 << 20};  // fetched remote values until Find takes them
   bool disk_notice_given_ = false;
   std::string notice_;
   std::vector<HostTier::Entry> evicted_;  // scratch
