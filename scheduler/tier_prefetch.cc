@@ -48,13 +48,14 @@ void TierPrefetch::Poll(std::vector<Sequence*>* ready) {
   RemoteTier* remote = tiers_->remote();
   const int64_t now = NowMicros();
   size_t kept = 0;
-  for (Held& h : held_) {
+  for (size_t i = 0; i < held_.size(); ++i) {
+    Held& h = held_[i];
     bool done = false;
     if (remote->TakeLoad(h.ticket, &results_)) {
       tiers_->CountRemoteLoad(now - h.start_us);
       // The chain is usable up to the first miss or refused value.
-      for (size_t i = 0; i < results_.size() && results_[i].value != nullptr; ++i) {
-        tiers_->AddFetched(h.hashes[i], std::move(results_[i].value));
+      for (size_t b = 0; b < results_.size() && results_[b].value != nullptr; ++b) {
+        tiers_->AddFetched(h.hashes[b], std::move(results_[b].value));
       }
       done = true;
     } else if (now - h.start_us > int64_t{timeout_ms_} * 1000) {
@@ -63,8 +64,8 @@ void TierPrefetch::Poll(std::vector<Sequence*>* ready) {
     }
     if (done) {
       ready->push_back(h.seq);
-    } else {
-      held_[kept++] = std::move(h);
+    } else if (kept++ != i) {
+      held_[kept - 1] = std::move(h);  // never onto itself (that empties its vector)
     }
   }
   held_.resize(kept);

@@ -4,9 +4,11 @@
 // Debian package redis-server is not installed.
 #pragma once
 
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -28,6 +30,12 @@ class RedisServer {
     port_ = FreePort();
     pid_ = fork();
     if (pid_ == 0) {
+      // Dies with the test, and keeps none of its output pipes open.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      const int null_fd = open("/dev/null", O_RDWR);
+      dup2(null_fd, 0);
+      dup2(null_fd, 1);
+      dup2(null_fd, 2);
       const std::string port = std::to_string(port_);
       execl("/usr/bin/redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1",
             "--dir", dir_.c_str(), "--save", "", "--appendonly", "no", "--logfile",
