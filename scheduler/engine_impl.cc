@@ -372,7 +372,12 @@ void EngineImpl::Loop() {
         idle_ = true;
         auto wake = [this]()
                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !inbox_.empty() || stop_; };
-        mu_.Await(absl::Condition(&wake));
+        if (prefetch_ != nullptr) {
+          // The remote tier's worker still counts write-throughs: publish them.
+          mu_.AwaitWithTimeout(absl::Condition(&wake), absl::Milliseconds(100));
+        } else {
+          mu_.Await(absl::Condition(&wake));
+        }
       }
       idle_ = false;
       incoming_.swap(inbox_);
