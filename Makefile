@@ -5,7 +5,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 CONFIG ?= configs/default.yaml
 
-.PHONY: all deps deps-run build build-daemon run test test-sanitize fuzz soak bench bench-eviction bench-weights image clean format
+.PHONY: all deps deps-run build build-daemon run test test-sanitize fuzz soak bench bench-eviction bench-weights bench-tiers image clean format
 
 all: build
 
@@ -82,6 +82,11 @@ soak: build-daemon
 
 bench: build
 	@bash bench/run.sh $(BUILD_DIR)
+
+# KV tiers: a multi-turn chat coming back after other traffic filled the
+# pool, TTFT and hit rate per tier (bench/tier_bench.cc, docs/kv-tiers.md).
+bench-tiers: build
+	@$(BUILD_DIR)/bench/tier_bench --json $(BUILD_DIR)/bench/tier_bench.json
 
 # The KV eviction study the README reports (long text and budget sweep).
 bench-eviction: build

@@ -91,7 +91,14 @@ BlockId KvCacheManager::AllocateFresh() {
   std::optional<BlockId> id = pool_.Allocate();
   if (!id) Die("allocation from an empty pool (capacity was checked)");
   if (prefix_.contains(*id)) {
-    // The LRU cached block gives up its prefix for new content.
+    // The LRU cached block gives up its prefix for new content; with tiers
+    // its bytes go down one (exported before anything writes the block).
+    if (tiers_ != nullptr) {
+      tier_pending_.spills.push_back(
+          {*id, prefix_.hash(*id), prefix_.parent(*id), prefix_.extra_key(*id)});
+      std::span<const int32_t> t = prefix_.tokens(*id);
+      tier_pending_.spill_tokens.insert(tier_pending_.spill_tokens.end(), t.begin(), t.end());
+    }
     prefix_.Erase(*id);
     --num_cached_free_;
     ++counters_.evicted_cached_blocks;
@@ -276,6 +283,25 @@ absl::StatusOr<AllocateResult> KvCacheManager::Allocate(SeqId seq, std::span<con
                                                      tail_pool_.num_blocks(), " are taken"));
   }
 
+  // Past the device the chain may go on in a lower tier: those blocks need
+  // fresh device blocks like any other, so the capacity check above holds.
+  tier_hits_.clear();
+  if (tiers_ != nullptr && use_prefix_cache && config_.enable_prefix_caching) {
+    const int32_t bs = config_.block_size;
+    const int32_t candidates = (static_cast<int32_t>(prompt.size()) - 1) / bs;
+    BlockHash parent = hash_scratch_.empty() ? config_.hash_seed : hash_scratch_.back();
+    for (int32_t i = num_hits; i < candidates; ++i) {
+      std::span<const int32_t> tokens = prompt.subspan(static_cast<size_t>(i) * bs, bs);
+      const BlockHash h = HashBlock(parent, extra_key, tokens);
+      TierHit hit = tiers_->Find({h, parent, extra_key, tokens});
+      if (!hit) break;
+      tier_hits_.push_back(std::move(hit));
+      hash_scratch_.push_back(h);
+      parent = h;
+    }
+  }
+  const int32_t num_tier = static_cast<int32_t>(tier_hits_.size());
+
   SeqState state(config_.block_size);
   // Hits first: taking them off the free list keeps the allocations below
   // from evicting them.
@@ -288,12 +314,27 @@ absl::StatusOr<AllocateResult> KvCacheManager::Allocate(SeqId seq, std::span<con
     }
     state.table.AppendBlock(id);
   }
-  for (int32_t i = num_hits; i < total; ++i) state.table.AppendBlock(AllocateFresh());
+  for (int32_t i = 0; i < num_tier; ++i) {
+    const int32_t index = num_hits + i;
+    const BlockId id = AllocateFresh();
+    state.table.AppendBlock(id);
+    tier_pending_.loads.push_back({id, std::move(tier_hits_[i])});
+    // Filed now, as SwapIn files what it copies in: the bytes land before
+    // the forward pass that could read them.
+    const BlockHash h = hash_scratch_[index];
+    if (!prefix_.ContainsHash(h)) {
+      prefix_.Insert(
+          id, h, index == 0 ? config_.hash_seed : hash_scratch_[index - 1], extra_key,
+          prompt.subspan(static_cast<size_t>(index) * config_.block_size, config_.block_size));
+    }
+  }
+  tier_hits_.clear();
+  for (int32_t i = num_hits + num_tier; i < total; ++i) state.table.AppendBlock(AllocateFresh());
   state.tokens.assign(prompt.begin(), prompt.end());
   state.table.set_num_tokens(static_cast<int32_t>(prompt.size()));
   state.hashes = hash_scratch_;
   state.extra_key = extra_key;
-  state.num_computed = num_hits * config_.block_size;
+  state.num_computed = (num_hits + num_tier) * config_.block_size;
   state.files = use_prefix_cache;
   if (tail) state.tail = AllocateTail();
   seqs_.emplace(seq, std::move(state));
@@ -302,8 +343,9 @@ absl::StatusOr<AllocateResult> KvCacheManager::Allocate(SeqId seq, std::span<con
     ++counters_.prefix_queries;
     counters_.prefix_query_tokens += static_cast<int64_t>(prompt.size());
     counters_.prefix_hit_tokens += static_cast<int64_t>(num_hits) * config_.block_size;
+    counters_.tier_hit_tokens += static_cast<int64_t>(num_tier) * config_.block_size;
   }
-  return AllocateResult{num_hits * config_.block_size};
+  return AllocateResult{(num_hits + num_tier) * config_.block_size, num_tier * config_.block_size};
 }
 
 // ---- Growth -----------------------------------------------------------------
@@ -397,8 +439,12 @@ void KvCacheManager::MarkComputed(SeqId seq, int32_t num_computed_tokens) {
     // a sequence off it before writing (copy-on-write), so it is private
     // by the time it is full. Should that change, the check still leaves a
     // shared block's filing to whoever computed it.
-    if (!prefix_.contains(id) && SeqRefs(id) == 1)
-      prefix_.Insert(id, h, parent, s.extra_key, tokens);
+    if (!prefix_.contains(id) && SeqRefs(id) == 1 &&
+        prefix_.Insert(id, h, parent, s.extra_key, tokens) && write_through_) {
+      tier_pending_.writes.push_back({id, h, parent, s.extra_key});
+      tier_pending_.write_tokens.insert(tier_pending_.write_tokens.end(), tokens.begin(),
+                                        tokens.end());
+    }
     parent = h;
   }
 }

@@ -98,6 +98,7 @@
 #include <initializer_list>
 #include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -109,6 +110,7 @@
 #include "cache/block_table.h"
 #include "cache/index_move.h"
 #include "cache/kv_cache_stats.h"
+#include "cache/kv_tier_hooks.h"
 #include "cache/prefix_cache.h"
 
 namespace kvserve {
@@ -143,6 +145,9 @@ struct AllocateResult {
   // Leading prompt tokens whose K/V came from the prefix cache (a multiple of
   // block_size, less than the prompt length): compute from here.
   int32_t num_cached_tokens = 0;
+  // Of which loaded from a tier below the device (their bytes arrive with
+  // this step's tier loads, before the forward pass).
+  int32_t num_tier_tokens = 0;
 };
 
 class KvCacheManager {
@@ -221,6 +226,22 @@ class KvCacheManager {
   bool CanSwapIn(std::span<const SeqId> seqs) const;
   absl::Status SwapIn(std::span<const SeqId> seqs);
   absl::Status SwapIn(SeqId seq) { return SwapIn(std::span<const SeqId>(&seq, 1)); }
+
+  // ---- Tiers below the device (cache/kv_tier_hooks.h) ------------------------
+  // With a source, Allocate continues a prompt's chain of hashes below the
+  // device, and every filed block the pool hands out for new content is
+  // recorded as a spill; with write_through every block filed at
+  // MarkComputed is recorded too. Null (the default): none of it.
+  void set_tier_source(KvTierSource* source, bool write_through = false) {
+    tiers_ = source;
+    write_through_ = source != nullptr && write_through;
+  }
+  // Whether a block is filed under `hash` on the device.
+  bool IsFiledHash(BlockHash hash) const { return prefix_.ContainsHash(hash); }
+  // The spills and loads recorded since the last call: export the spills
+  // first in the step, import the loads with the swap-ins.
+  TierTransfers TakeTierTransfers() { return std::exchange(tier_pending_, TierTransfers{}); }
+  const TierTransfers& pending_tier_transfers() const { return tier_pending_; }
 
   // ---- Per step ------------------------------------------------------------
   // The copies recorded since the last call, and releases their pins (a
@@ -353,6 +374,10 @@ class KvCacheManager {
   mutable std::vector<BlockHash> hash_scratch_;
 
   KvCacheStats counters_;
+  KvTierSource* tiers_ = nullptr;
+  bool write_through_ = false;
+  TierTransfers tier_pending_;
+  std::vector<TierHit> tier_hits_;  // scratch
 };
 
 }  // namespace kvserve

@@ -30,6 +30,7 @@ struct KvCacheStats {
   int64_t prefix_queries = 0;         // allocations looked up in the prefix cache
   int64_t prefix_query_tokens = 0;    // their prompt tokens
   int64_t prefix_hit_tokens = 0;      // of which served from the cache
+  int64_t tier_hit_tokens = 0;        // cached prompt tokens a lower tier served (not in the above)
   int64_t cow_copies = 0;             // copy-on-write block copies
   int64_t swapped_out_blocks = 0;     // primary -> host block copies
   int64_t swapped_in_blocks = 0;      // host -> primary block copies

@@ -41,6 +41,13 @@ class PrefixCache {
   bool contains(BlockId id) const { return registered_[id] != 0; }
   // The hash a registered block is filed under.
   BlockHash hash(BlockId id) const { return hash_[id]; }
+  // What a registered block's hash stands for (tiers re-check it on load).
+  BlockHash parent(BlockId id) const { return parent_[id]; }
+  uint64_t extra_key(BlockId id) const { return extra_key_[id]; }
+  std::span<const int32_t> tokens(BlockId id) const {
+    return std::span<const int32_t>(tokens_).subspan(static_cast<size_t>(id) * block_size_,
+                                                     block_size_);
+  }
   // True when some block is registered under `hash`.
   bool ContainsHash(BlockHash hash) const { return by_hash_.contains(hash); }
 

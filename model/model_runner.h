@@ -144,7 +144,31 @@ class ModelRunner {
   // Primary pool -> swap pool (src is a primary id, dst a swap id) and back.
   virtual absl::Status SwapOut(std::span<const BlockCopy> copies) = 0;
   virtual absl::Status SwapIn(std::span<const BlockCopy> copies) = 0;
+
+  // ---- Tiers below the device pool (cache/tier/) ------------------------------
+  // Whether ExportBlocks/ImportBlocks work; the engine refuses tier settings
+  // otherwise.
+  virtual bool supports_kv_tiers() const { return false; }
+  // Bytes of one primary block in every layer, as stored (scales inside):
+  // layer 0's block bytes, then layer 1's, ... (a tier value's payload).
+  virtual int64_t tier_block_bytes() const { return 0; }
+  // Copies whole primary blocks out to host bytes, out: [blocks.size()]
+  // [tier_block_bytes()], and back in from one payload per block. One call
+  // per step each (the engine batches a step's spills and loads); the
+  // caller's ordering contract is cache/kv_tier_hooks.h's.
+  virtual absl::Status ExportBlocks(std::span<const BlockId> blocks, std::span<uint8_t> out);
+  virtual absl::Status ImportBlocks(std::span<const BlockId> blocks,
+                                    std::span<const uint8_t* const> in);
 };
+
+inline absl::Status ModelRunner::ExportBlocks(std::span<const BlockId>, std::span<uint8_t>) {
+  return absl::UnimplementedError("this backend does not support KV tiers");
+}
+
+inline absl::Status ModelRunner::ImportBlocks(std::span<const BlockId>,
+                                              std::span<const uint8_t* const>) {
+  return absl::UnimplementedError("this backend does not support KV tiers");
+}
 
 inline absl::Status ModelRunner::MoveSlots(std::span<const SlotMove>) {
   return absl::UnimplementedError("this backend does not support KV eviction (slot moves)");

@@ -36,7 +36,7 @@ absl::Status EngineConfig::Validate() const {
     return absl::InvalidArgumentError(
         "cache.eviction_policy learned needs cache.evictor_model (kvserve train-evictor)");
   }
-  return absl::OkStatus();
+  return tiers.Validate();
 }
 
 }  // namespace kvserve

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "cache/eviction_params.h"
+#include "cache/tier/kv_tiers.h"
 #include "scheduler/request.h"
 #include "scheduler/request_validation.h"
 #include "util/clock.h"
@@ -37,6 +38,11 @@ struct EngineConfig {
   // The request cost budget (the config's limits section); Submit resolves
   // its derived limits against max_model_len and holds n to max_num_seqs.
   RequestLimits request_limits = kDefaultRequestLimits;
+  // Tiers below the device pool (cache.host_tier_bytes, cache.disk_tier_*,
+  // cache.remote_tier_url, cache.tier_load_timeout_ms; cache/tier/), and the
+  // weights' fingerprint their blocks are keyed by.
+  KvTierConfig tiers;
+  std::string weights_fingerprint;
   // cache.evictor_model: the predictor file policy learned ranks with.
   std::string evictor_model;
   // Runs KvCacheManager::CheckInvariants after every step and aborts on a

@@ -98,7 +98,14 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
   kv_config.num_tail_blocks = runner->num_tail_blocks();
   kv_config.num_swap_tail_blocks = runner->num_swap_tail_blocks();
   kv_config.enable_prefix_caching = config.prefix_caching;
-  kv_config.hash_seed = std::random_device{}();
+  std::unique_ptr<EngineTiers> tiers;
+  if (config.tiers.enabled()) {
+    KV_ASSIGN_OR_RETURN(tiers,
+                        EngineTiers::Create(config.tiers, *runner, config.weights_fingerprint));
+  }
+  // Tiers outlive the engine and are shared by replicas: their chains must
+  // be seeded alike.
+  kv_config.hash_seed = tiers != nullptr ? tiers->hash_seed() : std::random_device{}();
   KV_RETURN_IF_ERROR(kv_config.Validate());
   const int64_t blocks_needed =
       (static_cast<int64_t>(max_len) + kv_config.block_size - 1) / kv_config.block_size;
@@ -116,14 +123,15 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
       config.preemption_mode == PreemptionMode::kSwap ? "swap" : "recompute");
   return std::unique_ptr<EngineImpl>(new EngineImpl(config, max_len, std::move(runner),
                                                     std::move(tokenizer), kv_config, eviction,
-                                                    std::move(evictor_model)));
+                                                    std::move(evictor_model), std::move(tiers)));
 }
 
 EngineImpl::EngineImpl(const EngineConfig& config, int32_t max_model_len,
                        std::unique_ptr<ModelRunner> runner,
                        std::shared_ptr<const Tokenizer> tokenizer, const KvCacheConfig& kv_config,
                        const EvictionParams& eviction,
-                       std::shared_ptr<const EvictorModel> evictor_model)
+                       std::shared_ptr<const EvictorModel> evictor_model,
+                       std::unique_ptr<EngineTiers> tiers)
     : config_(config),
       clock_(config.clock != nullptr ? config.clock : RealClock()),
       max_model_len_(max_model_len),
@@ -134,11 +142,19 @@ EngineImpl::EngineImpl(const EngineConfig& config, int32_t max_model_len,
       block_size_(kv_config.block_size),
       num_blocks_(kv_config.num_blocks),
       default_eviction_(eviction),
+      tiers_(std::move(tiers)),
       kv_(kv_config),
       scheduler_(SchedulerConfig{config.max_num_seqs, config.max_num_batched_tokens,
                                  config.preemption_mode, config.fair_clients},
                  &kv_),
       seed_rng_(std::random_device{}()) {
+  if (tiers_ != nullptr) {
+    KvTiers& t = tiers_->tiers();
+    kv_.set_tier_source(&t, /*write_through=*/t.remote() != nullptr);
+    if (t.remote() != nullptr) {
+      prefetch_ = std::make_unique<TierPrefetch>(&t, &kv_, config.tiers.load_timeout_ms);
+    }
+  }
   policies_.resize(kNumEvictionPolicies);
   for (EvictionPolicyKind k : kAllEvictionPolicies) {
     if (k == EvictionPolicyKind::kNone) continue;
@@ -356,7 +372,12 @@ void EngineImpl::Loop() {
         idle_ = true;
         auto wake = [this]()
                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !inbox_.empty() || stop_; };
-        mu_.Await(absl::Condition(&wake));
+        if (prefetch_ != nullptr) {
+          // The remote tier's worker still counts write-throughs: publish them.
+          mu_.AwaitWithTimeout(absl::Condition(&wake), absl::Milliseconds(100));
+        } else {
+          mu_.Await(absl::Condition(&wake));
+        }
       }
       idle_ = false;
       incoming_.swap(inbox_);
@@ -366,7 +387,16 @@ void EngineImpl::Loop() {
     for (std::unique_ptr<RequestState>& req : incoming_) Admit(std::move(req));
     incoming_.clear();
     CancelRequests(stop || cancel_all);
-    if (!stop && !scheduler_.idle()) Step();
+    if (prefetch_ != nullptr) {
+      ready_.clear();
+      prefetch_->Poll(&ready_);
+      for (Sequence* seq : ready_) scheduler_.AddWaiting(seq);
+    }
+    if (!stop && !scheduler_.idle()) {
+      Step();
+    } else if (!stop && prefetch_ != nullptr) {
+      prefetch_->Wait(1);  // only remote loads are pending
+    }
     PublishStats();
     FlushEvents();
     if (stop) return;
@@ -382,7 +412,8 @@ void EngineImpl::Admit(std::unique_ptr<RequestState> req) {
   req->num_live = 1;
   req->forked = req->params.n == 1;
   if (config_.fair_clients) req->client_rank = live_per_client_[req->params.client]++;
-  scheduler_.AddWaiting(seq.get());
+  // Its prompt's remote blocks first, if any (tier_prefetch.h).
+  if (prefetch_ == nullptr || !prefetch_->MaybeHold(seq.get())) scheduler_.AddWaiting(seq.get());
   req->samples.push_back(std::move(seq));
   live_.push_back(std::move(req));
 }
@@ -396,9 +427,13 @@ void EngineImpl::CancelRequests(bool all) {
 
 absl::Status EngineImpl::RunCopies() {
   StepCopies copies = kv_.TakePendingCopies();
+  // Spills read blocks the copies below and the forward pass may overwrite.
+  TierTransfers tier = tiers_ != nullptr ? kv_.TakeTierTransfers() : TierTransfers{};
+  if (tiers_ != nullptr) KV_RETURN_IF_ERROR(tiers_->RunSpills(tier, *runner_, block_size_));
   if (!copies.swap_out.empty()) KV_RETURN_IF_ERROR(runner_->SwapOut(copies.swap_out));
   if (!copies.copies.empty()) KV_RETURN_IF_ERROR(runner_->CopyBlocks(copies.copies));
   if (!copies.swap_in.empty()) KV_RETURN_IF_ERROR(runner_->SwapIn(copies.swap_in));
+  if (tiers_ != nullptr) KV_RETURN_IF_ERROR(tiers_->RunLoads(tier, *runner_));
   // Eviction's refills, last: a move's source may be a block copied above.
   if (!copies.slot_moves.empty()) KV_RETURN_IF_ERROR(runner_->MoveSlots(copies.slot_moves));
   return absl::OkStatus();
@@ -706,7 +741,8 @@ void EngineImpl::FinishSample(Sequence* seq, FinishReason reason, bool flush_tex
   if (!error.empty()) seq->out.error = error;
   seq->has_out = true;
   Touch(req);
-  scheduler_.Remove(seq);  // frees its blocks
+  // Frees its blocks (one waiting for a remote load holds none).
+  if (prefetch_ == nullptr || !prefetch_->Cancel(seq)) scheduler_.Remove(seq);
   req->finish_reason = reason;
   if (!error.empty()) req->error = error;
   if (--req->num_live > 0) return;
@@ -819,6 +855,13 @@ void EngineImpl::PublishStats() {
   stats_.num_swapped = scheduler_.num_swapped();
   stats_.kv = kv_.Stats();
   stats_.preemptions = scheduler_.num_preemptions();
+  if (tiers_ != nullptr) {
+    stats_.tiers_enabled = true;
+    stats_.tiers = tiers_->Stats(stats_.kv, block_size_);
+    if (std::string notice = tiers_->tiers().TakeNotice(); !notice.empty()) {
+      spdlog::warn("engine: {}", notice);
+    }
+  }
   num_waiting_.store(scheduler_.num_waiting(), std::memory_order_relaxed);
   absl::MutexLock lock(&stats_mu_);
   published_ = stats_;

@@ -68,8 +68,10 @@
 #include "kernels/batch_input.h"
 #include "model/model_runner.h"
 #include "scheduler/engine.h"
+#include "scheduler/engine_tiers.h"
 #include "scheduler/scheduler.h"
 #include "scheduler/sequence.h"
+#include "scheduler/tier_prefetch.h"
 
 namespace kvserve {
 
@@ -92,7 +94,8 @@ class EngineImpl final : public Engine {
  private:
   EngineImpl(const EngineConfig& config, int32_t max_model_len, std::unique_ptr<ModelRunner> runner,
              std::shared_ptr<const Tokenizer> tokenizer, const KvCacheConfig& kv_config,
-             const EvictionParams& eviction, std::shared_ptr<const EvictorModel> evictor_model);
+             const EvictionParams& eviction, std::shared_ptr<const EvictorModel> evictor_model,
+             std::unique_ptr<EngineTiers> tiers);
 
   // Submit's checks; fills req->prompt_ids and the request's eviction.
   // InvalidArgument names the field.
@@ -140,7 +143,10 @@ class EngineImpl final : public Engine {
   std::vector<std::shared_ptr<const EvictionPolicy>> policies_;
 
   // Engine thread only.
+  std::unique_ptr<EngineTiers> tiers_;  // null: no tier below the device
   KvCacheManager kv_;
+  std::unique_ptr<TierPrefetch> prefetch_;  // with a remote tier
+  std::vector<Sequence*> ready_;            // scratch: prefetched this iteration
   Scheduler scheduler_;
   BatchInput batch_;
   std::vector<SampleRow> sample_rows_;    // this step's draws

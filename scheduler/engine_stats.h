@@ -16,6 +16,7 @@
 
 #include "cache/eviction_policy.h"
 #include "cache/kv_cache_stats.h"
+#include "cache/tier/kv_tiers.h"
 
 namespace kvserve {
 
@@ -50,6 +51,10 @@ struct EngineStats {
   int64_t requests_finished_cancelled = 0;
   int64_t requests_finished_error = 0;
   int64_t requests_rejected = 0;
+
+  // KV tiers (index: TierKind), when any tier below the device is configured.
+  bool tiers_enabled = false;
+  TierStats tiers{};
 };
 
 }  // namespace kvserve

@@ -12,19 +12,19 @@ packages=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libspdlog-dev nlohmann-json3-dev libsentencepiece-dev
   libyaml-cpp-dev prometheus-cpp-dev libpcre2-dev libutf8proc-dev
-  libboost-dev libssl-dev
+  libboost-dev libssl-dev libhiredis-dev
 )
 # The tests and benchmarks: Catch2, cpp-httplib (the tests' HTTP client),
 # Google Benchmark, Python grpcio/numpy (reference clients and forward
 # passes), node + npm (JS references, manifest schemas), prometheus
 # (promtool), nginx (the load-balancer tests), gnuplot (study plots), openssl
-# (test certificates), clang and libclang-rt-14-dev (libFuzzer and clang's
+# (test certificates), redis-server (the remote KV tier's tests), clang and libclang-rt-14-dev (libFuzzer and clang's
 # sanitizer runtimes for tests/fuzz; gcc's ASan/UBSan come with
 # build-essential).
 if [[ "${1:-}" != "--run" ]]; then
   packages+=(
     catch2 libcpp-httplib-dev libbenchmark-dev python3 python3-grpcio python3-numpy
-    nodejs npm prometheus nginx gnuplot-nox openssl clang libclang-rt-14-dev
+    nodejs npm prometheus nginx gnuplot-nox openssl redis-server clang libclang-rt-14-dev
   )
 fi
 if [[ "${KVSERVE_DEPS_EXTRA:-}" != "" ]]; then

@@ -337,6 +337,29 @@ const std::vector<Field>& Fields() {
                   }),
               Path("cache.evictor_model",
                    [](ServeConfig& c, std::string v) { c.cache.evictor_model = std::move(v); }),
+              {"cache.host_tier_bytes",
+               [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+                 KV_ASSIGN_OR_RETURN(c.cache.host_tier_bytes,
+                                     ParseBytes("cache.host_tier_bytes", text));
+                 return absl::OkStatus();
+               }},
+              Path("cache.disk_tier_path",
+                   [](ServeConfig& c, std::string v) { c.cache.disk_tier_path = std::move(v); }),
+              {"cache.disk_tier_bytes",
+               [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+                 KV_ASSIGN_OR_RETURN(c.cache.disk_tier_bytes,
+                                     ParseBytes("cache.disk_tier_bytes", text));
+                 return absl::OkStatus();
+               }},
+              {"cache.remote_tier_url",
+               [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+                 c.cache.remote_tier_url = std::string(absl::StripAsciiWhitespace(text));
+                 return absl::OkStatus();
+               }},
+              Int("cache.tier_load_timeout_ms", 1, 3600000, "an integer in [1, 3600000]",
+                  [](ServeConfig& c, int64_t v) {
+                    c.cache.tier_load_timeout_ms = static_cast<int32_t>(v);
+                  }),
               // scheduler
               Int("scheduler.max_num_seqs", 1, kMaxInt32, "a positive integer",
                   [](ServeConfig& c, int64_t v) {
@@ -639,6 +662,11 @@ EngineConfig ServeConfig::ToEngineConfig() const {
   e.eviction.recent_tokens = cache.recent_tokens;
   e.eviction.history = cache.eviction_history;
   e.evictor_model = cache.evictor_model;
+  e.tiers.host_bytes = cache.host_tier_bytes;
+  e.tiers.disk_path = cache.disk_tier_path;
+  e.tiers.disk_bytes = cache.disk_tier_bytes;
+  e.tiers.remote_url = cache.remote_tier_url;
+  e.tiers.load_timeout_ms = cache.tier_load_timeout_ms;
   e.request_limits = ToRequestLimits();
   return e;
 }
@@ -768,6 +796,12 @@ std::string ServeConfigKeyHelp(const std::string& key) {
        "recent tokens always kept; 0: budget - sink_tokens (streaming), budget / 2 (others)"},
       {"cache.eviction_history", "scissorhands: steps of attention history, 1..64 (16)"},
       {"cache.evictor_model", "learned: the predictor `kvserve train-evictor` wrote"},
+      {"cache.host_tier_bytes",
+       "host-memory tier for prefix blocks leaving the device pool (e.g. 8GiB); 0: none"},
+      {"cache.disk_tier_path", "disk tier: one preallocated file, kept across restarts"},
+      {"cache.disk_tier_bytes", "disk tier size (e.g. 100GiB)"},
+      {"cache.remote_tier_url", "shared tier: redis://host:port/db (Redis or Valkey)"},
+      {"cache.tier_load_timeout_ms", "a tier load slower than this is recomputed (1000)"},
       {"scheduler.max_num_seqs", "most sequences in one step"},
       {"scheduler.max_num_batched_tokens", "most tokens in one step"},
       {"scheduler.max_model_len", "longest sequence (prompt + output); 0: the model's"},

@@ -64,6 +64,12 @@ struct ServeConfig {
     int32_t recent_tokens = 0;      // 0: derived (streaming: budget - sinks; others: budget / 2)
     int32_t eviction_history = 16;  // scissorhands
     std::string evictor_model;      // policy learned: the file `kvserve train-evictor` wrote
+    // Tiers below the device pool (cache/tier/, docs/kv-tiers.md); 0 / "": off.
+    int64_t host_tier_bytes = 0;
+    std::string disk_tier_path;
+    int64_t disk_tier_bytes = 0;
+    std::string remote_tier_url;  // redis://host:port/db
+    int32_t tier_load_timeout_ms = 1000;
   } cache;
   struct Scheduler {
     int32_t max_num_seqs = 64;

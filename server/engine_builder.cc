@@ -87,6 +87,8 @@ absl::StatusOr<BuiltEngine> BuildEngine(
   const RunnerMemoryInfo memory = (*runner)->memory_info();
 
   EngineConfig ec = config.ToEngineConfig();
+  // Dummy weights have no file: their preset (and fixed seed) names them.
+  ec.weights_fingerprint = fingerprint.empty() ? config.model.path : fingerprint;
   ec.on_request_finished = std::move(on_request_finished);
   std::shared_ptr<const Tokenizer> tokenizer(std::move(loaded->tokenizer));
   absl::StatusOr<std::unique_ptr<Engine>> engine =

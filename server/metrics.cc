@@ -13,6 +13,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "server/tier_metrics.h"
 
 namespace kvserve {
 namespace {
@@ -264,6 +265,10 @@ void ServerMetrics::SetWeightsFingerprint(const std::string& fingerprint) {
 
 void ServerMetrics::UpdateLocked(const EngineStats& s) {
   const EngineStats& b = last_;
+  if (s.tiers_enabled) {
+    if (tiers_ == nullptr) tiers_ = std::make_unique<TierMetrics>(*registry_);
+    tiers_->Update(s.tiers, b.tiers);
+  }
   h_->queue_length->Set(static_cast<double>(s.num_waiting));
   h_->running->Set(static_cast<double>(s.num_running));
   h_->swapped->Set(static_cast<double>(s.num_swapped));

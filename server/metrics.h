@@ -32,6 +32,8 @@ class Histogram;
 
 namespace kvserve {
 
+class TierMetrics;  // server/tier_metrics.h
+
 class ServerMetrics {
  public:
   ServerMetrics();
@@ -70,6 +72,7 @@ class ServerMetrics {
 
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<Handles> h_;
+  std::unique_ptr<TierMetrics> tiers_ ABSL_GUARDED_BY(mu_);  // once the engine has tiers
   absl::Mutex mu_;
   EngineStats last_ ABSL_GUARDED_BY(mu_);
   double last_cpu_s_ ABSL_GUARDED_BY(mu_) = 0;

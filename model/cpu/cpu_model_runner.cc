@@ -183,4 +183,49 @@ absl::Status CpuModelRunner::ReadAttentionStats(std::span<float> out) {
   return absl::OkStatus();
 }
 
+namespace {
+
+void CheckTierBlocks(const HostKvPages& pages, std::span<const BlockId> blocks, size_t buffers,
+                     const char* what) {
+  for (BlockId b : blocks) {
+    if (b < 0 || b >= pages.num_blocks() || buffers != blocks.size()) {
+      std::fprintf(stderr, "CpuModelRunner::%s: block %d of %d, %zu buffers for %zu blocks\n", what,
+                   b, pages.num_blocks(), buffers, blocks.size());
+      std::abort();
+    }
+  }
+}
+
+}  // namespace
+
+absl::Status CpuModelRunner::ExportBlocks(std::span<const BlockId> blocks, std::span<uint8_t> out) {
+  const int64_t per_block = tier_block_bytes();
+  CheckTierBlocks(primary_, blocks,
+                  out.size() == blocks.size() * static_cast<size_t>(per_block) ? blocks.size() : 0,
+                  "ExportBlocks");
+  uint8_t* dst = out.data();
+  for (BlockId b : blocks) {
+    for (int l = 0; l < primary_.num_layers(); ++l) {
+      const int64_t n = primary_.format(l).block_bytes();
+      std::memcpy(dst, primary_.block(l, b), n);
+      dst += n;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuModelRunner::ImportBlocks(std::span<const BlockId> blocks,
+                                          std::span<const uint8_t* const> in) {
+  CheckTierBlocks(primary_, blocks, in.size(), "ImportBlocks");
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const uint8_t* src = in[i];
+    for (int l = 0; l < primary_.num_layers(); ++l) {
+      const int64_t n = primary_.format(l).block_bytes();
+      std::memcpy(primary_.block(l, blocks[i]), src, n);
+      src += n;
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace kvserve

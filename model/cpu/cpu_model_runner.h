@@ -84,6 +84,13 @@ class CpuModelRunner final : public ModelRunner {
   // Host memcpy of each token's rows; aborts on a slot outside the pool.
   absl::Status MoveSlots(std::span<const SlotMove> moves) override;
   absl::Status ReadAttentionStats(std::span<float> out) override;
+  // Tiers: host memcpy of whole blocks, every layer; aborts on a block id
+  // outside the pool or a buffer of the wrong size.
+  bool supports_kv_tiers() const override { return true; }
+  int64_t tier_block_bytes() const override { return primary_.bytes_per_block(); }
+  absl::Status ExportBlocks(std::span<const BlockId> blocks, std::span<uint8_t> out) override;
+  absl::Status ImportBlocks(std::span<const BlockId> blocks,
+                            std::span<const uint8_t* const> in) override;
 
   // The host pages, for tests and tools that inspect the cache.
   const HostKvPages& primary_pages() const { return primary_; }

@@ -98,6 +98,13 @@ class CudaModelRunner final : public ModelRunner {
   // RoPE table) run eagerly, never from a decode graph.
   bool supports_eviction() const override;
   absl::Status MoveSlots(std::span<const SlotMove> moves) override;
+  // KV tiers (cache/tier/): not yet; supports_kv_tiers() stays false.
+  absl::Status ExportBlocks(std::span<const BlockId>, std::span<uint8_t>) override {
+    return absl::UnimplementedError("tiers not supported on cuda yet");
+  }
+  absl::Status ImportBlocks(std::span<const BlockId>, std::span<const uint8_t* const>) override {
+    return absl::UnimplementedError("tiers not supported on cuda yet");
+  }
   absl::Status ReadAttentionStats(std::span<float> out) override;
 
   // For tests and benchmarks.

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "cache/sizing/capacity_plan.h"
+#include "cache/tier/block_value.h"
 #include "model/loader/dummy_model.h"
 #include "model/loader/hf_loader.h"
 #include "model/loader/model_loader.h"
@@ -48,9 +49,14 @@ constexpr char kUsage[] =
     "                      is N layers, NAME* the layers left); repeatable\n"
     "  --max-seqs N        running sequences (scheduler.max_num_seqs) whose int4_kc tails\n"
     "                      are reserved, two fp16 tail blocks each (default 64)\n"
+    "  --host-tier SIZE    also show the tokens a host-memory KV tier of SIZE holds\n"
+    "  --disk-tier SIZE    ... a disk tier of SIZE (4 KiB slots and their index)\n"
+    "  --remote-tier SIZE  ... a Redis of SIZE (one value per block)\n"
     "  --json FILE         also write the plan as JSON\n"
     "exit status: 0 when at least one KV format holds a sequence of --context tokens,\n"
     "3 when none does, 1 on other errors, 2 on bad flags.\n";
+
+constexpr const char* kTierNames[3] = {"host", "disk", "remote"};
 
 // The exit status when the plan holds no sequence at all.
 constexpr int kNothingFits = 3;
@@ -60,6 +66,7 @@ struct Options {
   std::string tokenizer;  // for a llama2.c checkpoint without one beside it
   int64_t memory_bytes = -1;
   int64_t context = 0;
+  int64_t tier_bytes[3] = {0, 0, 0};  // host, disk, remote (--host-tier ...)
   int block_size = 16;
   int64_t batch = 0;
   std::string weight_dtype = "fp16";
@@ -122,6 +129,10 @@ int ParseFlags(int argc, char** argv, Options* o) {
     } else if (name == "--max-seqs") {
       if (!absl::SimpleAtoi(value, &n) || n < 0 || n > (1 << 24)) return bad("an integer >= 0");
       o->max_seqs = n;
+    } else if (name == "--host-tier" || name == "--disk-tier" || name == "--remote-tier") {
+      absl::StatusOr<int64_t> bytes = ParseByteSize(value, name, ByteSizeUnit::kRequired);
+      if (!bytes.ok()) return flags.UsageError(std::string(bytes.status().message()));
+      o->tier_bytes[name == "--host-tier" ? 0 : name == "--disk-tier" ? 1 : 2] = *bytes;
     } else if (name == "--json") {
       o->json_path = value;
     } else {
@@ -136,6 +147,15 @@ int ParseFlags(int argc, char** argv, Options* o) {
   if (o->memory_bytes < 0) return flags.UsageError("--memory is required");
   if (o->context == 0) return flags.UsageError("--context is required");
   return -1;
+}
+
+// Tokens tier t (0 host, 1 disk, 2 remote) of its --*-tier bytes holds in
+// format f: whole block values (cache/tier/block_value.h); the disk pads
+// each to a 4 KiB slot and keeps a 24-byte index record (disk_tier.h).
+int64_t TierTokens(const KvFormatCapacity& f, const Options& o, int t) {
+  int64_t value = TierHeaderBytes(o.block_size) + f.block_bytes;
+  if (t == 1) value = (value + 4095) / 4096 * 4096 + 24;
+  return o.tier_bytes[t] / value * o.block_size;
 }
 
 // A preset name (with or without "dummy:"), else an HF directory (its
@@ -249,6 +269,29 @@ int RunPlan(int argc, char** argv) {
         f.tokens_vs_fp16_in_budget);
   }
 
+  const bool tiers = o.tier_bytes[0] > 0 || o.tier_bytes[1] > 0 || o.tier_bytes[2] > 0;
+  if (tiers) {
+    std::printf(
+        "\ntokens per tier (a value per block: a %lld-byte header and token ids, then the block "
+        "as stored):\n",
+        static_cast<long long>(TierHeaderBytes(o.block_size)));
+    std::printf("%-*s", width, "kv_dtype");
+    for (int t = 0; t < 3; ++t) {
+      if (o.tier_bytes[t] == 0) continue;
+      std::printf(" %28s", absl::StrCat(kTierNames[t], " ", FormatBytes(o.tier_bytes[t])).c_str());
+    }
+    std::printf("\n");
+    for (const KvFormatCapacity& f : *plan) {
+      std::printf("%-*s", width, f.spec.ToString().c_str());
+      for (int t = 0; t < 3; ++t) {
+        if (o.tier_bytes[t] > 0) {
+          std::printf(" %28s", WithCommas(TierTokens(f, o, t)).c_str());
+        }
+      }
+      std::printf("\n");
+    }
+  }
+
   if (!o.json_path.empty()) {
     nlohmann::json j;
     j["model"] = {{"name", c.name.empty() ? o.model : c.name},
@@ -280,6 +323,12 @@ int RunPlan(int argc, char** argv) {
                          {"num_tail_blocks", f.num_tail_blocks},
                          {"tail_bytes", f.tail_bytes},
                          {"tokens_vs_fp16_in_budget", f.tokens_vs_fp16_in_budget}});
+      if (tiers) {
+        nlohmann::json& t = formats.back()["tier_tokens"];
+        for (int i = 0; i < 3; ++i) {
+          if (o.tier_bytes[i] > 0) t[kTierNames[i]] = TierTokens(f, o, i);
+        }
+      }
     }
     j["formats"] = formats;
     std::ofstream out(o.json_path);

@@ -1,10 +1,14 @@
 // `kvserve serve`: parses --config / --set, then runs the daemon.
+#include <unistd.h>
+
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "cache/tier/remote_tier.h"
 #include "server/cli/commands.h"
 #include "server/config.h"
 #include "server/daemon.h"
@@ -33,6 +37,27 @@ void PrintUsage(FILE* out) {
   std::fputs(kUsage, out);
   for (const std::string& key : ServeConfigKeys()) {
     std::fprintf(out, "  %-34s %s\n", key.c_str(), ServeConfigKeyHelp(key).c_str());
+  }
+}
+
+// Tier settings that may not work where the daemon runs: warnings, not
+// refusals (a Redis that is down now is recomputed around at run time).
+void WarnAboutTiers(const ServeConfig& c) {
+  const std::string& disk = c.cache.disk_tier_path;
+  if (!disk.empty()) {
+    const std::filesystem::path dir = std::filesystem::path(disk).parent_path();
+    const std::string d = dir.empty() ? "." : dir.string();
+    if (access(d.c_str(), W_OK) != 0) {
+      std::fprintf(stderr, "kvserve serve: warning: cache.disk_tier_path: %s is not writable\n",
+                   d.c_str());
+    }
+  }
+  if (!c.cache.remote_tier_url.empty()) {
+    if (absl::Status s = PingRedis(c.cache.remote_tier_url, c.cache.tier_load_timeout_ms);
+        !s.ok()) {
+      std::fprintf(stderr, "kvserve serve: warning: cache.remote_tier_url: %s\n",
+                   std::string(s.message()).c_str());
+    }
   }
 }
 
@@ -91,6 +116,7 @@ int RunServe(int argc, char** argv) {
       std::fprintf(stderr, "kvserve serve: %s\n", std::string(s.message()).c_str());
       return 2;
     }
+    WarnAboutTiers(*config);
     std::printf("config OK: model %s on %s, http %s:%d, grpc %s:%d\n", config->model.path.c_str(),
                 config->model.device.c_str(), config->server.host.c_str(), config->server.http_port,
                 config->server.host.c_str(), config->server.grpc_port);

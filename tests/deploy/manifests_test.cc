@@ -83,6 +83,18 @@ TEST_CASE("Deploy: the Kubernetes manifests pass the API schemas, with no unknow
             "16 objects, 0 errors\n");
   }
 
+  // The shared KV tier's overlay, applied beside a variant (docs/kv-tiers.md).
+  {
+    std::string out;
+    const int rc = testing::RunShell(in_source + validate + " deploy/k8s/redis 2>&1", &out);
+    INFO(out);
+    REQUIRE(rc == 0);
+    REQUIRE(out ==
+            "ok  deploy/k8s/redis/deployment.yaml  Deployment/kvserve-redis\n"
+            "ok  deploy/k8s/redis/service.yaml  Service/kvserve-redis\n"
+            "2 objects, 0 errors\n");
+  }
+
   // The rendered images: registry and tag from each kustomization's `images`.
   {
     std::string out;

@@ -43,6 +43,20 @@ TEST_CASE("kvserve plan: sizes need a unit, and the exit status says whether any
             2);
     REQUIRE(out.find("'int8*3' names 3 layers but the model has 32") != std::string::npos);
   }
+  SECTION("tiers: whole block values per tier and format, the disk in 4 KiB slots") {
+    REQUIRE(RunPlan("--model stories110m-shape --memory 4GiB --context 1024 --host-tier 1GiB "
+                    "--disk-tier 10GiB",
+                    &out) == 0);
+    INFO(out);
+    REQUIRE(out.find("a 132-byte header and token ids") != std::string::npos);
+    // fp16: 12 layers x 16 tokens x 12 kv heads x 64 x 2 x 2 bytes = 589,824
+    // bytes a block + 132: 1,820 values in 1 GiB; the disk's slots are
+    // 593,920 + 24 bytes: 18,078 in 10 GiB.
+    REQUIRE(out.find("fp16                            29,120                      289,248") !=
+            std::string::npos);
+    REQUIRE(out.find("int8                            54,800                      544,672") !=
+            std::string::npos);
+  }
   SECTION("--help names every preset") {
     REQUIRE(RunPlan("--help", &out) == 0);
     for (const std::string& preset : DummyPresetNames()) {
