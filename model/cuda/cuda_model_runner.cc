@@ -401,6 +401,9 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   m.qkv_dim = m.q_dim + 2 * m.kv_dim;
   m.attn_shape = {c.num_heads, c.num_kv_heads, c.head_dim, c.sliding_window};
   m.eager_options.num_sms = m.num_sms;
+  // Batch invariance: eager steps split a row's keys where graphs do
+  // (graph_buckets.h), never by the batch's size.
+  m.eager_options.fixed_partition_keys = kAttentionPartitionKeys;
   m.info.device = absl::StrCat("cuda:", device.ordinal, " (", prop.name, ")");
   m.info.weight_dtype = std::string(WeightDtypeName(dtype));
   m.info.num_swap_blocks = options.num_swap_blocks;
