@@ -68,6 +68,14 @@ __global__ void NeighbourKernel(float* out, bool sync) {
   if (sync) __syncthreads();
   out[t] = t + 1 < static_cast<int>(blockDim.x) ? s[t + 1] : -1.0f;
 }
+// The same race the other way: thread t reads shared[t - 1], which a lower
+// thread writes (in thread order the writer has always run first).
+__global__ void LowerNeighbourKernel(float* out) {
+  float* s = static_cast<float*>(cuda_sim::g_dynamic_shared);
+  const int t = static_cast<int>(threadIdx.x);
+  s[t] = static_cast<float>(t);
+  out[t] = t > 0 ? s[t - 1] : -1.0f;
+}
 __global__ void CopyKernel(const float* in, float* out, int n) {
   const int t = static_cast<int>(threadIdx.x);
   if (t < n) out[t] = in[t + 1];  // one past for t == n - 1
@@ -84,6 +92,22 @@ __global__ void FillKernel(const FillParams p) { p.out[threadIdx.x] = p.value; }
 __global__ void SmemKernel(float* out) {
   if (threadIdx.x == 0) out[0] = 1.0f;
 }
+
+}  // namespace
+
+// A kernel's static __shared__ array (cuda_sim_more.h): CTA 0 writes it,
+// CTA 1 only reads it. In the kernels' *_detail namespace convention, which
+// is what the per-CTA poisoning covers.
+namespace kvserve::cuda::stub_check_detail {
+__global__ void StaleSharedKernel(float* out) {
+  __shared__ float v[32];
+  if (blockIdx.x == 0) v[threadIdx.x] = 1.0f;
+  __syncthreads();
+  out[blockIdx.x * 32 + threadIdx.x] = v[threadIdx.x];
+}
+}  // namespace kvserve::cuda::stub_check_detail
+
+namespace {
 
 template <typename T>
 T* DeviceAlloc(size_t n) {
@@ -104,7 +128,34 @@ TEST_CASE("CUDA stand-in catches planted defects", "[cuda_stub]") {
   REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
   float* out = DeviceAlloc<float>(64);
 
+  const cuda_sim::OrderState order = cuda_sim::Order();  // CUDA_SIM_ORDER's, restored below
+  SECTION("a race with a lower thread's write is caught in reverse and random fiber order") {
+    auto poisoned = [&](void (*kernel)(float*)) {
+      REQUIRE(LaunchKernel(kernel, 1, 64, 64 * 4, stream, out) == cudaSuccess);
+      REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+      const std::vector<float> got = Download(out, 64);
+      int n = 0;
+      for (int t = 1; t < 64; ++t) n += std::isnan(got[t]);
+      return n;
+    };
+    cuda_sim::SetFiberOrder(cuda_sim::FiberOrder::kForward);
+    CHECK(poisoned(LowerNeighbourKernel) == 0);  // unseen in thread order
+    cuda_sim::SetFiberOrder(cuda_sim::FiberOrder::kReverse);
+    CHECK(poisoned(LowerNeighbourKernel) == 63);
+    cuda_sim::SetFiberOrder(cuda_sim::FiberOrder::kRandom, 7);
+    CHECK(poisoned(LowerNeighbourKernel) > 16);  // about half the pairs
+    cuda_sim::Order() = order;
+  }
+  SECTION("static __shared__ memory is poisoned before every CTA") {
+    REQUIRE(LaunchKernel(kvserve::cuda::stub_check_detail::StaleSharedKernel, 2, 32, 0, stream,
+                         out) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    const std::vector<float> got = Download(out, 64);
+    for (int t = 0; t < 32; ++t) CHECK(got[t] == 1.0f);
+    for (int t = 32; t < 64; ++t) CHECK(std::isnan(got[t]));  // not CTA 0's 1.0f
+  }
   SECTION("a shared-memory read before the barrier reads poison") {
+    cuda_sim::SetFiberOrder(cuda_sim::FiberOrder::kForward);  // reverse order hides this one
     REQUIRE(LaunchKernel(NeighbourKernel, 1, 64, 64 * 4, stream, out, false) == cudaSuccess);
     REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
     const std::vector<float> racy = Download(out, 64);
@@ -113,6 +164,7 @@ TEST_CASE("CUDA stand-in catches planted defects", "[cuda_stub]") {
     REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
     const std::vector<float> fixed = Download(out, 64);
     for (int t = 0; t < 63; ++t) CHECK(fixed[t] == static_cast<float>(t + 1));
+    cuda_sim::Order() = order;
   }
   SECTION("a read past a cudaMalloc allocation faults") {
     float* in = DeviceAlloc<float>(64);  // 256 bytes: ends at the guard page
