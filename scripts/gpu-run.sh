@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Runs inside a bundle made by scripts/gpu-bundle.sh, on a bare GPU machine:
 #   bash gpu-bundle/run.sh OUTDIR
+#   bash gpu-bundle/run.sh OUTDIR --check-loader   (no device needed: sets up
+#        the wrappers, checks that the bundled binaries start through them
+#        and that nothing was exported to host programs, then exits)
 # 1. nvidia-smi, 2. the [gpu] tests, 3. compute-sanitizer memcheck on a small
 # case (when the toolkit has it), 4. the daemon with configs/llama3-8b-h200.yaml
 # as shipped (serve_check.py), 5. the GPU benchmarks (e2e_bench: the CUDA
@@ -10,37 +13,58 @@
 set -uo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
-out="${1:?usage: run.sh OUTDIR}"
+out="${1:?usage: run.sh OUTDIR [--check-loader]}"
+check_loader=0
+[[ "${2:-}" == --check-loader ]] && check_loader=1
+ld_path_before="${LD_LIBRARY_PATH-<unset>}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 start=$(date +%s)
 
-if ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; then
+if ((!check_loader)) && { ! command -v nvidia-smi >/dev/null 2>&1 || ! nvidia-smi -L >/dev/null 2>&1; }; then
   echo "run.sh: no NVIDIA device here (nvidia-smi finds none): nothing to run" | tee "$out/no-device.txt"
   exit 77
 fi
 
-# CUDA toolkit libraries (cuBLASLt) from the machine: the toolkit, else torch's wheels.
+# The bundle's libraries (lib/: its glibc, libstdc++, ...) go to the
+# bundled binaries only, through a dynamic loader run by hand with
+# --library-path: nothing is exported, so every host program this script
+# or the tests start (nvidia-smi, python3, compute-sanitizer, coreutils)
+# keeps the machine's own libraries, whatever glibc the bundle carries.
+
+# cuBLASLt 13 (the soname the binaries were linked against) from the
+# machine: the toolkit, else the first directory anywhere that holds
+# exactly libcublasLt.so.13 (torch's wheels may ship .so.12 beside it).
+cublaslt_soname="libcublasLt.so.13"
 cuda_dirs=()
-for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib /usr/lib/x86_64-linux-gnu; do
+for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+  [[ -e "$d/$cublaslt_soname" ]] && cuda_dirs+=("$d")
+done
+if ((${#cuda_dirs[@]} == 0)); then
+  while read -r f; do cuda_dirs+=("$(dirname "$f")"); done < <(
+    find / -xdev -name "$cublaslt_soname" 2>/dev/null | head -1)
+fi
+if ((${#cuda_dirs[@]} == 0)); then
+  echo "run.sh: $cublaslt_soname not found here (the CUDA 13 toolkit or its cuBLAS wheel)"
+fi
+# The driver's libcuda.so.1 and the rest of the system, last.
+for d in /usr/lib/x86_64-linux-gnu /usr/lib64 /lib/x86_64-linux-gnu; do
   [[ -d "$d" ]] && cuda_dirs+=("$d")
 done
-if ! ls /usr/local/cuda/lib64/libcublasLt.so* >/dev/null 2>&1; then
-  while read -r f; do cuda_dirs+=("$(dirname "$f")"); done < <(
-    find / -xdev -name 'libcublasLt.so*' 2>/dev/null | head -1)
-fi
 cuda_path="$(IFS=:; echo "${cuda_dirs[*]}")"
 
-# Our libraries first; glibc from the bundle only when the machine's is older.
-bundled_libs="$here/lib"
+# The bundled glibc (and its loader) only when the machine's is older than
+# the one the binaries were built against; else the machine's loader with
+# the bundled libraries minus glibc.
 host_glibc="$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}')"
 built_glibc="$(cat "$here/lib/GLIBC_VERSION" 2>/dev/null || echo 0)"
-loader=""
 if [[ -n "$host_glibc" ]] && [[ "$(printf '%s\n%s\n' "$host_glibc" "$built_glibc" | sort -V | head -1)" != "$built_glibc" ]]; then
   loader="$here/lib/ld-linux-x86-64.so.2"
-  echo "run.sh: machine glibc $host_glibc < $built_glibc: running through the bundled loader"
+  bundled_libs="$here/lib"
+  echo "run.sh: machine glibc $host_glibc < $built_glibc: the bundled binaries run on the bundled glibc"
 else
-  # Keep the machine's own glibc: hide the bundled copies from the search path.
+  loader=/lib64/ld-linux-x86-64.so.2
+  [[ -x "$loader" ]] || loader=/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
   mkdir -p "$here/lib-noglibc"
   for l in "$here"/lib/*.so*; do
     case "$(basename "$l")" in
@@ -50,29 +74,41 @@ else
   done
   bundled_libs="$here/lib-noglibc"
 fi
-export LD_LIBRARY_PATH="$bundled_libs:$cuda_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+bin_path="$bundled_libs:$cuda_path"
 export KVSERVE_SHARED="$here/shared"
-export KVSERVE_BIN="$here/bin/kvserve"
 export KVSERVE_TEST_TMP="$out/tmp"
 mkdir -p "$KVSERVE_TEST_TMP"
 
-run_bin() {  # run_bin NAME ARGS...: a bundled binary, through the loader when needed
-  local b="$here/bin/$1"
+# Every bundled binary is called through a wrapper in bin-run/ (the tests
+# start kvserve through KVSERVE_BIN, serve_check.py too): the loader with
+# the bundle's library path, for that process alone.
+mkdir -p "$here/bin-run"
+for b in "$here"/bin/*; do
+  printf '#!/bin/sh\nexec "%s" --library-path "%s" "%s" "$@"\n' "$loader" "$bin_path" "$b" \
+    >"$here/bin-run/$(basename "$b")"
+  chmod +x "$here/bin-run/$(basename "$b")"
+done
+export KVSERVE_BIN="$here/bin-run/kvserve"
+run_bin() {  # run_bin NAME ARGS...: a bundled binary through its wrapper
+  local name="$1"
   shift
-  if [[ -n "$loader" ]]; then
-    "$loader" --library-path "$LD_LIBRARY_PATH" "$b" "$@"
-  else
-    "$b" "$@"
-  fi
+  "$here/bin-run/$name" "$@"
 }
-if [[ -n "$loader" ]]; then
-  # Binaries the tests start themselves go through the loader too.
-  cat >"$here/bin/kvserve-loader" <<EOF
-#!/usr/bin/env bash
-exec "$loader" --library-path "$LD_LIBRARY_PATH" "$here/bin/kvserve" "\$@"
-EOF
-  chmod +x "$here/bin/kvserve-loader"
-  export KVSERVE_BIN="$here/bin/kvserve-loader"
+
+if ((check_loader)); then
+  fail() { echo "run.sh --check-loader: FAIL: $*"; exit 1; }
+  [[ "${LD_LIBRARY_PATH-<unset>}" == "$ld_path_before" ]] || fail "LD_LIBRARY_PATH changed"
+  # A host program sees the machine's environment, not the bundle's.
+  env | grep -q "$here/lib" && fail "a host program's environment names the bundle's lib/"
+  for b in "$here"/bin/*; do
+    grep -q -- "--library-path" "$here/bin-run/$(basename "$b")" || fail "no wrapper for $b"
+  done
+  "$here/bin-run/kvserve" --help >/dev/null 2>&1 || fail "bin-run/kvserve --help exited $?"
+  "$here/bin-run/gpu_tests" --list-tests >/dev/null 2>&1
+  rc=$?
+  [[ $rc == 0 || $rc == 77 ]] || fail "bin-run/gpu_tests exited $rc (the loader or a library)"
+  echo "run.sh --check-loader: ok: $loader --library-path $bin_path"
+  exit 0
 fi
 
 declare -A status=()
@@ -94,12 +130,8 @@ step gpu_tests 300 run_bin gpu_tests --durations yes
 if command -v compute-sanitizer >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/compute-sanitizer ]]; then
   cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
   # Small cases only: memcheck is ~100x slower. [sanitize] marks them.
-  if [[ -n "$loader" ]]; then
-    step memcheck 180 "$cs" --tool memcheck --error-exitcode 1 "$loader" --library-path \
-      "$LD_LIBRARY_PATH" "$here/bin/gpu_tests" "[sanitize]"
-  else
-    step memcheck 180 "$cs" --tool memcheck --error-exitcode 1 "$here/bin/gpu_tests" "[sanitize]"
-  fi
+  # compute-sanitizer is the machine's; it starts the wrapper (the loader).
+  step memcheck 180 "$cs" --tool memcheck --error-exitcode 1 "$here/bin-run/gpu_tests" "[sanitize]"
 else
   echo "run.sh: compute-sanitizer not found: memcheck skipped" | tee "$out/memcheck.log"
   status[memcheck]="skipped 0"
@@ -112,7 +144,7 @@ fi
 for b in "$here"/bin/*; do
   name="$(basename "$b")"
   case "$name" in
-    gpu_tests | kvserve | kvserve-loader) continue ;;
+    gpu_tests | kvserve) continue ;;
   esac
   step "$name" 240 run_bin "$name" --json "$out/$name.json"
 done

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <string>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
@@ -14,9 +15,8 @@ namespace {
 
 absl::Status LtStatus(cublasStatus_t s, const char* what) {
   if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
-  const std::string message =
-      absl::StrCat("Gemm: ", what, ": ", cublasLtGetStatusName(s), " (",
-                   cublasLtGetStatusString(s), ")");
+  const std::string message = absl::StrCat("Gemm: ", what, ": ", cublasLtGetStatusName(s), " (",
+                                           cublasLtGetStatusString(s), ")");
   if (s == CUBLAS_STATUS_ALLOC_FAILED) return absl::ResourceExhaustedError(message);
   if (s == CUBLAS_STATUS_INVALID_VALUE) return absl::InvalidArgumentError(message);
   if (s == CUBLAS_STATUS_NOT_SUPPORTED) return absl::NotFoundError(message);
@@ -52,13 +52,22 @@ absl::Status Bad(const char* field, const char* rule, int64_t value) {
 
 }  // namespace
 
+// One algorithm per shape without the row count; the row-count layouts
+// (x and y) it has run with, each checked against it once.
+struct Gemm::PlanRows {
+  cublasLtMatrixLayout_t b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo;  // the plan's, unless the check refused it
+};
 struct Gemm::Plan {
   cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatrixLayout_t a = nullptr;
   cublasLtMatmulAlgo_t algo;
+  std::map<int64_t, PlanRows> rows;
   ~Plan() {
-    if (c != nullptr) cublasLtMatrixLayoutDestroy(c);
-    if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
+    for (auto& [_, r] : rows) {
+      if (r.c != nullptr) cublasLtMatrixLayoutDestroy(r.c);
+      if (r.b != nullptr) cublasLtMatrixLayoutDestroy(r.b);
+    }
     if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
     if (op != nullptr) cublasLtMatmulDescDestroy(op);
   }
@@ -88,28 +97,31 @@ Gemm::~Gemm() {
   cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
-absl::StatusOr<const Gemm::Plan*> Gemm::PlanFor(const Key& key) {
+absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(const Key& key, const void* bias) {
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
   absl::StatusOr<std::unique_ptr<Plan>> plan;
   if (dtype_ == ActDtype::kFp32) {
     // Pedantic fp32 where cuBLASLt offers it; plain CUBLAS_COMPUTE_32F is
     // fp32 too (TF32 only ever comes with the _FAST_TF32 compute type).
-    plan = MakePlan(key, CUBLAS_COMPUTE_32F_PEDANTIC);
-    if (!plan.ok()) plan = MakePlan(key, CUBLAS_COMPUTE_32F);
+    plan = MakePlan(key, CUBLAS_COMPUTE_32F_PEDANTIC, bias);
+    if (!plan.ok()) plan = MakePlan(key, CUBLAS_COMPUTE_32F, bias);
   } else {
-    plan = MakePlan(key, CUBLAS_COMPUTE_32F);
+    plan = MakePlan(key, CUBLAS_COMPUTE_32F, bias);
   }
   if (!plan.ok()) return plan.status();
-  const Plan* p = plan->get();
+  Plan* p = plan->get();
   plans_.emplace(key, *std::move(plan));
   return p;
 }
 
-absl::StatusOr<std::unique_ptr<Gemm::Plan>> Gemm::MakePlan(const Key& key, int compute_type) {
-  const auto [rows, in, out, ldx, ldy, y_dtype_int, has_bias, align_x, align_w, align_y] = key;
+absl::StatusOr<std::unique_ptr<Gemm::Plan>> Gemm::MakePlan(const Key& key, int compute_type,
+                                                           const void* bias) {
+  const auto [in, out, ldx, ldy, y_dtype_int, has_bias, align_x, align_w, align_y, align_bias] =
+      key;
+  (void)align_bias;  // the bias pointer itself is set for the heuristic
+  const int64_t rows = kPlanRows;
   const ActDtype y_dtype = static_cast<ActDtype>(y_dtype_int);
   auto plan = std::make_unique<Plan>();
-  const bool fp32 = dtype_ == ActDtype::kFp32;
   const cublasComputeType_t compute = static_cast<cublasComputeType_t>(compute_type);
   KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan->op, compute, CUDA_R_32F));
   const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
@@ -124,14 +136,18 @@ absl::StatusOr<std::unique_ptr<Gemm::Plan>> Gemm::MakePlan(const Key& key, int c
     const cudaDataType_t bias_type = CudaType(y_dtype);
     KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         plan->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    // The heuristic reads the pointer's alignment (the key holds it).
+    KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   }
   const cudaDataType_t ab = CudaType(dtype_);
   // A = W: column-major [in x out], ld in (transposed to out x in).
   KV_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->a, ab, in, out, in));
-  // B = x: column-major [in x rows], ld ldx.
-  KV_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->b, ab, in, rows, ldx));
-  // C = D = y: column-major [out x rows], ld ldy.
-  KV_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->c, CudaType(y_dtype), out, rows, ldy));
+  // B = x: column-major [in x rows], ld ldx; C = D = y: column-major
+  // [out x rows], ld ldy. The heuristic is asked at kPlanRows rows.
+  PlanRows& at = plan->rows[rows];
+  KV_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&at.b, ab, in, rows, ldx));
+  KV_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&at.c, CudaType(y_dtype), out, rows, ldy));
 
   cublasLtMatmulPreference_t pref = nullptr;
   KV_LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
@@ -151,16 +167,16 @@ absl::StatusOr<std::unique_ptr<Gemm::Plan>> Gemm::MakePlan(const Key& key, int c
                      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ax, sizeof(ax)),
                  "alignment of x");
   }
-  for (auto attr : {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                    CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+  for (auto attr :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
     if (s.ok()) {
       s = LtStatus(cublasLtMatmulPreferenceSetAttribute(pref, attr, &ay, sizeof(ay)),
                    "alignment of y");
     }
   }
-  if (s.ok() && fp32) {
-    // The reference dtype: no split-K reduction, so a row's sum does not
-    // depend on how many rows are batched with it.
+  if (s.ok()) {
+    // No split-K reduction (nor bf16/fp16 in-place reductions): the
+    // algorithm sums a row's k in one kernel, in its own order.
     const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
     s = LtStatus(cublasLtMatmulPreferenceSetAttribute(
                      pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &none, sizeof(none)),
@@ -169,10 +185,10 @@ absl::StatusOr<std::unique_ptr<Gemm::Plan>> Gemm::MakePlan(const Key& key, int c
   cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   if (s.ok()) {
-    s = LtStatus(cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan->op,
-                                                plan->a, plan->b, plan->c, plan->c, pref, 1,
-                                                &result, &found),
-                 "heuristic");
+    s = LtStatus(
+        cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan->op, plan->a,
+                                       at.b, at.c, at.c, pref, 1, &result, &found),
+        "heuristic");
   }
   destroy_pref();
   KV_RETURN_IF_ERROR(s);
@@ -182,7 +198,72 @@ absl::StatusOr<std::unique_ptr<Gemm::Plan>> Gemm::MakePlan(const Key& key, int c
                                             ldy, ")"));
   }
   plan->algo = result.algo;
+  at.algo = result.algo;
   return plan;
+}
+
+absl::StatusOr<const Gemm::PlanRows*> Gemm::RowsFor(Plan& plan, const Key& key, int64_t rows) {
+  if (auto it = plan.rows.find(rows); it != plan.rows.end()) return &it->second;
+  const auto [in, out, ldx, ldy, y_dtype_int, has_bias, align_x, align_w, align_y, align_bias] =
+      key;
+  PlanRows r;
+  absl::Status s =
+      LtStatus(cublasLtMatrixLayoutCreate(&r.b, CudaType(dtype_), in, rows, ldx), "layout of x");
+  if (s.ok()) {
+    s = LtStatus(cublasLtMatrixLayoutCreate(&r.c, CudaType(static_cast<ActDtype>(y_dtype_int)), out,
+                                            rows, ldy),
+                 "layout of y");
+  }
+  cublasLtMatmulHeuristicResult_t check{};
+  if (s.ok() &&
+      cublasLtMatmulAlgoCheck(static_cast<cublasLtHandle_t>(handle_), plan.op, plan.a, r.b, r.c,
+                              r.c, &plan.algo, &check) == CUBLAS_STATUS_SUCCESS) {
+    r.algo = plan.algo;
+  } else if (s.ok()) {
+    // The plan's algorithm cannot run this many rows (cuBLASLt's check):
+    // this row count gets its own, and loses batch invariance against
+    // the others; counted so a test or benchmark can see it.
+    ++invariance_fallbacks_;
+    cublasLtMatmulPreference_t pref = nullptr;
+    s = LtStatus(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    const uint64_t ws = static_cast<uint64_t>(workspace_bytes_);
+    const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    const uint32_t ax = align_x, aw = align_w, ay = align_y;
+    if (s.ok()) {
+      const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> attrs[] = {
+          {CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aw},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ax},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ay},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ay},
+          {CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &none}};
+      for (const auto& [attr, value] : attrs) {
+        if (!s.ok()) break;
+        const size_t size = attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES ? 8 : 4;
+        s = LtStatus(cublasLtMatmulPreferenceSetAttribute(pref, attr, value, size), "preference");
+      }
+    }
+    int found = 0;
+    if (s.ok()) {
+      s = LtStatus(cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan.op,
+                                                  plan.a, r.b, r.c, r.c, pref, 1, &check, &found),
+                   "heuristic");
+    }
+    if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
+    if (s.ok() && found == 0) {
+      s = absl::NotFoundError(absl::StrCat("Gemm: cuBLASLt has no algorithm for rows ", rows,
+                                           ", in ", in, ", out ", out));
+    }
+    if (s.ok()) r.algo = check.algo;
+  }
+  (void)has_bias;
+  (void)align_bias;
+  if (!s.ok()) {
+    if (r.c != nullptr) cublasLtMatrixLayoutDestroy(r.c);
+    if (r.b != nullptr) cublasLtMatrixLayoutDestroy(r.b);
+    return s;
+  }
+  return &plan.rows.emplace(rows, r).first->second;
 }
 
 absl::Status Gemm::Linear(const GemmParams& params, cudaStream_t stream) {
@@ -201,8 +282,7 @@ absl::Status Gemm::Linear(const GemmParams& params, cudaStream_t stream) {
   if (p.x == nullptr) return absl::InvalidArgumentError("Gemm: x is null");
   if (p.w == nullptr) return absl::InvalidArgumentError("Gemm: w is null");
   if (p.y == nullptr) return absl::InvalidArgumentError("Gemm: y is null");
-  const Key key{p.rows,
-                p.in,
+  const Key key{p.in,
                 p.out,
                 p.ldx,
                 p.ldy,
@@ -210,19 +290,20 @@ absl::Status Gemm::Linear(const GemmParams& params, cudaStream_t stream) {
                 p.bias != nullptr,
                 AlignmentOf(p.x),
                 AlignmentOf(p.w),
-                AlignmentOf(p.y)};
-  KV_ASSIGN_OR_RETURN(const Plan* plan, PlanFor(key));
+                AlignmentOf(p.y),
+                p.bias != nullptr ? AlignmentOf(p.bias) : 0};
+  KV_ASSIGN_OR_RETURN(Plan * plan, PlanFor(key, p.bias));
+  KV_ASSIGN_OR_RETURN(const PlanRows* r, RowsFor(*plan, key, p.rows));
   if (p.bias != nullptr) {
     // The pointer is an attribute of the (cached) descriptor; set per call.
     KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
   }
   const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
-  return LtStatus(
-      cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan->op, &alpha, p.w, plan->a, p.x,
-                     plan->b, &beta, p.y, plan->c, p.y, plan->c, &plan->algo, workspace_,
-                     static_cast<size_t>(workspace_bytes_), stream),
-      "matmul");
+  return LtStatus(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan->op, &alpha, p.w,
+                                 plan->a, p.x, r->b, &beta, p.y, r->c, p.y, r->c, &r->algo,
+                                 workspace_, static_cast<size_t>(workspace_bytes_), stream),
+                  "matmul");
 }
 
 }  // namespace kvserve::cuda

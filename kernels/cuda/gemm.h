@@ -17,11 +17,19 @@
 // rows, ld ldy) = op(A) B with A = W seen as column-major [in x out] (lda =
 // in, transposed) and B = x seen as column-major [in x rows] (ldb = ldx).
 //
-// Algorithms: cublasLtMatmulAlgoGetHeuristic once per (rows, in, out, ldx,
-// ldy, y dtype, bias or not, pointer alignments); the chosen algorithm and its
-// descriptors are cached, so a steady decode loop makes no heuristic query,
-// and every call is CUDA-graph capturable (the workspace is the Gemm's own,
-// allocated once).
+// Algorithms: cublasLtMatmulAlgoGetHeuristic once per (in, out, ldx, ldy, y
+// dtype, bias or not, pointer alignments, the bias's included), asked at
+// kPlanRows rows with the bias pointer set (the heuristic reads its
+// alignment) and no split-K or other reduction scheme, for every dtype; that
+// one algorithm then runs every row count (cublasLtMatmulAlgoCheck, once per
+// count). Batch invariance: a row's y is the same bits whatever rows are
+// batched with it, eager or in a graph bucket, since the algorithm (and so
+// the order its kernel sums k in) does not depend on the row count; asking
+// per row count, as before, picked split-K for small batches and other
+// kernels for others. Where the check refuses a row count, that count gets
+// its own algorithm (invariance_fallbacks()). Descriptors are cached, so a
+// steady decode loop makes no heuristic query, and every call is CUDA-graph
+// capturable (the workspace is the Gemm's own, allocated once).
 //
 // Example:
 //   KV_ASSIGN_OR_RETURN(std::unique_ptr<Gemm> gemm, Gemm::Create(ActDtype::kBf16));
@@ -72,8 +80,14 @@ class Gemm {
 
   ActDtype dtype() const { return dtype_; }
   int64_t workspace_bytes() const { return workspace_bytes_; }
-  // Shapes with a cached algorithm.
+  // The row count the heuristic is asked at (a middle batch: its kernels
+  // serve decode and prefill rows alike).
+  static constexpr int64_t kPlanRows = 64;
+
+  // Shapes with a cached algorithm (one per shape, whatever the row counts).
   int64_t num_plans() const { return static_cast<int64_t>(plans_.size()); }
+  // Row counts that cuBLASLt refused to run with their shape's algorithm.
+  int64_t invariance_fallbacks() const { return invariance_fallbacks_; }
 
   // InvalidArgument naming the field for a bad shape, stride, dtype or null
   // pointer; NotFound when cuBLASLt has no algorithm for the shape; else the
@@ -82,20 +96,26 @@ class Gemm {
 
  private:
   struct Plan;
-  // rows, in, out, ldx, ldy, y dtype, bias, alignment of x, w, y.
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, int, bool, int, int, int>;
+  // in, out, ldx, ldy, y dtype, bias, alignment of x, w, y and of the bias
+  // (0: none); not the row count.
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int, bool, int, int, int, int>;
 
   Gemm(ActDtype dtype, void* handle, void* workspace, int64_t workspace_bytes);
-  absl::StatusOr<const Plan*> PlanFor(const Key& key);
+  absl::StatusOr<Plan*> PlanFor(const Key& key, const void* bias);
   // Descriptors and the heuristic's algorithm for one compute type
-  // (cublasComputeType_t).
-  absl::StatusOr<std::unique_ptr<Plan>> MakePlan(const Key& key, int compute_type);
+  // (cublasComputeType_t), asked with `bias` as the descriptor's pointer.
+  absl::StatusOr<std::unique_ptr<Plan>> MakePlan(const Key& key, int compute_type,
+                                                 const void* bias);
+  // The x/y layouts of `rows` rows and the algorithm they run with.
+  struct PlanRows;
+  absl::StatusOr<const PlanRows*> RowsFor(Plan& plan, const Key& key, int64_t rows);
 
   ActDtype dtype_;
   void* handle_;  // cublasLtHandle_t
   void* workspace_;
   int64_t workspace_bytes_;
   std::map<Key, std::unique_ptr<Plan>> plans_;
+  int64_t invariance_fallbacks_ = 0;
 };
 
 }  // namespace kvserve::cuda

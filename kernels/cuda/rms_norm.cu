@@ -25,7 +25,7 @@ bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0;
 
 template <typename T>
 void Launch(const RmsNormParams& p, bool fused, bool vectorized, int threads, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(p.num_tokens));
+  const dim3 grid(static_cast<unsigned>(p.heads > 0 ? p.num_tokens * p.heads : p.num_tokens));
   if (fused) {
     LaunchKernel(RmsNormKernel<T, true>, grid, threads, 0, stream, p, vectorized);
   } else {
@@ -46,8 +46,16 @@ absl::Status RmsNorm(const RmsNormParams& params, cudaStream_t stream) {
   if (p.num_tokens < 0 || p.num_tokens > std::numeric_limits<int32_t>::max()) {
     return Bad("num_tokens", "in [0, 2^31)", p.num_tokens);
   }
-  if (p.x_stride < p.dim) return Bad("x_stride", ">= dim", p.x_stride);
-  if (p.out_stride < p.dim) return Bad("out_stride", ">= dim", p.out_stride);
+  if (p.heads < 0) return Bad("heads", ">= 0", p.heads);
+  if (p.heads > 0 && fused) {
+    return absl::InvalidArgumentError("RmsNorm: the per-head form (heads > 0) takes no residual");
+  }
+  const int64_t span = p.heads > 0 ? p.heads * p.dim : p.dim;  // elements a row covers
+  if (p.heads > 0 && p.num_tokens * p.heads > std::numeric_limits<int32_t>::max()) {
+    return Bad("num_tokens * heads", "below 2^31", p.num_tokens * p.heads);
+  }
+  if (p.x_stride < span) return Bad("x_stride", ">= dim (heads * dim per head)", p.x_stride);
+  if (p.out_stride < span) return Bad("out_stride", ">= dim (heads * dim per head)", p.out_stride);
   if (fused && p.residual_stride < p.dim) {
     return Bad("residual_stride", ">= dim", p.residual_stride);
   }
@@ -62,7 +70,8 @@ absl::Status RmsNorm(const RmsNormParams& params, cudaStream_t stream) {
 
   const int64_t width = 16 / ActDtypeSize(p.dtype);
   bool vectorized = p.dim % width == 0 && p.x_stride % width == 0 && p.out_stride % width == 0 &&
-                    Aligned16(p.x) && Aligned16(p.out) && Aligned16(p.weight);
+                    Aligned16(p.x) && Aligned16(p.out) && Aligned16(p.weight) &&
+                    (p.weight2 == nullptr || Aligned16(p.weight2));
   if (fused) {
     vectorized = vectorized && p.residual_stride % width == 0 && Aligned16(p.residual);
   }

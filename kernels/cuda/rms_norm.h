@@ -11,6 +11,13 @@
 // is taken of that rounded value, so `out` is exactly the norm of what the
 // next residual add will read.
 //
+// Per-head form (heads > 0, not fused): each of the num_tokens rows holds
+// `heads` consecutive sub-rows of dim values (head h at row * x_stride +
+// h * dim, likewise in out), each normalised on its own, heads below
+// weight2_from with weight and the others with weight2 (Qwen3's q_norm over
+// the q heads and k_norm over the k heads of a fused QKV row: one launch for
+// every head of every token).
+//
 // Aliasing: out may equal residual (vLLM's in-place form) or, when not fused,
 // x. In the fused form out must not equal x.
 //
@@ -40,6 +47,10 @@ struct RmsNormParams {
   int64_t out_stride = 0;
   float eps = 1e-5f;
   ActDtype dtype = ActDtype::kFp32;
+  // Per-head form (see above); 0: one row of dim values per token.
+  int64_t heads = 0;
+  const void* weight2 = nullptr;  // [dim], for heads >= weight2_from; null: weight
+  int64_t weight2_from = 0;
 };
 
 // InvalidArgument naming the field for a bad shape, stride, pointer or eps;

@@ -13,7 +13,9 @@
 // A thread touches the same indices in both passes, which is what makes
 // out == residual (and out == x when not fused) safe.
 //
-// Grid: (num_tokens). Block: (threads), a multiple of 32, at most 1024.
+// Grid: (num_tokens), or (num_tokens * heads) in the per-head form (block b:
+// token b / heads, head b % heads, one division per block). Block:
+// (threads), a multiple of 32, at most 1024.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -82,12 +84,17 @@ __device__ __forceinline__ void NormalizeRow(E* x, const E* residual, const E* w
 
 template <typename T, bool kFused>
 __global__ void RmsNormKernel(const RmsNormParams p, const bool vectorized) {
-  const int64_t row = blockIdx.x;
-  T* x = static_cast<T*>(p.x) + row * p.x_stride;
+  int64_t row = blockIdx.x, head = 0;
+  if (p.heads > 0) {
+    row = static_cast<int64_t>(blockIdx.x) / p.heads;
+    head = static_cast<int64_t>(blockIdx.x) - row * p.heads;
+  }
+  T* x = static_cast<T*>(p.x) + row * p.x_stride + head * p.dim;
   const T* residual =
       kFused ? static_cast<const T*>(p.residual) + row * p.residual_stride : nullptr;
-  const T* weight = static_cast<const T*>(p.weight);
-  T* out = static_cast<T*>(p.out) + row * p.out_stride;
+  const T* weight = static_cast<const T*>(
+      p.heads > 0 && head >= p.weight2_from && p.weight2 != nullptr ? p.weight2 : p.weight);
+  T* out = static_cast<T*>(p.out) + row * p.out_stride + head * p.dim;
   if (vectorized) {
     using V = Pack<T>;
     NormalizeRow<T, kFused>(reinterpret_cast<V*>(x), reinterpret_cast<const V*>(residual),

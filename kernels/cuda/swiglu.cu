@@ -32,13 +32,14 @@ absl::Status SwiGlu(const SwiGluParams& params, cudaStream_t stream) {
   if (p.num_tokens == 0) return absl::OkStatus();
   if (p.gate_up == nullptr) return absl::InvalidArgumentError("SwiGlu: gate_up is null");
   if (p.out == nullptr) return absl::InvalidArgumentError("SwiGlu: out is null");
-  const int64_t n = p.num_tokens * p.hidden;
-  const int64_t blocks = std::min<int64_t>(
-      (n + swiglu_detail::kThreads - 1) / swiglu_detail::kThreads, swiglu_detail::kMaxBlocks);
+  const dim3 grid(
+      static_cast<unsigned>(
+          std::min<int64_t>((p.hidden + swiglu_detail::kThreads - 1) / swiglu_detail::kThreads,
+                            swiglu_detail::kMaxBlocksX)),
+      static_cast<unsigned>(std::min<int64_t>(p.num_tokens, swiglu_detail::kMaxBlocksY)));
   const bool known = DispatchActDtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
-    LaunchKernel(swiglu_detail::SwiGluKernel<T>, static_cast<unsigned>(blocks),
-                 swiglu_detail::kThreads, 0, stream, p);
+    LaunchKernel(swiglu_detail::SwiGluKernel<T>, grid, swiglu_detail::kThreads, 0, stream, p);
   });
   if (!known) return Bad("dtype", "fp32, fp16 or bf16", static_cast<int64_t>(p.dtype));
   return CudaStatus(cudaGetLastError(), "SwiGlu launch");

@@ -1,10 +1,14 @@
 // Device code of SwiGLU (see swiglu.h for the contract).
 //
-// Algorithm: a grid-stride loop over the num_tokens * hidden outputs, one
-// element per thread per step; SiluMulExact transcribes the CPU's AVX2 lane
-// code (kernels/cpu/ops.cc Exp8 / SiluMul8) with exact_math.cuh's rounding.
+// Algorithm: a two-dimensional grid-stride loop, tokens over blockIdx.y and
+// channels over blockIdx.x * kThreads + threadIdx.x, one element per thread
+// per step, so no element pays for a 64-bit division or modulo (the flat
+// index's / hidden and % hidden); SiluMulExact transcribes the CPU's AVX2
+// lane code (kernels/cpu/ops.cc Exp8 / SiluMul8) with exact_math.cuh's
+// rounding.
 //
-// Grid: (min(ceil(n / kThreads), kMaxBlocks)). Block: (kThreads).
+// Grid: (min(ceil(hidden / kThreads), kMaxBlocksX), min(num_tokens,
+// kMaxBlocksY)). Block: (kThreads).
 #pragma once
 
 #include <cstdint>
@@ -16,7 +20,8 @@
 namespace kvserve::cuda::swiglu_detail {
 
 inline constexpr int kThreads = 256;
-inline constexpr int kMaxBlocks = 65536;
+inline constexpr int kMaxBlocksX = 65535;
+inline constexpr int kMaxBlocksY = 65535;  // the device's grid.y limit
 
 // _mm256_max_ps(a, b) / _mm256_min_ps(a, b): the second operand unless the
 // first is strictly larger / smaller (so NaN in a gives b).
@@ -50,15 +55,17 @@ __device__ __forceinline__ float SiluMulExact(float g, float u) {
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) SwiGluKernel(const SwiGluParams p) {
-  const int64_t n = p.num_tokens * p.hidden;
   const T* gate_up = static_cast<const T*>(p.gate_up);
   T* out = static_cast<T*>(p.out);
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * kThreads) {
-    const int64_t t = i / p.hidden, c = i % p.hidden;
+  const int64_t c0 = static_cast<int64_t>(blockIdx.x) * kThreads + threadIdx.x;
+  const int64_t c_step = static_cast<int64_t>(gridDim.x) * kThreads;
+  for (int64_t t = blockIdx.y; t < p.num_tokens; t += gridDim.y) {
     const T* row = gate_up + t * p.gate_up_stride;
-    const float g = ToFloat(row[c]), u = ToFloat(row[p.hidden + c]);
-    out[t * p.out_stride + c] = FromFloat<T>(SiluMulExact(g, u));
+    T* dst = out + t * p.out_stride;
+    for (int64_t c = c0; c < p.hidden; c += c_step) {
+      const float g = ToFloat(row[c]), u = ToFloat(row[p.hidden + c]);
+      dst[c] = FromFloat<T>(SiluMulExact(g, u));
+    }
   }
 }
 

@@ -401,6 +401,9 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   m.qkv_dim = m.q_dim + 2 * m.kv_dim;
   m.attn_shape = {c.num_heads, c.num_kv_heads, c.head_dim, c.sliding_window};
   m.eager_options.num_sms = m.num_sms;
+  // Batch invariance: eager steps split a row's keys where graphs do
+  // (graph_buckets.h), never by the batch's size.
+  m.eager_options.fixed_partition_keys = kAttentionPartitionKeys;
   m.info.device = absl::StrCat("cuda:", device.ordinal, " (", prop.name, ")");
   m.info.weight_dtype = std::string(WeightDtypeName(dtype));
   m.info.num_swap_blocks = options.num_swap_blocks;
@@ -878,12 +881,21 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
                                     stream));
 
     if (c.qk_norm) {
-      // Every head of every row is one RMSNorm row of head_dim values.
-      for (int32_t head = 0; head < c.num_heads + c.num_kv_heads; ++head) {
-        uint8_t* rows = Act(qkv, int64_t{head} * c.head_dim);
-        KV_RETURN_IF_ERROR(rms_norm(rows, Weight(head < c.num_heads ? w.q_norm : w.k_norm), rows, T,
-                                    c.head_dim, qkv_dim));
-      }
+      // Every q and k head of every row is one RMSNorm row of head_dim
+      // values: one launch (per-head form), q_norm for the q heads.
+      KV_RETURN_IF_ERROR(cuda::RmsNorm({.x = qkv.get(),
+                                        .weight = Weight(w.q_norm),
+                                        .out = qkv.get(),
+                                        .num_tokens = T,
+                                        .dim = c.head_dim,
+                                        .x_stride = qkv_dim,
+                                        .out_stride = qkv_dim,
+                                        .eps = c.rms_norm_eps,
+                                        .dtype = act,
+                                        .heads = c.num_heads + c.num_kv_heads,
+                                        .weight2 = Weight(w.k_norm),
+                                        .weight2_from = c.num_heads},
+                                       stream));
     }
     const uint8_t* ev_base = ev.active ? ev_dev.get() : nullptr;
     if (ev.active && ev.sinks) {

@@ -19,9 +19,25 @@
 // The algorithm the heuristic returns records the alignment it assumes per
 // matrix: the smallest of 16 bytes, the declared minimum (256 when not
 // declared, the library's default) and the power of two dividing
-// ld * element size. cublasLtMatmul returns INVALID_VALUE for a pointer
-// below it, or a matrix or bias outside device memory: the real library
-// would fault or read the wrong bytes there.
+// ld * element size; and the bias pointer's, which is why a bias epilogue
+// must be asked with CUBLASLT_MATMUL_DESC_BIAS_POINTER set (the library's
+// heuristic reads the descriptor's pointers for their alignment; asked
+// without one, the stand-in answers INVALID_VALUE, stricter than the
+// library, which would assume an alignment the later pointer may lack).
+// cublasLtMatmul returns INVALID_VALUE for a pointer below what its
+// algorithm assumes, or a matrix or bias outside device memory: the real
+// library would fault or read the wrong bytes there.
+//
+// Like the library's, the heuristic's choice depends on the shape, and so
+// does the order in which a dot product is summed (cuBLASLt documents no
+// order; kernels differ in MMA depth and split-K): for n (D's columns, the
+// rows of x in gemm.cc) <= 8 it picks a split-K of 2 over k >= 64 when the
+// reduction-scheme preference allows one (the default allows all), else
+// one; k is summed in chunks of 4 (n <= 8), 8 (n <= 32) or 16 (larger n),
+// each chunk in order, then the chunks, then the splits. So a caller that
+// asks the heuristic per row count gets other bits for the same row in a
+// batch of another size, as on a device; an algorithm reused for another n
+// (cublasLtMatmulAlgoCheck accepts any n) keeps its order.
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -52,7 +68,11 @@ struct Layout {
 struct Pref {
   uint64_t workspace = 0;
   uint32_t align[4] = {256, 256, 256, 256};  // A, B, C, D
+  uint32_t reduction_mask = CUBLASLT_REDUCTION_SCHEME_MASK;
 };
+
+// What the stand-in's algorithms record (cublasLtMatmulAlgo_t::data).
+enum AlgoField { kAlignA, kAlignB, kAlignC, kAlignD, kAlignBias, kSplitK, kDepth };
 
 Desc* D(cublasLtMatmulDesc_t d) { return reinterpret_cast<Desc*>(d); }
 Layout* L(cublasLtMatrixLayout_t l) { return reinterpret_cast<Layout*>(l); }
@@ -234,10 +254,8 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
       return SetField(&p->align[2], buf, size);
     case CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES:
       return SetField(&p->align[3], buf, size);
-    case CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK: {
-      uint32_t mask = 0;
-      return SetField(&mask, buf, size);  // the reference never splits k
-    }
+    case CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK:
+      return SetField(&p->reduction_mask, buf, size);
     default:
       return CUBLAS_STATUS_NOT_SUPPORTED;
   }
@@ -254,6 +272,10 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
   if (cublasStatus_t s = Check(*D(op), *L(a), *L(b), *L(c), *L(d)); s != CUBLAS_STATUS_SUCCESS) {
     return s;
   }
+  const Desc& desc = *D(op);
+  if (desc.epilogue == CUBLASLT_EPILOGUE_BIAS && desc.bias == nullptr) {
+    return CUBLAS_STATUS_INVALID_VALUE;  // see the top: ask with the bias pointer set
+  }
   const Layout* layouts[4] = {L(a), L(b), L(c), L(d)};
   cublasLtMatmulHeuristicResult_t r{};
   for (int i = 0; i < 4; ++i) {
@@ -263,11 +285,44 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
     const uint32_t align = std::min({16u, declared, Pow2Dividing(layouts[i]->ld * es)});
     r.algo.data[i] = align;
   }
+  r.algo.data[kAlignBias] = desc.epilogue == CUBLASLT_EPILOGUE_BIAS ? AlignOf(desc.bias) : 1;
+  const bool ta = desc.trans_a != CUBLAS_OP_N;
+  const uint64_t n = L(d)->cols, k = ta ? L(a)->rows : L(a)->cols;
+  const bool may_split = (P(pref)->reduction_mask & CUBLASLT_REDUCTION_SCHEME_MASK) != 0;
+  r.algo.data[kSplitK] = may_split && n <= 8 && k >= 64 ? 2 : 1;
+  r.algo.data[kDepth] = n <= 8 ? 4 : n <= 32 ? 8 : 16;
   r.workspaceSize = 0;
   r.state = CUBLAS_STATUS_SUCCESS;
   r.wavesCount = 1.0f;
   results[0] = r;
   *found = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+// Any n: the stand-in's algorithms are not tied to a shape (the library's
+// check refuses what a kernel cannot run; the caller must handle that).
+cublasStatus_t cublasLtMatmulAlgoCheck(cublasLtHandle_t, cublasLtMatmulDesc_t op,
+                                       cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                       cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t d,
+                                       const cublasLtMatmulAlgo_t* algo,
+                                       cublasLtMatmulHeuristicResult_t* result) {
+  if (algo == nullptr || result == nullptr) return CUBLAS_STATUS_INVALID_VALUE;
+  if (cublasStatus_t s = Check(*D(op), *L(a), *L(b), *L(c), *L(d)); s != CUBLAS_STATUS_SUCCESS) {
+    return s;
+  }
+  const Layout* layouts[4] = {L(a), L(b), L(c), L(d)};
+  for (int i = 0; i < 4; ++i) {
+    // The algorithm's alignment must hold for this shape's leading dimension.
+    const int es = Size(layouts[i]->type);
+    if (Pow2Dividing(layouts[i]->ld * es) < std::min<uint32_t>(algo->data[i], 16)) {
+      return CUBLAS_STATUS_INVALID_VALUE;
+    }
+  }
+  const cublasLtMatmulAlgo_t copy = *algo;  // algo may point to result->algo
+  *result = cublasLtMatmulHeuristicResult_t{};
+  result->algo = copy;
+  result->state = CUBLAS_STATUS_SUCCESS;
+  result->wavesCount = 1.0f;
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -281,11 +336,17 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op_desc, co
   const Layout a = *L(a_desc), b = *L(b_desc), c = *L(c_desc), d = *L(d_desc);
   if (cublasStatus_t s = Check(op, a, b, c, d); s != CUBLAS_STATUS_SUCCESS) return s;
   const float al = *static_cast<const float*>(alpha), be = *static_cast<const float*>(beta);
+  int split_k = 1, depth = 1;  // no algorithm: k in order
   if (algo != nullptr) {
     const void* ptrs[4] = {a_ptr, b_ptr, c_ptr, d_ptr};
     for (int i = 0; i < 4; ++i) {
       if (AlignOf(ptrs[i]) < algo->data[i]) return CUBLAS_STATUS_INVALID_VALUE;
     }
+    if (op.epilogue == CUBLASLT_EPILOGUE_BIAS && AlignOf(op.bias) < algo->data[kAlignBias]) {
+      return CUBLAS_STATUS_INVALID_VALUE;  // a bias less aligned than the heuristic's
+    }
+    split_k = static_cast<int>(std::max<uint64_t>(algo->data[kSplitK], 1));
+    depth = static_cast<int>(std::max<uint64_t>(algo->data[kDepth], 1));
   }
   const bool ta = op.trans_a != CUBLAS_OP_N, tb = op.trans_b != CUBLAS_OP_N;
   const int64_t m = static_cast<int64_t>(d.rows), n = static_cast<int64_t>(d.cols);
@@ -303,11 +364,22 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op_desc, co
     std::vector<float> out(static_cast<size_t>(m));
     for (int64_t j = 0; j < n; ++j) {
       for (int64_t i = 0; i < m; ++i) {
+        // The algorithm's order: chunks of `depth` within each of
+        // `split_k` ranges of k, then the ranges.
         float acc = 0.0f;
-        for (int64_t p = 0; p < k; ++p) {
-          const float av = Load(a.type, a_ptr, ta ? i * a.ld + p : p * a.ld + i);
-          const float bv = Load(b.type, b_ptr, tb ? p * b.ld + j : j * b.ld + p);
-          acc += av * bv;
+        for (int s = 0; s < split_k; ++s) {
+          const int64_t p0 = k * s / split_k, p1 = k * (s + 1) / split_k;
+          float part = 0.0f;
+          for (int64_t q = p0; q < p1; q += depth) {
+            float chunk = 0.0f;
+            for (int64_t p = q; p < std::min(p1, q + depth); ++p) {
+              const float av = Load(a.type, a_ptr, ta ? i * a.ld + p : p * a.ld + i);
+              const float bv = Load(b.type, b_ptr, tb ? p * b.ld + j : j * b.ld + p);
+              chunk += av * bv;
+            }
+            part += chunk;
+          }
+          acc += part;
         }
         float v = al * acc;
         if (be != 0.0f) v += be * Load(c.type, c_ptr, j * c.ld + i);  // C unread when beta is 0

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <csignal>
@@ -67,6 +68,14 @@ __global__ void NeighbourKernel(float* out, bool sync) {
   if (sync) __syncthreads();
   out[t] = t + 1 < static_cast<int>(blockDim.x) ? s[t + 1] : -1.0f;
 }
+// The same race the other way: thread t reads shared[t - 1], which a lower
+// thread writes (in thread order the writer has always run first).
+__global__ void LowerNeighbourKernel(float* out) {
+  float* s = static_cast<float*>(cuda_sim::g_dynamic_shared);
+  const int t = static_cast<int>(threadIdx.x);
+  s[t] = static_cast<float>(t);
+  out[t] = t > 0 ? s[t - 1] : -1.0f;
+}
 __global__ void CopyKernel(const float* in, float* out, int n) {
   const int t = static_cast<int>(threadIdx.x);
   if (t < n) out[t] = in[t + 1];  // one past for t == n - 1
@@ -83,6 +92,22 @@ __global__ void FillKernel(const FillParams p) { p.out[threadIdx.x] = p.value; }
 __global__ void SmemKernel(float* out) {
   if (threadIdx.x == 0) out[0] = 1.0f;
 }
+
+}  // namespace
+
+// A kernel's static __shared__ array (cuda_sim_more.h): CTA 0 writes it,
+// CTA 1 only reads it. In the kernels' *_detail namespace convention, which
+// is what the per-CTA poisoning covers.
+namespace kvserve::cuda::stub_check_detail {
+__global__ void StaleSharedKernel(float* out) {
+  __shared__ float v[32];
+  if (blockIdx.x == 0) v[threadIdx.x] = 1.0f;
+  __syncthreads();
+  out[blockIdx.x * 32 + threadIdx.x] = v[threadIdx.x];
+}
+}  // namespace kvserve::cuda::stub_check_detail
+
+namespace {
 
 template <typename T>
 T* DeviceAlloc(size_t n) {
@@ -103,7 +128,34 @@ TEST_CASE("CUDA stand-in catches planted defects", "[cuda_stub]") {
   REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
   float* out = DeviceAlloc<float>(64);
 
+  const cuda_sim::OrderState order = cuda_sim::Order();  // CUDA_SIM_ORDER's, restored below
+  SECTION("a race with a lower thread's write is caught in reverse and random fiber order") {
+    auto poisoned = [&](void (*kernel)(float*)) {
+      REQUIRE(LaunchKernel(kernel, 1, 64, 64 * 4, stream, out) == cudaSuccess);
+      REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+      const std::vector<float> got = Download(out, 64);
+      int n = 0;
+      for (int t = 1; t < 64; ++t) n += std::isnan(got[t]);
+      return n;
+    };
+    cuda_sim::SetFiberOrder(cuda_sim::FiberOrder::kForward);
+    CHECK(poisoned(LowerNeighbourKernel) == 0);  // unseen in thread order
+    cuda_sim::SetFiberOrder(cuda_sim::FiberOrder::kReverse);
+    CHECK(poisoned(LowerNeighbourKernel) == 63);
+    cuda_sim::SetFiberOrder(cuda_sim::FiberOrder::kRandom, 7);
+    CHECK(poisoned(LowerNeighbourKernel) > 16);  // about half the pairs
+    cuda_sim::Order() = order;
+  }
+  SECTION("static __shared__ memory is poisoned before every CTA") {
+    REQUIRE(LaunchKernel(kvserve::cuda::stub_check_detail::StaleSharedKernel, 2, 32, 0, stream,
+                         out) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    const std::vector<float> got = Download(out, 64);
+    for (int t = 0; t < 32; ++t) CHECK(got[t] == 1.0f);
+    for (int t = 32; t < 64; ++t) CHECK(std::isnan(got[t]));  // not CTA 0's 1.0f
+  }
   SECTION("a shared-memory read before the barrier reads poison") {
+    cuda_sim::SetFiberOrder(cuda_sim::FiberOrder::kForward);  // reverse order hides this one
     REQUIRE(LaunchKernel(NeighbourKernel, 1, 64, 64 * 4, stream, out, false) == cudaSuccess);
     REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
     const std::vector<float> racy = Download(out, 64);
@@ -112,6 +164,7 @@ TEST_CASE("CUDA stand-in catches planted defects", "[cuda_stub]") {
     REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
     const std::vector<float> fixed = Download(out, 64);
     for (int t = 0; t < 63; ++t) CHECK(fixed[t] == static_cast<float>(t + 1));
+    cuda_sim::Order() = order;
   }
   SECTION("a read past a cudaMalloc allocation faults") {
     float* in = DeviceAlloc<float>(64);  // 256 bytes: ends at the guard page
@@ -257,14 +310,22 @@ TEST_CASE("CUDA stand-in catches planted defects", "[cuda_stub]") {
 namespace {
 
 // y[r][o] = sum_i w[o][i] x[r][i] (+ bias[o]) (+ y[r][o]), in fp32, k in order.
+// k summed in chunks of `depth`, as the stand-in's algorithm for
+// Gemm::kPlanRows = 64 rows does (cublaslt.cc), whatever `rows` is.
 std::vector<float> NaiveLinear(const std::vector<float>& x, const std::vector<float>& w,
                                const std::vector<float>* bias, const std::vector<float>* y0,
-                               int rows, int in, int out) {
+                               int rows, int in, int out, int depth = 16) {
   std::vector<float> y(size_t(rows) * out);
   for (int r = 0; r < rows; ++r) {
     for (int o = 0; o < out; ++o) {
       float acc = 0;
-      for (int i = 0; i < in; ++i) acc += w[size_t(o) * in + i] * x[size_t(r) * in + i];
+      for (int q = 0; q < in; q += depth) {
+        float chunk = 0;
+        for (int i = q; i < std::min(in, q + depth); ++i) {
+          chunk += w[size_t(o) * in + i] * x[size_t(r) * in + i];
+        }
+        acc += chunk;
+      }
       if (y0 != nullptr) acc += (*y0)[size_t(r) * out + o];
       if (bias != nullptr) acc += (*bias)[o];
       y[size_t(r) * out + o] = acc;
@@ -310,6 +371,151 @@ TEST_CASE("cuBLASLt stand-in: Gemm::Linear against a naive GEMM", "[cuda_stub]")
     p.accumulate = true;
     REQUIRE((*gemm)->Linear(p, nullptr).ok());
     CHECK(Download(dy, y0.size()) == NaiveLinear(x, w, &bias, &y0, rows, in, out));
+  }
+  SECTION("one algorithm for every row count: a row's y is the same bits in any batch") {
+    // Asked per row count, the heuristic would sum k another way for 1
+    // row (split-K 2, chunks of 4) than for 7 (chunks of 8): the stand-in
+    // models the hazard, and Gemm asks once, at kPlanRows rows.
+    std::vector<std::vector<float>> row0;
+    for (int n : {1, 3, 7, 1}) {
+      std::vector<float> xn(size_t(n) * in);
+      for (size_t i = 0; i < xn.size(); ++i) xn[i] = x[i % x.size()];
+      float* dxn = Upload(xn);
+      float* dyn = DeviceAlloc<float>(size_t(n) * out);
+      p.rows = n;
+      p.x = dxn;
+      p.y = dyn;
+      REQUIRE((*gemm)->Linear(p, nullptr).ok());
+      const std::vector<float> y = Download(dyn, size_t(n) * out);
+      row0.emplace_back(y.begin(), y.begin() + out);
+      cudaFree(dxn);
+      cudaFree(dyn);
+    }
+    for (size_t i = 1; i < row0.size(); ++i) {
+      INFO("call " << i);
+      REQUIRE(std::memcmp(row0[i].data(), row0[0].data(), size_t(out) * 4) == 0);
+    }
+    REQUIRE((*gemm)->num_plans() == 1);
+    REQUIRE((*gemm)->invariance_fallbacks() == 0);
+    // The hazard itself: the heuristic's algorithms for 1 and for 64 rows
+    // give other bits for the same row.
+    cublasLtHandle_t h;
+    REQUIRE(cublasLtCreate(&h) == CUBLAS_STATUS_SUCCESS);
+    cublasLtMatmulDesc_t op;
+    REQUIRE(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS);
+    const cublasOperation_t t = CUBLAS_OP_T;
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t));
+    cublasLtMatrixLayout_t a, b1, c1, b64, c64;
+    cublasLtMatrixLayoutCreate(&a, CUDA_R_32F, in, out, in);
+    cublasLtMatrixLayoutCreate(&b1, CUDA_R_32F, in, 1, in);
+    cublasLtMatrixLayoutCreate(&c1, CUDA_R_32F, out, 1, out);
+    cublasLtMatrixLayoutCreate(&b64, CUDA_R_32F, in, 64, in);
+    cublasLtMatrixLayoutCreate(&c64, CUDA_R_32F, out, 64, out);
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulHeuristicResult_t r1{}, r64{};
+    int found = 0;
+    REQUIRE(cublasLtMatmulAlgoGetHeuristic(h, op, a, b1, c1, c1, pref, 1, &r1, &found) ==
+            CUBLAS_STATUS_SUCCESS);
+    REQUIRE(found == 1);
+    REQUIRE(cublasLtMatmulAlgoGetHeuristic(h, op, a, b64, c64, c64, pref, 1, &r64, &found) ==
+            CUBLAS_STATUS_SUCCESS);
+    REQUIRE(found == 1);
+    cublasLtMatmulHeuristicResult_t checked{};
+    REQUIRE(cublasLtMatmulAlgoCheck(h, op, a, b1, c1, c1, &r64.algo, &checked) ==
+            CUBLAS_STATUS_SUCCESS);
+    const float one = 1, zero = 0;
+    REQUIRE(cublasLtMatmul(h, op, &one, dw, a, dx, b1, &zero, dy, c1, dy, c1, &r1.algo, nullptr, 0,
+                           nullptr) == CUBLAS_STATUS_SUCCESS);
+    const std::vector<float> by_one = Download(dy, size_t(out));
+    REQUIRE(cublasLtMatmul(h, op, &one, dw, a, dx, b1, &zero, dy, c1, dy, c1, &r64.algo, nullptr, 0,
+                           nullptr) == CUBLAS_STATUS_SUCCESS);
+    const std::vector<float> by_64 = Download(dy, size_t(out));
+    REQUIRE(std::memcmp(by_64.data(), row0[0].data(), size_t(out) * 4) == 0);
+    REQUIRE(std::memcmp(by_one.data(), by_64.data(), size_t(out) * 4) != 0);
+    for (auto l : {a, b1, c1, b64, c64}) cublasLtMatrixLayoutDestroy(l);
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatmulDescDestroy(op);
+    cublasLtDestroy(h);
+  }
+  SECTION("the heuristic is asked with the bias pointer, and holds the call to its alignment") {
+    cublasLtHandle_t h;
+    REQUIRE(cublasLtCreate(&h) == CUBLAS_STATUS_SUCCESS);
+    cublasLtMatmulDesc_t op;
+    REQUIRE(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F) == CUBLAS_STATUS_SUCCESS);
+    const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi));
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatrixLayoutCreate(&a, CUDA_R_32F, 8, 8, 8);
+    cublasLtMatrixLayoutCreate(&b, CUDA_R_32F, 8, 2, 8);
+    cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, 8, 2, 8);
+    cublasLtMatmulPreference_t pref;
+    cublasLtMatmulPreferenceCreate(&pref);
+    cublasLtMatmulHeuristicResult_t r{};
+    int found = 0;
+    CHECK(cublasLtMatmulAlgoGetHeuristic(h, op, a, b, c, c, pref, 1, &r, &found) ==
+          CUBLAS_STATUS_INVALID_VALUE);  // no bias pointer yet
+    const void* aligned = db;
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &aligned,
+                                   sizeof(aligned));
+    REQUIRE(cublasLtMatmulAlgoGetHeuristic(h, op, a, b, c, c, pref, 1, &r, &found) ==
+            CUBLAS_STATUS_SUCCESS);
+    REQUIRE(found == 1);
+    const float one = 1, zero = 0;
+    const void* odd = db + 1;  // 4-byte aligned: below the heuristic's 16
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &odd, sizeof(odd));
+    CHECK(cublasLtMatmul(h, op, &one, dw, a, dx, b, &zero, dy, c, dy, c, &r.algo, nullptr, 0,
+                         nullptr) == CUBLAS_STATUS_INVALID_VALUE);
+    cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &aligned,
+                                   sizeof(aligned));
+    CHECK(cublasLtMatmul(h, op, &one, dw, a, dx, b, &zero, dy, c, dy, c, &r.algo, nullptr, 0,
+                         nullptr) == CUBLAS_STATUS_SUCCESS);
+    cudaStreamSynchronize(nullptr);
+    for (auto l : {a, b, c}) cublasLtMatrixLayoutDestroy(l);
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatmulDescDestroy(op);
+    cublasLtDestroy(h);
+    // Through Gemm: a bias 4 bytes off its allocation gets its own plan.
+    p.bias = db;
+    REQUIRE((*gemm)->Linear(p, nullptr).ok());
+    p.bias = db + 1;  // bias[1 ..], then one float past: keep `out` in bounds
+    p.out = out - 1;
+    p.ldy = out;
+    REQUIRE((*gemm)->Linear(p, nullptr).ok());
+    REQUIRE((*gemm)->num_plans() == 2);
+  }
+  SECTION("bf16 over in = 172 (344-byte rows: 8-byte aligned)") {
+    auto g16 = kvserve::cuda::Gemm::Create(ActDtype::kBf16);
+    REQUIRE(g16.ok());
+    std::vector<uint16_t> xb(x.size()), wb(w.size());
+    auto to_bf16 = [](float f) {
+      uint32_t u;
+      std::memcpy(&u, &f, 4);
+      return static_cast<uint16_t>((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+    };
+    auto from_bf16 = [](uint16_t b) {
+      const uint32_t u = uint32_t{b} << 16;
+      float f;
+      std::memcpy(&f, &u, 4);
+      return f;
+    };
+    std::vector<float> xr(x.size()), wr(w.size());
+    for (size_t i = 0; i < x.size(); ++i) xr[i] = from_bf16(xb[i] = to_bf16(x[i]));
+    for (size_t i = 0; i < w.size(); ++i) wr[i] = from_bf16(wb[i] = to_bf16(w[i]));
+    void *dxb = nullptr, *dwb = nullptr;
+    REQUIRE(cudaMalloc(&dxb, xb.size() * 2) == cudaSuccess);
+    REQUIRE(cudaMalloc(&dwb, wb.size() * 2) == cudaSuccess);
+    cudaMemcpy(dxb, xb.data(), xb.size() * 2, cudaMemcpyHostToDevice);
+    cudaMemcpy(dwb, wb.data(), wb.size() * 2, cudaMemcpyHostToDevice);
+    p.x = dxb;
+    p.w = dwb;
+    p.y = dy;
+    p.y_dtype = ActDtype::kFp32;  // the LM head's form: fp32 out of bf16
+    REQUIRE((*g16)->Linear(p, nullptr).ok());
+    CHECK(Download(dy, y0.size()) == NaiveLinear(xr, wr, nullptr, nullptr, rows, in, out));
+    cudaFree(dxb);
+    cudaFree(dwb);
+    g16->reset();
   }
   SECTION("a pointer less aligned than the heuristic was told is refused") {
     REQUIRE((*gemm)->Linear(p, nullptr).ok());  // plans with 256-byte alignment

@@ -20,11 +20,7 @@ int32_t GraphBucketFor(const std::vector<int32_t>& buckets, int32_t batch) {
   return it == buckets.end() ? 0 : *it;
 }
 
-int32_t GraphPartitionKeys(int32_t bucket) {
-  if (bucket <= 8) return 256;
-  if (bucket <= 32) return 512;
-  return 1024;
-}
+int32_t GraphPartitionKeys(int32_t) { return kAttentionPartitionKeys; }
 
 GraphAttention GraphAttentionFor(const GpuAttentionShape& shape,
                                  const GpuAttentionPlanOptions& base, int32_t bucket,

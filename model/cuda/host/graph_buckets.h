@@ -26,12 +26,18 @@ std::vector<int32_t> GraphBatchBuckets(int32_t max_num_seqs);
 // buckets must be ascending.
 int32_t GraphBucketFor(const std::vector<int32_t>& buckets, int32_t batch);
 
-// The split-KV partition size (keys) a bucket's graph is captured with: a
-// graph's attention grid is sized for a fixed partition size
-// (GpuAttentionPlanOptions::fixed_partition_keys), so it is chosen per
-// bucket to keep the GPU busy: small batches split long contexts finely
-// (256 keys up to 8 sequences), large ones coarsely (512 up to 32, then
-// 1024), bounding the merge work and the workspace.
+// The split-KV partition size (keys) of every attention plan the CUDA
+// runner makes, eager or captured: a row's keys split at multiples of
+// kAttentionPartitionKeys whatever batch or bucket it is in, so its merged
+// result (and its logits) are the same bits alone, batched or replayed from
+// any bucket's graph (batch invariance, issue 23). It used to shrink with
+// the bucket (256 keys up to 8 sequences) and eager plans split by the
+// whole batch's size. 512 keys: a long decode still fills the GPU (8k
+// context, 32 heads in 8 CTA rows: 128 CTAs for one sequence), and the
+// eager workspace stays small next to the KV pool (8192 rows at 8192 keys,
+// Llama-3-8B: 16 partitions a row, 2.2 GB).
+inline constexpr int32_t kAttentionPartitionKeys = 512;
+// kAttentionPartitionKeys for every bucket (kept for the captures' options).
 int32_t GraphPartitionKeys(int32_t bucket);
 
 // What a bucket's graph is captured with: the attention plan options (base

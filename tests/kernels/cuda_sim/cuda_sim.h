@@ -5,7 +5,22 @@
 // so barrier semantics are exact: a barrier that not every thread reaches,
 // or a shuffle that not every lane of a warp joins, aborts with a message
 // instead of hanging. Shared memory is poisoned with NaN bytes before each
-// CTA, so a read of shared memory that no thread wrote shows up.
+// CTA, so a read of shared memory that no thread wrote shows up: the
+// dynamic shared memory of a launch, and every function-scope __shared__
+// variable of the kernels (cuda_sim_more.h makes them statics), which
+// RunBlock fills with 0xff bytes before each CTA: it finds them once in the
+// test binary's symbol table (function-local statics of kvserve::cuda's
+// *_detail namespaces, where every kernel lives; host statics of the
+// launchers are outside them).
+//
+// Fiber order (checking modes): between barriers the fibers of a CTA run
+// one after another, in thread order by default, so a race in which a
+// thread reads what a lower thread writes between two barriers goes
+// unseen (the writer always ran first). CUDA_SIM_ORDER=reverse runs them
+// from the highest thread down, CUDA_SIM_ORDER=random[:seed] in a fresh
+// random order each round (seeded; default seed 1): run a suite in all
+// three and such a race reads poison in one of them. SetFiberOrder sets
+// the mode from a test.
 //
 // What it covers: the kernel's indexing, masking, barriers, shuffles and
 // numerics in the same fp32 operations (expf, fmaxf, the same decoders; the
@@ -23,6 +38,8 @@
 #pragma once
 
 #include <cuda_runtime.h>
+#include <elf.h>
+#include <link.h>
 #include <ucontext.h>
 
 #include <cmath>
@@ -30,8 +47,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <iterator>
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #ifndef __launch_bounds__
@@ -66,8 +87,41 @@ struct Fiber {
   bool done = false;
 };
 
+enum class FiberOrder { kForward, kReverse, kRandom };
+
+struct OrderState {
+  FiberOrder order = FiberOrder::kForward;
+  uint64_t rng = 1;
+};
+// The mode (CUDA_SIM_ORDER, read once; SetFiberOrder overrides it).
+inline OrderState& Order() {
+  static OrderState o = [] {
+    OrderState s;
+    const char* env = std::getenv("CUDA_SIM_ORDER");
+    if (env == nullptr || env[0] == '\0' || std::strcmp(env, "forward") == 0) return s;
+    if (std::strcmp(env, "reverse") == 0) {
+      s.order = FiberOrder::kReverse;
+    } else if (std::strncmp(env, "random", 6) == 0) {
+      s.order = FiberOrder::kRandom;
+      if (env[6] == ':') s.rng = std::strtoull(env + 7, nullptr, 10) | 1;
+    } else {
+      std::fprintf(stderr,
+                   "cuda_sim: CUDA_SIM_ORDER='%s': expected forward, reverse or random[:seed]\n",
+                   env);
+      std::abort();
+    }
+    return s;
+  }();
+  return o;
+}
+inline void SetFiberOrder(FiberOrder order, uint64_t seed = 1) {
+  Order().order = order;
+  Order().rng = seed | 1;
+}
+
 struct BlockState {
   std::vector<Fiber> fibers;
+  std::vector<int> order;  // this round's fiber order
   Context scheduler;
   int current = 0;
   const std::function<void()>* body = nullptr;
@@ -186,6 +240,66 @@ inline float ShflXor(float v, int lane_mask) {
   return r;
 }
 
+// [address, size) of every static __shared__ variable of the kernels in
+// this binary: function-local statics (mangled _ZZ) of kvserve::cuda::
+// *_detail, from the ELF symbol table of /proc/self/exe, moved by the load
+// bias. Empty when the binary has no symbol table (stripped).
+inline int LoadBias(dl_phdr_info* info, size_t, void* out) {
+  *static_cast<uintptr_t*>(out) = info->dlpi_addr;
+  return 1;  // the first object is the executable
+}
+inline const std::vector<std::pair<char*, size_t>>& StaticShared() {
+  static const std::vector<std::pair<char*, size_t>> ranges = [] {
+    std::vector<std::pair<char*, size_t>> out;
+    std::ifstream f("/proc/self/exe", std::ios::binary);
+    const std::string elf((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    if (elf.size() < sizeof(Elf64_Ehdr)) return out;
+    const auto* eh = reinterpret_cast<const Elf64_Ehdr*>(elf.data());
+    if (eh->e_shoff == 0 || eh->e_shoff + uint64_t{eh->e_shnum} * sizeof(Elf64_Shdr) > elf.size())
+      return out;
+    const auto* sh = reinterpret_cast<const Elf64_Shdr*>(elf.data() + eh->e_shoff);
+    uintptr_t bias = 0;
+    dl_iterate_phdr(&LoadBias, &bias);
+    for (int i = 0; i < eh->e_shnum; ++i) {
+      if (sh[i].sh_type != SHT_SYMTAB || sh[i].sh_link >= eh->e_shnum) continue;
+      const Elf64_Shdr& strs = sh[sh[i].sh_link];
+      const auto* syms = reinterpret_cast<const Elf64_Sym*>(elf.data() + sh[i].sh_offset);
+      const size_t n = sh[i].sh_size / sizeof(Elf64_Sym);
+      for (size_t k = 0; k < n; ++k) {
+        if (ELF64_ST_TYPE(syms[k].st_info) != STT_OBJECT || syms[k].st_size == 0) continue;
+        if (syms[k].st_name >= strs.sh_size) continue;
+        const char* name = elf.data() + strs.sh_offset + syms[k].st_name;
+        if (std::strncmp(name, "_ZZN7kvserve4cuda", 17) != 0) continue;
+        if (std::strstr(name, "_detail") == nullptr) continue;
+        out.emplace_back(reinterpret_cast<char*>(bias + syms[k].st_value),
+                         static_cast<size_t>(syms[k].st_size));
+      }
+    }
+    return out;
+  }();
+  return ranges;
+}
+inline void PoisonStaticShared() {
+  for (const auto& [p, n] : StaticShared()) std::memset(p, 0xff, n);
+}
+
+// This round's order of the fibers.
+inline void NextOrder(BlockState& b, int threads) {
+  b.order.resize(static_cast<size_t>(threads));
+  OrderState& o = Order();
+  for (int t = 0; t < threads; ++t) {
+    b.order[static_cast<size_t>(t)] = o.order == FiberOrder::kReverse ? threads - 1 - t : t;
+  }
+  if (o.order == FiberOrder::kRandom) {
+    for (int t = threads - 1; t > 0; --t) {  // Fisher-Yates on xorshift64
+      o.rng ^= o.rng << 13;
+      o.rng ^= o.rng >> 7;
+      o.rng ^= o.rng << 17;
+      std::swap(b.order[static_cast<size_t>(t)], b.order[o.rng % static_cast<uint64_t>(t + 1)]);
+    }
+  }
+}
+
 // Runs one CTA of `threads` threads, each executing body().
 inline void RunBlock(uint3 block_idx, int threads, const std::function<void()>& body) {
   if (threads % 32 != 0) Fail("blocks must be whole warps");
@@ -197,8 +311,12 @@ inline void RunBlock(uint3 block_idx, int threads, const std::function<void()>& 
   g_block = &b;
   g_block_idx = block_idx;
   for (int t = 0; t < threads; ++t) StartFiber(b.fibers[t], t);
+  PoisonStaticShared();
+  const bool ordered = Order().order == FiberOrder::kForward;
   for (;;) {
-    for (int t = 0; t < threads; ++t) {
+    if (!ordered) NextOrder(b, threads);
+    for (int i = 0; i < threads; ++i) {
+      const int t = ordered ? i : b.order[static_cast<size_t>(i)];
       Fiber& f = b.fibers[t];
       if (f.done || f.wait != kRunnable) continue;
       b.current = t;

@@ -7,9 +7,13 @@
 // barrier that all 32 lanes of the warp must reach (else cuda_sim aborts).
 // Atomics are plain read-modify-writes: fibers switch only at barriers, so
 // nothing can interleave with them. `__shared__` becomes `static`: one copy
-// per kernel (instantiation), shared by the fibers of a CTA, CTAs running one
-// after another; so a kernel under test must not use `extern __shared__`
-// (cuda_sim.h's dynamic shared memory) in the same translation unit.
+// per kernel (instantiation), shared by the fibers of a CTA, CTAs running
+// one after another, and poisoned with 0xff bytes before each CTA
+// (cuda_sim.h RunBlock, for kernels in kvserve::cuda's *_detail
+// namespaces), so a CTA that reads shared memory it did not write sees
+// NaN, not the previous CTA's values; a kernel under test must not use
+// `extern __shared__` (cuda_sim.h's dynamic shared memory) in the same
+// translation unit.
 //
 // Include first, before any kernel source; defines KVSERVE_CUDA_SIM, which
 // kernels/cuda/kv_encode.cuh reads to expose its warp team to host code.

@@ -170,20 +170,28 @@ TEST_CASE("simulated SwiGLU equals cpu::SiluMul's AVX2 path bit for bit", "[cuda
   }
   std::mt19937_64 rng(4);
   std::uniform_real_distribution<float> dist(-100.0f, 100.0f);
-  const int64_t tokens = 3, hidden = 37;
-  std::vector<float> gate_up(tokens * 2 * hidden), out(tokens * hidden, -1.0f);
-  for (float& x : gate_up) x = dist(rng) * (dist(rng) > 0 ? 0.1f : 1.0f);
-  std::vector<float> want(tokens * hidden);
-  for (int64_t t = 0; t < tokens; ++t) {
-    std::vector<float> gate(gate_up.begin() + t * 2 * hidden,
-                            gate_up.begin() + t * 2 * hidden + hidden);
-    cpu::SiluMul(gate.data(), gate_up.data() + t * 2 * hidden + hidden, hidden);
-    std::copy(gate.begin(), gate.end(), want.begin() + t * hidden);
+  // hidden 37: one partial block of channels; 300: a thread strides over
+  // two channels. Grids smaller than the problem stride over tokens too.
+  for (const int64_t hidden : {int64_t{37}, int64_t{300}}) {
+    for (const dim3 grid : {dim3(1), dim3(1, 2), dim3(2, 3)}) {
+      INFO("hidden " << hidden << ", grid " << grid.x << " x " << grid.y);
+      const int64_t tokens = 3;
+      std::vector<float> gate_up(tokens * 2 * hidden), out(tokens * hidden, -1.0f);
+      for (float& x : gate_up) x = dist(rng) * (dist(rng) > 0 ? 0.1f : 1.0f);
+      std::vector<float> want(tokens * hidden);
+      for (int64_t t = 0; t < tokens; ++t) {
+        std::vector<float> gate(gate_up.begin() + t * 2 * hidden,
+                                gate_up.begin() + t * 2 * hidden + hidden);
+        cpu::SiluMul(gate.data(), gate_up.data() + t * 2 * hidden + hidden, hidden);
+        std::copy(gate.begin(), gate.end(), want.begin() + t * hidden);
+      }
+      SwiGluParams p{gate_up.data(), out.data(), tokens,         hidden,
+                     2 * hidden,     hidden,     ActDtype::kFp32};
+      cuda_sim::Launch(swiglu_detail::SwiGluKernel<float>, grid, swiglu_detail::kThreads, nullptr,
+                       0, p);
+      REQUIRE(std::memcmp(out.data(), want.data(), out.size() * 4) == 0);
+    }
   }
-  SwiGluParams p{gate_up.data(), out.data(), tokens, hidden, 2 * hidden, hidden, ActDtype::kFp32};
-  cuda_sim::Launch(swiglu_detail::SwiGluKernel<float>, dim3(1), swiglu_detail::kThreads, nullptr, 0,
-                   p);
-  REQUIRE(std::memcmp(out.data(), want.data(), out.size() * 4) == 0);
 }
 
 TEST_CASE("simulated embedding copies rows and marks bad ids with NaN", "[cuda_sim]") {

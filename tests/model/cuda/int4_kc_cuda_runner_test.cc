@@ -1,15 +1,20 @@
 // [gpu] int4_kc KV (per-channel K over full blocks, fp16 tails for partial
 // blocks) and a per-layer list with int4_kc layers on the CUDA runner,
 // against the CPU runner on stories260K:
-//   - the engine gives the CPU backend's first 100 greedy tokens for
-//     "int4_kc" and "int8,int4_kc*,int8" (decode steps replayed from graphs,
-//     prefill and mixed steps eager);
+//   - for "int4_kc" and "int8,int4_kc*,int8", each of the engine's first
+//     100 greedy tokens is the greedy choice, or a near tie, of the CPU
+//     forward with fp16 tails given the same history (decode steps replayed
+//     from graphs, prefill and mixed steps eager);
 //   - preemption by swap on a tight pool (blocks and tails swapped out and
 //     back in) changes no token;
 //   - every engine test ends with every block back in the pool.
-// The CPU keeps tails in fp32, the CUDA runner in fp16: a sequence's own
-// block is seen at fp16 precision on the GPU, so this test expects the
-// greedy tokens (not the logits) to agree.
+// The CPU runner keeps tails in fp32, the CUDA runner in fp16, a different
+// function (fp16_tail_cpu_runner.h), so the reference is the CPU forward
+// with fp16 tails; and 4-bit levels turn the GEMMs' one-ulp differences
+// into whole-level changes now and then, so no backend reproduces
+// another's 4-bit greedy tokens exactly (tests/cuda_stub/
+// cuda_runner_stub_test.cc measures it): the assertion is teacher-forced
+// (teacher_forced.h), near ties within kNearTie, at most a tenth of them.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <memory>
@@ -22,6 +27,8 @@
 #include "model/runner_factory.h"
 #include "scheduler/engine.h"
 #include "tests/engine_harness.h"
+#include "tests/model/cuda/fp16_tail_cpu_runner.h"
+#include "tests/model/cuda/teacher_forced.h"
 #include "tests/test_util.h"
 
 namespace kvserve {
@@ -65,7 +72,10 @@ KcEngine MakeKcEngine(const KcSetup& s) {
   return t;
 }
 
-TEST_CASE("[gpu] int4_kc and int8,int4_kc*,int8 KV give the CPU backend's greedy tokens", "[gpu]") {
+constexpr float kNearTie = 0.5f;
+
+TEST_CASE("[gpu] int4_kc and int8,int4_kc*,int8 KV pick the fp16-tail CPU's greedy tokens",
+          "[gpu]") {
   std::mt19937 rng(4242);
   std::vector<GenerateRequest> reqs;
   reqs.push_back(Greedy("", 100));  // BOS alone: every block sealed from decode steps
@@ -76,23 +86,26 @@ TEST_CASE("[gpu] int4_kc and int8,int4_kc*,int8 KV give the CPU backend's greedy
       KcSetup gpu;
       gpu.kv_dtype = spec;
       gpu.max_num_batched_tokens = 96;  // long prompts are chunked across block boundaries
-      KcSetup cpu = gpu;
-      cpu.device = "cpu";
       KcEngine g = MakeKcEngine(gpu);
-      KcEngine c = MakeKcEngine(cpu);
       REQUIRE(g.num_tails == 2 * gpu.max_num_seqs);
       REQUIRE(g.num_swap_tails == 0);  // no swap pool
       const std::vector<Result> on_gpu = RunConcurrently(*g.engine, reqs);
-      const std::vector<Result> on_cpu = RunConcurrently(*c.engine, reqs);
+      int ties = 0, steps = 0;
       for (size_t i = 0; i < reqs.size(); ++i) {
         INFO("request " << i << ": '" << reqs[i].prompt << "'");
         REQUIRE(on_gpu[i].tokens[0].size() == 100);
-        REQUIRE(on_gpu[i].tokens[0] == on_cpu[i].tokens[0]);
+        auto ref = testing::Fp16TailCpuRunner::Create(Stories().weights, *KvDtypeSpec::Parse(spec),
+                                                      16, 64, 64, 0, 1, 0);
+        REQUIRE(ref.ok());
+        const std::vector<int32_t> prompt = Stories().tokenizer->Encode(reqs[i].prompt, true);
+        ties += testing::RequireNearGreedy(**ref, prompt, on_gpu[i].tokens[0], kNearTie, 96);
+        steps += 100;
       }
+      INFO(ties << " of " << steps << " tokens are near ties");
+      REQUIRE(ties * 10 <= steps);
       REQUIRE(g.cuda->counters().graph_steps > 0);
       REQUIRE(g.cuda->counters().eager_steps > 0);
       RequireAllBlocksFree(*g.engine);
-      RequireAllBlocksFree(*c.engine);
     }
   }
 }

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# Static resource check of every CUDA kernel (make test, no device needed):
+# compiles each kernels/cuda/*.cu for sm_90a with nvcc --resource-usage
+# (ptxas -v), tabulates registers, spills, stack and static shared memory
+# per kernel, and fails when
+#   - an attention, KV-write or sampling kernel spills (spill stores or
+#     loads > 0: local-memory traffic in the hot loops) more than the known
+#     spills below allow (open findings of issue 23, to be removed when
+#     fixed: a new spill, or a larger one, fails), or
+#   - a kernel's static shared memory is over 48 KiB (the most a launch
+#     gets without the dynamic opt-in).
+# Usage: resource_check.sh SOURCE_DIR BUILD_DIR [TABLE.md]
+# With TABLE.md, writes the table there (docs/cuda-resources.md is made so).
+set -euo pipefail
+src="${1:?usage: resource_check.sh SOURCE_DIR BUILD_DIR [TABLE.md]}"
+build="${2:?usage: resource_check.sh SOURCE_DIR BUILD_DIR [TABLE.md]}"
+table="${3:-}"
+nvcc="${CUDACXX:-/usr/local/cuda/bin/nvcc}"
+[[ -x "$nvcc" ]] || { echo "resource_check: no nvcc at $nvcc"; exit 77; }
+# A fixed folder: the same command lines every run, so ccache hits.
+work="$build/resource-check"
+rm -rf "$work"
+mkdir -p "$work"
+
+# The build's own flags for kvserve_cuda, with ptxas's report.
+flags=(-O3 -DNDEBUG --generate-code=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr
+       -std=c++17 -I"$src" -I"$build" -DKVSERVE_HAVE_CUDA=1 --resource-usage)
+launcher=""
+command -v ccache >/dev/null 2>&1 && launcher=ccache
+pids=()
+for cu in "$src"/kernels/cuda/*.cu; do
+  name="$(basename "$cu" .cu)"
+  # Through ccache when there is one: it replays ptxas's report on a hit.
+  $launcher "$nvcc" "${flags[@]}" -c "$cu" -o "$work/$name.o" >"$work/$name.log" 2>&1 &
+  pids+=($!)
+  # Two compiles at a time.
+  if ((${#pids[@]} >= 2)); then
+    wait "${pids[0]}" || { cat "$work/$(basename "$cu" .cu).log"; exit 1; }
+    pids=("${pids[@]:1}")
+  fi
+done
+for p in "${pids[@]}"; do wait "$p" || { echo "resource_check: an nvcc run failed"; cat "$work"/*.log; exit 1; }; done
+
+/usr/bin/python3 - "$work" "$table" <<'PY'
+import glob, os, re, subprocess, sys
+work, table = sys.argv[1], sys.argv[2]
+rows = []
+for log in sorted(glob.glob(os.path.join(work, "*.log"))):
+    unit = os.path.basename(log)[:-4]
+    fn = None
+    for line in open(log):
+        m = re.search(r"Function properties for (\S+)", line)
+        if m:
+            fn = {"unit": unit, "mangled": m.group(1), "stack": 0, "spill_st": 0, "spill_ld": 0,
+                  "regs": 0, "smem": 0}
+            continue
+        m = re.search(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads", line)
+        if m and fn is not None:
+            fn["stack"], fn["spill_st"], fn["spill_ld"] = map(int, m.groups())
+            continue
+        m = re.search(r"Used (\d+) registers", line)
+        if m and fn is not None:
+            fn["regs"] = int(m.group(1))
+            s = re.search(r"(\d+) bytes smem", line)
+            fn["smem"] = int(s.group(1)) if s else 0
+            rows.append(fn)
+            fn = None
+names = subprocess.run(["c++filt"], input="\n".join(r["mangled"] for r in rows), text=True,
+                       capture_output=True).stdout.splitlines() if rows else []
+for r, n in zip(rows, names):
+    n = re.sub(r"\([^()]*\)$", "", n)  # the parameter list
+    r["name"] = n.replace("kvserve::cuda::", "").replace("kvserve::", "").replace("void ", "", 1)
+hot = ("attention_detail", "kv_write_detail", "kv_kc_detail", "attention_kc_detail", "sample_detail")
+# Known spills (bytes of spill loads allowed), measured with nvcc 13.0 for
+# sm_90a: open findings, not accepted costs.
+#   MassKernel<bf16>, <int8> (the attention-mass pass of KV eviction): 8 and
+#     16 bytes; SampleKernel (the device sampler): 28 B stored, 52 B loaded.
+known = {"attention_detail::MassKernel": 16, "sample_detail::SampleKernel": 52}
+failures = []
+for r in rows:
+    if any(h in r["name"] for h in hot) and (r["spill_st"] or r["spill_ld"]):
+        allowed = next((v for k, v in known.items() if r["name"].startswith(k)), 0)
+        if max(r["spill_st"], r["spill_ld"]) > allowed:
+            failures.append(f"{r['name']} spills ({r['spill_st']} B stored, {r['spill_ld']} B "
+                            f"loaded; known: {allowed})")
+    if r["smem"] > 48 * 1024:
+        failures.append(f"{r['name']} has {r['smem']} B of static shared memory (> 48 KiB)")
+lines = ["| unit | kernel | registers | spill stores / loads (B) | stack (B) | static smem (B) |",
+         "|---|---|---:|---:|---:|---:|"]
+for r in sorted(rows, key=lambda r: (r["unit"], r["name"])):
+    lines.append(f"| {r['unit']} | `{r['name']}` | {r['regs']} | {r['spill_st']} / {r['spill_ld']} "
+                 f"| {r['stack']} | {r['smem']} |")
+print("\n".join(lines))
+print(f"resource_check: {len(rows)} kernels")
+if table:
+    with open(table) as f:
+        doc = f.read()
+    begin, end = "<!-- resource table begin -->", "<!-- resource table end -->"
+    if begin in doc and end in doc:
+        doc = doc[:doc.index(begin) + len(begin)] + "\n" + "\n".join(lines) + "\n" + doc[doc.index(end):]
+        with open(table, "w") as f:
+            f.write(doc)
+if not rows:
+    print("resource_check: FAIL: no kernel in ptxas's output")
+    sys.exit(1)
+if failures:
+    print("resource_check: FAIL:\n  " + "\n  ".join(failures))
+    sys.exit(1)
+print("resource_check: PASS")
+PY
