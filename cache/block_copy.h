@@ -57,9 +57,9 @@ struct SlotMove {
 };
 
 struct StepCopies {
-  std::vector<BlockCopy> swap_out;  // src: primary id, dst: host id; run first
-  std::vector<BlockCopy> copies;    // both primary ids (copy-on-write); run second
-  std::vector<BlockCopy> swap_in;   // src: host id, dst: primary id; run third
+  std::vector<BlockCopy> swap_out;   // src: primary id, dst: host id; run first
+  std::vector<BlockCopy> copies;     // both primary ids (copy-on-write); run second
+  std::vector<BlockCopy> swap_in;    // src: host id, dst: primary id; run third
   std::vector<SlotMove> slot_moves;  // eviction refills inside the primary pool; run fourth
 
   bool empty() const {

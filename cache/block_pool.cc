@@ -26,8 +26,14 @@ BlockId BlockPool::Check(BlockId id) const {
 
 void BlockPool::Unlink(BlockId id) {
   BlockId p = prev_[id], n = next_[id];
-  if (p != kNoBlock) next_[p] = n; else head_ = n;
-  if (n != kNoBlock) prev_[n] = p; else tail_ = p;
+  if (p != kNoBlock)
+    next_[p] = n;
+  else
+    head_ = n;
+  if (n != kNoBlock)
+    prev_[n] = p;
+  else
+    tail_ = p;
   prev_[id] = next_[id] = kNoBlock;
   --num_free_;
 }
@@ -35,7 +41,10 @@ void BlockPool::Unlink(BlockId id) {
 void BlockPool::PushBack(BlockId id) {
   prev_[id] = tail_;
   next_[id] = kNoBlock;
-  if (tail_ != kNoBlock) next_[tail_] = id; else head_ = id;
+  if (tail_ != kNoBlock)
+    next_[tail_] = id;
+  else
+    head_ = id;
   tail_ = id;
   ++num_free_;
 }

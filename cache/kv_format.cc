@@ -16,11 +16,18 @@ KvPartLayout PartFor(KvElem elem, int head_dim, int group_size) {
   p.elem = elem;
   p.group_size = head_dim;
   switch (elem) {
-    case KvElem::kFp32: p.row_bytes = head_dim * 4; break;
+    case KvElem::kFp32:
+      p.row_bytes = head_dim * 4;
+      break;
     case KvElem::kFp16:
-    case KvElem::kBf16: p.row_bytes = head_dim * 2; break;
+    case KvElem::kBf16:
+      p.row_bytes = head_dim * 2;
+      break;
     case KvElem::kFp8E4m3:
-    case KvElem::kInt8: p.row_bytes = head_dim; p.meta_bytes = 4; break;
+    case KvElem::kInt8:
+      p.row_bytes = head_dim;
+      p.meta_bytes = 4;
+      break;
     case KvElem::kInt4:
       p.row_bytes = head_dim / 2;
       p.group_size = group_size;
@@ -38,14 +45,22 @@ KvPartLayout PartFor(KvElem elem, int head_dim, int group_size) {
 
 std::string_view KvDtypeName(KvDtype dtype) {
   switch (dtype) {
-    case KvDtype::kFp32: return "fp32";
-    case KvDtype::kFp16: return "fp16";
-    case KvDtype::kBf16: return "bf16";
-    case KvDtype::kFp8E4m3: return "fp8_e4m3";
-    case KvDtype::kInt8: return "int8";
-    case KvDtype::kInt4: return "int4";
-    case KvDtype::kK8V4: return "k8v4";
-    case KvDtype::kInt4Kc: return "int4_kc";
+    case KvDtype::kFp32:
+      return "fp32";
+    case KvDtype::kFp16:
+      return "fp16";
+    case KvDtype::kBf16:
+      return "bf16";
+    case KvDtype::kFp8E4m3:
+      return "fp8_e4m3";
+    case KvDtype::kInt8:
+      return "int8";
+    case KvDtype::kInt4:
+      return "int4";
+    case KvDtype::kK8V4:
+      return "k8v4";
+    case KvDtype::kInt4Kc:
+      return "int4_kc";
   }
   return "?";
 }
@@ -60,14 +75,13 @@ absl::StatusOr<KvDtype> ParseKvDtype(std::string_view name) {
   if (n == "int4") return KvDtype::kInt4;
   if (n == "k8v4") return KvDtype::kK8V4;
   if (n == "int4_kc") return KvDtype::kInt4Kc;
-  return absl::InvalidArgumentError(absl::StrCat(
-      "kv_dtype: unknown KV cache dtype '", std::string(name),
-      "' (expected fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4 or int4_kc)"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("kv_dtype: unknown KV cache dtype '", std::string(name),
+                   "' (expected fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4 or int4_kc)"));
 }
 
 absl::StatusOr<KvFormat> KvFormat::Create(KvDtype dtype, int num_kv_heads, int head_dim,
-                                          int block_size, int int4_group_size,
-                                          KvElem tail_elem) {
+                                          int block_size, int int4_group_size, KvElem tail_elem) {
   if (num_kv_heads <= 0) return absl::InvalidArgumentError("num_kv_heads must be > 0");
   if (head_dim <= 0 || head_dim % 2 != 0) {
     return absl::InvalidArgumentError(
@@ -88,19 +102,36 @@ absl::StatusOr<KvFormat> KvFormat::Create(KvDtype dtype, int num_kv_heads, int h
   int group = std::min(int4_group_size, head_dim);
   if (group <= 0 || group % 2 != 0 || head_dim % group != 0) {
     return absl::InvalidArgumentError(absl::StrCat("cache.int4_group_size ", int4_group_size,
-                                                   " must be even and divide head_dim ",
-                                                   head_dim));
+                                                   " must be even and divide head_dim ", head_dim));
   }
   KvElem ke = KvElem::kFp32, ve = KvElem::kFp32;
   switch (dtype) {
-    case KvDtype::kFp32: ke = ve = KvElem::kFp32; break;
-    case KvDtype::kFp16: ke = ve = KvElem::kFp16; break;
-    case KvDtype::kBf16: ke = ve = KvElem::kBf16; break;
-    case KvDtype::kFp8E4m3: ke = ve = KvElem::kFp8E4m3; break;
-    case KvDtype::kInt8: ke = ve = KvElem::kInt8; break;
-    case KvDtype::kInt4: ke = ve = KvElem::kInt4; break;
-    case KvDtype::kK8V4: ke = KvElem::kInt8; ve = KvElem::kInt4; break;
-    case KvDtype::kInt4Kc: ke = KvElem::kInt4Channel; ve = KvElem::kInt4; break;
+    case KvDtype::kFp32:
+      ke = ve = KvElem::kFp32;
+      break;
+    case KvDtype::kFp16:
+      ke = ve = KvElem::kFp16;
+      break;
+    case KvDtype::kBf16:
+      ke = ve = KvElem::kBf16;
+      break;
+    case KvDtype::kFp8E4m3:
+      ke = ve = KvElem::kFp8E4m3;
+      break;
+    case KvDtype::kInt8:
+      ke = ve = KvElem::kInt8;
+      break;
+    case KvDtype::kInt4:
+      ke = ve = KvElem::kInt4;
+      break;
+    case KvDtype::kK8V4:
+      ke = KvElem::kInt8;
+      ve = KvElem::kInt4;
+      break;
+    case KvDtype::kInt4Kc:
+      ke = KvElem::kInt4Channel;
+      ve = KvElem::kInt4;
+      break;
   }
   KvFormat f;
   KvPageLayout& l = f.layout_;
@@ -134,9 +165,9 @@ absl::StatusOr<KvFormat> KvFormat::Create(KvDtype dtype, int num_kv_heads, int h
 int64_t KvFormat::bytes_per_token_per_layer() const {
   const KvPageLayout& l = layout_;
   if (l.k.elem == KvElem::kInt4Channel) {
-    const int64_t block = static_cast<int64_t>(l.num_kv_heads) *
-                          (l.block_size * (l.k.row_bytes + l.v.row_bytes + l.v.meta_bytes) +
-                           l.k.meta_bytes);
+    const int64_t block =
+        static_cast<int64_t>(l.num_kv_heads) *
+        (l.block_size * (l.k.row_bytes + l.v.row_bytes + l.v.meta_bytes) + l.k.meta_bytes);
     return (block + l.block_size - 1) / l.block_size;
   }
   return static_cast<int64_t>(l.num_kv_heads) *

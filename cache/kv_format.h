@@ -30,7 +30,7 @@ std::string_view KvDtypeName(KvDtype dtype);
 absl::StatusOr<KvDtype> ParseKvDtype(std::string_view name);
 // Every per-token dtype (each token's K/V encoded on its own, written as it
 // arrives; what every backend implements), in a stable order (fp32 first).
-inline constexpr KvDtype kAllKvDtypes[] = {KvDtype::kFp32, KvDtype::kFp16, KvDtype::kBf16,
+inline constexpr KvDtype kAllKvDtypes[] = {KvDtype::kFp32,    KvDtype::kFp16, KvDtype::kBf16,
                                            KvDtype::kFp8E4m3, KvDtype::kInt8, KvDtype::kInt4,
                                            KvDtype::kK8V4};
 // Every dtype the CPU backend implements: kAllKvDtypes and int4_kc, for

@@ -98,12 +98,12 @@ inline constexpr int kInt4ChannelHeader = 8;
 
 struct KvPartLayout {
   KvElem elem = KvElem::kFp32;
-  int32_t row_bytes = 0;   // bytes of one token's head_dim values
-  int32_t meta_bytes = 0;  // scale/zero bytes of one token for one head
-                           // (kInt4Channel: of the whole block for one head)
-  int32_t group_size = 0;  // int4 channels per scale group; head_dim otherwise
-  int64_t data_offset = 0; // from the block start
-  int64_t meta_offset = 0; // from the block start
+  int32_t row_bytes = 0;    // bytes of one token's head_dim values
+  int32_t meta_bytes = 0;   // scale/zero bytes of one token for one head
+                            // (kInt4Channel: of the whole block for one head)
+  int32_t group_size = 0;   // int4 channels per scale group; head_dim otherwise
+  int64_t data_offset = 0;  // from the block start
+  int64_t meta_offset = 0;  // from the block start
 };
 
 // Where a layer's tails keep a partial block in full precision (int4_kc).
@@ -112,7 +112,7 @@ struct KvTailLayout {
   int32_t row_bytes = 0;        // one token's head_dim values
   int64_t k_offset = 0;         // from the tail block start
   int64_t v_offset = 0;
-  int64_t block_bytes = 0;      // one tail block of one layer; 0: no tails
+  int64_t block_bytes = 0;  // one tail block of one layer; 0: no tails
 };
 
 struct KvPageLayout {

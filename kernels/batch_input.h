@@ -23,15 +23,15 @@
 namespace kvserve {
 
 struct BatchInput {
-  std::vector<int32_t> token_ids;      // [T]
-  std::vector<int32_t> positions;      // [T]
-  std::vector<int64_t> slot_mapping;   // [T]
-  std::vector<int32_t> query_start;    // [B + 1], query_start[0] == 0
-  std::vector<int32_t> context_len;    // [B]
-  std::vector<int32_t> block_table;    // [B][max_blocks_per_seq], row-major
+  std::vector<int32_t> token_ids;     // [T]
+  std::vector<int32_t> positions;     // [T]
+  std::vector<int64_t> slot_mapping;  // [T]
+  std::vector<int32_t> query_start;   // [B + 1], query_start[0] == 0
+  std::vector<int32_t> context_len;   // [B]
+  std::vector<int32_t> block_table;   // [B][max_blocks_per_seq], row-major
   int32_t max_blocks_per_seq = 0;
-  std::vector<int32_t> logits_rows;    // rows of [T] whose logits are wanted, ascending
-  std::vector<int32_t> tail_ids;       // [B] or empty (no tails)
+  std::vector<int32_t> logits_rows;  // rows of [T] whose logits are wanted, ascending
+  std::vector<int32_t> tail_ids;     // [B] or empty (no tails)
   // KV eviction (cache/eviction_policy.h); each is empty unless a sequence of
   // the step needs it. num_sinks[b] > 0: streaming attention sinks, keys at
   // cache indices below it are scored with the row's query rotated at its

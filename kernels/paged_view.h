@@ -25,7 +25,6 @@
 #include <cstdint>
 
 #include "cache/kv_layout.h"
-
 #include "cache/kv_pages.h"
 #include "kernels/batch_input.h"
 

@@ -19,7 +19,8 @@ absl::Status ValidateTails(const BatchInput& batch, const BatchLimits& limits) {
   const int32_t B = batch.num_seqs(), bs = limits.block_size;
   if (static_cast<int32_t>(batch.tail_ids.size()) != B) {
     return BadBatch(absl::StrCat("tail_ids has ", batch.tail_ids.size(),
-                                 " entries, want one per sequence (", B, ") with an int4_kc cache"));
+                                 " entries, want one per sequence (", B,
+                                 ") with an int4_kc cache"));
   }
   std::vector<int32_t> used;
   for (int32_t b = 0; b < B; ++b) {

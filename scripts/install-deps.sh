@@ -18,13 +18,15 @@ packages=(
 # Google Benchmark, Python grpcio/numpy (reference clients and forward
 # passes), node + npm (JS references, manifest schemas), prometheus
 # (promtool), nginx (the load-balancer tests), gnuplot (study plots), openssl
-# (test certificates), redis-server (the remote KV tier's tests), clang and libclang-rt-14-dev (libFuzzer and clang's
-# sanitizer runtimes for tests/fuzz; gcc's ASan/UBSan come with
-# build-essential).
+# (test certificates), redis-server (the remote KV tier's tests),
+# clang-format (make test checks the tree is formatted), clang and
+# libclang-rt-14-dev (libFuzzer and clang's sanitizer runtimes for
+# tests/fuzz; gcc's ASan/UBSan come with build-essential).
 if [[ "${1:-}" != "--run" ]]; then
   packages+=(
     catch2 libcpp-httplib-dev libbenchmark-dev python3 python3-grpcio python3-numpy
-    nodejs npm prometheus nginx gnuplot-nox openssl redis-server clang libclang-rt-14-dev
+    nodejs npm prometheus nginx gnuplot-nox openssl redis-server clang-format clang
+    libclang-rt-14-dev
   )
 fi
 if [[ "${KVSERVE_DEPS_EXTRA:-}" != "" ]]; then

@@ -44,9 +44,10 @@ ServingState::ServingState(ServerMetrics* metrics, ChatTemplate chat_template,
 
 ServingState::ServingState(ServerMetrics* metrics, ChatTemplate chat_template,
                            const std::string& api_key)
-    : ServingState(metrics, std::move(chat_template),
-                   std::make_shared<const ApiKeys>(api_key.empty() ? std::vector<std::string>{}
-                                                                   : std::vector<std::string>{api_key})) {}
+    : ServingState(
+          metrics, std::move(chat_template),
+          std::make_shared<const ApiKeys>(api_key.empty() ? std::vector<std::string>{}
+                                                          : std::vector<std::string>{api_key})) {}
 
 void ServingState::CallStarted() {
   absl::MutexLock lock(&mu_);

@@ -2,9 +2,9 @@
 // reference. Without a device the binary says so and exits 77, which ctest
 // reports as skipped.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <cuda_runtime.h>
 
+#include <catch2/catch.hpp>
 #include <cstdio>
 
 int main(int argc, char** argv) {

@@ -117,8 +117,9 @@ NpmWorkdir::~NpmWorkdir() {
 
 bool NpmWorkdir::Install() {
   log_.clear();
-  return RunShell("cd " + ShellQuote(dir_) + " && npm ci --no-audit --no-fund --loglevel=error 2>&1",
-                  &log_) == 0;
+  return RunShell(
+             "cd " + ShellQuote(dir_) + " && npm ci --no-audit --no-fund --loglevel=error 2>&1",
+             &log_) == 0;
 }
 
 }  // namespace kvserve::testing

@@ -28,14 +28,13 @@ absl::StatusOr<int64_t> ParseByteSize(std::string_view text, std::string_view wh
   }
   double value = 0;
   if (i == 0 || !absl::SimpleAtod(t.substr(0, i), &value)) return bad("is not a byte size");
-  const std::string suffix =
-      absl::AsciiStrToLower(absl::StripLeadingAsciiWhitespace(t.substr(i)));
+  const std::string suffix = absl::AsciiStrToLower(absl::StripLeadingAsciiWhitespace(t.substr(i)));
   // IEC units are powers of 1024, SI units (and, as in Kubernetes
   // quantities, the bare letters) powers of 1000. Case does not matter.
   static constexpr std::pair<const char*, double> kUnits[] = {
-      {"b", 1.0},      {"k", 1e3},       {"kb", 1e3},      {"m", 1e6},      {"mb", 1e6},
-      {"g", 1e9},      {"gb", 1e9},      {"t", 1e12},      {"tb", 1e12},    {"ki", 0x1p10},
-      {"kib", 0x1p10}, {"mi", 0x1p20},   {"mib", 0x1p20},  {"gi", 0x1p30},  {"gib", 0x1p30},
+      {"b", 1.0},      {"k", 1e3},     {"kb", 1e3},     {"m", 1e6},     {"mb", 1e6},
+      {"g", 1e9},      {"gb", 1e9},    {"t", 1e12},     {"tb", 1e12},   {"ki", 0x1p10},
+      {"kib", 0x1p10}, {"mi", 0x1p20}, {"mib", 0x1p20}, {"gi", 0x1p30}, {"gib", 0x1p30},
       {"ti", 0x1p40},  {"tib", 0x1p40}};
   double mult = 0;
   if (suffix.empty()) {

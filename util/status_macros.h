@@ -11,10 +11,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 
-#define KV_RETURN_IF_ERROR(...)                    \
-  do {                                             \
-    ::absl::Status kv_status_ = (__VA_ARGS__);     \
-    if (!kv_status_.ok()) return kv_status_;       \
+#define KV_RETURN_IF_ERROR(...)                \
+  do {                                         \
+    ::absl::Status kv_status_ = (__VA_ARGS__); \
+    if (!kv_status_.ok()) return kv_status_;   \
   } while (0)
 
 #define KV_STATUS_CONCAT_INNER(a, b) a##b

@@ -167,8 +167,8 @@ absl::StatusOr<std::vector<BenchRequest>> BuildWorkload(const WorkloadSpec& spec
   // The seed and the shape together pick the prompts, so two different
   // workloads run against one server (whose prefix cache outlives a run) do
   // not start their prompts at the same places.
-  std::seed_seq seq{static_cast<uint32_t>(spec.seed), static_cast<uint32_t>(spec.seed >> 32),
-                    static_cast<uint32_t>(spec.kind), static_cast<uint32_t>(spec.input_len),
+  std::seed_seq seq{static_cast<uint32_t>(spec.seed),       static_cast<uint32_t>(spec.seed >> 32),
+                    static_cast<uint32_t>(spec.kind),       static_cast<uint32_t>(spec.input_len),
                     static_cast<uint32_t>(spec.output_len), static_cast<uint32_t>(spec.groups),
                     static_cast<uint32_t>(spec.prefix_len), static_cast<uint32_t>(spec.suffix_len)};
   std::mt19937_64 rng(seq);

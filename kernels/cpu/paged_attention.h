@@ -39,7 +39,7 @@ struct KvWriteParams {
   const float* v = nullptr;               // [T][num_kv_heads][head_dim]
   const int64_t* slot_mapping = nullptr;  // [T]; negative: skip the row
   int32_t num_tokens = 0;
-  PagedKvView kv;               // one layer, written
+  PagedKvView kv;              // one layer, written
   CpuIsa isa = CpuIsa::kAuto;  // kAuto: the process default
 };
 
@@ -69,14 +69,14 @@ void FlushKvBlocks(const KvBlockWriteParams& p, int32_t seq_begin, int32_t seq_e
 void WriteKvTails(const KvBlockWriteParams& p, int32_t row_begin, int32_t row_end);
 
 struct PagedAttentionParams {
-  const float* q = nullptr;           // [T][num_heads][head_dim], RoPE applied
-  float* out = nullptr;               // [T][num_heads][head_dim]
-  PagedKvView kv;                     // one layer, read only
-  BatchView batch;                    // query_start, context_len, block_table
-  int32_t num_heads = 0;              // query heads; GQA group = num_heads / num_kv_heads
-  float scale = 0.0f;                 // usually 1 / sqrt(head_dim)
-  int32_t sliding_window = 0;         // 0: full causal attention
-  CpuIsa isa = CpuIsa::kAuto;         // kAuto: the process default
+  const float* q = nullptr;    // [T][num_heads][head_dim], RoPE applied
+  float* out = nullptr;        // [T][num_heads][head_dim]
+  PagedKvView kv;              // one layer, read only
+  BatchView batch;             // query_start, context_len, block_table
+  int32_t num_heads = 0;       // query heads; GQA group = num_heads / num_kv_heads
+  float scale = 0.0f;          // usually 1 / sqrt(head_dim)
+  int32_t sliding_window = 0;  // 0: full causal attention
+  CpuIsa isa = CpuIsa::kAuto;  // kAuto: the process default
   // int4_kc only: this step's K and V, [T][num_kv_heads][head_dim] (RoPE
   // applied), from which rows read their own block's new keys.
   const float* new_k = nullptr;

@@ -25,7 +25,6 @@ __device__ __forceinline__ float LoadAct(const void* base, ActDtype dtype, int64
   }
 }
 
-
 __device__ __forceinline__ void StoreAct(void* base, ActDtype dtype, int64_t i, float v) {
   switch (dtype) {
     case ActDtype::kFp16:
@@ -40,7 +39,6 @@ __device__ __forceinline__ void StoreAct(void* base, ActDtype dtype, int64_t i, 
   }
 }
 
-
 __device__ __forceinline__ float WarpMax(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) {
     v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, offset));
@@ -48,12 +46,10 @@ __device__ __forceinline__ float WarpMax(float v) {
   return v;
 }
 
-
 __device__ __forceinline__ float WarpSum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }
-
 
 __device__ __forceinline__ const GpuAttentionPlanHeader& PlanHeader(const int32_t* plan) {
   return *reinterpret_cast<const GpuAttentionPlanHeader*>(plan);

@@ -78,7 +78,7 @@ TEST_CASE("stub runner: a row's logits are the same bits alone, in a batch of 7,
       StubSetup s;
       s.kv_dtype = kv;
       s.max_num_seqs = 8;
-      s.max_num_batched_tokens = 160;  // the 7 prompts together: 133 rows
+      s.max_num_batched_tokens = 160;                   // the 7 prompts together: 133 rows
       std::vector<std::vector<float>> prefill, decode;  // sequence 0's rows
       for (bool graphs : {false, true}) {
         s.cuda_graphs = graphs;

@@ -374,8 +374,7 @@ TEST_CASE("Daemon: one client's calls over HTTP and gRPC share its concurrency l
     }
   });
 
-  const std::string body =
-      R"({"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0})";
+  const std::string body = R"({"prompt": "Once upon a time", "max_tokens": 4, "temperature": 0})";
   auto http_as = [&](const std::string& auth) {
     httplib::Client c = d.Client();
     return c.Post("/v1/completions", {{"Authorization", auth}}, body, "application/json");

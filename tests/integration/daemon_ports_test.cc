@@ -11,12 +11,11 @@ namespace {
 
 // Runs a second `kvserve serve` on the given ports; its exit code and output.
 int SecondDaemon(int http_port, int grpc_port, std::string* out) {
-  const std::string cmd = testing::ShellQuote(testing::KvserveBinary()) + " serve --config " +
-                          testing::ShellQuote(std::string(KVSERVE_SOURCE_DIR) +
-                                              "/configs/default.yaml") +
-                          " --set server.http_port=" + std::to_string(http_port) +
-                          " --set server.grpc_port=" + std::to_string(grpc_port) +
-                          " --set logging.level=warn";
+  const std::string cmd =
+      testing::ShellQuote(testing::KvserveBinary()) + " serve --config " +
+      testing::ShellQuote(std::string(KVSERVE_SOURCE_DIR) + "/configs/default.yaml") +
+      " --set server.http_port=" + std::to_string(http_port) +
+      " --set server.grpc_port=" + std::to_string(grpc_port) + " --set logging.level=warn";
   return testing::RunCommand("timeout 30 " + cmd, out);
 }
 

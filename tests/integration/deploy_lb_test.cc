@@ -171,17 +171,17 @@ struct Replica {
 // with its temp paths under dir/temp.
 void WriteNginxConf(const std::string& dir, int worker_connections) {
   fs::create_directories(dir + "/temp");
-  std::ofstream(dir + "/nginx.conf") << "worker_processes 1;\n"
-                                     << "events { worker_connections " << worker_connections
-                                     << "; }\n"
-                                     << "http {\n"
-                                     << "    client_body_temp_path temp/body;\n"
-                                     << "    proxy_temp_path temp/proxy;\n"
-                                     << "    fastcgi_temp_path temp/fastcgi;\n"
-                                     << "    uwsgi_temp_path temp/uwsgi;\n"
-                                     << "    scgi_temp_path temp/scgi;\n"
-                                     << "    include kvserve.conf;\n"
-                                     << "}\n";
+  std::ofstream(dir + "/nginx.conf")
+      << "worker_processes 1;\n"
+      << "events { worker_connections " << worker_connections << "; }\n"
+      << "http {\n"
+      << "    client_body_temp_path temp/body;\n"
+      << "    proxy_temp_path temp/proxy;\n"
+      << "    fastcgi_temp_path temp/fastcgi;\n"
+      << "    uwsgi_temp_path temp/uwsgi;\n"
+      << "    scgi_temp_path temp/scgi;\n"
+      << "    include kvserve.conf;\n"
+      << "}\n";
 }
 
 // `kvserve serve` on the shipped configs/default.yaml, with the reference

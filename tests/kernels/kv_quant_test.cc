@@ -375,8 +375,7 @@ TEST_CASE("AVX2 and scalar quantizers write identical bytes", "[kernels][kv_quan
   }
 }
 
-TEST_CASE("int4 groups store +0 for a zero minimum or range on both paths",
-          "[kernels][kv_quant]") {
+TEST_CASE("int4 groups store +0 for a zero minimum or range on both paths", "[kernels][kv_quant]") {
   // Groups whose extremes are signed zeros met in different orders: the
   // scalar loop keeps the first zero it sees, the AVX2 reduction another.
   const int hd = 64, group = 32;

@@ -153,8 +153,8 @@ void RunCase(ActDtype dtype, const Case& c, std::mt19937& rng) {
       const size_t i = r * c.ldy + o;
       const float g = Load(got, i, y_dtype);
       if (o >= c.out) {  // columns past `out` are not touched
-        REQUIRE(std::memcmp(&got[i * ActDtypeSize(y_dtype)],
-                            &y0.bytes[i * ActDtypeSize(y_dtype)], ActDtypeSize(y_dtype)) == 0);
+        REQUIRE(std::memcmp(&got[i * ActDtypeSize(y_dtype)], &y0.bytes[i * ActDtypeSize(y_dtype)],
+                            ActDtypeSize(y_dtype)) == 0);
         continue;
       }
       const double tol = 1e-5 * mass[r * c.out + o] + round * std::fabs(ref[i]) + 1e-6;

@@ -26,10 +26,10 @@ namespace {
 
 using ::kvserve::testing::DeviceBuffer;
 using ::kvserve::testing::FromF;
-using ::kvserve::testing::SameBits;
-using ::kvserve::testing::ToF;
 using ::kvserve::testing::RequireBadField;
 using ::kvserve::testing::RequireOk;
+using ::kvserve::testing::SameBits;
+using ::kvserve::testing::ToF;
 
 // Rows of K/V values: mostly gaussian at a row-dependent magnitude, with
 // some all-zero, constant and past-fp16-range rows (never -0: the CPU's AVX2
@@ -76,13 +76,12 @@ double DecodeBound(KvElem elem) {
     case KvElem::kInt8:
       return 0.5 / 127 + 1e-6;
     case KvElem::kInt4:
-      return 1.05 / 15;  // half a level of a range up to 2 amax, fp16 zero
+      return 1.05 / 15;         // half a level of a range up to 2 amax, fp16 zero
     case KvElem::kInt4Channel:  // int4_kc is not written by the CUDA kernels
       return 0.0;
   }
   return 0.0;
 }
-
 
 struct Case {
   KvDtype dtype;

@@ -21,12 +21,10 @@ namespace {
 
 using ::kvserve::testing::DeviceBuffer;
 using ::kvserve::testing::FromF;
-using ::kvserve::testing::SameBits;
-using ::kvserve::testing::ToF;
 using ::kvserve::testing::RequireBadField;
 using ::kvserve::testing::RequireOk;
-
-
+using ::kvserve::testing::SameBits;
+using ::kvserve::testing::ToF;
 
 template <typename T>
 void RunCase(ActDtype dtype, RopeStyle style, int head_dim, float theta, uint64_t seed) {

@@ -22,11 +22,10 @@ namespace {
 
 using ::kvserve::testing::DeviceBuffer;
 using ::kvserve::testing::FromF;
-using ::kvserve::testing::SameBits;
-using ::kvserve::testing::ToF;
 using ::kvserve::testing::RequireBadField;
 using ::kvserve::testing::RequireOk;
-
+using ::kvserve::testing::SameBits;
+using ::kvserve::testing::ToF;
 
 template <typename T>
 void RunCase(ActDtype dtype, int64_t tokens, int64_t hidden, bool in_place, int64_t pad,

@@ -95,8 +95,7 @@ TEST_CASE("Byte-level BPE merges by rank, leftmost first", "[model]") {
   }
 }
 
-TEST_CASE("A merge listed twice takes its last rank, as Hugging Face tokenizers does",
-          "[model]") {
+TEST_CASE("A merge listed twice takes its last rank, as Hugging Face tokenizers does", "[model]") {
   // The tokenizers library (and transformers.js) build the merge map by
   // inserting the merges in order into a hash map, so a repeated pair keeps
   // the rank of its last occurrence.
