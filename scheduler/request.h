@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/grammar/grammar_spec.h"
 #include "model/sampling/sampling_params.h"
 
 namespace kvserve {
@@ -45,6 +46,7 @@ struct GenerateRequest {
   std::string cache_salt;      // isolates prefix-cache sharing between tenants
   int32_t priority = 0;        // lower runs first; FCFS within a priority
   KvPolicyOverride kv_policy;  // KV eviction; empty = the engine's
+  GrammarSpec constraint;      // constrained decoding (model/grammar); empty = none
 };
 
 struct TokenLogprob {

@@ -18,7 +18,9 @@
 // supported". Lengths and counts above kMaxRepeat are refused likewise.
 //
 // Whitespace: at most kMaxJsonWhitespace of space, tab, newline or carriage
-// return between tokens, so a model cannot pad forever but can indent.
+// return between tokens (enough for a newline and a two-space indent), so a
+// model cannot pad forever: small models left free emit runs of newlines
+// until max_tokens, and the output never closes.
 //
 // Thread-safety: free functions.
 #pragma once
@@ -31,7 +33,7 @@
 
 namespace kvserve {
 
-inline constexpr int32_t kMaxJsonWhitespace = 16;
+inline constexpr int32_t kMaxJsonWhitespace = 3;
 
 // Sets the body of `rule` to the JSON texts `schema` accepts. `path` prefixes
 // error messages (e.g. "response_format.json_schema.schema").

@@ -51,9 +51,15 @@ TokenVocab::TokenVocab(std::vector<std::string> bytes) : bytes_(std::move(bytes)
   }
 }
 
+int32_t TokenVocab::MidTextPrev(const Tokenizer& tokenizer) {
+  return tokenizer.bos_id() == 0 ? 1 : 0;
+}
+
 std::shared_ptr<const TokenVocab> TokenVocab::FromTokenizer(const Tokenizer& tokenizer) {
   std::vector<std::string> bytes(tokenizer.vocab_size());
-  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id) bytes[id] = tokenizer.TokenBytes(id, -1);
+  const int32_t prev = MidTextPrev(tokenizer);
+  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id)
+    bytes[id] = tokenizer.TokenBytes(id, prev);
   return std::make_shared<const TokenVocab>(std::move(bytes));
 }
 

@@ -7,9 +7,11 @@
 // and special tokens) are not in the trie: a grammar never allows them, except
 // the end tokens where it may end.
 //
-// Bytes are TokenBytes(id, -1): a SentencePiece piece's leading "▁" as a space
-// and byte-fallback pieces <0xAB> as that byte; byte-level BPE tokens as their
-// bytes.
+// Bytes are what a token adds in the middle of a text, TokenBytes(id, prev)
+// with a prev that is not BOS (MidTextPrev): a SentencePiece piece's leading
+// "▁" as a space and byte-fallback pieces <0xAB> as that byte; byte-level BPE
+// tokens as their bytes. (Right after BOS a SentencePiece token drops its
+// space; the engine feeds the grammar the bytes actually added.)
 //
 // Thread-safety: immutable after construction.
 #pragma once
@@ -36,6 +38,8 @@ class TokenVocab {
   // bytes[id]: the bytes of token id ("" for control tokens).
   explicit TokenVocab(std::vector<std::string> bytes);
   static std::shared_ptr<const TokenVocab> FromTokenizer(const Tokenizer& tokenizer);
+  // A token id that is not BOS, for TokenBytes' prev.
+  static int32_t MidTextPrev(const Tokenizer& tokenizer);
 
   int32_t vocab_size() const { return static_cast<int32_t>(bytes_.size()); }
   // Words of a mask: bit (id % 32) of word (id / 32) allows token id.

@@ -132,7 +132,7 @@ TEST_CASE("JSON schema: objects take required properties in order and may skip o
   CHECK_FALSE(Matches(s, R"({"a":true,"b":1})"));
   CHECK_FALSE(Matches(s, R"({"a":true,})"));
   CHECK_FALSE(Matches(s, R"({"a":true,"d":1})"));
-  CHECK_FALSE(Matches(s, "{" + std::string(17, ' ') + "\"a\":true}"));
+  CHECK_FALSE(Matches(s, "{" + std::string(4, ' ') + "\"a\":true}"));
 }
 
 TEST_CASE("JSON schema: strings enums consts arrays anyOf and refs", "[grammar]") {
