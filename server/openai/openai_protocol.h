@@ -22,7 +22,9 @@
 // eviction: a policy name or {"policy", "budget", "sink_tokens",
 // "recent_tokens"}, errors name e.g. kv_policy.budget),
 // priority, and (chat) add_generation_prompt and chat_template_kwargs as
-// vLLM has them. Messages, tools and chat_template_kwargs reach a
+// vLLM has them; structured outputs: response_format, guided_json,
+// guided_regex, guided_choice and structured_outputs
+// (server/openai/structured_output.h). Messages, tools and chat_template_kwargs reach a
 // checkpoint's own chat template (model/chat/chat_template.h); when it refuses a
 // conversation (raise_exception) the 400 names `messages`.
 //

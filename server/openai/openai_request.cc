@@ -11,6 +11,7 @@
 #include "server/client_limiter.h"
 #include "server/openai/json_body.h"
 #include "server/openai/openai_protocol.h"
+#include "server/openai/structured_output.h"
 #include "server/request_budget.h"
 #include "util/field_status.h"
 
@@ -470,6 +471,7 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
   }
 
   API_TRY(ParseSampling(j, &r));
+  API_TRY(ParseStructuredOutput(j, body, &g.constraint));
 
   std::optional<int64_t> i;
   API_TRY(GetInt(j, "n", &i));
