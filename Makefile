@@ -5,7 +5,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 CONFIG ?= configs/default.yaml
 
-.PHONY: all deps deps-run build build-daemon run test test-sanitize fuzz soak bench bench-eviction image clean format
+.PHONY: all deps deps-run build build-daemon run test test-sanitize fuzz soak bench bench-eviction bench-grammar image clean format
 
 all: build
 
@@ -82,6 +82,10 @@ soak: build-daemon
 
 bench: build
 	@bash bench/run.sh $(BUILD_DIR)
+
+# Constrained decoding's CPU cost: vocabulary trie, schema compile, mask per step.
+bench-grammar: $(BUILD_DIR)/CMakeCache.txt
+	@bash bench/grammar_bench.sh $(BUILD_DIR)
 
 # The KV eviction study the README reports (long text and budget sweep).
 bench-eviction: build

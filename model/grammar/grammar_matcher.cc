@@ -97,27 +97,62 @@ bool CompiledGrammar::Advance(const GrammarStateSet& in, std::string_view bytes,
   return true;
 }
 
+std::vector<uint64_t> CompiledGrammar::Key(const GrammarStateSet& set) {
+  std::vector<uint64_t> key;
+  key.reserve(set.threads.size() + 1);
+  key.push_back(set.can_end);
+  for (const GrammarThread& t : set.threads) {
+    key.push_back((static_cast<uint64_t>(static_cast<uint32_t>(t.state)) << 32) |
+                  static_cast<uint32_t>(t.stack));
+  }
+  return key;
+}
+
+int32_t CompiledGrammar::Intern(const GrammarStateSet& set) const {
+  auto [it, inserted] = dfa_ids_.try_emplace(Key(set), static_cast<int32_t>(dfa_sets_.size()));
+  if (inserted) {
+    dfa_sets_.push_back(set);
+    dfa_next_.emplace_back();
+    dfa_next_.back().fill(kUnknown);
+
+    for (int b = 0; b < 256; ++b) {
+      if (!set.first.Has(static_cast<uint8_t>(b))) dfa_next_.back()[b] = -1;
+    }
+  }
+  return it->second;
+}
+
+int32_t CompiledGrammar::Next(int32_t id, uint8_t byte) const {
+  int32_t next = dfa_next_[id][byte];
+  if (next != kUnknown) return next;
+  Step(dfa_sets_[id], byte, &step_out_);
+  next = step_out_.dead() ? -1 : Intern(step_out_);
+  dfa_next_[id][byte] = next;
+  return next;
+}
+
 int32_t CompiledGrammar::WalkTrie(const GrammarStateSet& in, std::span<uint32_t> mask) const {
   const std::vector<TokenVocab::Node>& nodes = vocab_->nodes();
   std::memset(mask.data(), 0, mask.size() * sizeof(uint32_t));
+  if (dfa_sets_.size() >= kMaxDfaStates) {
+    dfa_sets_.clear();
+    dfa_ids_.clear();
+    dfa_next_.clear();
+  }
   if (levels_.empty()) levels_.resize(2);
-  levels_[0] = in;
+  levels_[0] = Intern(in);
   int32_t count = 0;
   size_t i = 0;
   while (i < nodes.size()) {
     const TokenVocab::Node& n = nodes[i];
-    const GrammarStateSet& parent = levels_[n.depth - 1];
-    if (!parent.first.Has(n.byte)) {
+    const int32_t from = levels_[n.depth - 1];
+    const int32_t next = Next(from, n.byte);
+    if (next < 0) {
       i = n.subtree_end;
       continue;
     }
     if (levels_.size() <= static_cast<size_t>(n.depth)) levels_.resize(n.depth + 1);
-    GrammarStateSet& here = levels_[n.depth];
-    Step(levels_[n.depth - 1], n.byte, &here);
-    if (here.dead()) {
-      i = n.subtree_end;
-      continue;
-    }
+    levels_[n.depth] = next;
     const int32_t* ids = vocab_->node_tokens(n);
     for (int32_t k = 0; k < n.num_tokens; ++k) {
       mask[ids[k] >> 5] |= uint32_t{1} << (ids[k] & 31);
@@ -130,13 +165,7 @@ int32_t CompiledGrammar::WalkTrie(const GrammarStateSet& in, std::span<uint32_t>
 
 int32_t CompiledGrammar::FillMask(const GrammarStateSet& in, std::span<uint32_t> mask) const {
   absl::MutexLock lock(&mu_);
-  std::vector<uint64_t> key;
-  key.reserve(in.threads.size() + 1);
-  key.push_back(in.can_end);
-  for (const GrammarThread& t : in.threads) {
-    key.push_back((static_cast<uint64_t>(static_cast<uint32_t>(t.state)) << 32) |
-                  static_cast<uint32_t>(t.stack));
-  }
+  std::vector<uint64_t> key = Key(in);
   if (auto it = masks_.find(key); it != masks_.end()) {
     ++hits_;
     std::memcpy(mask.data(), it->second.words.data(), mask.size() * sizeof(uint32_t));

@@ -8,8 +8,10 @@
 // ints and a state is a short sorted vector that hashes well.
 //
 // FillMask walks the vocabulary trie depth-first, stepping the state by each
-// node's byte and skipping a subtree as soon as its prefix is rejected (a
-// per-state first-byte set rejects most children without a step). The mask
+// node's byte and skipping a subtree as soon as its prefix is rejected. The
+// steps go through a DFA over state sets built lazily in the compiled grammar
+// (set -> id, (id, byte) -> id), so after the first walks a trie node costs
+// one table lookup. The mask
 // of a state is cached in the compiled grammar (key: the thread set), so a
 // state met again (inside a string, after the same key) costs a hash lookup
 // and a copy. Masks are bitsets, one bit per token id in 32-bit words (bit
@@ -24,6 +26,7 @@
 // one sequence (copy it to fork).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -86,6 +89,11 @@ class CompiledGrammar {
   int32_t Push(int32_t stack, int32_t ret) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int32_t WalkTrie(const GrammarStateSet& in, std::span<uint32_t> mask) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The lazily built DFA over state sets: Intern gives a set its id, Next
+  // the id after a byte (-1: dead), computed once and remembered.
+  int32_t Intern(const GrammarStateSet& set) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int32_t Next(int32_t id, uint8_t byte) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static std::vector<uint64_t> Key(const GrammarStateSet& set);
 
   const GrammarNfa nfa_;
   const std::shared_ptr<const TokenVocab> vocab_;
@@ -106,7 +114,15 @@ class CompiledGrammar {
   mutable std::vector<GrammarThread> visited_ ABSL_GUARDED_BY(mu_);
   mutable std::vector<uint32_t> stamp_ ABSL_GUARDED_BY(mu_);
   mutable uint32_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  mutable std::vector<GrammarStateSet> levels_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<int32_t> levels_ ABSL_GUARDED_BY(mu_);
+  mutable GrammarStateSet step_out_ ABSL_GUARDED_BY(mu_);
+  // The DFA: sets by id, their ids by key, and 256 successors per id
+  // (kUnknown until computed). Cleared when it reaches kMaxDfaStates.
+  static constexpr int32_t kUnknown = -2;
+  static constexpr size_t kMaxDfaStates = 1 << 15;
+  mutable std::vector<GrammarStateSet> dfa_sets_ ABSL_GUARDED_BY(mu_);
+  mutable absl::flat_hash_map<std::vector<uint64_t>, int32_t> dfa_ids_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<std::array<int32_t, 256>> dfa_next_ ABSL_GUARDED_BY(mu_);
 };
 
 class GrammarMatcher {

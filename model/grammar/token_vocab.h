@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace kvserve {
@@ -47,6 +48,14 @@ class TokenVocab {
   const std::string& bytes(int32_t id) const { return bytes_[id]; }
   const std::vector<Node>& nodes() const { return nodes_; }
   const int32_t* node_tokens(const Node& n) const { return token_ids_.data() + n.first_token; }
+  // The tokens of node i's whole subtree: token_ids()[first, last), since
+  // tokens are laid out in preorder.
+  std::pair<int32_t, int32_t> subtree_tokens(size_t i) const {
+    const size_t end = nodes_[i].subtree_end;
+    return {nodes_[i].first_token, end < nodes_.size() ? nodes_[end].first_token
+                                                       : static_cast<int32_t>(token_ids_.size())};
+  }
+  const std::vector<int32_t>& token_ids() const { return token_ids_; }
 
  private:
   std::vector<std::string> bytes_;
