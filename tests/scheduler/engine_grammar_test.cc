@@ -154,6 +154,9 @@ TEST_CASE("Engine grammar: n = 4 forks and preemption keep every sample's gramma
           INFO("request " << i << " sample " << k << ": " << together[i].text[k]);
           REQUIRE(together[i].tokens[k] == solo[i].tokens[k]);
           REQUIRE(together[i].finish[k] != FinishReason::kError);
+          // Constrained from the first token on, forks included (a sample
+          // that ran past max_tokens is a prefix of a valid object).
+          REQUIRE(together[i].text[k].rfind("{", 0) == 0);
           if (together[i].finish[k] == FinishReason::kStop) CHECK(ValidPerson(together[i].text[k]));
         }
       }

@@ -150,6 +150,36 @@ TEST_CASE("gRPC kv_policy reaches the engine, unset fields left to its defaults"
   REQUIRE(f.state.WaitForCalls(absl::Now() + absl::Seconds(10)));
 }
 
+TEST_CASE("gRPC Constraint reaches the engine as the request's grammar spec", "[server]") {
+  GrpcFixture f;
+  v1::GenerateRequest req;
+  req.set_prompt("hi");
+  req.set_max_tokens(3);
+  grpc::Status st;
+  Generate(f, req, &st);
+  REQUIRE(st.ok());
+  REQUIRE(f.engine.last_request().constraint.empty());
+  req.mutable_constraint()->set_json_schema(R"({"type":"integer"})");
+  Generate(f, req, &st);
+  REQUIRE(st.ok());
+  GrammarSpec seen = f.engine.last_request().constraint;
+  CHECK(seen.kind == GrammarSpec::Kind::kJsonSchema);
+  CHECK(seen.text == R"({"type":"integer"})");
+  CHECK(seen.field == "constraint.json_schema");
+  req.mutable_constraint()->mutable_choice()->add_choices("yes");
+  req.mutable_constraint()->mutable_choice()->add_choices("no");
+  Generate(f, req, &st);
+  REQUIRE(st.ok());
+  seen = f.engine.last_request().constraint;
+  CHECK(seen.kind == GrammarSpec::Kind::kChoice);
+  CHECK(seen.choices == std::vector<std::string>{"yes", "no"});
+  req.mutable_constraint()->set_regex("[a-z]+");
+  Generate(f, req, &st);
+  REQUIRE(st.ok());
+  CHECK(f.engine.last_request().constraint.kind == GrammarSpec::Kind::kRegex);
+  REQUIRE(f.state.WaitForCalls(absl::Now() + absl::Seconds(10)));
+}
+
 TEST_CASE("gRPC errors carry the status code and name the field", "[server]") {
   GrpcFixture f;
   grpc::Status st;
