@@ -97,6 +97,9 @@ struct ApiRequest {
   bool echo = false;           // completions: prepend the prompt text
   std::string echo_text;
   std::string user;
+  // Chat with tools and tool_choice other than "none": the output is parsed
+  // for tool calls (server/openai/tool_calls.h) in whole responses.
+  bool parse_tool_calls = false;
 };
 
 // Request bodies nested deeper than this (arrays and objects, the body's own
@@ -152,6 +155,7 @@ class ResponseAccumulator {
   };
   ApiKind kind_;
   bool want_logprobs_;
+  bool parse_tool_calls_;
   std::vector<Choice> choices_;
   Usage usage_;
   std::string error_;

@@ -297,6 +297,51 @@ std::optional<ApiError> ChatTemplateInputs(const json& body, const std::string& 
   return std::nullopt;
 }
 
+// tool_choice: "none", "auto", "required" or {"type": "function", "function":
+// {"name"}} naming one of `tools`. Tool calls are parsed from the output
+// unless there are no tools or tool_choice is "none"; decoding is not
+// constrained to a call yet (docs/structured-outputs.md).
+std::optional<ApiError> ParseToolChoice(const json& body, bool* parse) {
+  const json* tools = Member(body, "tools");
+  const json* choice = Member(body, "tool_choice");
+  *parse = tools != nullptr && tools->is_array() && !tools->empty();
+  if (choice == nullptr) return std::nullopt;
+  if (choice->is_string()) {
+    const std::string c = choice->get<std::string>();
+    if (c != "none" && c != "auto" && c != "required") {
+      return InvalidRequest("tool_choice",
+                            "'tool_choice' must be \"none\", \"auto\", "
+                            "\"required\" or a named function");
+    }
+    if (c == "none") *parse = false;
+    if (c != "none" && !*parse) {
+      return InvalidRequest("tool_choice", "'tool_choice' needs 'tools'");
+    }
+    return std::nullopt;
+  }
+  const json* fn = choice->is_object() ? Member(*choice, "function") : nullptr;
+  const json* name = fn != nullptr && fn->is_object() ? Member(*fn, "name") : nullptr;
+  if (name == nullptr || !name->is_string()) {
+    return InvalidRequest("tool_choice.function.name",
+                          "'tool_choice' must be a string or {\"type\": \"function\", "
+                          "\"function\": {\"name\": ...}}");
+  }
+  bool found = false;
+  if (*parse) {
+    for (const json& t : *tools) {
+      const json* f = t.is_object() ? Member(t, "function") : nullptr;
+      if (f != nullptr && f->is_object() && f->value("name", json()) == *name) found = true;
+    }
+  }
+  if (!found) {
+    return InvalidRequest("tool_choice.function.name",
+                          absl::StrCat("'tool_choice.function.name' names '",
+                                       CapClientText(name->get<std::string>(), 64),
+                                       "', which is not one of 'tools'"));
+  }
+  return std::nullopt;
+}
+
 // The prompt's text within the byte budget, tokenized. Its token count is
 // checked by the caller, after the context-length check that names OpenAI's
 // code.
@@ -472,6 +517,7 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
 
   API_TRY(ParseSampling(j, &r));
   API_TRY(ParseStructuredOutput(j, body, &g.constraint));
+  if (kind == ApiKind::kChat) API_TRY(ParseToolChoice(j, &r.parse_tool_calls));
 
   std::optional<int64_t> i;
   API_TRY(GetInt(j, "n", &i));

@@ -2,8 +2,10 @@
 // finish reasons, usage, logprobs, whole responses and streamed chunks.
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "scheduler/detokenizer.h"
 #include "server/openai/openai_protocol.h"
+#include "server/openai/tool_calls.h"
 
 namespace kvserve {
 
@@ -101,6 +103,7 @@ int32_t LastPromptToken(const ApiRequest& r) {
 ResponseAccumulator::ResponseAccumulator(const ApiRequest& request, const Tokenizer* tokenizer)
     : kind_(request.kind),
       want_logprobs_(request.request.logprobs >= 0),
+      parse_tool_calls_(request.parse_tool_calls),
       choices_(static_cast<size_t>(request.request.n)),
       logprob_formatter_(request.kind, tokenizer, LastPromptToken(request)) {
   if (request.echo) {
@@ -130,6 +133,21 @@ nlohmann::json ResponseAccumulator::ToJson(const std::string& id, int64_t create
     json logprobs = want_logprobs_ && c.logprobs.is_null()
                         ? (kind_ == ApiKind::kChat ? json{{"content", json::array()}} : json())
                         : c.logprobs;
+    if (kind_ == ApiKind::kChat && parse_tool_calls_ && c.finish == FinishReason::kStop) {
+      ParsedToolCalls parsed = ParseToolCalls(c.text, ToolCallFormat::kAuto);
+      if (!parsed.calls.empty()) {
+        json content = parsed.content.empty() ? json() : json(parsed.content);
+        choices.push_back(
+            {{"index", k},
+             {"message",
+              {{"role", "assistant"},
+               {"content", content},
+               {"tool_calls", ToolCallsJson(parsed.calls, absl::StrCat(id, "_", k))}}},
+             {"logprobs", logprobs},
+             {"finish_reason", "tool_calls"}});
+        continue;
+      }
+    }
     if (kind_ == ApiKind::kChat) {
       choices.push_back({{"index", k},
                          {"message", {{"role", "assistant"}, {"content", c.text}}},

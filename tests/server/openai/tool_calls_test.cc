@@ -1,0 +1,107 @@
+// Tool-call text of each model family parsed into OpenAI tool_calls, and
+// chat responses that carry them with finish_reason tool_calls.
+#include "server/openai/tool_calls.h"
+
+#include <catch2/catch.hpp>
+
+#include "server/openai/openai_protocol.h"
+
+namespace kvserve {
+namespace {
+
+using json = nlohmann::json;
+
+TEST_CASE("Tool calls: Hermes tags Llama-3 JSON and Mistral arrays parse", "[server]") {
+  ParsedToolCalls p = ParseToolCalls(
+      "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+      "\"Oslo\"}}\n</tool_call>\n<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>",
+      ToolCallFormat::kAuto);
+  REQUIRE(p.calls.size() == 2);
+  CHECK(p.content == "Let me look.");
+  CHECK(p.calls[0].name == "get_weather");
+  CHECK(p.calls[0].arguments == R"({"city":"Oslo"})");
+  CHECK(p.calls[1].name == "now");
+  CHECK(p.calls[1].arguments == "{}");
+
+  p = ParseToolCalls(R"(<|python_tag|>{"name": "f", "parameters": {"x": 1}})",
+                     ToolCallFormat::kLlama3Json);
+  REQUIRE(p.calls.size() == 1);
+  CHECK(p.calls[0].name == "f");
+  CHECK(p.calls[0].arguments == R"({"x":1})");
+  CHECK(p.content.empty());
+  p = ParseToolCalls(R"({"name": "a", "parameters": {}}; {"name": "b", "parameters": {"y": 2}})",
+                     ToolCallFormat::kAuto);
+  REQUIRE(p.calls.size() == 2);
+  CHECK(p.calls[1].name == "b");
+
+  p = ParseToolCalls(R"([TOOL_CALLS][{"name": "g", "arguments": "{\"k\": true}"}])",
+                     ToolCallFormat::kMistral);
+  REQUIRE(p.calls.size() == 1);
+  CHECK(p.calls[0].arguments == R"({"k": true})");
+
+  // Not a call: the text stays content.
+  p = ParseToolCalls("The weather is fine.", ToolCallFormat::kAuto);
+  CHECK(p.calls.empty());
+  CHECK(p.content == "The weather is fine.");
+  p = ParseToolCalls("<tool_call>{\"nam\": 1}</tool_call>", ToolCallFormat::kHermes);
+  CHECK(p.calls.empty());
+  CHECK(p.content == "<tool_call>{\"nam\": 1}</tool_call>");
+}
+
+TEST_CASE("Tool calls: a chat response with tools carries message.tool_calls", "[server]") {
+  auto tokenizer = Tokenizer::ByteLevel(512);
+  ChatTemplate chat_template;
+  ApiContext ctx;
+  ctx.tokenizer = tokenizer.get();
+  ctx.chat_template = &chat_template;
+  ctx.model_name = "tiny";
+  ctx.max_model_len = 4096;
+  const std::string tools =
+      R"("tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}])";
+  ApiRequest r;
+  REQUIRE_FALSE(ParseApiRequest(
+      ApiKind::kChat, R"({"messages": [{"role": "user", "content": "hi"}], "n": 2, )" + tools + "}",
+      ctx, &r));
+  REQUIRE(r.parse_tool_calls);
+  ResponseAccumulator acc(r, tokenizer.get());
+  GenerateOutput out;
+  out.index = 0;
+  out.text = R"(<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>)";
+  out.finish_reason = FinishReason::kStop;
+  acc.Add(out);
+  out.index = 1;
+  out.text = "No tool needed.";
+  acc.Add(out);
+  const json j = acc.ToJson("chatcmpl-1", 0, "tiny");
+  CHECK(j["choices"][0]["finish_reason"] == "tool_calls");
+  CHECK(j["choices"][0]["message"] ==
+        json::parse(R"({"role": "assistant", "content": null, "tool_calls": [{"id":
+          "call_chatcmpl-1_0_0", "type": "function", "function": {"name": "get_weather",
+          "arguments": "{\"city\":\"Oslo\"}"}}]})"));
+  CHECK(j["choices"][1]["finish_reason"] == "stop");
+  CHECK(j["choices"][1]["message"]["content"] == "No tool needed.");
+
+  ApiRequest none;
+  REQUIRE_FALSE(ParseApiRequest(
+      ApiKind::kChat,
+      R"({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "none", )" + tools + "}",
+      ctx, &none));
+  CHECK_FALSE(none.parse_tool_calls);
+  std::optional<ApiError> e = ParseApiRequest(
+      ApiKind::kChat,
+      R"({"messages": [{"role": "user", "content": "hi"}], "tool_choice": {"type": "function",
+          "function": {"name": "other"}}, )" +
+          tools + "}",
+      ctx, &none);
+  REQUIRE(e);
+  CHECK(e->param == "tool_choice.function.name");
+  CHECK(e->message == "'tool_choice.function.name' names 'other', which is not one of 'tools'");
+  e = ParseApiRequest(ApiKind::kChat,
+                      R"({"messages": [{"role": "user", "content": "hi"}], "tool_choice": "any"})",
+                      ctx, &none);
+  REQUIRE(e);
+  CHECK(e->param == "tool_choice");
+}
+
+}  // namespace
+}  // namespace kvserve
