@@ -297,15 +297,35 @@ std::optional<ApiError> ChatTemplateInputs(const json& body, const std::string& 
   return std::nullopt;
 }
 
+// The JSON schema of one call of `tool` ({"type": "function", "function":
+// {"name", "parameters"}}): {"name": <its name>, "arguments": <parameters>},
+// the shape every format's parser reads (tool_calls.h).
+nlohmann::ordered_json CallSchema(const nlohmann::ordered_json& tool) {
+  using ojson = nlohmann::ordered_json;
+  const ojson& fn = tool["function"];
+  ojson params =
+      fn.contains("parameters") && fn["parameters"].is_object() && !fn["parameters"].empty()
+          ? fn["parameters"]
+          : ojson{{"type", "object"}};
+  return ojson{{"type", "object"},
+               {"properties", {{"name", {{"const", fn["name"]}}}, {"arguments", params}}},
+               {"required", {"name", "arguments"}},
+               {"additionalProperties", false}};
+}
+
 // tool_choice: "none", "auto", "required" or {"type": "function", "function":
 // {"name"}} naming one of `tools`. Tool calls are parsed from the output
-// unless there are no tools or tool_choice is "none"; decoding is not
-// constrained to a call yet (docs/structured-outputs.md).
-std::optional<ApiError> ParseToolChoice(const json& body, bool* parse) {
+// unless there are no tools or tool_choice is "none"; "required" and a named
+// function constrain decoding to one call ({"name", "arguments"} JSON of the
+// tools' schemas), which errors name under "tools".
+std::optional<ApiError> ParseToolChoice(const json& body, const std::string& raw_body,
+                                        ApiRequest* r) {
+  bool* parse = &r->parse_tool_calls;
   const json* tools = Member(body, "tools");
   const json* choice = Member(body, "tool_choice");
   *parse = tools != nullptr && tools->is_array() && !tools->empty();
   if (choice == nullptr) return std::nullopt;
+  std::string named;
   if (choice->is_string()) {
     const std::string c = choice->get<std::string>();
     if (c != "none" && c != "auto" && c != "required") {
@@ -317,28 +337,49 @@ std::optional<ApiError> ParseToolChoice(const json& body, bool* parse) {
     if (c != "none" && !*parse) {
       return InvalidRequest("tool_choice", "'tool_choice' needs 'tools'");
     }
-    return std::nullopt;
-  }
-  const json* fn = choice->is_object() ? Member(*choice, "function") : nullptr;
-  const json* name = fn != nullptr && fn->is_object() ? Member(*fn, "name") : nullptr;
-  if (name == nullptr || !name->is_string()) {
-    return InvalidRequest("tool_choice.function.name",
-                          "'tool_choice' must be a string or {\"type\": \"function\", "
-                          "\"function\": {\"name\": ...}}");
-  }
-  bool found = false;
-  if (*parse) {
-    for (const json& t : *tools) {
-      const json* f = t.is_object() ? Member(t, "function") : nullptr;
-      if (f != nullptr && f->is_object() && f->value("name", json()) == *name) found = true;
+    if (c != "required") return std::nullopt;
+  } else {
+    const json* fn = choice->is_object() ? Member(*choice, "function") : nullptr;
+    const json* name = fn != nullptr && fn->is_object() ? Member(*fn, "name") : nullptr;
+    if (name == nullptr || !name->is_string()) {
+      return InvalidRequest("tool_choice.function.name",
+                            "'tool_choice' must be a string or {\"type\": \"function\", "
+                            "\"function\": {\"name\": ...}}");
     }
+    named = name->get<std::string>();
   }
-  if (!found) {
+  // Constrain to a call: the tools re-read in member order.
+  std::variant<nlohmann::ordered_json, JsonBodyError> parsed =
+      ParseOrderedJsonBody(raw_body, kMaxJsonDepth);
+  if (const JsonBodyError* err = std::get_if<JsonBodyError>(&parsed)) {
+    return InvalidRequest(err->path, err->message);
+  }
+  const nlohmann::ordered_json& ordered = std::get<nlohmann::ordered_json>(parsed)["tools"];
+  nlohmann::ordered_json calls = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < ordered.size(); ++i) {
+    const auto& t = ordered[i];
+    const bool ok = t.is_object() && t.contains("function") && t["function"].is_object() &&
+                    t["function"].contains("name") && t["function"]["name"].is_string();
+    if (!ok) {
+      const std::string param = absl::StrCat("tools[", i, "].function.name");
+      return InvalidRequest(param, absl::StrCat("'", param, "' must be a string"));
+    }
+    if (named.empty() || t["function"]["name"] == named) calls.push_back(CallSchema(t));
+  }
+  if (calls.empty()) {
     return InvalidRequest("tool_choice.function.name",
                           absl::StrCat("'tool_choice.function.name' names '",
-                                       CapClientText(name->get<std::string>(), 64),
-                                       "', which is not one of 'tools'"));
+                                       CapClientText(named, 64), "', which is not one of 'tools'"));
   }
+  if (!r->request.constraint.empty()) {
+    return InvalidRequest("tool_choice",
+                          absl::StrCat("'tool_choice' requires a tool call, but '",
+                                       r->request.constraint.field, "' constrains the output too"));
+  }
+  GrammarSpec& spec = r->request.constraint;
+  spec.kind = GrammarSpec::Kind::kJsonSchema;
+  spec.text = (calls.size() == 1 ? calls[0] : nlohmann::ordered_json{{"anyOf", calls}}).dump();
+  spec.field = "tools";
   return std::nullopt;
 }
 
@@ -517,7 +558,7 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
 
   API_TRY(ParseSampling(j, &r));
   API_TRY(ParseStructuredOutput(j, body, &g.constraint));
-  if (kind == ApiKind::kChat) API_TRY(ParseToolChoice(j, &r.parse_tool_calls));
+  if (kind == ApiKind::kChat) API_TRY(ParseToolChoice(j, body, &r));
 
   std::optional<int64_t> i;
   API_TRY(GetInt(j, "n", &i));

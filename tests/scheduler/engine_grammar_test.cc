@@ -165,6 +165,39 @@ TEST_CASE("Engine grammar: n = 4 forks and preemption keep every sample's gramma
   }
 }
 
+TEST_CASE("Engine grammar: a tool-call schema (tool_choice required) gives calls of the tools",
+          "[scheduler]") {
+  auto engine = MakeEngine(testing::EngineSetup{});
+  const std::string call_f =
+      R"({"type":"object","properties":{"name":{"const":"f"},"arguments":{"type":"object",)"
+      R"("properties":{"n":{"type":"integer","minimum":0,"maximum":9}},"required":["n"]}},)"
+      R"("required":["name","arguments"],"additionalProperties":false})";
+  const std::string call_g =
+      R"({"type":"object","properties":{"name":{"const":"g"},"arguments":{"type":"object",)"
+      R"("properties":{}}},"required":["name","arguments"],"additionalProperties":false})";
+  int stopped = 0;
+  for (uint64_t seed = 0; seed < 12; ++seed) {
+    const Result out = testing::RunOne(
+        *engine, Constrained(Spec(GrammarSpec::Kind::kJsonSchema,
+                                  R"({"anyOf":[)" + call_f + "," + call_g + "]}", "tools"),
+                             1.0f, seed));
+    INFO(out.text[0]);
+    REQUIRE(out.finish[0] != FinishReason::kError);
+    if (out.finish[0] != FinishReason::kStop) continue;
+    ++stopped;
+    const json call = json::parse(out.text[0]);
+    REQUIRE((call["name"] == "f" || call["name"] == "g"));
+    if (call["name"] == "f") {
+      CHECK(call["arguments"].size() == 1);
+      CHECK(call["arguments"]["n"].is_number_integer());
+    } else {
+      CHECK(call["arguments"].empty());
+    }
+  }
+  CHECK(stopped >= 10);
+  testing::RequireAllBlocksFree(*engine);
+}
+
 TEST_CASE("Engine grammar: bad constraints are refused at Submit naming the field", "[scheduler]") {
   auto engine = MakeEngine(testing::EngineSetup{});
   GenerateRequest r =

@@ -103,5 +103,46 @@ TEST_CASE("Tool calls: a chat response with tools carries message.tool_calls", "
   CHECK(e->param == "tool_choice");
 }
 
+TEST_CASE("Tool calls: required and a named function constrain decoding to a call", "[server]") {
+  auto tokenizer = Tokenizer::ByteLevel(512);
+  ChatTemplate chat_template;
+  ApiContext ctx;
+  ctx.tokenizer = tokenizer.get();
+  ctx.chat_template = &chat_template;
+  ctx.model_name = "tiny";
+  ctx.max_model_len = 4096;
+  const std::string head = R"({"messages": [{"role": "user", "content": "hi"}], "tools": [
+      {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+        "properties": {"z": {"type": "integer"}, "a": {"type": "string"}}, "required": ["z"]}}},
+      {"type": "function", "function": {"name": "g"}}], )";
+  ApiRequest r;
+  REQUIRE_FALSE(ParseApiRequest(ApiKind::kChat, head + R"("tool_choice": "required"})", ctx, &r));
+  CHECK(r.parse_tool_calls);
+  CHECK(r.request.constraint.kind == GrammarSpec::Kind::kJsonSchema);
+  CHECK(r.request.constraint.field == "tools");
+  const std::string f_call =
+      R"({"type":"object","properties":{"name":{"const":"f"},"arguments":{"type":"object",)"
+      R"("properties":{"z":{"type":"integer"},"a":{"type":"string"}},"required":["z"]}},)"
+      R"("required":["name","arguments"],"additionalProperties":false})";
+  const std::string g_call =
+      R"({"type":"object","properties":{"name":{"const":"g"},"arguments":{"type":"object"}},)"
+      R"("required":["name","arguments"],"additionalProperties":false})";
+  CHECK(r.request.constraint.text == R"({"anyOf":[)" + f_call + "," + g_call + "]}");
+  ApiRequest named;
+  REQUIRE_FALSE(ParseApiRequest(
+      ApiKind::kChat, head + R"("tool_choice": {"type": "function", "function": {"name": "g"}}})",
+      ctx, &named));
+  CHECK(named.request.constraint.text == g_call);
+  ApiRequest autod;
+  REQUIRE_FALSE(ParseApiRequest(ApiKind::kChat, head + R"("tool_choice": "auto"})", ctx, &autod));
+  CHECK(autod.request.constraint.empty());
+  std::optional<ApiError> e = ParseApiRequest(
+      ApiKind::kChat, head + R"("tool_choice": "required", "guided_regex": "x"})", ctx, &autod);
+  REQUIRE(e);
+  CHECK(e->param == "tool_choice");
+  CHECK(e->message ==
+        "'tool_choice' requires a tool call, but 'guided_regex' constrains the output too");
+}
+
 }  // namespace
 }  // namespace kvserve
