@@ -98,7 +98,8 @@ struct ApiRequest {
   std::string echo_text;
   std::string user;
   // Chat with tools and tool_choice other than "none": the output is parsed
-  // for tool calls (server/openai/tool_calls.h) in whole responses.
+  // for tool calls (server/openai/tool_calls.h); streamed, each sample's
+  // text is held until it ends, then sent as delta.tool_calls or content.
   bool parse_tool_calls = false;
 };
 
@@ -190,6 +191,8 @@ class StreamFormatter {
   int64_t created_;
   std::string model_;
   Usage usage_;
+  bool parse_tool_calls_;
+  std::map<int32_t, std::string> held_;  // index -> text held for tool-call parsing
   LogprobFormatter logprob_formatter_;
 };
 

@@ -181,6 +181,7 @@ StreamFormatter::StreamFormatter(const ApiRequest& request, const Tokenizer* tok
       id_(std::move(id)),
       created_(created),
       model_(std::move(model)),
+      parse_tool_calls_(request.parse_tool_calls),
       logprob_formatter_(request.kind, tokenizer, LastPromptToken(request)) {}
 
 nlohmann::json StreamFormatter::Chunk(nlohmann::json choices) const {
@@ -231,11 +232,46 @@ std::string StreamFormatter::Add(const GenerateOutput& out) {
   const bool finished = out.finish_reason != FinishReason::kNone;
   std::string events;
   if (kind_ == ApiKind::kChat) {
-    if (!out.text.empty() || !logprobs.is_null()) {
+    // With tools the text is held until the sample ends: then it is either
+    // tool calls (delta.tool_calls) or content.
+    std::string_view text = out.text;
+    if (parse_tool_calls_) {
+      held_[out.index] += out.text;
+      text = {};
+    }
+    if (!text.empty() || !logprobs.is_null()) {
       events += Event(Chunk(json::array({{{"index", out.index},
-                                          {"delta", {{"content", out.text}}},
+                                          {"delta", {{"content", text}}},
                                           {"logprobs", logprobs},
                                           {"finish_reason", nullptr}}})));
+    }
+    if (finished && parse_tool_calls_) {
+      const std::string held = std::move(held_[out.index]);
+      held_.erase(out.index);
+      ParsedToolCalls parsed = out.finish_reason == FinishReason::kStop
+                                   ? ParseToolCalls(held, ToolCallFormat::kAuto)
+                                   : ParsedToolCalls{held, {}};
+      if (!parsed.calls.empty()) {
+        json calls = ToolCallsJson(parsed.calls, absl::StrCat(id_, "_", out.index));
+        for (size_t c = 0; c < calls.size(); ++c) calls[c]["index"] = c;
+        json delta = {{"tool_calls", calls}};
+        if (!parsed.content.empty()) delta["content"] = parsed.content;
+        events += Event(Chunk(json::array({{{"index", out.index},
+                                            {"delta", delta},
+                                            {"logprobs", nullptr},
+                                            {"finish_reason", nullptr}}})));
+        events += Event(Chunk(json::array({{{"index", out.index},
+                                            {"delta", json::object()},
+                                            {"logprobs", nullptr},
+                                            {"finish_reason", "tool_calls"}}})));
+        return events;
+      }
+      if (!held.empty()) {
+        events += Event(Chunk(json::array({{{"index", out.index},
+                                            {"delta", {{"content", held}}},
+                                            {"logprobs", nullptr},
+                                            {"finish_reason", nullptr}}})));
+      }
     }
     if (finished) {
       events +=

@@ -146,3 +146,60 @@ TEST_CASE("Tool calls: required and a named function constrain decoding to a cal
 
 }  // namespace
 }  // namespace kvserve
+
+namespace kvserve {
+namespace {
+
+// The JSON payloads of SSE events.
+std::vector<nlohmann::json> Events(const std::string& sse) {
+  std::vector<nlohmann::json> out;
+  size_t pos = 0;
+  while ((pos = sse.find("data: ", pos)) != std::string::npos) {
+    const size_t end = sse.find("\n\n", pos);
+    const std::string data = sse.substr(pos + 6, end - pos - 6);
+    if (data != "[DONE]") out.push_back(nlohmann::json::parse(data));
+    pos = end;
+  }
+  return out;
+}
+
+TEST_CASE("Tool calls: a streamed chat response with tools ends in delta.tool_calls", "[server]") {
+  auto tokenizer = Tokenizer::ByteLevel(512);
+  ChatTemplate chat_template;
+  ApiContext ctx;
+  ctx.tokenizer = tokenizer.get();
+  ctx.chat_template = &chat_template;
+  ctx.model_name = "tiny";
+  ctx.max_model_len = 4096;
+  ApiRequest r;
+  REQUIRE_FALSE(
+      ParseApiRequest(ApiKind::kChat,
+                      R"({"messages": [{"role": "user", "content": "hi"}], "stream": true, "n": 2,
+          "tools": [{"type": "function", "function": {"name": "f"}}]})",
+                      ctx, &r));
+  StreamFormatter f(r, tokenizer.get(), "chatcmpl-9", 0, "tiny");
+  std::string sse = f.Start();
+  GenerateOutput out;
+  out.index = 0;
+  out.text = R"({"name": "f", )";
+  sse += f.Add(out);
+  CHECK(Events(sse).size() == 2);  // the role deltas only: the text is held
+  out.text = R"("arguments": {"q": 1}})";
+  out.finish_reason = FinishReason::kStop;
+  sse += f.Add(out);
+  out.index = 1;
+  out.text = "plain words";
+  sse += f.Add(out);
+  const std::vector<nlohmann::json> ev = Events(sse);
+  REQUIRE(ev.size() == 6);
+  CHECK(ev[2]["choices"][0]["delta"] ==
+        nlohmann::json::parse(R"({"tool_calls": [{"index": 0, "id": "call_chatcmpl-9_0_0",
+          "type": "function", "function": {"name": "f", "arguments": "{\"q\":1}"}}]})"));
+  CHECK(ev[3]["choices"][0]["finish_reason"] == "tool_calls");
+  CHECK(ev[4]["choices"][0]["index"] == 1);
+  CHECK(ev[4]["choices"][0]["delta"] == nlohmann::json{{"content", "plain words"}});
+  CHECK(ev[5]["choices"][0]["finish_reason"] == "stop");
+}
+
+}  // namespace
+}  // namespace kvserve
