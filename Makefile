@@ -5,7 +5,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 CONFIG ?= configs/default.yaml
 
-.PHONY: all deps deps-run build build-daemon run test test-sanitize fuzz soak bench bench-eviction bench-weights bench-tiers image clean format
+.PHONY: all deps deps-run build build-daemon run test test-sanitize fuzz soak bench bench-eviction bench-weights bench-tiers bench-grammar image clean format
 
 all: build
 
@@ -87,6 +87,10 @@ bench: build
 # pool, TTFT and hit rate per tier (bench/tier_bench.cc, docs/kv-tiers.md).
 bench-tiers: build
 	@$(BUILD_DIR)/bench/tier_bench --json $(BUILD_DIR)/bench/tier_bench.json
+
+# Constrained decoding's CPU cost: vocabulary trie, schema compile, mask per step.
+bench-grammar: $(BUILD_DIR)/CMakeCache.txt
+	@bash bench/grammar_bench.sh $(BUILD_DIR)
 
 # The KV eviction study the README reports (long text and budget sweep).
 bench-eviction: build

@@ -16,7 +16,9 @@
 //
 //   engine_bench [MODEL] [--json FILE] [--seconds S] [--threads N[,N...]]
 //                [--levels 1,8,32,64] [--prompt-tokens 32] [--max-tokens 128]
-//                [--block-size 16] [--temperature T]
+//                [--block-size 16] [--temperature T] [--schema JSON]
+// --schema constrains every request to a JSON schema (docs/structured-outputs.md);
+// a sample then ends where its JSON does, so requests differ in length.
 // MODEL defaults to $KVSERVE_SHARED/models/stories260k/stories260K.bin, else
 // shared/models/stories260k beside the current directory or an ancestor.
 #include <sys/resource.h>
@@ -56,6 +58,7 @@ struct Options {
   int max_tokens = 128;
   int block_size = 16;
   float temperature = 0.0f;
+  std::string schema;  // --schema: every request constrained to this JSON schema
 };
 
 struct LevelResult {
@@ -168,6 +171,11 @@ LevelResult RunLevel(const Options& o, const LoadedModel& m, std::shared_ptr<con
     req.ignore_eos = true;
     req.sampling.temperature = o.temperature;
     req.sampling.seed = next_prompt;
+    if (!o.schema.empty()) {
+      req.constraint.kind = GrammarSpec::Kind::kJsonSchema;
+      req.constraint.text = o.schema;
+      req.constraint.field = "--schema";
+    }
     auto s = (*engine)->Submit(std::move(req));
     if (!s.ok()) {
       std::fprintf(stderr, "submit: %s\n", std::string(s.status().message()).c_str());
@@ -280,6 +288,8 @@ int Main(int argc, char** argv) {
       o.block_size = std::stoi(next());
     } else if (a == "--temperature") {
       o.temperature = std::stof(next());
+    } else if (a == "--schema") {
+      o.schema = next();
     } else if (a == "--levels") {
       o.levels = ParseIntList(next());
     } else if (a.rfind("--", 0) == 0) {
@@ -335,6 +345,7 @@ int Main(int argc, char** argv) {
                         {"max_tokens", o.max_tokens},
                         {"block_size", o.block_size},
                         {"temperature", o.temperature},
+                        {"schema", o.schema},
                         {"threads", o.threads},  // as asked; each level has what it got
                         {"levels", levels}};
     std::ofstream(o.json) << j.dump(2) << "\n";

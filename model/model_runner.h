@@ -65,6 +65,11 @@ struct SampleRow {
   // -1: no logprobs; else the chosen token's raw logprob and this many
   // alternatives (<= kMaxSampleLogprobs).
   int32_t num_logprobs = -1;
+  // Constrained decoding: empty, or a bitset of the tokens allowed
+  // (ceil(vocab / 32) words; bit id % 32 of word id / 32), the layout a
+  // sampling kernel can read per row. Disallowed tokens are never drawn;
+  // logprobs stay the model's raw ones.
+  std::span<const uint32_t> allowed;
 };
 
 inline constexpr int32_t kMaxSampleLogprobs = 20;

@@ -141,6 +141,7 @@ EngineImpl::EngineImpl(const EngineConfig& config, int32_t max_model_len,
       vocab_size_(model_config_.vocab_size),
       block_size_(kv_config.block_size),
       num_blocks_(kv_config.num_blocks),
+      grammars_(tokenizer_, vocab_size_),
       default_eviction_(eviction),
       tiers_(std::move(tiers)),
       kv_(kv_config),
@@ -239,6 +240,18 @@ absl::Status EngineImpl::Validate(GenerateRequest& r, RequestState* req) const {
   limits.vocab_size = vocab_size_;
   KV_RETURN_IF_ERROR(ValidateRequestParams(r, limits));
   KV_RETURN_IF_ERROR(ResolveEviction(r.kv_policy, req));
+  if (!r.constraint.empty()) {
+    // Only the CPU sampler applies token masks so far (docs/structured-outputs.md).
+    if (runner_->memory_info().device != "cpu") {
+      return FieldError(r.constraint.field, absl::StrCat(r.constraint.field,
+                                                         ": constrained decoding needs the CPU "
+                                                         "sampler; this server samples on ",
+                                                         runner_->memory_info().device));
+    }
+    absl::StatusOr<std::shared_ptr<const CompiledGrammar>> g = grammars_.Compile(r.constraint);
+    if (!g.ok()) return g.status();
+    req->grammar = *std::move(g);
+  }
   const bool evicting = req->eviction.evicts();
   const bool unbounded = evicting && Unbounded(req->eviction.policy);
   if (!r.prompt_token_ids.empty()) {
@@ -409,6 +422,7 @@ void EngineImpl::Admit(std::unique_ptr<RequestState> req) {
   if (req->policy) {
     seq->evictor = std::make_unique<SequenceEvictor>(req->policy, req->eviction, req->hold_limit);
   }
+  if (req->grammar) seq->grammar = std::make_unique<SequenceGrammar>(req->grammar);
   req->num_live = 1;
   req->forked = req->params.n == 1;
   if (config_.fair_clients) req->client_rank = live_per_client_[req->params.client]++;
@@ -630,6 +644,11 @@ void EngineImpl::Step() {
   for (size_t i = 0; i < sample_rows_.size(); ++i) {
     EmitToken(sample_seqs_[i], sampled[i].token, sampled[i].logprob, &sampled[i].top);
   }
+  for (Sequence* seq : grammar_dead_) {
+    FinishRequest(seq->request, FinishReason::kError,
+                  "constrained decoding: the grammar allows no token after the output so far");
+  }
+  grammar_dead_.clear();
   EvictAfterStep();
   if (config_.debug_check_invariants) {
     if (absl::Status s = kv_.CheckInvariants(); !s.ok()) {
@@ -656,6 +675,10 @@ void EngineImpl::AddSampleRows(Sequence* seq, int32_t logits_index) {
 
 void EngineImpl::AddSampleRow(Sequence* seq, int32_t logits_index) {
   const GenerateRequest& p = seq->request->params;
+  if (seq->grammar && !seq->grammar->PrepareMask(seq->request->stop_ids)) {
+    grammar_dead_.push_back(seq);
+    return;
+  }
   SampleRow& row = sample_rows_.emplace_back();
   row.logits_index = logits_index;
   row.params = &p.sampling;
@@ -664,6 +687,7 @@ void EngineImpl::AddSampleRow(Sequence* seq, int32_t logits_index) {
   row.state = &seq->rng;
   row.seed = seq->seed;
   row.num_logprobs = p.logprobs;
+  if (seq->grammar) row.allowed = seq->grammar->mask();
   sample_seqs_.push_back(seq);
 }
 
@@ -677,6 +701,7 @@ void EngineImpl::Fork(Sequence* parent) {
       child->evictor = std::make_unique<SequenceEvictor>(*parent->evictor);
       evicting_.push_back(child.get());
     }
+    if (parent->grammar) child->grammar = std::make_unique<SequenceGrammar>(*parent->grammar);
     kv_.Fork(parent->id, child->id);
     scheduler_.AddRunning(child.get());
     req->samples.push_back(std::move(child));
@@ -711,10 +736,20 @@ void EngineImpl::EmitToken(Sequence* seq, int32_t token, float logprob,
     FinishSample(seq, FinishReason::kStop, /*flush_text=*/true);
     return;
   }
+  const GrammarStep grammar = seq->grammar ? AdvanceGrammar(seq, token) : GrammarStep::kGoOn;
   piece_scratch_.clear();
   seq->detok.Add(token, &piece_scratch_);
   if (!piece_scratch_.empty() && seq->stop.Add(piece_scratch_, &seq->out.text)) {
     FinishSample(seq, FinishReason::kStop, /*flush_text=*/false);
+    return;
+  }
+  if (grammar == GrammarStep::kRejected) {
+    FinishSample(seq, FinishReason::kError, /*flush_text=*/true,
+                 "constrained decoding: the sampled token's text does not fit the grammar");
+    return;
+  }
+  if (grammar == GrammarStep::kEnd) {
+    FinishSample(seq, FinishReason::kStop, /*flush_text=*/true);
     return;
   }
   const bool bounded = !seq->evictor || !Unbounded(seq->evictor->kind());
@@ -722,6 +757,12 @@ void EngineImpl::EmitToken(Sequence* seq, int32_t token, float logprob,
       (bounded && static_cast<int32_t>(seq->tokens.size()) >= max_model_len_)) {
     FinishSample(seq, FinishReason::kLength, /*flush_text=*/true);
   }
+}
+
+EngineImpl::GrammarStep EngineImpl::AdvanceGrammar(Sequence* seq, int32_t token) {
+  const int32_t prev = seq->tokens.size() >= 2 ? seq->tokens[seq->tokens.size() - 2] : -1;
+  if (!seq->grammar->Accept(tokenizer_->TokenBytes(token, prev))) return GrammarStep::kRejected;
+  return seq->grammar->MustEnd() ? GrammarStep::kEnd : GrammarStep::kGoOn;
 }
 
 void EngineImpl::FinishSample(Sequence* seq, FinishReason reason, bool flush_text,

@@ -122,6 +122,10 @@ class EngineImpl final : public Engine {
   void Fork(Sequence* parent);
   void EmitToken(Sequence* seq, int32_t token, float logprob,
                  std::vector<std::pair<int32_t, float>>* top);
+  // Feeds an emitted (non-stop) token to the sequence's grammar: kEnd when
+  // the grammar must end there (the sample stops at once).
+  enum class GrammarStep { kGoOn, kEnd, kRejected };
+  GrammarStep AdvanceGrammar(Sequence* seq, int32_t token);
   void FinishSample(Sequence* seq, FinishReason reason, bool flush_text,
                     const std::string& error = "");
   void FinishRequest(RequestState* req, FinishReason reason, const std::string& error = "");
@@ -138,6 +142,7 @@ class EngineImpl final : public Engine {
   const int32_t vocab_size_;
   const int32_t block_size_;
   const int32_t num_blocks_;
+  mutable EngineGrammars grammars_;        // compiles constraints at Submit
   const EvictionParams default_eviction_;  // budget resolved against the model
   // One shared policy per kind (null: none, or learned without a model).
   std::vector<std::shared_ptr<const EvictionPolicy>> policies_;
@@ -156,6 +161,8 @@ class EngineImpl final : public Engine {
   std::vector<int64_t> stats_offset_;     // [plan seqs]: into attn_stats_, or -1
   std::vector<int32_t> evict_positions_;  // scratch
   std::vector<Sequence*> evicting_;       // to evict after this step's sampling
+  // Constrained rows whose grammar allows no token this step.
+  std::vector<Sequence*> grammar_dead_;
   std::string piece_scratch_;
   std::vector<std::unique_ptr<RequestState>> live_;
   // With fair_clients: live requests per GenerateRequest::client.

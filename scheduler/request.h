@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/grammar/grammar_spec.h"
 #include "model/sampling/sampling_params.h"
 
 namespace kvserve {
@@ -48,6 +49,7 @@ struct GenerateRequest {
   // front ends set it (server/client_limiter.h ClientKey), never the caller.
   std::string client;
   KvPolicyOverride kv_policy;  // KV eviction; empty = the engine's
+  GrammarSpec constraint;      // constrained decoding (model/grammar); empty = none
 };
 
 struct TokenLogprob {

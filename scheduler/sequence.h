@@ -40,6 +40,7 @@
 #include "cache/sequence_evictor.h"
 #include "model/sampling/sampler.h"
 #include "scheduler/detokenizer.h"
+#include "scheduler/grammar_state.h"
 #include "scheduler/request.h"
 #include "scheduler/request_stream.h"
 #include "scheduler/stop_matcher.h"
@@ -67,6 +68,9 @@ struct Sequence {
 
   // KV eviction; null under policy none (forks copy their parent's).
   std::unique_ptr<SequenceEvictor> evictor;
+
+  // Constrained decoding; null without a constraint (forks copy their parent's).
+  std::unique_ptr<SequenceGrammar> grammar;
 
   // This step's event for the stream; pushed at the end of the step.
   GenerateOutput out;
@@ -107,6 +111,7 @@ struct RequestState {
   // KV eviction of every sample (policy none: no policy).
   EvictionParams eviction;
   std::shared_ptr<const EvictionPolicy> policy;
+  std::shared_ptr<const CompiledGrammar> grammar;  // params.constraint compiled; or null
   int32_t hold_limit = 0;  // entries a sample may hold after a step's append
   std::vector<std::unique_ptr<Sequence>> samples;  // 1 until forked, then n
   bool forked = false;

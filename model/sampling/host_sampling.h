@@ -24,7 +24,8 @@ class HostRowSampler {
  public:
   // logits: [num_logits_rows][vocab]. InvalidArgument names the bad row
   // (logits_index outside the rows, no params, no state for a random draw,
-  // num_logprobs above kMaxSampleLogprobs) before anything is drawn.
+  // num_logprobs above kMaxSampleLogprobs, a mask of the wrong size or with
+  // no token set) before anything is drawn.
   absl::Status Sample(std::span<const float> logits, int32_t vocab, std::span<const SampleRow> rows,
                       std::span<SampledToken> out);
 
@@ -34,8 +35,11 @@ class HostRowSampler {
   SampleLogprobs logprobs_;
 };
 
-// The checks HostRowSampler::Sample makes, for other backends.
+// The checks HostRowSampler::Sample makes, for other backends. A row with a
+// token mask (SampleRow::allowed) is refused unless masks_supported: the
+// CUDA sampling kernel does not apply masks yet, and a constrained row must
+// never be sampled unconstrained.
 absl::Status ValidateSampleRows(std::span<const SampleRow> rows, size_t out_size,
-                                int64_t num_logits_rows);
+                                int64_t num_logits_rows, bool masks_supported = false);
 
 }  // namespace kvserve

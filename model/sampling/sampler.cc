@@ -207,7 +207,8 @@ void Sampler::ApplyPenalties(std::span<float> logits, const SamplingParams& para
 
 int32_t Sampler::Sample(std::span<float> logits, const SamplingParams& params,
                         std::span<const int32_t> prompt, std::span<const int32_t> output,
-                        SamplerState* state, SampleLogprobs* logprobs, int32_t num_top_logprobs) {
+                        SamplerState* state, SampleLogprobs* logprobs, int32_t num_top_logprobs,
+                        std::span<const uint32_t> allowed) {
   if (logits.empty()) {
     std::fprintf(stderr, "Sampler: empty logits row\n");
     std::abort();
@@ -217,6 +218,7 @@ int32_t Sampler::Sample(std::span<float> logits, const SamplingParams& params,
     for (float& l : raw_) l = l == l ? l : -kInf;  // keeps the orderings strict
   }
   ApplyPenalties(logits, params, prompt, output);
+  if (!allowed.empty()) ApplyMask(logits, allowed);
 
   int32_t chosen;
   if (params.is_greedy()) {
@@ -250,6 +252,32 @@ int32_t Sampler::Sample(std::span<float> logits, const SamplingParams& params,
   }
   if (logprobs != nullptr) FillLogprobs(raw_, chosen, num_top_logprobs, logprobs);
   return chosen;
+}
+
+void Sampler::ApplyMask(std::span<float> logits, std::span<const uint32_t> allowed) {
+  const size_t vocab = logits.size();
+  if (allowed.size() != (vocab + 31) / 32) {
+    std::fprintf(stderr, "Sampler: a mask of %zu words for vocab %zu\n", allowed.size(), vocab);
+    std::abort();
+  }
+  bool any = false;
+  for (size_t w = 0; w < allowed.size(); ++w) {
+    const uint32_t bits = allowed[w];
+    any |= bits != 0;
+    if (bits == ~uint32_t{0}) continue;
+    const size_t end = std::min(vocab, w * 32 + 32);
+    if (bits == 0) {
+      std::fill(logits.begin() + w * 32, logits.begin() + end, -kInf);
+      continue;
+    }
+    for (size_t i = w * 32; i < end; ++i) {
+      if (!((bits >> (i & 31)) & 1)) logits[i] = -kInf;
+    }
+  }
+  if (!any) {
+    std::fprintf(stderr, "Sampler: a mask that allows no token\n");
+    std::abort();
+  }
 }
 
 void Sampler::ComputeWeights(std::span<const float> logits, float max_logit) {

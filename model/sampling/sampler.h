@@ -79,11 +79,18 @@ class Sampler {
   //   state: the sequence's generator; untouched when greedy.
   //   logprobs: optional; filled with the chosen token's raw logprob and the
   //     num_top_logprobs best alternatives.
+  //   allowed: empty, or a bitset of the tokens that may be drawn (bit id % 32
+  //     of word id / 32, ceil(vocab / 32) words): the others' logits become
+  //     -inf after the penalties (logprobs stay raw). At least one must be
+  //     set (a broken invariant aborts).
   // params must have passed Validate().
   int32_t Sample(std::span<float> logits, const SamplingParams& params,
                  std::span<const int32_t> prompt, std::span<const int32_t> output,
                  SamplerState* state, SampleLogprobs* logprobs = nullptr,
-                 int32_t num_top_logprobs = 0);
+                 int32_t num_top_logprobs = 0, std::span<const uint32_t> allowed = {});
+
+  // Sets the logits of the tokens not in `allowed` (as in Sample) to -inf.
+  static void ApplyMask(std::span<float> logits, std::span<const uint32_t> allowed);
 
   // The penalty stage alone, in place (what Sample does first):
   //   repetition (HF / vLLM): each distinct token of prompt + output has its

@@ -172,6 +172,33 @@ absl::Status FromProto(const v1::GenerateRequest& p, const RequestLimits& limits
     if (k.has_sink_tokens()) g->kv_policy.sink_tokens = k.sink_tokens();
     if (k.has_recent_tokens()) g->kv_policy.recent_tokens = k.recent_tokens();
   }
+  if (p.has_constraint()) {
+    const v1::Constraint& c = p.constraint();
+    GrammarSpec& spec = g->constraint;
+    switch (c.kind_case()) {
+      case v1::Constraint::kJsonSchema:
+        spec.kind = GrammarSpec::Kind::kJsonSchema;
+        spec.text = c.json_schema();
+        spec.field = "constraint.json_schema";
+        break;
+      case v1::Constraint::kJsonObject:
+        if (c.json_object()) spec.kind = GrammarSpec::Kind::kJsonObject;
+        spec.field = "constraint.json_object";
+        break;
+      case v1::Constraint::kRegex:
+        spec.kind = GrammarSpec::Kind::kRegex;
+        spec.text = c.regex();
+        spec.field = "constraint.regex";
+        break;
+      case v1::Constraint::kChoice:
+        spec.kind = GrammarSpec::Kind::kChoice;
+        spec.choices.assign(c.choice().choices().begin(), c.choice().choices().end());
+        spec.field = "constraint.choice.choices";
+        break;
+      case v1::Constraint::KIND_NOT_SET:
+        break;
+    }
+  }
   return ValidateRequestParams(*g, limits);
 }
 

@@ -14,6 +14,7 @@
 #include "server/logging.h"
 #include "server/openai/json_body.h"
 #include "server/openai/openai_protocol.h"
+#include "server/openai/tokenize.h"
 
 namespace kvserve {
 namespace {
@@ -214,8 +215,9 @@ void HttpService::DetachEngine() {
 }
 
 std::optional<HttpResponse> HttpService::Authorize(const HttpRequest& head) const {
-  const bool guarded =
-      absl::StartsWith(head.path, "/v1/") || (options_.metrics_auth && head.path == "/metrics");
+  const bool guarded = absl::StartsWith(head.path, "/v1/") || head.path == "/tokenize" ||
+                       head.path == "/detokenize" ||
+                       (options_.metrics_auth && head.path == "/metrics");
   if (!guarded || keys_->Authorize(head.Header("Authorization"))) {
     return std::nullopt;
   }
@@ -237,11 +239,16 @@ void HttpService::Handle(std::shared_ptr<HttpExchange> ex) {
   } else if (req.method == "POST") {
     if (req.path == "/v1/completions") return HandleGenerate(/*chat=*/false, std::move(ex));
     if (req.path == "/v1/chat/completions") return HandleGenerate(/*chat=*/true, std::move(ex));
+    if (req.path == "/tokenize") return HandleTokenize(/*detokenize=*/false, std::move(ex));
+    if (req.path == "/detokenize") return HandleTokenize(/*detokenize=*/true, std::move(ex));
   }
   // A route asked with another method is 405 with the methods it takes.
   const char* allow = nullptr;
   if (req.path == "/health" || req.path == "/metrics" || req.path == "/v1/models") allow = "GET";
-  if (req.path == "/v1/completions" || req.path == "/v1/chat/completions") allow = "POST";
+  if (req.path == "/v1/completions" || req.path == "/v1/chat/completions" ||
+      req.path == "/tokenize" || req.path == "/detokenize") {
+    allow = "POST";
+  }
   ApiError e;
   e.http_status = allow != nullptr ? 405 : 404;
   e.type = allow != nullptr ? "invalid_request_error" : "not_found_error";
@@ -291,6 +298,39 @@ HttpResponse HttpService::Models() const {
                                                    {"created", created_},
                                                    {"owned_by", "kvserve"},
                                                    {"max_model_len", info.max_model_len}}})}});
+}
+
+void HttpService::HandleTokenize(bool detokenize, std::shared_ptr<HttpExchange> ex) {
+  // Tokenizing is work: off the io threads, as generation requests are.
+  boost::asio::post(*workers_, [this, detokenize, ex = std::move(ex)] {
+    HttpResponse r;
+    try {
+      absl::ReaderMutexLock lock(&engine_mu_);
+      Engine* engine = engine_detached_ ? nullptr : state_->engine();
+      if (!state_->ready() || engine == nullptr) {
+        r = ErrorResponse(Unavailable(state_->phase()));
+      } else {
+        ApiContext ctx;
+        ctx.tokenizer = &engine->tokenizer();
+        ctx.chat_template = &state_->chat_template();
+        ctx.model_name = state_->info().name;
+        ctx.max_model_len = state_->info().max_model_len;
+        ctx.limits = options_.limits;
+        json body;
+        std::optional<ApiError> e = detokenize ? Detokenize(ex->request().body, ctx, &body)
+                                               : Tokenize(ex->request().body, ctx, &body);
+        r = e ? ErrorResponse(*e) : JsonResponse(200, body);
+      }
+    } catch (const std::exception& e) {
+      spdlog::error("http {}: internal error: {}", LogText(ex->request().path), e.what());
+      ApiError err;
+      err.http_status = 500;
+      err.type = "server_error";
+      err.message = "internal error while handling the request";
+      r = ErrorResponse(err);
+    }
+    ex->Post([ex, r = std::move(r)]() mutable { ex->Respond(std::move(r)); });
+  });
 }
 
 void HttpService::HandleGenerate(bool chat, std::shared_ptr<HttpExchange> ex) {

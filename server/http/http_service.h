@@ -3,6 +3,7 @@
 //
 //   POST /v1/completions, POST /v1/chat/completions   plain JSON or SSE (`stream: true`)
 //   GET  /v1/models                                   the one served model
+//   POST /tokenize, POST /detokenize                  vLLM's shapes (server/openai/tokenize.h)
 //   GET  /health                                      200 ready; 503 loading or draining
 //   GET  /metrics                                     Prometheus text format
 //
@@ -103,6 +104,8 @@ class HttpService {
   std::optional<HttpResponse> Authorize(const HttpRequest& head) const;
   void Handle(std::shared_ptr<HttpExchange> exchange);
   void HandleGenerate(bool chat, std::shared_ptr<HttpExchange> exchange);
+  // POST /tokenize and /detokenize (server/openai/tokenize.h).
+  void HandleTokenize(bool detokenize, std::shared_ptr<HttpExchange> exchange);
   // The body of HandleGenerate on a worker thread; may throw (caught there).
   void GenerateOnWorker(bool chat, const std::shared_ptr<HttpExchange>& exchange);
   HttpResponse Health() const;

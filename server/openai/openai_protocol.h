@@ -22,7 +22,9 @@
 // eviction: a policy name or {"policy", "budget", "sink_tokens",
 // "recent_tokens"}, errors name e.g. kv_policy.budget),
 // priority, and (chat) add_generation_prompt and chat_template_kwargs as
-// vLLM has them. Messages, tools and chat_template_kwargs reach a
+// vLLM has them; structured outputs: response_format, guided_json,
+// guided_regex, guided_choice and structured_outputs
+// (server/openai/structured_output.h). Messages, tools and chat_template_kwargs reach a
 // checkpoint's own chat template (model/chat/chat_template.h); when it refuses a
 // conversation (raise_exception) the 400 names `messages`.
 //
@@ -95,6 +97,10 @@ struct ApiRequest {
   bool echo = false;           // completions: prepend the prompt text
   std::string echo_text;
   std::string user;
+  // Chat with tools and tool_choice other than "none": the output is parsed
+  // for tool calls (server/openai/tool_calls.h); streamed, each sample's
+  // text is held until it ends, then sent as delta.tool_calls or content.
+  bool parse_tool_calls = false;
 };
 
 // Request bodies nested deeper than this (arrays and objects, the body's own
@@ -150,6 +156,7 @@ class ResponseAccumulator {
   };
   ApiKind kind_;
   bool want_logprobs_;
+  bool parse_tool_calls_;
   std::vector<Choice> choices_;
   Usage usage_;
   std::string error_;
@@ -184,6 +191,8 @@ class StreamFormatter {
   int64_t created_;
   std::string model_;
   Usage usage_;
+  bool parse_tool_calls_;
+  std::map<int32_t, std::string> held_;  // index -> text held for tool-call parsing
   LogprobFormatter logprob_formatter_;
 };
 

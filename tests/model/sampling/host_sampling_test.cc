@@ -88,3 +88,66 @@ TEST_CASE("Host sampling: malformed rows are named before anything is drawn", "[
 
 }  // namespace
 }  // namespace kvserve
+
+namespace kvserve {
+namespace {
+
+TEST_CASE("Host sampling: a token mask is never left by greedy top-k top-p or random draws",
+          "[model]") {
+  constexpr int32_t kVocab = 40;  // two mask words, the second partly used
+  std::vector<float> logits(kVocab);
+  for (int32_t i = 0; i < kVocab; ++i) logits[i] = static_cast<float>(i % 7);
+  // Allowed: 3, 10 and 33 (logits 3, 3 and 5); the best tokens (6, 13, ...) are not.
+  std::vector<uint32_t> mask = {(1u << 3) | (1u << 10), 1u << (33 - 32)};
+  for (float temperature : {0.0f, 0.7f, 1.0f, 2.0f}) {
+    for (int32_t top_k : {0, 2, 50}) {
+      for (float top_p : {1.0f, 0.5f}) {
+        SamplingParams p;
+        p.temperature = temperature;
+        p.top_k = top_k;
+        p.top_p = top_p;
+        for (uint64_t seed = 0; seed < 25; ++seed) {
+          SamplerState state(seed);
+          std::vector<SampleRow> rows(1);
+          rows[0].params = &p;
+          rows[0].state = &state;
+          rows[0].allowed = mask;
+          rows[0].num_logprobs = 1;
+          std::vector<SampledToken> out(1);
+          HostRowSampler sampler;
+          REQUIRE(sampler.Sample(logits, kVocab, rows, out).ok());
+          INFO("temperature " << temperature << " top_k " << top_k << " seed " << seed);
+          REQUIRE((out[0].token == 3 || out[0].token == 10 || out[0].token == 33));
+          if (temperature == 0.0f) REQUIRE(out[0].token == 33);
+          // Logprobs stay the model's: the raw best token (6) leads the top list.
+          REQUIRE(out[0].top[0].first == 6);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("Host sampling: masks of the wrong size or with no token are refused", "[model]") {
+  const std::vector<float> logits(40, 0.0f);
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  std::vector<SampleRow> rows(1);
+  rows[0].params = &greedy;
+  std::vector<SampledToken> out(1);
+  HostRowSampler sampler;
+  const std::vector<uint32_t> short_mask = {1};
+  rows[0].allowed = short_mask;
+  absl::Status s = sampler.Sample(logits, 40, rows, out);
+  CHECK(s.message() == "Sample: rows[0].allowed has 1 words; vocab 40 needs 2");
+  const std::vector<uint32_t> empty_mask = {0, 0};
+  rows[0].allowed = empty_mask;
+  s = sampler.Sample(logits, 40, rows, out);
+  CHECK(s.message() == "Sample: rows[0].allowed allows no token");
+  // Backends whose sampler does not apply masks refuse a masked row.
+  s = ValidateSampleRows(rows, 1, 1);
+  CHECK(s.code() == absl::StatusCode::kUnimplemented);
+  CHECK(s.message() == "Sample: rows[0] has a token mask, which this sampler does not apply yet");
+}
+
+}  // namespace
+}  // namespace kvserve

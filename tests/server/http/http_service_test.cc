@@ -190,6 +190,34 @@ TEST_CASE("POST /v1/chat/completions and GET /v1/models", "[server]") {
   REQUIRE(models["data"][0]["max_model_len"] == 256);
 }
 
+TEST_CASE("POST /tokenize and /detokenize answer in vLLM's shapes", "[server]") {
+  Daemonette d;
+  auto r = d.Post("/tokenize", R"({"model": "fake", "prompt": "hi"})");
+  REQUIRE(r->status == 200);
+  // Byte-level: BOS then 3 + each byte.
+  CHECK(json::parse(r->body) == json{{"count", 3},
+                                     {"max_model_len", 256},
+                                     {"tokens", {1, 3 + 'h', 3 + 'i'}},
+                                     {"token_strs", nullptr}});
+  r = d.Post("/tokenize", R"({"prompt": "hi", "add_special_tokens": false})");
+  CHECK(json::parse(r->body)["tokens"] == json{3 + 'h', 3 + 'i'});
+  // Messages render with the chat template, as /v1/chat/completions does.
+  r = d.Post("/tokenize", R"({"messages": [{"role": "user", "content": "x"}]})");
+  REQUIRE(r->status == 200);
+  const json chat = json::parse(r->body);
+  CHECK(chat["count"] == chat["tokens"].size());
+  CHECK(chat["count"].get<int>() > 2);
+  r = d.Post("/detokenize", json{{"tokens", {3 + 'o', 3 + 'k'}}}.dump());
+  REQUIRE(r->status == 200);
+  CHECK(json::parse(r->body) == json{{"prompt", "ok"}});
+  RequireError(d.Post("/detokenize", R"({"tokens": [4, 512]})"), 400, "tokens[1]");
+  RequireError(d.Post("/tokenize", R"({"text": "x"})"), 400, "prompt");
+  RequireError(d.Post("/tokenize", R"({"model": "other", "prompt": "x"})"), 404, "model");
+  auto g = d.Client().Get("/tokenize");
+  REQUIRE(g->status == 405);
+  CHECK(g->get_header_value("Allow") == "POST");
+}
+
 TEST_CASE("Bad requests get the right status and a JSON body, and serving goes on", "[server]") {
   Daemonette d;
   SECTION("400 naming the field") {

@@ -1,5 +1,5 @@
-#include "server/openai/openai_protocol.h"
-
+// Request parsing of the OpenAI wire format (server/openai/openai_protocol.h):
+// bodies into GenerateRequests, and errors as OpenAI error objects.
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -10,6 +10,8 @@
 #include "scheduler/request_validation.h"
 #include "server/client_limiter.h"
 #include "server/openai/json_body.h"
+#include "server/openai/openai_protocol.h"
+#include "server/openai/structured_output.h"
 #include "server/request_budget.h"
 #include "util/field_status.h"
 
@@ -295,6 +297,92 @@ std::optional<ApiError> ChatTemplateInputs(const json& body, const std::string& 
   return std::nullopt;
 }
 
+// The JSON schema of one call of `tool` ({"type": "function", "function":
+// {"name", "parameters"}}): {"name": <its name>, "arguments": <parameters>},
+// the shape every format's parser reads (tool_calls.h).
+nlohmann::ordered_json CallSchema(const nlohmann::ordered_json& tool) {
+  using ojson = nlohmann::ordered_json;
+  const ojson& fn = tool["function"];
+  ojson params =
+      fn.contains("parameters") && fn["parameters"].is_object() && !fn["parameters"].empty()
+          ? fn["parameters"]
+          : ojson{{"type", "object"}};
+  return ojson{{"type", "object"},
+               {"properties", {{"name", {{"const", fn["name"]}}}, {"arguments", params}}},
+               {"required", {"name", "arguments"}},
+               {"additionalProperties", false}};
+}
+
+// tool_choice: "none", "auto", "required" or {"type": "function", "function":
+// {"name"}} naming one of `tools`. Tool calls are parsed from the output
+// unless there are no tools or tool_choice is "none"; "required" and a named
+// function constrain decoding to one call ({"name", "arguments"} JSON of the
+// tools' schemas), which errors name under "tools".
+std::optional<ApiError> ParseToolChoice(const json& body, const std::string& raw_body,
+                                        ApiRequest* r) {
+  bool* parse = &r->parse_tool_calls;
+  const json* tools = Member(body, "tools");
+  const json* choice = Member(body, "tool_choice");
+  *parse = tools != nullptr && tools->is_array() && !tools->empty();
+  if (choice == nullptr) return std::nullopt;
+  std::string named;
+  if (choice->is_string()) {
+    const std::string c = choice->get<std::string>();
+    if (c != "none" && c != "auto" && c != "required") {
+      return InvalidRequest("tool_choice",
+                            "'tool_choice' must be \"none\", \"auto\", "
+                            "\"required\" or a named function");
+    }
+    if (c == "none") *parse = false;
+    if (c != "none" && !*parse) {
+      return InvalidRequest("tool_choice", "'tool_choice' needs 'tools'");
+    }
+    if (c != "required") return std::nullopt;
+  } else {
+    const json* fn = choice->is_object() ? Member(*choice, "function") : nullptr;
+    const json* name = fn != nullptr && fn->is_object() ? Member(*fn, "name") : nullptr;
+    if (name == nullptr || !name->is_string()) {
+      return InvalidRequest("tool_choice.function.name",
+                            "'tool_choice' must be a string or {\"type\": \"function\", "
+                            "\"function\": {\"name\": ...}}");
+    }
+    named = name->get<std::string>();
+  }
+  // Constrain to a call: the tools re-read in member order.
+  std::variant<nlohmann::ordered_json, JsonBodyError> parsed =
+      ParseOrderedJsonBody(raw_body, kMaxJsonDepth);
+  if (const JsonBodyError* err = std::get_if<JsonBodyError>(&parsed)) {
+    return InvalidRequest(err->path, err->message);
+  }
+  const nlohmann::ordered_json& ordered = std::get<nlohmann::ordered_json>(parsed)["tools"];
+  nlohmann::ordered_json calls = nlohmann::ordered_json::array();
+  for (size_t i = 0; i < ordered.size(); ++i) {
+    const auto& t = ordered[i];
+    const bool ok = t.is_object() && t.contains("function") && t["function"].is_object() &&
+                    t["function"].contains("name") && t["function"]["name"].is_string();
+    if (!ok) {
+      const std::string param = absl::StrCat("tools[", i, "].function.name");
+      return InvalidRequest(param, absl::StrCat("'", param, "' must be a string"));
+    }
+    if (named.empty() || t["function"]["name"] == named) calls.push_back(CallSchema(t));
+  }
+  if (calls.empty()) {
+    return InvalidRequest("tool_choice.function.name",
+                          absl::StrCat("'tool_choice.function.name' names '",
+                                       CapClientText(named, 64), "', which is not one of 'tools'"));
+  }
+  if (!r->request.constraint.empty()) {
+    return InvalidRequest("tool_choice",
+                          absl::StrCat("'tool_choice' requires a tool call, but '",
+                                       r->request.constraint.field, "' constrains the output too"));
+  }
+  GrammarSpec& spec = r->request.constraint;
+  spec.kind = GrammarSpec::Kind::kJsonSchema;
+  spec.text = (calls.size() == 1 ? calls[0] : nlohmann::ordered_json{{"anyOf", calls}}).dump();
+  spec.field = "tools";
+  return std::nullopt;
+}
+
 // The prompt's text within the byte budget, tokenized. Its token count is
 // checked by the caller, after the context-length check that names OpenAI's
 // code.
@@ -469,6 +557,8 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
   }
 
   API_TRY(ParseSampling(j, &r));
+  API_TRY(ParseStructuredOutput(j, body, &g.constraint));
+  if (kind == ApiKind::kChat) API_TRY(ParseToolChoice(j, body, &r));
 
   std::optional<int64_t> i;
   API_TRY(GetInt(j, "n", &i));
@@ -610,243 +700,6 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
   }
   *out = std::move(r);
   return std::nullopt;
-}
-
-nlohmann::json FinishReasonJson(FinishReason reason) {
-  switch (reason) {
-    case FinishReason::kNone:
-      return nullptr;
-    case FinishReason::kStop:
-      return "stop";
-    case FinishReason::kLength:
-      return "length";
-    case FinishReason::kCancelled:
-      return "abort";
-    case FinishReason::kError:
-      return "error";
-  }
-  return nullptr;
-}
-
-nlohmann::json UsageJson(const Usage& usage) {
-  return json{{"prompt_tokens", usage.prompt_tokens},
-              {"completion_tokens", usage.completion_tokens},
-              {"total_tokens", usage.prompt_tokens + usage.completion_tokens},
-              {"prompt_tokens_details", {{"cached_tokens", usage.cached_prompt_tokens}}}};
-}
-
-std::string DumpJson(const nlohmann::json& j) {
-  return j.dump(-1, ' ', false, json::error_handler_t::replace);
-}
-
-// ---- logprobs ----------------------------------------------------------------
-
-std::string LogprobFormatter::TokenText(int32_t id, int32_t prev) const {
-  return SanitizeUtf8(tokenizer_->TokenBytes(id, prev));
-}
-
-void LogprobFormatter::Append(int32_t index, const std::vector<TokenLogprob>& logprobs,
-                              nlohmann::json* into) {
-  // OpenAI writes -9999 where a probability underflows; JSON has no -inf.
-  auto finite = [](float lp) { return std::isfinite(lp) ? static_cast<double>(lp) : -9999.0; };
-  auto bytes = [this](int32_t id, int32_t prev) {
-    json b = json::array();
-    for (unsigned char c : tokenizer_->TokenBytes(id, prev)) b.push_back(static_cast<int>(c));
-    return b;
-  };
-  if (into->is_null()) {
-    *into = kind_ == ApiKind::kChat ? json{{"content", json::array()}}
-                                    : json{{"tokens", json::array()},
-                                           {"token_logprobs", json::array()},
-                                           {"top_logprobs", json::array()},
-                                           {"text_offset", json::array()}};
-  }
-  auto [it, inserted] = prev_.try_emplace(index, last_prompt_token_);
-  int32_t& prev = it->second;
-  int64_t& offset = text_offset_[index];
-  for (const TokenLogprob& tl : logprobs) {
-    std::string text = TokenText(tl.token_id, prev);
-    if (kind_ == ApiKind::kChat) {
-      json top = json::array();
-      for (const auto& [id, lp] : tl.top) {
-        top.push_back(
-            {{"token", TokenText(id, prev)}, {"logprob", finite(lp)}, {"bytes", bytes(id, prev)}});
-      }
-      (*into)["content"].push_back({{"token", text},
-                                    {"logprob", finite(tl.logprob)},
-                                    {"bytes", bytes(tl.token_id, prev)},
-                                    {"top_logprobs", top}});
-    } else {
-      (*into)["tokens"].push_back(text);
-      (*into)["token_logprobs"].push_back(finite(tl.logprob));
-      if (tl.top.empty()) {
-        (*into)["top_logprobs"].push_back(nullptr);
-      } else {
-        json top = json::object();
-        for (const auto& [id, lp] : tl.top) top[TokenText(id, prev)] = finite(lp);
-        (*into)["top_logprobs"].push_back(top);
-      }
-      (*into)["text_offset"].push_back(offset);
-    }
-    offset += static_cast<int64_t>(text.size());
-    prev = tl.token_id;
-  }
-}
-
-// ---- whole responses -----------------------------------------------------------
-
-namespace {
-int32_t LastPromptToken(const ApiRequest& r) {
-  return r.request.prompt_token_ids.empty() ? -1 : r.request.prompt_token_ids.back();
-}
-}  // namespace
-
-ResponseAccumulator::ResponseAccumulator(const ApiRequest& request, const Tokenizer* tokenizer)
-    : kind_(request.kind),
-      want_logprobs_(request.request.logprobs >= 0),
-      choices_(static_cast<size_t>(request.request.n)),
-      logprob_formatter_(request.kind, tokenizer, LastPromptToken(request)) {
-  if (request.echo) {
-    for (Choice& c : choices_) c.text = request.echo_text;
-  }
-}
-
-void ResponseAccumulator::Add(const GenerateOutput& out) {
-  if (out.index < 0 || out.index >= static_cast<int32_t>(choices_.size())) return;
-  Choice& c = choices_[static_cast<size_t>(out.index)];
-  c.text += out.text;
-  if (want_logprobs_ && !out.logprobs.empty()) {
-    logprob_formatter_.Append(out.index, out.logprobs, &c.logprobs);
-  }
-  if (out.finish_reason != FinishReason::kNone) c.finish = out.finish_reason;
-  if (out.finish_reason == FinishReason::kError && error_.empty()) {
-    error_ = out.error.empty() ? "generation failed" : out.error;
-  }
-  if (out.request_finished) usage_ = out.usage;
-}
-
-nlohmann::json ResponseAccumulator::ToJson(const std::string& id, int64_t created,
-                                           const std::string& model) const {
-  json choices = json::array();
-  for (size_t k = 0; k < choices_.size(); ++k) {
-    const Choice& c = choices_[k];
-    json logprobs = want_logprobs_ && c.logprobs.is_null()
-                        ? (kind_ == ApiKind::kChat ? json{{"content", json::array()}} : json())
-                        : c.logprobs;
-    if (kind_ == ApiKind::kChat) {
-      choices.push_back({{"index", k},
-                         {"message", {{"role", "assistant"}, {"content", c.text}}},
-                         {"logprobs", logprobs},
-                         {"finish_reason", FinishReasonJson(c.finish)}});
-    } else {
-      choices.push_back({{"index", k},
-                         {"text", c.text},
-                         {"logprobs", logprobs},
-                         {"finish_reason", FinishReasonJson(c.finish)}});
-    }
-  }
-  return json{{"id", id},
-              {"object", kind_ == ApiKind::kChat ? "chat.completion" : "text_completion"},
-              {"created", created},
-              {"model", model},
-              {"choices", choices},
-              {"usage", UsageJson(usage_)}};
-}
-
-// ---- streaming --------------------------------------------------------------------
-
-StreamFormatter::StreamFormatter(const ApiRequest& request, const Tokenizer* tokenizer,
-                                 std::string id, int64_t created, std::string model)
-    : kind_(request.kind),
-      want_logprobs_(request.request.logprobs >= 0),
-      include_usage_(request.include_usage),
-      echo_(request.echo),
-      echo_text_(request.echo_text),
-      n_(request.request.n),
-      id_(std::move(id)),
-      created_(created),
-      model_(std::move(model)),
-      logprob_formatter_(request.kind, tokenizer, LastPromptToken(request)) {}
-
-nlohmann::json StreamFormatter::Chunk(nlohmann::json choices) const {
-  json chunk = {{"id", id_},
-                {"object", kind_ == ApiKind::kChat ? "chat.completion.chunk" : "text_completion"},
-                {"created", created_},
-                {"model", model_},
-                {"choices", std::move(choices)}};
-  if (include_usage_) chunk["usage"] = nullptr;
-  return chunk;
-}
-
-std::string StreamFormatter::Event(const nlohmann::json& chunk) const {
-  return absl::StrCat("data: ", DumpJson(chunk), "\n\n");
-}
-
-std::string StreamFormatter::Start() {
-  std::string events;
-  for (int32_t k = 0; k < n_; ++k) {
-    if (kind_ == ApiKind::kChat) {
-      events += Event(Chunk(json::array({{{"index", k},
-                                          {"delta", {{"role", "assistant"}, {"content", ""}}},
-                                          {"logprobs", nullptr},
-                                          {"finish_reason", nullptr}}})));
-    } else if (echo_ && !echo_text_.empty()) {
-      events += Event(Chunk(json::array({{{"index", k},
-                                          {"text", echo_text_},
-                                          {"logprobs", nullptr},
-                                          {"finish_reason", nullptr}}})));
-    }
-  }
-  return events;
-}
-
-std::string StreamFormatter::Add(const GenerateOutput& out) {
-  if (out.request_finished) usage_ = out.usage;
-  if (out.finish_reason == FinishReason::kError) {
-    ApiError e;
-    e.http_status = 500;
-    e.type = "server_error";
-    e.message = out.error.empty() ? "generation failed" : out.error;
-    return Event(e.ToJson());
-  }
-  json logprobs;
-  if (want_logprobs_ && !out.logprobs.empty()) {
-    logprob_formatter_.Append(out.index, out.logprobs, &logprobs);
-  }
-  const bool finished = out.finish_reason != FinishReason::kNone;
-  std::string events;
-  if (kind_ == ApiKind::kChat) {
-    if (!out.text.empty() || !logprobs.is_null()) {
-      events += Event(Chunk(json::array({{{"index", out.index},
-                                          {"delta", {{"content", out.text}}},
-                                          {"logprobs", logprobs},
-                                          {"finish_reason", nullptr}}})));
-    }
-    if (finished) {
-      events +=
-          Event(Chunk(json::array({{{"index", out.index},
-                                    {"delta", json::object()},
-                                    {"logprobs", nullptr},
-                                    {"finish_reason", FinishReasonJson(out.finish_reason)}}})));
-    }
-  } else if (!out.text.empty() || !logprobs.is_null() || finished) {
-    events += Event(Chunk(json::array({{{"index", out.index},
-                                        {"text", out.text},
-                                        {"logprobs", logprobs},
-                                        {"finish_reason", FinishReasonJson(out.finish_reason)}}})));
-  }
-  return events;
-}
-
-std::string StreamFormatter::Finish() {
-  std::string events;
-  if (include_usage_) {
-    json chunk = Chunk(json::array());
-    chunk["usage"] = UsageJson(usage_);
-    events += Event(chunk);
-  }
-  events += "data: [DONE]\n\n";
-  return events;
 }
 
 }  // namespace kvserve

@@ -1,0 +1,148 @@
+// CompiledGrammar and GrammarMatcher: a grammar (model/grammar/grammar.h)
+// run over bytes, and the allowed-token mask of a state over a TokenVocab.
+//
+// A matcher's state is a set of threads (NFA state, call stack), closed over
+// epsilon, call and return edges, so only threads about to read a byte remain,
+// plus whether the grammar may end here. Call stacks are interned in the
+// compiled grammar (frame = return state + parent frame), so a thread is two
+// ints and a state is a short sorted vector that hashes well.
+//
+// FillMask walks the vocabulary trie depth-first, stepping the state by each
+// node's byte and skipping a subtree as soon as its prefix is rejected. The
+// steps go through a DFA over state sets built lazily in the compiled grammar
+// (set -> id, (id, byte) -> id), so after the first walks a trie node costs
+// one table lookup. The mask
+// of a state is cached in the compiled grammar (key: the thread set), so a
+// state met again (inside a string, after the same key) costs a hash lookup
+// and a copy. Masks are bitsets, one bit per token id in 32-bit words (bit
+// id % 32 of word id / 32), the layout a sampling kernel can read per row.
+//
+// End tokens (EOS, stop ids) are not the grammar's: the caller allows them
+// when CanEnd().
+//
+// Thread-safety: a CompiledGrammar is shared by the requests that use the same
+// grammar; its stack table, mask cache and scratch are guarded by one mutex,
+// taken once per AcceptBytes / FillMask. A GrammarMatcher is a value owned by
+// one sequence (copy it to fork).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "model/grammar/grammar.h"
+#include "model/grammar/token_vocab.h"
+
+namespace kvserve {
+
+struct GrammarThread {
+  int32_t state = 0;
+  int32_t stack = -1;  // interned frame id; -1 empty
+  bool operator==(const GrammarThread& o) const { return state == o.state && stack == o.stack; }
+  bool operator<(const GrammarThread& o) const {
+    return state != o.state ? state < o.state : stack < o.stack;
+  }
+};
+
+struct GrammarStateSet {
+  std::vector<GrammarThread> threads;  // sorted, unique, each about to read
+  bool can_end = false;
+  ByteSet first;  // the bytes some thread reads
+  bool dead() const { return threads.empty() && !can_end; }
+};
+
+class CompiledGrammar {
+ public:
+  // A call stack deeper than this drops the thread (left recursion guard).
+  static constexpr int32_t kMaxStackDepth = 512;
+  // Cached masks per grammar; the cache is cleared when it fills.
+  static constexpr size_t kMaxCachedMasks = 1024;
+
+  CompiledGrammar(GrammarNfa nfa, std::shared_ptr<const TokenVocab> vocab);
+
+  const TokenVocab& vocab() const { return *vocab_; }
+  int32_t num_states() const { return static_cast<int32_t>(nfa_.states.size()); }
+  const GrammarStateSet& initial() const { return initial_; }
+
+  // The state after `bytes`; false (out untouched) if some byte is rejected.
+  bool Advance(const GrammarStateSet& in, std::string_view bytes, GrammarStateSet* out) const;
+  // Mask of the tokens whose bytes `in` accepts; returns how many.
+  int32_t FillMask(const GrammarStateSet& in, std::span<uint32_t> mask) const;
+  // Masks computed by a trie walk and masks served from the cache so far.
+  int64_t walks() const;
+  int64_t cache_hits() const;
+
+ private:
+  struct Frame {
+    int32_t ret = 0, parent = -1, depth = 0;
+  };
+  void Step(const GrammarStateSet& in, uint8_t byte, GrammarStateSet* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes seeds_ into out (consuming threads, can_end, first bytes).
+  void Close(GrammarStateSet* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int32_t Push(int32_t stack, int32_t ret) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int32_t WalkTrie(const GrammarStateSet& in, std::span<uint32_t> mask) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The lazily built DFA over state sets: Intern gives a set its id, Next
+  // the id after a byte (-1: dead), computed once and remembered.
+  int32_t Intern(const GrammarStateSet& set) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int32_t Next(int32_t id, uint8_t byte) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static std::vector<uint64_t> Key(const GrammarStateSet& set);
+
+  const GrammarNfa nfa_;
+  const std::shared_ptr<const TokenVocab> vocab_;
+  GrammarStateSet initial_;
+
+  mutable absl::Mutex mu_;
+  mutable std::vector<Frame> frames_ ABSL_GUARDED_BY(mu_);
+  mutable absl::flat_hash_map<uint64_t, int32_t> frame_ids_ ABSL_GUARDED_BY(mu_);
+  struct CachedMask {
+    std::vector<uint32_t> words;
+    int32_t count = 0;
+  };
+  mutable absl::flat_hash_map<std::vector<uint64_t>, CachedMask> masks_ ABSL_GUARDED_BY(mu_);
+  mutable int64_t walks_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable int64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
+  // Scratch.
+  mutable std::vector<GrammarThread> seeds_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<GrammarThread> visited_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<uint32_t> stamp_ ABSL_GUARDED_BY(mu_);
+  mutable uint32_t generation_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable std::vector<int32_t> levels_ ABSL_GUARDED_BY(mu_);
+  mutable GrammarStateSet step_out_ ABSL_GUARDED_BY(mu_);
+  // The DFA: sets by id, their ids by key, and 256 successors per id
+  // (kUnknown until computed). Cleared when it reaches kMaxDfaStates.
+  static constexpr int32_t kUnknown = -2;
+  static constexpr size_t kMaxDfaStates = 1 << 15;
+  mutable std::vector<GrammarStateSet> dfa_sets_ ABSL_GUARDED_BY(mu_);
+  mutable absl::flat_hash_map<std::vector<uint64_t>, int32_t> dfa_ids_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<std::array<int32_t, 256>> dfa_next_ ABSL_GUARDED_BY(mu_);
+};
+
+class GrammarMatcher {
+ public:
+  explicit GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar);
+
+  // Consumes bytes; false (state unchanged) when the grammar rejects them.
+  bool AcceptBytes(std::string_view bytes);
+  // The grammar may end here (allow EOS).
+  bool CanEnd() const { return state_.can_end; }
+  // Only the end is left: no byte is accepted any more.
+  bool MustEnd() const { return state_.threads.empty(); }
+  // Fills mask (vocab().mask_words() words) with the allowed tokens; returns
+  // how many (end tokens not counted: add them when CanEnd()).
+  int32_t FillMask(std::span<uint32_t> mask) const { return grammar_->FillMask(state_, mask); }
+  const CompiledGrammar& grammar() const { return *grammar_; }
+
+ private:
+  std::shared_ptr<const CompiledGrammar> grammar_;
+  GrammarStateSet state_;
+};
+
+}  // namespace kvserve

@@ -1,0 +1,25 @@
+// GrammarSpec: what a request constrains its output to, as the front ends
+// parse it (response_format, guided_* fields, the gRPC Constraint message,
+// tool calls). Compiled by GrammarCompiler (model/grammar/grammar_compiler.h).
+//
+// Thread-safety: value type.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace kvserve {
+
+struct GrammarSpec {
+  enum class Kind : unsigned char { kNone, kJsonSchema, kJsonObject, kRegex, kChoice };
+  Kind kind = Kind::kNone;
+  std::string text;                  // the schema (JSON text) or the regex
+  std::vector<std::string> choices;  // kChoice: the output is one of these exactly
+  // The request field this came from, for error messages
+  // ("response_format.json_schema.schema", "guided_regex").
+  std::string field;
+
+  bool empty() const { return kind == Kind::kNone; }
+};
+
+}  // namespace kvserve

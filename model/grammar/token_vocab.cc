@@ -1,0 +1,66 @@
+#include "model/grammar/token_vocab.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "model/tokenizer/tokenizer.h"
+
+namespace kvserve {
+
+TokenVocab::TokenVocab(std::vector<std::string> bytes) : bytes_(std::move(bytes)) {
+  std::vector<int32_t> order;
+  for (int32_t i = 0; i < vocab_size(); ++i) {
+    if (!bytes_[i].empty()) order.push_back(i);
+  }
+  // Sorted byte strings are the trie's preorder: a prefix sorts before its
+  // extensions, and siblings follow in byte order.
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return bytes_[a] < bytes_[b]; });
+  token_ids_.reserve(order.size());
+  std::vector<int32_t> path;  // node index at each depth - 1
+  const std::string* prev = nullptr;
+  for (int32_t id : order) {
+    const std::string& s = bytes_[id];
+    size_t common = 0;
+    if (prev != nullptr) {
+      const size_t limit = std::min(prev->size(), s.size());
+      while (common < limit && (*prev)[common] == s[common]) ++common;
+    }
+    // Close the nodes below the common prefix.
+    while (path.size() > common) {
+      nodes_[path.back()].subtree_end = static_cast<int32_t>(nodes_.size());
+      path.pop_back();
+    }
+    for (size_t d = common; d < s.size(); ++d) {
+      Node n;
+      n.byte = static_cast<uint8_t>(s[d]);
+      n.depth = static_cast<int32_t>(d + 1);
+      n.first_token = static_cast<int32_t>(token_ids_.size());
+      path.push_back(static_cast<int32_t>(nodes_.size()));
+      nodes_.push_back(n);
+    }
+    Node& leaf = nodes_[path.back()];
+    if (leaf.num_tokens == 0) leaf.first_token = static_cast<int32_t>(token_ids_.size());
+    token_ids_.push_back(id);
+    ++leaf.num_tokens;
+    prev = &s;
+  }
+  while (!path.empty()) {
+    nodes_[path.back()].subtree_end = static_cast<int32_t>(nodes_.size());
+    path.pop_back();
+  }
+}
+
+int32_t TokenVocab::MidTextPrev(const Tokenizer& tokenizer) {
+  return tokenizer.bos_id() == 0 ? 1 : 0;
+}
+
+std::shared_ptr<const TokenVocab> TokenVocab::FromTokenizer(const Tokenizer& tokenizer) {
+  std::vector<std::string> bytes(tokenizer.vocab_size());
+  const int32_t prev = MidTextPrev(tokenizer);
+  for (int32_t id = 0; id < tokenizer.vocab_size(); ++id)
+    bytes[id] = tokenizer.TokenBytes(id, prev);
+  return std::make_shared<const TokenVocab>(std::move(bytes));
+}
+
+}  // namespace kvserve

@@ -1,0 +1,66 @@
+// TokenVocab: the model's vocabulary as byte strings in a trie, the structure
+// a token mask is computed over (GrammarMatcher::FillMask).
+//
+// The trie is stored in depth-first preorder: node i has the byte that leads
+// to it, its depth and the end of its subtree, so a walk that finds a prefix
+// rejected skips the whole subtree in one jump. Tokens with no bytes (control
+// and special tokens) are not in the trie: a grammar never allows them, except
+// the end tokens where it may end.
+//
+// Bytes are what a token adds in the middle of a text, TokenBytes(id, prev)
+// with a prev that is not BOS (MidTextPrev): a SentencePiece piece's leading
+// "▁" as a space and byte-fallback pieces <0xAB> as that byte; byte-level BPE
+// tokens as their bytes. (Right after BOS a SentencePiece token drops its
+// space; the engine feeds the grammar the bytes actually added.)
+//
+// Thread-safety: immutable after construction.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace kvserve {
+
+class Tokenizer;
+
+class TokenVocab {
+ public:
+  struct Node {
+    uint8_t byte = 0;
+    int32_t depth = 0;        // 1 for a first byte
+    int32_t subtree_end = 0;  // one past the last node of its subtree
+    int32_t first_token = 0;  // into token_ids_: tokens whose bytes end here
+    int32_t num_tokens = 0;
+  };
+
+  // bytes[id]: the bytes of token id ("" for control tokens).
+  explicit TokenVocab(std::vector<std::string> bytes);
+  static std::shared_ptr<const TokenVocab> FromTokenizer(const Tokenizer& tokenizer);
+  // A token id that is not BOS, for TokenBytes' prev.
+  static int32_t MidTextPrev(const Tokenizer& tokenizer);
+
+  int32_t vocab_size() const { return static_cast<int32_t>(bytes_.size()); }
+  // Words of a mask: bit (id % 32) of word (id / 32) allows token id.
+  int32_t mask_words() const { return (vocab_size() + 31) / 32; }
+  const std::string& bytes(int32_t id) const { return bytes_[id]; }
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const int32_t* node_tokens(const Node& n) const { return token_ids_.data() + n.first_token; }
+  // The tokens of node i's whole subtree: token_ids()[first, last), since
+  // tokens are laid out in preorder.
+  std::pair<int32_t, int32_t> subtree_tokens(size_t i) const {
+    const size_t end = nodes_[i].subtree_end;
+    return {nodes_[i].first_token, end < nodes_.size() ? nodes_[end].first_token
+                                                       : static_cast<int32_t>(token_ids_.size())};
+  }
+  const std::vector<int32_t>& token_ids() const { return token_ids_; }
+
+ private:
+  std::vector<std::string> bytes_;
+  std::vector<Node> nodes_;
+  std::vector<int32_t> token_ids_;
+};
+
+}  // namespace kvserve
