@@ -282,456 +282,460 @@ TEST_CASE("gRPC converts every GenerateRequest field into the engine's request",
   Generate(f, req, &st);
   REQUIRE(st.ok());
   REQUIRE(f.engine.last_request().prompt_token_ids == std::vector<int32_t>{1, 40});
-  TEST_CASE("gRPC Constraint reaches the engine as the request's grammar spec", "[server]") {
-    GrpcFixture f;
-    v1::GenerateRequest req;
-    req.set_prompt("hi");
-    req.set_max_tokens(3);
-    grpc::Status st;
-    Generate(f, req, &st);
-    REQUIRE(st.ok());
-    REQUIRE(f.engine.last_request().constraint.empty());
-    req.mutable_constraint()->set_json_schema(R"({"type":"integer"})");
-    Generate(f, req, &st);
-    REQUIRE(st.ok());
-    GrammarSpec seen = f.engine.last_request().constraint;
-    CHECK(seen.kind == GrammarSpec::Kind::kJsonSchema);
-    CHECK(seen.text == R"({"type":"integer"})");
-    CHECK(seen.field == "constraint.json_schema");
-    req.mutable_constraint()->mutable_choice()->add_choices("yes");
-    req.mutable_constraint()->mutable_choice()->add_choices("no");
-    Generate(f, req, &st);
-    REQUIRE(st.ok());
-    seen = f.engine.last_request().constraint;
-    CHECK(seen.kind == GrammarSpec::Kind::kChoice);
-    CHECK(seen.choices == std::vector<std::string>{"yes", "no"});
-    req.mutable_constraint()->set_regex("[a-z]+");
-    Generate(f, req, &st);
-    REQUIRE(st.ok());
-    CHECK(f.engine.last_request().constraint.kind == GrammarSpec::Kind::kRegex);
-    REQUIRE(f.state.WaitForCalls(absl::Now() + absl::Seconds(10)));
-  }
+  REQUIRE(f.state.WaitForCalls(absl::Now() + absl::Seconds(10)));
+}
 
-  TEST_CASE("gRPC errors carry the status code and name the field", "[server]") {
-    GrpcFixture f;
-    grpc::Status st;
+TEST_CASE("gRPC Constraint reaches the engine as the request's grammar spec", "[server]") {
+  GrpcFixture f;
+  v1::GenerateRequest req;
+  req.set_prompt("hi");
+  req.set_max_tokens(3);
+  grpc::Status st;
+  Generate(f, req, &st);
+  REQUIRE(st.ok());
+  REQUIRE(f.engine.last_request().constraint.empty());
+  req.mutable_constraint()->set_json_schema(R"({"type":"integer"})");
+  Generate(f, req, &st);
+  REQUIRE(st.ok());
+  GrammarSpec seen = f.engine.last_request().constraint;
+  CHECK(seen.kind == GrammarSpec::Kind::kJsonSchema);
+  CHECK(seen.text == R"({"type":"integer"})");
+  CHECK(seen.field == "constraint.json_schema");
+  req.mutable_constraint()->mutable_choice()->add_choices("yes");
+  req.mutable_constraint()->mutable_choice()->add_choices("no");
+  Generate(f, req, &st);
+  REQUIRE(st.ok());
+  seen = f.engine.last_request().constraint;
+  CHECK(seen.kind == GrammarSpec::Kind::kChoice);
+  CHECK(seen.choices == std::vector<std::string>{"yes", "no"});
+  req.mutable_constraint()->set_regex("[a-z]+");
+  Generate(f, req, &st);
+  REQUIRE(st.ok());
+  CHECK(f.engine.last_request().constraint.kind == GrammarSpec::Kind::kRegex);
+  req.mutable_constraint()->set_json_object(true);
+  Generate(f, req, &st);
+  REQUIRE(st.ok());
+  CHECK(f.engine.last_request().constraint.kind == GrammarSpec::Kind::kJsonObject);
+  REQUIRE(f.state.WaitForCalls(absl::Now() + absl::Seconds(10)));
+}
+
+TEST_CASE("gRPC errors carry the status code and name the field", "[server]") {
+  GrpcFixture f;
+  grpc::Status st;
+  v1::GenerateRequest req;
+  req.mutable_sampling()->set_temperature(-1);
+  std::string field;
+  Generate(f, req, &st, &field);
+  REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  REQUIRE(st.error_message() == "temperature must be >= 0, got -1");
+  REQUIRE(field == "temperature");  // the same field HTTP names in "param"
+
+  req.Clear();
+  req.add_prompt_token_ids(9999);
+  Generate(f, req, &st);
+  REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  REQUIRE(st.error_message() == "prompt_token_ids[0] = 9999 is outside the vocabulary [0, 512)");
+
+  // 100,000 stop strings are refused by count, naming the field.
+  req.Clear();
+  for (int i = 0; i < 100000; ++i) req.add_stop("x");
+  Generate(f, req, &st);
+  REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  REQUIRE(st.error_message() == "stop has 100000 strings, at most 16 are allowed");
+
+  req.Clear();
+  f.engine.queue_full = true;
+  Generate(f, req, &st);
+  REQUIRE(st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  f.engine.queue_full = false;
+
+  f.state.StartDraining();
+  Generate(f, req, &st);
+  REQUIRE(st.error_code() == grpc::StatusCode::UNAVAILABLE);
+}
+
+TEST_CASE("gRPC health reflects loading and readiness", "[server]") {
+  GrpcFixture f(/*ready=*/false);
+  REQUIRE(f.Health("") == 2);
+  REQUIRE(f.Health("kvserve.v1.Generation") == 2);
+  grpc::Status st;
+  Generate(f, v1::GenerateRequest(), &st);
+  REQUIRE(st.error_code() == grpc::StatusCode::UNAVAILABLE);
+  f.MakeReady();
+  REQUIRE(f.Health("") == 1);
+  REQUIRE(f.Health("kvserve.v1.Generation") == 1);
+  f.service.SetServing(false);
+  REQUIRE(f.Health("") == 2);
+}
+
+TEST_CASE("gRPC unary calls: Tokenize, GetModelInfo, GetStats", "[server]") {
+  GrpcFixture f;
+  grpc::ClientContext c1;
+  v1::TokenizeRequest tr;
+  tr.set_text("ab");
+  v1::TokenizeResponse tresp;
+  REQUIRE(f.stub->Tokenize(&c1, tr, &tresp).ok());
+  REQUIRE(std::vector<int32_t>(tresp.token_ids().begin(), tresp.token_ids().end()) ==
+          std::vector<int32_t>{1, 3 + 'a', 3 + 'b'});
+  REQUIRE(tresp.pieces(1) == "a");
+
+  grpc::ClientContext c2;
+  v1::ModelInfo info;
+  REQUIRE(f.stub->GetModelInfo(&c2, v1::GetModelInfoRequest(), &info).ok());
+  REQUIRE(info.name() == "fake");
+  REQUIRE(info.vocab_size() == 512);
+  REQUIRE(info.max_model_len() == 256);
+  REQUIRE(info.kv_dtype() == "fp32");
+  REQUIRE(info.block_size() == 16);
+
+  grpc::ClientContext c3;
+  v1::Stats stats;
+  REQUIRE(f.stub->GetStats(&c3, v1::GetStatsRequest(), &stats).ok());
+  REQUIRE(stats.num_running() == 0);
+}
+
+TEST_CASE("gRPC checks the bearer key when one is configured", "[server]") {
+  GrpcFixture f(/*ready=*/true, "k");
+  grpc::Status st;
+  Generate(f, v1::GenerateRequest(), &st);
+  REQUIRE(st.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+  grpc::ClientContext ctx;
+  ctx.AddMetadata("authorization", "Bearer k");
+  v1::GenerateRequest req;
+  req.set_max_tokens(2);
+  auto reader = f.stub->Generate(&ctx, req);
+  v1::GenerateResponse r;
+  std::string text;
+  while (reader->Read(&r)) text += r.text();
+  REQUIRE(reader->Finish().ok());
+  REQUIRE(text == "ab");
+}
+
+TEST_CASE("A gRPC client cancelling mid-stream cancels the request", "[server]") {
+  GrpcFixture f;
+  EndlessStream stream(f);
+  REQUIRE(stream.first.text() == "a");
+  stream.ctx.TryCancel();
+  REQUIRE(stream.Finish().error_code() == grpc::StatusCode::CANCELLED);
+  REQUIRE(f.engine.WaitForCancelled(1) == 1);
+  REQUIRE(f.state.WaitForCalls(absl::Now() + absl::Seconds(10)));
+}
+
+// Sends `bytes` as the request of `method` and returns the call's status
+// (the field trailer in *field).
+grpc::Status RawCall(GrpcFixture& f, const std::string& method, const std::string& bytes,
+                     std::string* field = nullptr) {
+  grpc::GenericStub stub(f.channel);
+  grpc::ClientContext ctx;
+  grpc::Slice slice(bytes);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  absl::Mutex mu;
+  bool done = false;
+  grpc::Status status;
+  stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+    absl::MutexLock lock(&mu);
+    status = std::move(s);
+    done = true;
+  });
+  absl::MutexLock lock(&mu);
+  mu.Await(absl::Condition(&done));
+  if (field != nullptr) *field = FieldTrailer(ctx);
+  return status;
+}
+
+TEST_CASE("gRPC malformed messages are INVALID_ARGUMENT saying why", "[server]") {
+  GrpcFixture f;
+  std::string field;
+  // GenerateRequest.prompt (field 2, length-delimited) holding 0xff 0xfe.
+  grpc::Status st =
+      RawCall(f, "/kvserve.v1.Generation/Generate", std::string("\x12\x02\xff\xfe", 4), &field);
+  REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  REQUIRE(st.error_message() ==
+          "GenerateRequest.prompt is not valid UTF-8 (string fields must be)");
+  REQUIRE(field == "prompt");
+  // A stop string (field 8) and the kv_policy's policy (field 15 -> 1).
+  st = RawCall(f, "/kvserve.v1.Generation/Generate", std::string("\x42\x01\xc3", 3), &field);
+  REQUIRE(st.error_message() == "GenerateRequest.stop is not valid UTF-8 (string fields must be)");
+  REQUIRE(field == "stop");
+  st =
+      RawCall(f, "/kvserve.v1.Generation/Generate", std::string("\x7a\x03\x0a\x01\x80", 5), &field);
+  REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  REQUIRE(st.error_message() ==
+          "GenerateRequest.kv_policy.policy is not valid UTF-8 (string fields must be)");
+  REQUIRE(field == "kv_policy.policy");
+  // Truncated: a 5-byte prompt with one byte sent.
+  st = RawCall(f, "/kvserve.v1.Generation/Generate",
+               std::string("\x12\x05"
+                           "a",
+                           3),
+               &field);
+  REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  REQUIRE(st.error_message() ==
+          "the GenerateRequest message cannot be parsed (3 bytes, truncated or not a protobuf "
+          "message)");
+  REQUIRE(field.empty());
+  st = RawCall(f, "/kvserve.v1.Generation/Tokenize", std::string("\x0a\x01\xff", 3), &field);
+  REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  REQUIRE(st.error_message() == "TokenizeRequest.text is not valid UTF-8 (string fields must be)");
+  REQUIRE(field == "text");
+  st = RawCall(f, "/kvserve.v1.Generation/GetStats", std::string("\x0a\x05", 2));
+  REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  // Nothing reached the engine, and a good call still works.
+  REQUIRE(f.engine.last_request().request_id.empty());
+  v1::GenerateRequest req;
+  req.set_max_tokens(3);
+  Generate(f, req, &st);
+  REQUIRE(st.ok());
+}
+
+TEST_CASE("gRPC holds every request to the cost budget before the engine sees it", "[server]") {
+  GrpcService::Options options;
+  options.limits.max_prompt_tokens = 8;  // fake max_model_len: 256
+  options.limits.max_prompt_bytes = 64;
+  GrpcFixture f(true, "", options);
+  struct Case {
+    std::function<void(v1::GenerateRequest*)> set;
+    std::string field;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::GenerateRequest* r) { r->set_prompt(std::string(5 << 20, 'a')); }, "prompt",
+       "prompt has 5242880 bytes, at most 64 are allowed (limits.max_prompt_bytes)"},
+      {[](v1::GenerateRequest* r) { r->set_prompt("abcdefgh"); }, "prompt",
+       "prompt has 9 tokens, at most 8 are allowed (limits.max_prompt_tokens)"},
+      {[](v1::GenerateRequest* r) {
+         for (int i = 0; i < 9; ++i) r->add_prompt_token_ids(5);
+       },
+       "prompt_token_ids",
+       "prompt_token_ids has 9 tokens, at most 8 are allowed (limits.max_prompt_tokens)"},
+      {[](v1::GenerateRequest* r) {
+         r->set_n(64);
+         r->set_max_tokens(257);
+       },
+       "max_tokens",
+       "n x max_tokens = 64 x 257 = 16448 tokens, at most 16384 are allowed "
+       "(limits.max_generated_tokens)"},
+      {[](v1::GenerateRequest* r) { r->set_logprobs(21); }, "logprobs",
+       "logprobs must be -1 (off) or in [0, 20], got 21"},
+      {[](v1::GenerateRequest* r) { r->add_stop(std::string(257, 'x')); }, "stop",
+       "stop[0] has 257 bytes, at most 256 are allowed"},
+      {[](v1::GenerateRequest* r) {
+         for (int i = 0; i < 100000; ++i) r->add_stop("x");
+       },
+       "stop", "stop has 100000 strings, at most 16 are allowed"},
+  };
+  for (const Case& c : cases) {
     v1::GenerateRequest req;
-    req.mutable_sampling()->set_temperature(-1);
+    c.set(&req);
+    grpc::Status st;
     std::string field;
     Generate(f, req, &st, &field);
+    INFO(c.message);
     REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-    REQUIRE(st.error_message() == "temperature must be >= 0, got -1");
-    REQUIRE(field == "temperature");  // the same field HTTP names in "param"
-
-    req.Clear();
-    req.add_prompt_token_ids(9999);
-    Generate(f, req, &st);
-    REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-    REQUIRE(st.error_message() == "prompt_token_ids[0] = 9999 is outside the vocabulary [0, 512)");
-
-    // 100,000 stop strings are refused by count, naming the field.
-    req.Clear();
-    for (int i = 0; i < 100000; ++i) req.add_stop("x");
-    Generate(f, req, &st);
-    REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-    REQUIRE(st.error_message() == "stop has 100000 strings, at most 16 are allowed");
-
-    req.Clear();
-    f.engine.queue_full = true;
-    Generate(f, req, &st);
-    REQUIRE(st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
-    f.engine.queue_full = false;
-
-    f.state.StartDraining();
-    Generate(f, req, &st);
-    REQUIRE(st.error_code() == grpc::StatusCode::UNAVAILABLE);
+    REQUIRE(st.error_message() == c.message);
+    REQUIRE(field == c.field);
   }
+  REQUIRE(f.engine.last_request().request_id.empty());  // none was submitted
+  // Tokenize is bounded the same way.
+  grpc::ClientContext ctx;
+  v1::TokenizeRequest tr;
+  tr.set_text(std::string(65, 'a'));
+  v1::TokenizeResponse tresp;
+  grpc::Status st = f.stub->Tokenize(&ctx, tr, &tresp);
+  REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+  REQUIRE(st.error_message() ==
+          "text has 65 bytes, at most 64 are allowed (limits.max_prompt_bytes)");
+  grpc::ClientContext ctx2;
+  tr.set_text("abcdefgh");
+  st = f.stub->Tokenize(&ctx2, tr, &tresp);
+  REQUIRE(st.error_message() ==
+          "text has 9 tokens, at most 8 are allowed (limits.max_prompt_tokens)");
+  // Within the budget all is well.
+  v1::GenerateRequest ok;
+  ok.set_prompt("abcdefg");
+  ok.set_max_tokens(2);
+  Generate(f, ok, &st);
+  REQUIRE(st.ok());
+  REQUIRE(f.engine.last_request().prompt_token_ids.size() == 8);
+}
 
-  TEST_CASE("gRPC health reflects loading and readiness", "[server]") {
-    GrpcFixture f(/*ready=*/false);
-    REQUIRE(f.Health("") == 2);
-    REQUIRE(f.Health("kvserve.v1.Generation") == 2);
-    grpc::Status st;
-    Generate(f, v1::GenerateRequest(), &st);
-    REQUIRE(st.error_code() == grpc::StatusCode::UNAVAILABLE);
-    f.MakeReady();
-    REQUIRE(f.Health("") == 1);
-    REQUIRE(f.Health("kvserve.v1.Generation") == 1);
-    f.service.SetServing(false);
-    REQUIRE(f.Health("") == 2);
-  }
-
-  TEST_CASE("gRPC unary calls: Tokenize, GetModelInfo, GetStats", "[server]") {
-    GrpcFixture f;
-    grpc::ClientContext c1;
-    v1::TokenizeRequest tr;
-    tr.set_text("ab");
-    v1::TokenizeResponse tresp;
-    REQUIRE(f.stub->Tokenize(&c1, tr, &tresp).ok());
-    REQUIRE(std::vector<int32_t>(tresp.token_ids().begin(), tresp.token_ids().end()) ==
-            std::vector<int32_t>{1, 3 + 'a', 3 + 'b'});
-    REQUIRE(tresp.pieces(1) == "a");
-
-    grpc::ClientContext c2;
-    v1::ModelInfo info;
-    REQUIRE(f.stub->GetModelInfo(&c2, v1::GetModelInfoRequest(), &info).ok());
-    REQUIRE(info.name() == "fake");
-    REQUIRE(info.vocab_size() == 512);
-    REQUIRE(info.max_model_len() == 256);
-    REQUIRE(info.kv_dtype() == "fp32");
-    REQUIRE(info.block_size() == 16);
-
-    grpc::ClientContext c3;
-    v1::Stats stats;
-    REQUIRE(f.stub->GetStats(&c3, v1::GetStatsRequest(), &stats).ok());
-    REQUIRE(stats.num_running() == 0);
-  }
-
-  TEST_CASE("gRPC checks the bearer key when one is configured", "[server]") {
-    GrpcFixture f(/*ready=*/true, "k");
-    grpc::Status st;
-    Generate(f, v1::GenerateRequest(), &st);
-    REQUIRE(st.error_code() == grpc::StatusCode::UNAUTHENTICATED);
-    grpc::ClientContext ctx;
-    ctx.AddMetadata("authorization", "Bearer k");
-    v1::GenerateRequest req;
-    req.set_max_tokens(2);
-    auto reader = f.stub->Generate(&ctx, req);
-    v1::GenerateResponse r;
-    std::string text;
-    while (reader->Read(&r)) text += r.text();
-    REQUIRE(reader->Finish().ok());
-    REQUIRE(text == "ab");
-  }
-
-  TEST_CASE("A gRPC client cancelling mid-stream cancels the request", "[server]") {
-    GrpcFixture f;
-    EndlessStream stream(f);
-    REQUIRE(stream.first.text() == "a");
-    stream.ctx.TryCancel();
-    REQUIRE(stream.Finish().error_code() == grpc::StatusCode::CANCELLED);
-    REQUIRE(f.engine.WaitForCancelled(1) == 1);
-    REQUIRE(f.state.WaitForCalls(absl::Now() + absl::Seconds(10)));
-  }
-
-  // Sends `bytes` as the request of `method` and returns the call's status
-  // (the field trailer in *field).
-  grpc::Status RawCall(GrpcFixture & f, const std::string& method, const std::string& bytes,
-                       std::string* field = nullptr) {
-    grpc::GenericStub stub(f.channel);
-    grpc::ClientContext ctx;
-    grpc::Slice slice(bytes);
-    grpc::ByteBuffer request(&slice, 1);
-    grpc::ByteBuffer response;
-    absl::Mutex mu;
-    bool done = false;
-    grpc::Status status;
-    stub.UnaryCall(&ctx, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
-      absl::MutexLock lock(&mu);
-      status = std::move(s);
-      done = true;
-    });
-    absl::MutexLock lock(&mu);
-    mu.Await(absl::Condition(&done));
-    if (field != nullptr) *field = FieldTrailer(ctx);
-    return status;
-  }
-
-  TEST_CASE("gRPC malformed messages are INVALID_ARGUMENT saying why", "[server]") {
-    GrpcFixture f;
-    std::string field;
-    // GenerateRequest.prompt (field 2, length-delimited) holding 0xff 0xfe.
-    grpc::Status st =
-        RawCall(f, "/kvserve.v1.Generation/Generate", std::string("\x12\x02\xff\xfe", 4), &field);
-    REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-    REQUIRE(st.error_message() ==
-            "GenerateRequest.prompt is not valid UTF-8 (string fields must be)");
-    REQUIRE(field == "prompt");
-    // A stop string (field 8) and the kv_policy's policy (field 15 -> 1).
-    st = RawCall(f, "/kvserve.v1.Generation/Generate", std::string("\x42\x01\xc3", 3), &field);
-    REQUIRE(st.error_message() ==
-            "GenerateRequest.stop is not valid UTF-8 (string fields must be)");
-    REQUIRE(field == "stop");
-    st = RawCall(f, "/kvserve.v1.Generation/Generate", std::string("\x7a\x03\x0a\x01\x80", 5),
-                 &field);
-    REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-    REQUIRE(st.error_message() ==
-            "GenerateRequest.kv_policy.policy is not valid UTF-8 (string fields must be)");
-    REQUIRE(field == "kv_policy.policy");
-    // Truncated: a 5-byte prompt with one byte sent.
-    st = RawCall(f, "/kvserve.v1.Generation/Generate",
-                 std::string("\x12\x05"
-                             "a",
-                             3),
-                 &field);
-    REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-    REQUIRE(st.error_message() ==
-            "the GenerateRequest message cannot be parsed (3 bytes, truncated or not a protobuf "
-            "message)");
-    REQUIRE(field.empty());
-    st = RawCall(f, "/kvserve.v1.Generation/Tokenize", std::string("\x0a\x01\xff", 3), &field);
-    REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-    REQUIRE(st.error_message() ==
-            "TokenizeRequest.text is not valid UTF-8 (string fields must be)");
-    REQUIRE(field == "text");
-    st = RawCall(f, "/kvserve.v1.Generation/GetStats", std::string("\x0a\x05", 2));
-    REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-    // Nothing reached the engine, and a good call still works.
-    REQUIRE(f.engine.last_request().request_id.empty());
-    v1::GenerateRequest req;
-    req.set_max_tokens(3);
-    Generate(f, req, &st);
-    REQUIRE(st.ok());
-  }
-
-  TEST_CASE("gRPC holds every request to the cost budget before the engine sees it", "[server]") {
-    GrpcService::Options options;
-    options.limits.max_prompt_tokens = 8;  // fake max_model_len: 256
-    options.limits.max_prompt_bytes = 64;
-    GrpcFixture f(true, "", options);
-    struct Case {
-      std::function<void(v1::GenerateRequest*)> set;
-      std::string field;
-      std::string message;
-    };
-    const std::vector<Case> cases = {
-        {[](v1::GenerateRequest* r) { r->set_prompt(std::string(5 << 20, 'a')); }, "prompt",
-         "prompt has 5242880 bytes, at most 64 are allowed (limits.max_prompt_bytes)"},
-        {[](v1::GenerateRequest* r) { r->set_prompt("abcdefgh"); }, "prompt",
-         "prompt has 9 tokens, at most 8 are allowed (limits.max_prompt_tokens)"},
-        {[](v1::GenerateRequest* r) {
-           for (int i = 0; i < 9; ++i) r->add_prompt_token_ids(5);
-         },
-         "prompt_token_ids",
-         "prompt_token_ids has 9 tokens, at most 8 are allowed (limits.max_prompt_tokens)"},
-        {[](v1::GenerateRequest* r) {
-           r->set_n(64);
-           r->set_max_tokens(257);
-         },
-         "max_tokens",
-         "n x max_tokens = 64 x 257 = 16448 tokens, at most 16384 are allowed "
-         "(limits.max_generated_tokens)"},
-        {[](v1::GenerateRequest* r) { r->set_logprobs(21); }, "logprobs",
-         "logprobs must be -1 (off) or in [0, 20], got 21"},
-        {[](v1::GenerateRequest* r) { r->add_stop(std::string(257, 'x')); }, "stop",
-         "stop[0] has 257 bytes, at most 256 are allowed"},
-        {[](v1::GenerateRequest* r) {
-           for (int i = 0; i < 100000; ++i) r->add_stop("x");
-         },
-         "stop", "stop has 100000 strings, at most 16 are allowed"},
-    };
-    for (const Case& c : cases) {
-      v1::GenerateRequest req;
-      c.set(&req);
-      grpc::Status st;
-      std::string field;
-      Generate(f, req, &st, &field);
-      INFO(c.message);
-      REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-      REQUIRE(st.error_message() == c.message);
-      REQUIRE(field == c.field);
-    }
-    REQUIRE(f.engine.last_request().request_id.empty());  // none was submitted
-    // Tokenize is bounded the same way.
-    grpc::ClientContext ctx;
-    v1::TokenizeRequest tr;
-    tr.set_text(std::string(65, 'a'));
-    v1::TokenizeResponse tresp;
-    grpc::Status st = f.stub->Tokenize(&ctx, tr, &tresp);
-    REQUIRE(st.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
-    REQUIRE(st.error_message() ==
-            "text has 65 bytes, at most 64 are allowed (limits.max_prompt_bytes)");
-    grpc::ClientContext ctx2;
-    tr.set_text("abcdefgh");
-    st = f.stub->Tokenize(&ctx2, tr, &tresp);
-    REQUIRE(st.error_message() ==
-            "text has 9 tokens, at most 8 are allowed (limits.max_prompt_tokens)");
-    // Within the budget all is well.
-    v1::GenerateRequest ok;
-    ok.set_prompt("abcdefg");
-    ok.set_max_tokens(2);
-    Generate(f, ok, &st);
-    REQUIRE(st.ok());
-    REQUIRE(f.engine.last_request().prompt_token_ids.size() == 8);
-  }
-
-  TEST_CASE("gRPC limits concurrent calls per client", "[server]") {
-    GrpcService::Options options;
-    options.max_concurrent_per_client = 1;
-    GrpcFixture f(true, "", options);
-    EndlessStream stream(f);  // one call open
-    v1::GenerateRequest small;
-    small.set_max_tokens(2);
-    grpc::Status st;
+TEST_CASE("gRPC limits concurrent calls per client", "[server]") {
+  GrpcService::Options options;
+  options.max_concurrent_per_client = 1;
+  GrpcFixture f(true, "", options);
+  EndlessStream stream(f);  // one call open
+  v1::GenerateRequest small;
+  small.set_max_tokens(2);
+  grpc::Status st;
+  Generate(f, small, &st);
+  REQUIRE(st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  REQUIRE(st.error_message() ==
+          "this client already has 1 generation calls open, the most "
+          "limits.max_concurrent_per_client allows");
+  grpc::ClientContext tctx;
+  v1::TokenizeRequest tr;
+  v1::TokenizeResponse tresp;
+  REQUIRE(f.stub->Tokenize(&tctx, tr, &tresp).error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  stream.ctx.TryCancel();
+  stream.Finish();
+  REQUIRE(f.state.WaitForCalls(absl::Now() + absl::Seconds(10)));
+  // The slot is back once the call is done.
+  for (int i = 0; i < 100; ++i) {
     Generate(f, small, &st);
-    REQUIRE(st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
-    REQUIRE(st.error_message() ==
-            "this client already has 1 generation calls open, the most "
-            "limits.max_concurrent_per_client allows");
-    grpc::ClientContext tctx;
-    v1::TokenizeRequest tr;
-    v1::TokenizeResponse tresp;
-    REQUIRE(f.stub->Tokenize(&tctx, tr, &tresp).error_code() ==
-            grpc::StatusCode::RESOURCE_EXHAUSTED);
-    stream.ctx.TryCancel();
-    stream.Finish();
-    REQUIRE(f.state.WaitForCalls(absl::Now() + absl::Seconds(10)));
-    // The slot is back once the call is done.
-    for (int i = 0; i < 100; ++i) {
-      Generate(f, small, &st);
-      if (st.ok()) break;
-      absl::SleepFor(absl::Milliseconds(10));  // OnDone may trail the client's status
-    }
-    REQUIRE(st.ok());
+    if (st.ok()) break;
+    absl::SleepFor(absl::Milliseconds(10));  // OnDone may trail the client's status
   }
+  REQUIRE(st.ok());
+}
 
-  TEST_CASE("A gRPC stream whose client stops reading is cancelled once its buffer fills",
-            "[server]") {
-    GrpcService::Options options;
-    options.max_unsent_outputs = 64;
-    GrpcFixture f(true, "", options);
-    f.engine.reply_length = 1 << 30;
-    // A client that announces a small window and never reads.
-    grpc::ChannelArguments args;
-    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
-    args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);
-    auto channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(f.service.port()),
-                                             grpc::InsecureChannelCredentials(), args);
-    auto stub = v1::Generation::NewStub(channel);
+TEST_CASE("A gRPC stream whose client stops reading is cancelled once its buffer fills",
+          "[server]") {
+  GrpcService::Options options;
+  options.max_unsent_outputs = 64;
+  GrpcFixture f(true, "", options);
+  f.engine.reply_length = 1 << 30;
+  // A client that announces a small window and never reads.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 1024);
+  auto channel = grpc::CreateCustomChannel("127.0.0.1:" + std::to_string(f.service.port()),
+                                           grpc::InsecureChannelCredentials(), args);
+  auto stub = v1::Generation::NewStub(channel);
+  grpc::ClientContext ctx;
+  v1::GenerateRequest req;
+  req.set_max_tokens(16000);
+  req.set_logprobs(20);
+  auto reader = stub->Generate(&ctx, req);
+  // The engine is told to stop well before 16,000 tokens, and the call
+  // stops counting as in flight, though the client has read nothing.
+  REQUIRE(f.engine.WaitForCancelled(1, absl::Seconds(30)) == 1);
+  REQUIRE(f.engine.WaitForIdle() == 0);
+  REQUIRE(f.state.WaitForCalls(absl::Now() + absl::Seconds(10)));
+  // Reading now: what was sent, then the reason.
+  v1::GenerateResponse r;
+  int read = 0;
+  while (reader->Read(&r)) ++read;
+  REQUIRE(read < 16000);
+  const grpc::Status st = reader->Finish();
+  REQUIRE(st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  REQUIRE(st.error_message() ==
+          "the client read too slowly: more than 64 outputs waited to be sent "
+          "(limits.max_unsent_outputs); the request was cancelled");
+}
+
+TEST_CASE("gRPC accepts the bearer scheme in any case", "[server]") {
+  GrpcFixture f(/*ready=*/true, "k");
+  for (const char* auth : {"Bearer k", "bearer k", "BEARER k", "Bearer  k"}) {
     grpc::ClientContext ctx;
-    v1::GenerateRequest req;
-    req.set_max_tokens(16000);
-    req.set_logprobs(20);
-    auto reader = stub->Generate(&ctx, req);
-    // The engine is told to stop well before 16,000 tokens, and the call
-    // stops counting as in flight, though the client has read nothing.
-    REQUIRE(f.engine.WaitForCancelled(1, absl::Seconds(30)) == 1);
-    REQUIRE(f.engine.WaitForIdle() == 0);
-    REQUIRE(f.state.WaitForCalls(absl::Now() + absl::Seconds(10)));
-    // Reading now: what was sent, then the reason.
-    v1::GenerateResponse r;
-    int read = 0;
-    while (reader->Read(&r)) ++read;
-    REQUIRE(read < 16000);
-    const grpc::Status st = reader->Finish();
-    REQUIRE(st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
-    REQUIRE(st.error_message() ==
-            "the client read too slowly: more than 64 outputs waited to be sent "
-            "(limits.max_unsent_outputs); the request was cancelled");
+    ctx.AddMetadata("authorization", auth);
+    grpc::ClientContext* c = &ctx;
+    v1::GetStatsRequest req;
+    v1::Stats out;
+    INFO(auth);
+    REQUIRE(f.stub->GetStats(c, req, &out).ok());
   }
-
-  TEST_CASE("gRPC accepts the bearer scheme in any case", "[server]") {
-    GrpcFixture f(/*ready=*/true, "k");
-    for (const char* auth : {"Bearer k", "bearer k", "BEARER k", "Bearer  k"}) {
-      grpc::ClientContext ctx;
-      ctx.AddMetadata("authorization", auth);
-      grpc::ClientContext* c = &ctx;
-      v1::GetStatsRequest req;
-      v1::Stats out;
-      INFO(auth);
-      REQUIRE(f.stub->GetStats(c, req, &out).ok());
-    }
-    for (const char* auth : {"Bearer kk", "Bearer ", "Basic k", "k", "Bearerk"}) {
-      grpc::ClientContext ctx;
-      ctx.AddMetadata("authorization", auth);
-      v1::GetStatsRequest req;
-      v1::Stats out;
-      INFO(auth);
-      REQUIRE(f.stub->GetStats(&ctx, req, &out).error_code() == grpc::StatusCode::UNAUTHENTICATED);
-    }
-  }
-
-  TEST_CASE("gRPC serves TLS from a certificate and key file", "[server]") {
-    const std::string dir = testing::MakeTempDir("grpc_tls");
-    std::string out;
-    const int rc = testing::RunShell(
-        "cd " + testing::ShellQuote(dir) +
-            " && openssl req -x509 -newkey rsa:2048 -nodes -keyout key.pem -out cert.pem -days 1 "
-            "-subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1 2>&1",
-        &out);
-    if (rc != 0) {
-      WARN("openssl could not make a certificate, skipping: " << out);
-      return;
-    }
-    GrpcService::Options options;
-    options.tls_cert_file = dir + "/cert.pem";
-    options.tls_key_file = dir + "/key.pem";
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = testing::ReadFileOrDie(dir + "/cert.pem");
-    GrpcFixture f(true, "", options, grpc::SslCredentials(ssl));
-    v1::GenerateRequest req;
-    req.set_max_tokens(3);
-    grpc::Status st;
-    auto responses = Generate(f, req, &st);
-    REQUIRE(st.ok());
-    REQUIRE(responses.back().request_finished());
-    // A plaintext client gets nowhere.
-    auto plain = v1::Generation::NewStub(grpc::CreateChannel(
-        "127.0.0.1:" + std::to_string(f.service.port()), grpc::InsecureChannelCredentials()));
+  for (const char* auth : {"Bearer kk", "Bearer ", "Basic k", "k", "Bearerk"}) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-    v1::Stats stats;
-    REQUIRE(plain->GetStats(&ctx, v1::GetStatsRequest(), &stats).error_code() ==
-            grpc::StatusCode::UNAVAILABLE);
-    // Half a pair is a start-up error naming both keys.
-    ServerMetrics metrics;
-    ServingState state(&metrics, ChatTemplate(), "");
-    GrpcService::Options half;
-    half.tls_cert_file = options.tls_cert_file;
-    GrpcService s(&state, half);
-    const absl::Status started = s.Start("127.0.0.1", 0);
-    REQUIRE(started.message() ==
-            "server.tls.cert_file and server.tls.key_file: set both for TLS, or neither");
+    ctx.AddMetadata("authorization", auth);
+    v1::GetStatsRequest req;
+    v1::Stats out;
+    INFO(auth);
+    REQUIRE(f.stub->GetStats(&ctx, req, &out).error_code() == grpc::StatusCode::UNAUTHENTICATED);
   }
+}
 
-  TEST_CASE("gRPC after StopServing: every call UNAVAILABLE on a port still open", "[server]") {
-    GrpcFixture f;
-    EndlessStream stream(f);  // still open when the drain ends
-    f.state.StartDraining();
-    // It is cancelled at the deadline, and then nothing uses the engine.
-    const absl::Time start = absl::Now();
-    REQUIRE(f.service.StopServing(absl::Now() + absl::Milliseconds(200)));
-    REQUIRE(absl::Now() - start >= absl::Milliseconds(200));
-    REQUIRE(stream.Finish().error_code() == grpc::StatusCode::CANCELLED);
-    REQUIRE(f.engine.WaitForCancelled(1) == 1);
-    // A new client connects and gets an answer (not a refused connection),
-    // for every method, without the engine.
-    auto fresh = v1::Generation::NewStub(grpc::CreateChannel(
-        "127.0.0.1:" + std::to_string(f.service.port()), grpc::InsecureChannelCredentials()));
-    grpc::ClientContext c1;
-    v1::Stats stats;
-    grpc::Status st = fresh->GetStats(&c1, v1::GetStatsRequest(), &stats);
-    REQUIRE(st.error_code() == grpc::StatusCode::UNAVAILABLE);
-    REQUIRE(st.error_message() == "the server is shutting down");
-    grpc::ClientContext c2;
-    v1::TokenizeResponse tresp;
-    st = fresh->Tokenize(&c2, v1::TokenizeRequest(), &tresp);
-    REQUIRE(st.error_message() == "the server is shutting down");
-    Generate(f, v1::GenerateRequest(), &st);
-    REQUIRE(st.error_code() == grpc::StatusCode::UNAVAILABLE);
-    REQUIRE(st.error_message() == "the server is shutting down");
-    REQUIRE(f.Health("") == 2);
-    // With no call open it returns at once.
-    REQUIRE(f.service.StopServing(absl::Now() + absl::Seconds(10)));
+TEST_CASE("gRPC serves TLS from a certificate and key file", "[server]") {
+  const std::string dir = testing::MakeTempDir("grpc_tls");
+  std::string out;
+  const int rc = testing::RunShell(
+      "cd " + testing::ShellQuote(dir) +
+          " && openssl req -x509 -newkey rsa:2048 -nodes -keyout key.pem -out cert.pem -days 1 "
+          "-subj /CN=localhost -addext subjectAltName=DNS:localhost,IP:127.0.0.1 2>&1",
+      &out);
+  if (rc != 0) {
+    WARN("openssl could not make a certificate, skipping: " << out);
+    return;
   }
+  GrpcService::Options options;
+  options.tls_cert_file = dir + "/cert.pem";
+  options.tls_key_file = dir + "/key.pem";
+  grpc::SslCredentialsOptions ssl;
+  ssl.pem_root_certs = testing::ReadFileOrDie(dir + "/cert.pem");
+  GrpcFixture f(true, "", options, grpc::SslCredentials(ssl));
+  v1::GenerateRequest req;
+  req.set_max_tokens(3);
+  grpc::Status st;
+  auto responses = Generate(f, req, &st);
+  REQUIRE(st.ok());
+  REQUIRE(responses.back().request_finished());
+  // A plaintext client gets nowhere.
+  auto plain = v1::Generation::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(f.service.port()), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  v1::Stats stats;
+  REQUIRE(plain->GetStats(&ctx, v1::GetStatsRequest(), &stats).error_code() ==
+          grpc::StatusCode::UNAVAILABLE);
+  // Half a pair is a start-up error naming both keys.
+  ServerMetrics metrics;
+  ServingState state(&metrics, ChatTemplate(), "");
+  GrpcService::Options half;
+  half.tls_cert_file = options.tls_cert_file;
+  GrpcService s(&state, half);
+  const absl::Status started = s.Start("127.0.0.1", 0);
+  REQUIRE(started.message() ==
+          "server.tls.cert_file and server.tls.key_file: set both for TLS, or neither");
+}
 
-  TEST_CASE("gRPC counts calls in a limiter it may share with HTTP", "[server]") {
-    GrpcService::Options options;
-    options.limiter = std::make_shared<ClientLimiter>(1);
-    auto limiter = options.limiter;
-    GrpcFixture f(true, "", options);
-    // An HTTP call of this host holds its one slot.
-    absl::StatusOr<ClientLimiter::Token> http_call = limiter->Acquire("ipv4:127.0.0.1");
-    REQUIRE(http_call.ok());
-    v1::GenerateRequest req;
-    req.set_max_tokens(2);
-    grpc::Status st;
-    Generate(f, req, &st);
-    REQUIRE(st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
-    http_call->Release();
-    Generate(f, req, &st);
-    REQUIRE(st.ok());
-  }
+TEST_CASE("gRPC after StopServing: every call UNAVAILABLE on a port still open", "[server]") {
+  GrpcFixture f;
+  EndlessStream stream(f);  // still open when the drain ends
+  f.state.StartDraining();
+  // It is cancelled at the deadline, and then nothing uses the engine.
+  const absl::Time start = absl::Now();
+  REQUIRE(f.service.StopServing(absl::Now() + absl::Milliseconds(200)));
+  REQUIRE(absl::Now() - start >= absl::Milliseconds(200));
+  REQUIRE(stream.Finish().error_code() == grpc::StatusCode::CANCELLED);
+  REQUIRE(f.engine.WaitForCancelled(1) == 1);
+  // A new client connects and gets an answer (not a refused connection),
+  // for every method, without the engine.
+  auto fresh = v1::Generation::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(f.service.port()), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext c1;
+  v1::Stats stats;
+  grpc::Status st = fresh->GetStats(&c1, v1::GetStatsRequest(), &stats);
+  REQUIRE(st.error_code() == grpc::StatusCode::UNAVAILABLE);
+  REQUIRE(st.error_message() == "the server is shutting down");
+  grpc::ClientContext c2;
+  v1::TokenizeResponse tresp;
+  st = fresh->Tokenize(&c2, v1::TokenizeRequest(), &tresp);
+  REQUIRE(st.error_message() == "the server is shutting down");
+  Generate(f, v1::GenerateRequest(), &st);
+  REQUIRE(st.error_code() == grpc::StatusCode::UNAVAILABLE);
+  REQUIRE(st.error_message() == "the server is shutting down");
+  REQUIRE(f.Health("") == 2);
+  // With no call open it returns at once.
+  REQUIRE(f.service.StopServing(absl::Now() + absl::Seconds(10)));
+}
+
+TEST_CASE("gRPC counts calls in a limiter it may share with HTTP", "[server]") {
+  GrpcService::Options options;
+  options.limiter = std::make_shared<ClientLimiter>(1);
+  auto limiter = options.limiter;
+  GrpcFixture f(true, "", options);
+  // An HTTP call of this host holds its one slot.
+  absl::StatusOr<ClientLimiter::Token> http_call = limiter->Acquire("ipv4:127.0.0.1");
+  REQUIRE(http_call.ok());
+  v1::GenerateRequest req;
+  req.set_max_tokens(2);
+  grpc::Status st;
+  Generate(f, req, &st);
+  REQUIRE(st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  http_call->Release();
+  Generate(f, req, &st);
+  REQUIRE(st.ok());
+}
 
 }  // namespace
 }  // namespace kvserve
