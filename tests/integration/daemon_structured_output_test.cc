@@ -66,7 +66,8 @@ TEST_CASE("Daemon: response_format json_schema outputs validate plain and stream
       REQUIRE(r);
       INFO(r->body);
       REQUIRE(r->status == 200);
-      for (const json& c : json::parse(r->body)["choices"]) {
+      const json parsed = json::parse(r->body);  // the range below must not outlive it
+      for (const json& c : parsed["choices"]) {
         ++total;
         REQUIRE(c["finish_reason"] != "error");
         if (c["finish_reason"] == "stop") {
