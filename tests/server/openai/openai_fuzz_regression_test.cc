@@ -7,6 +7,7 @@
 
 #include "model/chat/chat_template.h"
 #include "server/openai/openai_protocol.h"
+#include "tests/server/openai/api_fixture.h"
 
 namespace kvserve {
 namespace {
@@ -24,17 +25,9 @@ std::string NestedObjects(int levels) {
   return s + std::string(levels, '}');
 }
 
-struct Fixture {
-  std::unique_ptr<Tokenizer> tokenizer = Tokenizer::ByteLevel(512);
-  ChatTemplate chat_template;
-  ApiContext ctx() const {
-    ApiContext c;
-    c.tokenizer = tokenizer.get();
-    c.chat_template = &chat_template;
-    c.model_name = "tiny";
-    c.max_model_len = 4096;
-    return c;
-  }
+// A context long enough for the fuzzers' inputs.
+struct Fixture : testing::ApiFixture {
+  Fixture() { max_model_len = 4096; }
 };
 
 TEST_CASE("Request bodies nested too deep are refused before they reach the stack", "[server]") {

@@ -2,6 +2,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "tests/server/openai/api_fixture.h"
 #include "util/field_status.h"
 
 namespace kvserve {
@@ -9,19 +10,7 @@ namespace {
 
 using json = nlohmann::json;
 
-// A byte-level tokenizer: "hi" with BOS is {1, 3 + 'h', 3 + 'i'}.
-struct Fixture {
-  std::unique_ptr<Tokenizer> tokenizer = Tokenizer::ByteLevel(512);
-  ChatTemplate chat_template;
-  ApiContext ctx() const {
-    ApiContext c;
-    c.tokenizer = tokenizer.get();
-    c.chat_template = &chat_template;
-    c.model_name = "tiny";
-    c.max_model_len = 64;
-    return c;
-  }
-};
+using Fixture = testing::ApiFixture;
 
 std::vector<int32_t> Bytes(const std::string& s, bool bos = true) {
   std::vector<int32_t> ids;

@@ -3,22 +3,12 @@
 #include <catch2/catch.hpp>
 
 #include "server/openai/openai_protocol.h"
+#include "tests/server/openai/api_fixture.h"
 
 namespace kvserve {
 namespace {
 
-struct Fixture {
-  std::unique_ptr<Tokenizer> tokenizer = Tokenizer::ByteLevel(512);
-  ChatTemplate chat_template;
-  ApiContext ctx() const {
-    ApiContext c;
-    c.tokenizer = tokenizer.get();
-    c.chat_template = &chat_template;
-    c.model_name = "tiny";
-    c.max_model_len = 64;
-    return c;
-  }
-};
+using Fixture = testing::ApiFixture;
 
 GrammarSpec Constraint(const std::string& fields) {
   Fixture f;
