@@ -34,16 +34,6 @@ namespace {
 #define KV_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define KV_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-inline int32_t Load4(const void* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return v;
-}
-
-int64_t BlocksPerGroup(const QuantMatrix& w) {
-  return std::max<int64_t>(4, kQuantL2Bytes / w.block_stride());
-}
-
 template <int R, int NB>
 KV_VNNI void TileVnni(const QuantGemmArgs& a, int64_t r0, int64_t b0) {
   const QuantMatrix& w = *a.w;

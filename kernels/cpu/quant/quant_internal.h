@@ -7,7 +7,9 @@
 // Thread-safety: pure functions of their arguments.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "kernels/cpu/quant/quant_matrix.h"
 
@@ -30,6 +32,18 @@ struct QuantGemmArgs {
 // Weight bytes a group of blocks may span so that it stays in L2 while
 // every row tile passes over it.
 inline constexpr int64_t kQuantL2Bytes = 256 * 1024;
+
+// Output-channel blocks per such group (at least 4).
+inline int64_t BlocksPerGroup(const QuantMatrix& w) {
+  return std::max<int64_t>(4, kQuantL2Bytes / w.block_stride());
+}
+
+// Four bytes as one int32 (an unaligned activation quad for a broadcast).
+inline int32_t Load4(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
 
 void Q8Scalar(const QuantGemmArgs& a);
 void Q4Scalar(const QuantGemmArgs& a);
