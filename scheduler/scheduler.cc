@@ -83,13 +83,13 @@ void Scheduler::Remove(Sequence* seq) {
   seq->status = SeqStatus::kFinished;
 }
 
-void Scheduler::Preempt(Sequence* victim) {
+void Scheduler::Preempt(Sequence* victim, bool may_swap) {
   auto it = std::find(running_.begin(), running_.end(), victim);
   if (it == running_.end()) Die("Preempt of a sequence that is not running");
   running_.erase(it);
   ++num_preemptions_;
   ++plan_.num_preempted;
-  if (config_.preemption_mode == PreemptionMode::kSwap) {
+  if (may_swap && config_.preemption_mode == PreemptionMode::kSwap) {
     const SeqId id = victim->id;
     if (kv_->CanSwapOut(std::span<const SeqId>(&id, 1))) {
       CheckOk(kv_->SwapOut(id), "SwapOut after CanSwapOut");
@@ -103,13 +103,6 @@ void Scheduler::Preempt(Sequence* victim) {
   victim->num_computed = 0;
   if (victim->evictor) victim->evictor->Reset();
   AddWaiting(victim);
-}
-
-void Scheduler::PreemptByRecompute(Sequence* victim) {
-  const PreemptionMode mode = config_.preemption_mode;
-  config_.preemption_mode = PreemptionMode::kRecompute;
-  Preempt(victim);
-  config_.preemption_mode = mode;
 }
 
 std::span<const int32_t> Scheduler::AdmissionTokens(const Sequence* seq) const {
@@ -136,7 +129,7 @@ int32_t Scheduler::PreemptForWaiting() {
         kv_->CanAllocate(AdmissionTokens(next), req->params.cache_salt, !SkipsPrefixCache(next))) {
       break;  // it fits as things are
     }
-    PreemptByRecompute(last);
+    Preempt(last, /*may_swap=*/false);
     ++preempted;
   }
   return preempted;

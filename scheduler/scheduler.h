@@ -116,9 +116,8 @@ class Scheduler {
   // Reserves slots so that `rows` rows from num_computed have them,
   // preempting as needed. Returns false when `seq` itself was preempted.
   bool ReserveRows(Sequence* seq, int32_t rows);
-  void Preempt(Sequence* victim);
-  // Recompute preemption (whatever the mode).
-  void PreemptByRecompute(Sequence* victim);
+  // may_swap false: recompute whatever the mode (fairness preemption).
+  void Preempt(Sequence* victim, bool may_swap = true);
   // Fairness: preempts running sequences that the next waiting one of
   // another client is served before, until it fits. Returns how many.
   int32_t PreemptForWaiting();
