@@ -8,6 +8,7 @@
 #pragma once
 
 #include <catch2/catch.hpp>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -263,39 +264,68 @@ inline std::vector<GenerateRequest> SharedPrefixRequests(const std::vector<int32
   return reqs;
 }
 
-// As RunConcurrently, but every request reaches the engine in the same step:
-// they are submitted from the engine thread, at an event of a leader request
-// (8 greedy tokens, its result dropped) that runs first. So a test that needs
-// them all queued at once (to force preemption, say) does not depend on how
-// fast this thread submits.
-inline std::vector<Result> RunInOneStep(Engine& engine, const std::vector<GenerateRequest>& reqs) {
-  struct Burst {
+// Runs `submit` on this thread while the engine thread is held inside a step,
+// so everything it submits (and every notify it sets on the streams) is in
+// place before the engine's next step, however slowly this thread runs. The
+// hold is a request that cannot end on its own (streaming eviction, 2^29
+// tokens, request id "hold"): its first event blocks the engine thread until
+// `submit` has returned; it is cancelled before the engine goes on, so it
+// takes no slot in the step that admits what `submit` sent.
+inline void WithEngineHeld(Engine& engine, const std::function<void()>& submit) {
+  struct Hold {
     absl::Mutex mu;
-    bool sent = false;
-    std::vector<absl::StatusOr<std::shared_ptr<RequestStream>>> streams;
+    bool entered = false;
+    bool released = false;
   };
-  auto burst = std::make_shared<Burst>();
-  GenerateRequest leader = Greedy("Once", 8);
-  leader.ignore_eos = true;
-  auto lead = engine.Submit(leader);
-  REQUIRE(lead.ok());
-  Engine* e = &engine;
-  (*lead)->SetNotify([burst, e, reqs] {
-    absl::MutexLock lock(&burst->mu);
-    if (burst->sent) return;
-    burst->sent = true;
-    for (const GenerateRequest& r : reqs) burst->streams.push_back(e->Submit(r));
+  auto hold = std::make_shared<Hold>();
+  GenerateRequest holder = Greedy("Once", 1 << 29);
+  holder.request_id = "hold";
+  holder.ignore_eos = true;
+  holder.kv_policy.policy = "streaming";
+  holder.kv_policy.budget = 48;
+  holder.kv_policy.sink_tokens = 4;
+  auto stream = engine.Submit(holder);
+  REQUIRE(stream.ok());
+  (*stream)->SetNotify([hold] {
+    absl::MutexLock lock(&hold->mu);
+    if (hold->entered) return;  // only its first event holds the engine
+    hold->entered = true;
+    hold->mu.Await(absl::Condition(&hold->released));
   });
-  Collect(**lead);  // 8 events: the notify ran at one of them
-  std::vector<std::shared_ptr<RequestStream>> streams;
   {
-    absl::MutexLock lock(&burst->mu);
-    REQUIRE(burst->sent);
-    for (auto& s : burst->streams) {
+    absl::MutexLock lock(&hold->mu);
+    hold->mu.Await(absl::Condition(&hold->entered));
+  }
+  auto release = [&] {
+    (*stream)->Cancel();
+    absl::MutexLock lock(&hold->mu);
+    hold->released = true;
+  };
+  try {
+    submit();
+  } catch (...) {  // a failed REQUIRE: let the engine go before unwinding
+    release();
+    throw;
+  }
+  release();
+  GenerateOutput out;
+  while ((*stream)->Next(&out) == RequestStream::Pop::kOutput) {
+  }
+  REQUIRE(out.finish_reason == FinishReason::kCancelled);
+}
+
+// As RunConcurrently, but every request reaches the engine in the same step
+// (WithEngineHeld). So a test that needs them all queued at once (to force
+// preemption, say) does not depend on how fast this thread submits.
+inline std::vector<Result> RunInOneStep(Engine& engine, const std::vector<GenerateRequest>& reqs) {
+  std::vector<std::shared_ptr<RequestStream>> streams;
+  WithEngineHeld(engine, [&] {
+    for (const GenerateRequest& r : reqs) {
+      auto s = engine.Submit(r);
       REQUIRE(s.ok());
       streams.push_back(*s);
     }
-  }
+  });
   std::vector<Result> results;
   for (size_t i = 0; i < streams.size(); ++i) results.push_back(Collect(*streams[i], reqs[i].n));
   return results;
