@@ -32,7 +32,13 @@
 // Supported: 1-D blocks (threadIdx.x), 2-D grids, dynamic shared memory
 // (the kernel reads g_dynamic_shared where CUDA_SIM_DYNAMIC_SHARED is
 // defined, instead of its `extern __shared__` array; Launch sets it),
-// __syncthreads, __shfl_xor_sync on float with a full mask.
+// __syncthreads, __shfl_xor_sync on float with a full mask, and the
+// tensor-core and async-copy operations of kernels/cuda/mma.cuh (mma
+// m16n8k16 in fp16/bf16, ldmatrix x4 trans, cp.async with commit and wait
+// groups), each from the PTX ISA's fragment tables. A cp.async lands at the
+// wait that retires its group, so a read of its destination before that
+// wait reads poison; a thread that exits with copies it never waited for
+// aborts.
 //
 // Thread-safety: one simulated launch at a time per process.
 #pragma once
@@ -126,6 +132,18 @@ struct BlockState {
   int current = 0;
   const std::function<void()>* body = nullptr;
   std::vector<float> exchange;
+  // Warp-collective operands (mma, ldmatrix): 6 words and a pointer a thread.
+  std::vector<uint32_t> words;
+  std::vector<const void*> ptrs;
+  // cp.async per thread: copies not yet committed, then committed groups
+  // oldest first; a group lands (is copied) at the wait that retires it.
+  struct AsyncCopy {
+    void* dst;
+    const void* src;
+    int bytes, src_bytes;
+  };
+  std::vector<std::vector<AsyncCopy>> async_open;
+  std::vector<std::vector<std::vector<AsyncCopy>>> async_groups;
 };
 
 inline BlockState* g_block = nullptr;
@@ -240,6 +258,113 @@ inline float ShflXor(float v, int lane_mask) {
   return r;
 }
 
+// Half-precision bits as a float (fp16, or bf16 when `bf16`).
+inline float HalfBits(uint32_t h, bool bf16) {
+  if (bf16) {
+    const uint32_t u = (h & 0xffffu) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+  // IEEE binary16 to binary32, exactly (subnormals, inf and NaN included).
+  const uint32_t sign = (h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu, man = h & 0x3ffu;
+  float f;
+  if (exp == 0) {
+    f = std::ldexp(static_cast<float>(man), -24);
+    if (sign != 0) f = -f;
+    return f;
+  }
+  const uint32_t u =
+      sign | (exp == 31 ? 0x7f800000u | (man << 13) : ((exp + 112) << 23) | (man << 13));
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: d += A * B over the
+// warp, with the PTX ISA's fragment layouts (kernels/cuda/mma.cuh): each
+// lane's four results are the fp32 sum over k of exact products, added to c.
+inline void Mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], bool bf16) {
+  BlockState& bs = *g_block;
+  const int t = bs.current;
+  uint32_t* mine = &bs.words[static_cast<size_t>(t) * 6];
+  for (int i = 0; i < 4; ++i) mine[i] = a[i];
+  mine[4] = b[0];
+  mine[5] = b[1];
+  Yield(kWarpBarrier);
+  const int base = t & ~31, lane = t & 31, g = lane >> 2, tq = lane & 3;
+  const auto word = [&](int l, int reg) {
+    return bs.words[static_cast<size_t>(base + l) * 6 + reg];
+  };
+  // A[row][col] lives in lane (row % 8) * 4 + (col % 8) / 2, register
+  // row / 8 + 2 * (col / 8), half col % 2; B[k][n] in lane n * 4 + (k % 8) / 2,
+  // register 4 + k / 8, half k % 2.
+  const auto elem_a = [&](int row, int col) {
+    const uint32_t w = word((row & 7) * 4 + ((col & 7) >> 1), (row >> 3) + 2 * (col >> 3));
+    return HalfBits((col & 1) ? w >> 16 : w, bf16);
+  };
+  const auto elem_b = [&](int k, int n) {
+    const uint32_t w = word(n * 4 + ((k & 7) >> 1), 4 + (k >> 3));
+    return HalfBits((k & 1) ? w >> 16 : w, bf16);
+  };
+  float r[4];
+  for (int i = 0; i < 4; ++i) {
+    const int row = g + (i >= 2 ? 8 : 0), col = 2 * tq + (i & 1);
+    float sum = 0.0f;
+    for (int k = 0; k < 16; ++k) sum += elem_a(row, k) * elem_b(k, col);
+    r[i] = d[i] + sum;
+  }
+  Yield(kWarpBarrier);  // every lane has read before any lane writes again
+  for (int i = 0; i < 4; ++i) d[i] = r[i];
+}
+
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 (kernels/cuda/mma.cuh).
+inline void LdmatrixX4Trans(uint32_t (&r)[4], const void* row) {
+  BlockState& bs = *g_block;
+  const int t = bs.current;
+  if (reinterpret_cast<uintptr_t>(row) % 16 != 0) Fail("ldmatrix row address not 16-byte aligned");
+  bs.ptrs[t] = row;
+  Yield(kWarpBarrier);
+  const int base = t & ~31, lane = t & 31;
+  uint32_t out[4];
+  for (int j = 0; j < 4; ++j) {
+    uint16_t lo, hi;
+    const auto* r0 = static_cast<const uint8_t*>(bs.ptrs[base + 8 * j + 2 * (lane & 3)]);
+    const auto* r1 = static_cast<const uint8_t*>(bs.ptrs[base + 8 * j + 2 * (lane & 3) + 1]);
+    std::memcpy(&lo, r0 + 2 * (lane >> 2), 2);
+    std::memcpy(&hi, r1 + 2 * (lane >> 2), 2);
+    out[j] = uint32_t{lo} | (uint32_t{hi} << 16);
+  }
+  Yield(kWarpBarrier);
+  for (int j = 0; j < 4; ++j) r[j] = out[j];
+}
+
+// cp.async of `bytes` (4 or 16): queued on the calling thread; src_bytes
+// (0 or bytes) of src, zeros for the rest, land at the wait that retires
+// the copy's group, not before (a read of dst before that reads poison).
+inline void CpAsync(void* dst, const void* src, int bytes, int src_bytes) {
+  if (reinterpret_cast<uintptr_t>(dst) % bytes != 0 ||
+      reinterpret_cast<uintptr_t>(src) % bytes != 0)
+    Fail("cp.async address not aligned to its size");
+  if (src_bytes != 0 && src_bytes != bytes) Fail("cp.async src-size other than 0 or the copy size");
+  g_block->async_open[g_block->current].push_back({dst, src, bytes, src_bytes});
+}
+inline void CpAsyncCommit() {
+  BlockState& bs = *g_block;
+  bs.async_groups[bs.current].push_back(std::move(bs.async_open[bs.current]));
+  bs.async_open[bs.current].clear();
+}
+inline void CpAsyncWait(int n) {
+  auto& groups = g_block->async_groups[g_block->current];
+  while (static_cast<int>(groups.size()) > n) {
+    for (const BlockState::AsyncCopy& c : groups.front()) {
+      if (c.src_bytes > 0) std::memcpy(c.dst, c.src, static_cast<size_t>(c.src_bytes));
+      std::memset(static_cast<char*>(c.dst) + c.src_bytes, 0,
+                  static_cast<size_t>(c.bytes - c.src_bytes));
+    }
+    groups.erase(groups.begin());
+  }
+}
+
 // [address, size) of every static __shared__ variable of the kernels in
 // this binary: function-local statics (mangled _ZZ) of kvserve::cuda::
 // *_detail, from the ELF symbol table of /proc/self/exe, moved by the load
@@ -307,6 +432,10 @@ inline void RunBlock(uint3 block_idx, int threads, const std::function<void()>& 
   b.fibers.assign(threads, Fiber{});
   b.body = &body;
   b.exchange.assign(threads, 0.0f);
+  b.words.assign(static_cast<size_t>(threads) * 6, 0u);
+  b.ptrs.assign(threads, nullptr);
+  b.async_open.assign(threads, {});
+  b.async_groups.assign(threads, {});
   b.current = 0;
   g_block = &b;
   g_block_idx = block_idx;
@@ -354,6 +483,10 @@ inline void RunBlock(uint3 block_idx, int threads, const std::function<void()>& 
       released = true;
     }
     if (!released) Fail("deadlock: threads wait at different barriers");
+  }
+  for (int t = 0; t < threads; ++t) {
+    if (!b.async_open[t].empty() || !b.async_groups[t].empty())
+      Fail("a thread exited with cp.async copies it never waited for");
   }
   g_block = nullptr;
 }
