@@ -258,6 +258,8 @@ const std::vector<Field>& Fields() {
                     c.model.weight_group_size = static_cast<int32_t>(v);
                   }),
               Bool("model.cuda_graphs", [](ServeConfig& c, bool v) { c.model.cuda_graphs = v; }),
+              Enum("model.attention_kernel", {"fast", "reference"},
+                   [](ServeConfig& c, std::string v) { c.model.attention_kernel = std::move(v); }),
               Bool("model.mmap", [](ServeConfig& c, bool v) { c.model.mmap = v; }),
               {"model.chat_template",
                [](ServeConfig& c, const std::string& text, Source, const std::string&) {
@@ -771,6 +773,9 @@ std::string ServeConfigKeyHelp(const std::string& key) {
        "page cache, but a file truncated while served kills the daemon (SIGBUS) and one "
        "rewritten in place changes the served weights"},
       {"model.cuda_graphs", "CUDA: replay decode steps from graphs captured per batch size (true)"},
+      {"model.attention_kernel",
+       "CUDA: fast (tensor cores; fp16/bf16/fp8/int8/int4/k8v4 pages at head_dim 64, 128 or 256, "
+       "else the reference kernel) or reference (the simple kernel, to compare or fall back)"},
       {"model.chat_template",
        "auto (the checkpoint's own template, else plain), plain, chatml, llama3, or a map of "
        "role patterns"},

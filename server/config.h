@@ -40,8 +40,9 @@ struct ServeConfig {
     std::string weight_dtype = "auto";
     std::string weight_dtype_head = "auto";
     int32_t weight_group_size = 32;
-    bool cuda_graphs = true;  // CUDA: replay decode steps from captured graphs
-    bool mmap = false;        // mmap the weight files instead of reading them (risks: README)
+    bool cuda_graphs = true;                // CUDA: replay decode steps from captured graphs
+    std::string attention_kernel = "fast";  // CUDA: fast | reference
+    bool mmap = false;  // mmap the weight files instead of reading them (risks: README)
     // auto (the checkpoint's own template, else plain), a built-in name or a
     // map of role patterns.
     ChatTemplate chat_template = ChatTemplate::Auto();

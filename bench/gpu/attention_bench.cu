@@ -1,7 +1,10 @@
 // attention_bench: decode attention at the Llama-3-8B attention shape (32
 // query heads, 8 kv heads, head_dim 128), batch 64, context 4096, block size
-// 16, for every KV format, against a read-bandwidth ceiling measured in the
-// same run by a plain streaming-read kernel.
+// 16, for every KV format and both attention kernels (model.attention_kernel:
+// fast, where it takes the format, and reference), side by side against a
+// read-bandwidth ceiling measured in the same run by a plain streaming-read
+// kernel. "vs bf16" compares a format with bf16 pages on the same kernel;
+// "vs ref" the fast kernel with the reference one on the same format.
 //
 // The pool of each format holds every sequence's blocks in a shuffled order
 // (block tables are a random permutation), filled with real encodings
@@ -145,6 +148,8 @@ double TimeMs(int iters, Fn fn) {
 
 struct Result {
   std::string format;
+  std::string kernel;
+  double vs_reference = 0.0;
   double ms = 0.0;
   double kv_bytes = 0.0;
   double gbps = 0.0;
@@ -224,9 +229,9 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaMemcpy(context_len, cl.data(), cl.size() * 4, cudaMemcpyHostToDevice));
 
   std::vector<Result> results;
-  double bf16_ms = 0.0;
-  std::printf("%-9s %9s %10s %9s %9s %10s %8s %6s\n", "format", "ms", "KV MB", "GB/s", "x ceiling",
-              "vs bf16", "target", "parts");
+  double bf16_ms[2] = {0.0, 0.0};  // [fast, reference]
+  std::printf("%-9s %-9s %9s %10s %9s %9s %8s %8s %8s %6s\n", "format", "kernel", "ms", "KV MB",
+              "GB/s", "x ceiling", "vs bf16", "target", "vs ref", "parts");
   for (KvDtype dtype : kvserve::kAllKvDtypes) {
     const KvFormat format = *KvFormat::Create(dtype, num_kv_heads, head_dim, block_size);
     const int64_t pool_bytes = pool_blocks * format.block_bytes();
@@ -312,34 +317,46 @@ int main(int argc, char** argv) {
     a.launch = plan->launch();
     a.workspace = workspace;
     a.workspace_bytes = ws_bytes;
-    const double ms = TimeMs(flags.iters, [&](int i) {
-      a.kv.pages = pools[i % copies];
-      a.batch.block_table = tables[i % copies];
-      const absl::Status s = kvserve::cuda::PagedAttention(a, nullptr);
-      if (!s.ok()) {
-        std::fprintf(stderr, "attention_bench: %s\n", s.ToString().c_str());
-        std::exit(1);
-      }
-    });
-    CHECK_CUDA(cudaDeviceSynchronize());
+    double ref_ms = 0.0;
+    // The reference kernel first, so the fast row can show its ratio.
+    for (int ki : {1, 0}) {
+      a.kernel = ki == 0 ? kvserve::cuda::AttentionKernel::kFast
+                         : kvserve::cuda::AttentionKernel::kReference;
+      if (ki == 0 && !kvserve::cuda::UsesFastAttention(a)) continue;
+      const double ms = TimeMs(flags.iters, [&](int i) {
+        a.kv.pages = pools[i % copies];
+        a.batch.block_table = tables[i % copies];
+        const absl::Status s = kvserve::cuda::PagedAttention(a, nullptr);
+        if (!s.ok()) {
+          std::fprintf(stderr, "attention_bench: %s\n", s.ToString().c_str());
+          std::exit(1);
+        }
+      });
+      CHECK_CUDA(cudaDeviceSynchronize());
 
-    Result r;
-    r.format = std::string(kvserve::KvDtypeName(dtype));
-    r.ms = ms;
-    r.kv_bytes = double(batch) * context * format.bytes_per_token_per_layer();
-    r.gbps = r.kv_bytes / ms / 1e6;
-    r.copies = copies;
-    r.partition_keys = plan->header().partition_keys;
-    r.items = plan->header().num_items;
-    if (dtype == KvDtype::kBf16) bf16_ms = ms;
-    results.push_back(r);
-    const double target = TargetSpeedup(dtype);
-    char vs[32] = "-", tgt[32] = "-";
-    if (bf16_ms > 0) std::snprintf(vs, sizeof(vs), "%.2fx", bf16_ms / ms);
-    if (target > 0) std::snprintf(tgt, sizeof(tgt), ">=%.1fx", target);
-    if (dtype == KvDtype::kBf16) std::snprintf(tgt, sizeof(tgt), ">=0.8 bw");
-    std::printf("%-9s %9.3f %10.1f %9.0f %9.2f %10s %8s %6d\n", r.format.c_str(), ms,
-                r.kv_bytes / 1e6, r.gbps, r.gbps / ceiling_gbps, vs, tgt, r.partition_keys);
+      Result r;
+      r.format = std::string(kvserve::KvDtypeName(dtype));
+      r.kernel = ki == 0 ? "fast" : "reference";
+      r.ms = ms;
+      r.kv_bytes = double(batch) * context * format.bytes_per_token_per_layer();
+      r.gbps = r.kv_bytes / ms / 1e6;
+      r.copies = copies;
+      r.partition_keys = plan->header().partition_keys;
+      r.items = plan->header().num_items;
+      if (ki == 1) ref_ms = ms;
+      r.vs_reference = ki == 0 && ref_ms > 0 ? ref_ms / ms : 0.0;
+      if (dtype == KvDtype::kBf16) bf16_ms[ki] = ms;
+      const double target = TargetSpeedup(dtype);
+      char vs[32] = "-", tgt[32] = "-", vr[32] = "-";
+      if (bf16_ms[ki] > 0) std::snprintf(vs, sizeof(vs), "%.2fx", bf16_ms[ki] / ms);
+      if (target > 0) std::snprintf(tgt, sizeof(tgt), ">=%.1fx", target);
+      if (dtype == KvDtype::kBf16) std::snprintf(tgt, sizeof(tgt), ">=0.9 bw");
+      if (r.vs_reference > 0) std::snprintf(vr, sizeof(vr), "%.2fx", r.vs_reference);
+      std::printf("%-9s %-9s %9.3f %10.1f %9.0f %9.2f %8s %8s %8s %6d\n", r.format.c_str(),
+                  r.kernel.c_str(), ms, r.kv_bytes / 1e6, r.gbps, r.gbps / ceiling_gbps, vs, tgt,
+                  vr, r.partition_keys);
+      results.push_back(r);
+    }
 
     for (int c = 0; c < copies; ++c) {
       CHECK_CUDA(cudaFree(pools[c]));
@@ -364,13 +381,16 @@ int main(int argc, char** argv) {
                  num_kv_heads, head_dim, block_size, ceiling_gbps);
     for (size_t i = 0; i < results.size(); ++i) {
       const Result& r = results[i];
-      std::fprintf(f,
-                   "    {\"format\": \"%s\", \"ms\": %.4f, \"kv_bytes\": %.0f, \"gbps\": %.1f, "
-                   "\"fraction_of_ceiling\": %.3f, \"speedup_vs_bf16\": %.3f, \"copies\": %d, "
-                   "\"items\": %d, \"partition_keys\": %d}%s\n",
-                   r.format.c_str(), r.ms, r.kv_bytes, r.gbps, r.gbps / ceiling_gbps,
-                   bf16_ms > 0 ? bf16_ms / r.ms : 0.0, r.copies, r.items, r.partition_keys,
-                   i + 1 < results.size() ? "," : "");
+      std::fprintf(
+          f,
+          "    {\"format\": \"%s\", \"kernel\": \"%s\", \"ms\": %.4f, \"kv_bytes\": %.0f, "
+          "\"gbps\": %.1f, \"fraction_of_ceiling\": %.3f, \"speedup_vs_bf16\": %.3f, "
+          "\"speedup_vs_reference\": %.3f, \"copies\": %d, \"items\": %d, "
+          "\"partition_keys\": %d}%s\n",
+          r.format.c_str(), r.kernel.c_str(), r.ms, r.kv_bytes, r.gbps, r.gbps / ceiling_gbps,
+          bf16_ms[r.kernel == "fast" ? 0 : 1] > 0 ? bf16_ms[r.kernel == "fast" ? 0 : 1] / r.ms
+                                                  : 0.0,
+          r.vs_reference, r.copies, r.items, r.partition_keys, i + 1 < results.size() ? "," : "");
     }
     std::fprintf(f, "  ]\n}\n");
     std::fclose(f);

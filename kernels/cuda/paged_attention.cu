@@ -1,17 +1,20 @@
 // Launcher of paged attention: validates the Params against the page layout
 // and the plan, sizes shared memory from head_dim, and dispatches the K/V
-// element pair of the format to one of seven instantiations of the
-// attention kernel (fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4); head_dim
-// and the activation dtype are runtime values inside the kernel. Then the
-// merge kernel (one instantiation) when the plan split any row.
+// element pair of the format to one of six instantiations of the fast
+// (tensor-core) kernel where it takes the layout, else to one of seven of
+// the reference kernel (fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4);
+// head_dim and the activation dtype are runtime values inside the kernels.
+// Then the merge kernel (one instantiation) when the plan split any row.
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/paged_attention_kernel.cuh"
+#include "kernels/cuda/paged_attention_mma_kernel.cuh"
 
 namespace kvserve::cuda {
 namespace {
@@ -81,7 +84,21 @@ cudaError_t AllowLargeSmem(KernelFn kernel) {
   return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxBytes);
 }
 
+// The most dynamic shared memory a CTA may opt in to (sm_90: 227 KB).
+constexpr int64_t kMaxOptInSmem = 227 * 1024;
+
+bool FastFits(const PagedAttentionParams& p) {
+  return p.kernel == AttentionKernel::kFast &&
+         attention_detail::MmaAttentionSupports(p.kv.layout) &&
+         attention_detail::MmaAttentionKernelFor(p.kv.layout.k.elem, p.kv.layout.v.elem,
+                                                 p.kv.layout.head_dim) != nullptr &&
+         attention_detail::MmaSmemLayout(p.kv.layout, p.num_sinks != nullptr).total <=
+             kMaxOptInSmem;
+}
+
 }  // namespace
+
+bool UsesFastAttention(const PagedAttentionParams& params) { return FastFits(params); }
 
 GpuAttentionShape ShapeOf(const PagedAttentionParams& p) {
   return {p.num_heads, p.kv.layout.num_kv_heads, p.kv.layout.head_dim, p.sliding_window};
@@ -198,10 +215,33 @@ absl::Status PagedAttention(const PagedAttentionParams& params, cudaStream_t str
   }();
   KV_CUDA_RETURN_IF_ERROR(smem_status);
 
-  const size_t smem = static_cast<size_t>(attention_detail::SmemFloats(hd)) * sizeof(float);
   const dim3 grid(static_cast<unsigned>(launch.num_items),
                   static_cast<unsigned>(p.num_heads / hpc));
-  LaunchKernel(kernel, grid, kThreads, smem, stream, args);
+  if (FastFits(p)) {
+    static const cudaError_t fast_smem_status = [] {
+      const std::pair<KvElem, KvElem> pairs[] = {
+          {KvElem::kFp16, KvElem::kFp16},       {KvElem::kBf16, KvElem::kBf16},
+          {KvElem::kFp8E4m3, KvElem::kFp8E4m3}, {KvElem::kInt8, KvElem::kInt8},
+          {KvElem::kInt4, KvElem::kInt4},       {KvElem::kInt8, KvElem::kInt4}};
+      for (const auto& [k, v] : pairs) {
+        for (int head_dim : {64, 128, 256}) {
+          const cudaError_t err =
+              cudaFuncSetAttribute(attention_detail::MmaAttentionKernelFor(k, v, head_dim),
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxOptInSmem);
+          if (err != cudaSuccess) return err;
+        }
+      }
+      return cudaSuccess;
+    }();
+    KV_CUDA_RETURN_IF_ERROR(fast_smem_status);
+    const KernelFn fast = attention_detail::MmaAttentionKernelFor(layout.k.elem, layout.v.elem, hd);
+    const auto smem =
+        static_cast<size_t>(attention_detail::MmaSmemLayout(layout, p.num_sinks != nullptr).total);
+    LaunchKernel(fast, grid, kThreads, smem, stream, args);
+  } else {
+    const size_t smem = static_cast<size_t>(attention_detail::SmemFloats(hd)) * sizeof(float);
+    LaunchKernel(kernel, grid, kThreads, smem, stream, args);
+  }
   KV_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "PagedAttention attention launch"));
   if (launch.num_merges > 0) {
     LaunchKernel(MergeKernel, static_cast<unsigned>(launch.num_merges), kThreads, 0, stream, args);

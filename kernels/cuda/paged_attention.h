@@ -32,6 +32,14 @@
 
 namespace kvserve::cuda {
 
+// Which attention kernel runs (model.attention_kernel). kFast: the
+// tensor-core kernel (paged_attention_mma_kernel.cuh) where it takes the
+// layout (fp16, bf16, fp8_e4m3, int8, int4, k8v4 pages; head_dim 64, 128,
+// 256; power-of-two block sizes), else the reference kernel; kReference:
+// always the simple kernel (paged_attention_kernel.cuh), to compare or fall
+// back to.
+enum class AttentionKernel : int32_t { kFast = 0, kReference = 1 };
+
 struct PagedAttentionParams {
   // [num_tokens][q_stride]: head h of row t at t * q_stride + h * head_dim;
   // RoPE applied. q_stride 0 means num_heads * head_dim.
@@ -81,7 +89,12 @@ struct PagedAttentionParams {
   float* key_mass = nullptr;
   const int64_t* key_mass_offset = nullptr;  // [num_tokens], device
   float* softmax_stats = nullptr;
+
+  AttentionKernel kernel = AttentionKernel::kFast;
 };
+
+// Whether PagedAttention runs the fast kernel for these params.
+bool UsesFastAttention(const PagedAttentionParams& params);
 
 // The shape the plan for these params must be made with.
 GpuAttentionShape ShapeOf(const PagedAttentionParams& params);

@@ -972,6 +972,8 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
     pa.launch = launch;
     pa.workspace = attn_workspace.get();
     pa.workspace_bytes = attn_workspace_bytes;
+    pa.kernel = options.attention_kernel == "reference" ? cuda::AttentionKernel::kReference
+                                                        : cuda::AttentionKernel::kFast;
     if (kc) {
       const cuda::PagedAttentionKcParams pk{.attn = pa,
                                             .new_k = kcw.k,

@@ -45,6 +45,9 @@ constexpr Preset kPresets[] = {
      false, 1, 2},
     {"stories110m-shape", "LlamaForCausalLM", 768, 2048, 12, 12, 12, 512, 1024, 10000.0f, 0, false,
      1, 2},
+    // tiny at head_dim 64 with GQA 4, the shape the fast CUDA attention kernel
+    // takes (tests of the CUDA path on the CPU).
+    {"tiny-hd64", "LlamaForCausalLM", 256, 512, 2, 4, 1, 512, 2048, 10000.0f, 0, true, 1, 2},
 };
 
 void FillRandom(float* data, uint64_t n, uint64_t seed) {

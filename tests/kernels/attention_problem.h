@@ -193,6 +193,26 @@ inline double Tolerance(ActDtype act) {
   }
 }
 
+// The fast (tensor-core) kernel's tolerance, on top of Tolerance's: P is
+// rounded to the compute type (2^-11 relative in fp16, 2^-8 in bf16, so at
+// most that times max|v| in the output); quantized K and V are decoded to
+// fp16 (within one fp16 rounding of the CPU's floats: V moves the output by
+// 2^-11 max|v|; K moves each score by at most 2^-11 * scale * sum |q_c k_c|,
+// about 0.6 sqrt(head_dim) q_scale * 2^-11 for these normal q and k, the
+// output by about twice that). q is exact in both half types here.
+inline double FastTolerance(KvDtype dtype, ActDtype act, float q_scale = 1.0f) {
+  const double act_round = Tolerance(act) - kFp32Tol;  // the output's own rounding
+  if (dtype == KvDtype::kBf16) return kFp32Tol + act_round + std::ldexp(1.0, -8);
+  const double fp16_p = std::ldexp(1.0, -11);
+  if (dtype == KvDtype::kFp16) return kFp32Tol + act_round + fp16_p;
+  // V rounded (2^-11), and K rounded: scale * sum |q_c k_c| is about 0.6
+  // sqrt(head_dim) q_scale for these normal q and k, so 2^-11 of it is at
+  // most 4e-3 q_scale at head_dim 256 (the output moves about twice that
+  // times a softmax weight; 1.5e-3 q_scale bounds what the sweep measures,
+  // 5e-4 at q_scale 1, 3.4e-3 at 4).
+  return kFp32Tol + act_round + fp16_p + std::ldexp(1.0, -11) + 1.5e-3 * q_scale;
+}
+
 inline const char* ActName(ActDtype a) {
   return a == ActDtype::kFp32 ? "fp32" : a == ActDtype::kFp16 ? "fp16" : "bf16";
 }

@@ -23,6 +23,7 @@ TEST_CASE("A minimal config takes every default", "[server]") {
   REQUIRE(c->model.threads == 0);
   REQUIRE(c->model.dtype == "auto");
   REQUIRE(c->model.cuda_graphs);
+  REQUIRE(c->model.attention_kernel == "fast");
   REQUIRE(c->model.chat_template.name() == "plain");
   REQUIRE(c->cache.kv_dtype == "fp32");
   REQUIRE(c->cache.memory_fraction == 0.0);  // not set: each backend's default
@@ -52,6 +53,7 @@ model:
   threads: 3
   dtype: BF16
   cuda_graphs: false
+  attention_kernel: reference
   chat_template: chatml
 cache:
   kv_dtype: int8
@@ -98,6 +100,7 @@ logging:
     REQUIRE(c->model.threads == 3);
     REQUIRE(c->model.dtype == "bf16");
     REQUIRE_FALSE(c->model.cuda_graphs);
+    REQUIRE(c->model.attention_kernel == "reference");
     REQUIRE(c->model.chat_template.name() == "chatml");
     REQUIRE(c->cache.kv_dtype == "int8");
     REQUIRE(c->cache.block_size == 32);
@@ -230,6 +233,8 @@ TEST_CASE("Bad values stop with the key path and the reason", "[server]") {
   }
   REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  cuda_graphs: sometimes\n", "")) ==
           "model.cuda_graphs: expected true or false, got 'sometimes'");
+  REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  attention_kernel: flash\n", "")) ==
+          "model.attention_kernel: expected one of fast, reference, got 'flash'");
   REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  threads: -1\n", "")) ==
           "model.threads: expected an integer in [0, 4096] (0: what the cgroup allows), got '-1'");
 }

@@ -5,6 +5,11 @@
 // every float encoding, and NaN scales for int8/int4), so a read outside a
 // row's keys or a missing write shows up as NaN.
 //
+// Every case runs the reference kernel (model.attention_kernel: reference)
+// and, where it takes the layout, the fast tensor-core kernel, whose own
+// roundings (P and quantized K/V in fp16 or bf16) FastTolerance in
+// tests/kernels/attention_problem.h adds to the bounds below.
+//
 // Tolerances, as max |gpu - cpu| / max|v| over a (sequence, kv head):
 //  - Both kernels decode the same bytes to bitwise the same floats
 //    (kv_decode.cuh mirrors DequantizeRow), so with fp32 q/out the only
@@ -88,10 +93,11 @@ struct RunSetup {
   GpuAttentionPlanOptions options;
   int64_t q_pad = 0;    // extra (poisoned) elements per q row
   int64_t out_pad = 0;  // extra elements per out row, which must stay poisoned
+  AttentionKernel kernel = AttentionKernel::kReference;
   std::string Name() const {
     return absl::StrCat(ActName(act), options.split ? "" : " nosplit", " fixed",
                         options.fixed_partition_keys, " sms", options.num_sms, " pad", q_pad, "/",
-                        out_pad);
+                        out_pad, kernel == AttentionKernel::kFast ? " fast" : " reference");
   }
 };
 
@@ -152,6 +158,7 @@ std::vector<float> RunGpu(const Problem& p, int window, const RunSetup& setup) {
   a.launch = plan->launch();
   a.workspace = ws_bytes > 0 ? workspace.as() : nullptr;
   a.workspace_bytes = ws_bytes;
+  a.kernel = setup.kernel;
   const absl::Status status = PagedAttention(a, nullptr);
   INFO(status.ToString());
   REQUIRE(status.ok());
@@ -171,16 +178,29 @@ std::vector<float> RunGpu(const Problem& p, int window, const RunSetup& setup) {
   return result;
 }
 
+// Each setup runs the reference kernel and, where it takes the layout, the
+// fast one (with its roundings' tolerance, FastTolerance).
 void CheckCase(const AttnCase& c, const std::vector<RunSetup>& setups) {
   INFO(c.Name());
   const Problem p = Build(c);
   const std::vector<float> ref = RunCpu(p, c.window);
-  for (const RunSetup& setup : setups) {
-    INFO(setup.Name());
-    const std::vector<float> got = RunGpu(p, c.window, setup);
-    const double err = WorstError(p, got, ref);
-    INFO("worst error / max|v| = " << err << ", tolerance " << Tolerance(setup.act));
-    REQUIRE(err <= Tolerance(setup.act));
+  PagedAttentionParams probe;
+  probe.kv.layout = p.format.layout();
+  const bool fast_takes = UsesFastAttention(probe);
+  for (const RunSetup& base : setups) {
+    for (AttentionKernel kernel : {AttentionKernel::kReference, AttentionKernel::kFast}) {
+      if (kernel == AttentionKernel::kFast && !fast_takes) continue;
+      RunSetup setup = base;
+      setup.kernel = kernel;
+      INFO(setup.Name());
+      const std::vector<float> got = RunGpu(p, c.window, setup);
+      const double err = WorstError(p, got, ref);
+      const double tol = kernel == AttentionKernel::kFast
+                             ? FastTolerance(c.dtype, setup.act, c.q_scale)
+                             : Tolerance(setup.act);
+      INFO("worst error / max|v| = " << err << ", tolerance " << tol);
+      REQUIRE(err <= tol);
+    }
   }
 }
 
@@ -284,6 +304,22 @@ TEST_CASE("CUDA paged attention: peaky softmax over long split contexts", "[gpu]
     c.q_scale = 8.0f;
     c.seed = 7;
     CheckCase(c, setups);
+  }
+}
+
+TEST_CASE("CUDA paged attention: 32768-token contexts, decode and a prefix-hit chunk", "[gpu]") {
+  uint32_t seed = 900;
+  for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kInt8, KvDtype::kInt4}) {
+    AttnCase c;
+    c.dtype = dtype;
+    c.head_dim = 128;
+    c.num_kv_heads = 2;
+    c.group = 4;
+    c.block_size = dtype == KvDtype::kInt8 ? 32 : 16;
+    c.ctx = {32768, 32768};
+    c.q_len = {1, 7};
+    c.seed = seed++;
+    CheckCase(c, StandardSetups());
   }
 }
 

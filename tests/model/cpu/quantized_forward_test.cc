@@ -189,7 +189,7 @@ TEST_CASE("Quantized weights load from llama2.c, HF safetensors and dummy checkp
   REQUIRE(
       WriteHfDirectory(Stories260k(), testing::Stories260kTokenizer(), dir, SafetensorsDtype::kBF16)
           .ok());
-  for (const std::string path :
+  for (const std::string& path :
        {testing::Stories260kCheckpoint(), dir, std::string("dummy:tiny")}) {
     INFO(path);
     absl::StatusOr<LoadedModel> m = LoadModel(path);

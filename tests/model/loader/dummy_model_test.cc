@@ -40,7 +40,7 @@ class ScopedEnv {
 TEST_CASE("Dummy presets have the shapes of the published models", "[model]") {
   REQUIRE(DummyPresetNames() == std::vector<std::string>{"tiny", "llama-2-7b", "llama-2-70b",
                                                          "llama-3-8b", "mistral-7b",
-                                                         "stories110m-shape"});
+                                                         "stories110m-shape", "tiny-hd64"});
   SECTION("parameter counts match the real checkpoints") {
     const std::pair<const char*, int64_t> counts[] = {{"llama-2-7b", 6738415616},
                                                       {"llama-2-70b", 68976648192},
@@ -88,7 +88,7 @@ TEST_CASE("Dummy presets have the shapes of the published models", "[model]") {
     REQUIRE(c.status().code() == absl::StatusCode::kInvalidArgument);
     REQUIRE(std::string(c.status().message()) ==
             "unknown dummy model preset 'nope'; known presets: tiny, llama-2-7b, llama-2-70b, "
-            "llama-3-8b, mistral-7b, stories110m-shape");
+            "llama-3-8b, mistral-7b, stories110m-shape, tiny-hd64");
   }
 }
 
