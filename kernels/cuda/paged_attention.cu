@@ -5,6 +5,7 @@
 // the reference kernel (fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4);
 // head_dim and the activation dtype are runtime values inside the kernels.
 // Then the merge kernel (one instantiation) when the plan split any row.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <utility>
@@ -94,6 +95,19 @@ bool FastFits(const PagedAttentionParams& p) {
                                                  p.kv.layout.head_dim) != nullptr &&
          attention_detail::MmaSmemLayout(p.kv.layout, p.num_sinks != nullptr).total <=
              kMaxOptInSmem;
+}
+
+// The x extent of the attention grid: launch.num_items, or with num_sms the
+// CTAs resident at once (by dynamic shared memory, at most 16 per SM) over
+// the grid's y extent.
+unsigned GridX(const PagedAttentionParams& p, size_t smem, int grid_y) {
+  const int64_t items = p.launch.num_items;
+  if (p.num_sms <= 0) return static_cast<unsigned>(items);
+  constexpr int64_t kSmemPerSm = 228 * 1024;  // sm_90, of which 1 KB per CTA is reserved
+  const int64_t per_sm =
+      std::clamp<int64_t>(kSmemPerSm / (static_cast<int64_t>(smem) + 1024), 1, 16);
+  const int64_t resident = std::max<int64_t>(1, int64_t(p.num_sms) * per_sm / grid_y);
+  return static_cast<unsigned>(std::min(items, resident));
 }
 
 }  // namespace
@@ -215,8 +229,7 @@ absl::Status PagedAttention(const PagedAttentionParams& params, cudaStream_t str
   }();
   KV_CUDA_RETURN_IF_ERROR(smem_status);
 
-  const dim3 grid(static_cast<unsigned>(launch.num_items),
-                  static_cast<unsigned>(p.num_heads / hpc));
+  const int grid_y = p.num_heads / hpc;
   if (FastFits(p)) {
     static const cudaError_t fast_smem_status = [] {
       const std::pair<KvElem, KvElem> pairs[] = {
@@ -237,10 +250,10 @@ absl::Status PagedAttention(const PagedAttentionParams& params, cudaStream_t str
     const KernelFn fast = attention_detail::MmaAttentionKernelFor(layout.k.elem, layout.v.elem, hd);
     const auto smem =
         static_cast<size_t>(attention_detail::MmaSmemLayout(layout, p.num_sinks != nullptr).total);
-    LaunchKernel(fast, grid, kThreads, smem, stream, args);
+    LaunchKernel(fast, dim3(GridX(p, smem, grid_y), grid_y), kThreads, smem, stream, args);
   } else {
     const size_t smem = static_cast<size_t>(attention_detail::SmemFloats(hd)) * sizeof(float);
-    LaunchKernel(kernel, grid, kThreads, smem, stream, args);
+    LaunchKernel(kernel, dim3(GridX(p, smem, grid_y), grid_y), kThreads, smem, stream, args);
   }
   KV_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "PagedAttention attention launch"));
   if (launch.num_merges > 0) {

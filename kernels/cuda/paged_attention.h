@@ -91,6 +91,11 @@ struct PagedAttentionParams {
   float* softmax_stats = nullptr;
 
   AttentionKernel kernel = AttentionKernel::kFast;
+  // > 0: the attention grid holds only the CTAs that fit on num_sms SMs at
+  // once (by shared memory), each walking items x, x + grid, ... of the
+  // plan: a captured decode graph sized for a capacity then launches no
+  // CTAs that exit at once. 0: one CTA per item (launch.num_items).
+  int32_t num_sms = 0;
 };
 
 // Whether PagedAttention runs the fast kernel for these params.

@@ -1,8 +1,9 @@
 // Device code of paged attention (see paged_attention.h for the contract and
 // gpu_attention_plan.h for the work items).
 //
-// Attention kernel. Grid: (num_items, num_heads / hpc); block: 128 threads.
-// CTA (x, y) takes work item x: nr <= kRowsMax rows of one sequence and the
+// Attention kernel. Grid: (num_items, or fewer with a persistent grid,
+// num_heads / hpc); block: 128 threads. CTA (x, y) takes work items x,
+// x + gridDim.x, ..., each: nr <= kRowsMax rows of one sequence and the
 // hpc query heads [y * hpc, (y + 1) * hpc) of kv head y * hpc / group, so
 // nq = nr * hpc <= 16 query vectors (m = row * hpc + head) read every K/V
 // page of the item once. Per tile of kTileKeys keys of [key_begin, key_end):
@@ -104,13 +105,10 @@ __device__ inline float SinkDot(const KernelArgs& a, int64_t qo, const float2* k
   return dot;
 }
 
+// One work item of the attention kernel (all threads of the CTA).
 template <KvElem KE, KvElem VE>
-__global__ void __launch_bounds__(kThreads) AttentionKernel(const __grid_constant__ KernelArgs a) {
-  const GpuAttentionPlanHeader& header = PlanHeader(a.plan);
-  if (static_cast<int32_t>(blockIdx.x) >= header.num_items) return;  // past a capacity
-  const GpuAttentionWorkItem item =
-      reinterpret_cast<const GpuAttentionWorkItem*>(a.plan + header.items_offset)[blockIdx.x];
-
+__device__ __forceinline__ void AttentionItem(const KernelArgs& a,
+                                              const GpuAttentionWorkItem item) {
   const KvPageLayout& layout = a.kv.layout;
   const int hd = layout.head_dim;
   const int pairs = hd / 2;
@@ -279,6 +277,21 @@ __global__ void __launch_bounds__(kThreads) AttentionKernel(const __grid_constan
     const int head = head0 + tid % hpc;
     slot[2 * head] = max_s[tid];
     slot[2 * head + 1] = sum_s[tid];
+  }
+}
+
+// The items of the plan: CTA x takes items x, x + gridDim.x, ... (one each
+// when the grid is as wide as the plan; a grid sized to the CTAs resident
+// on the device walks them all, and CTAs past a capacity exit at once).
+template <KvElem KE, KvElem VE>
+__global__ void __launch_bounds__(kThreads, 1)
+    AttentionKernel(const __grid_constant__ KernelArgs a) {
+  const GpuAttentionPlanHeader& header = PlanHeader(a.plan);
+  const auto* items = reinterpret_cast<const GpuAttentionWorkItem*>(a.plan + header.items_offset);
+  for (int32_t x = static_cast<int32_t>(blockIdx.x); x < header.num_items;
+       x += static_cast<int32_t>(gridDim.x)) {
+    if (x != static_cast<int32_t>(blockIdx.x)) __syncthreads();  // the last item's smem is read
+    AttentionItem<KE, VE>(a, items[x]);
   }
 }
 

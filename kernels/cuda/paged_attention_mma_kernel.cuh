@@ -88,37 +88,38 @@ __host__ __device__ inline bool MmaAttentionSupports(const KvPageLayout& l) {
 }
 
 // Shared memory of one CTA, in bytes; the same arithmetic on both sides.
+// Offsets of at most a few hundred KB: 32-bit (shared addresses are).
 struct MmaSmem {
-  int64_t q = 0;       // Q tile [16][head_dim] of the compute type
-  int64_t sink_q = 0;  // the sink query's tile, when the step has sinks
-  int64_t ring = 0;    // start of the stages
-  int64_t stage = 0;   // bytes of one stage: K rows, V rows, K meta, V meta
-  int64_t k_rows = 0, v_rows = 0, k_meta = 0, v_meta = 0;  // offsets inside a stage
-  int64_t k16 = 0, v16 = 0;  // decoded fp16 tiles (quantized formats), or -1
-  int64_t merge = 0;         // the warps' (max, sum, O), reusing the ring
-  int64_t total = 0;
+  int32_t q = 0;       // Q tile [16][head_dim] of the compute type
+  int32_t sink_q = 0;  // the sink query's tile, when the step has sinks
+  int32_t ring = 0;    // start of the stages
+  int32_t stage = 0;   // bytes of one stage: K rows, V rows, K meta, V meta
+  int32_t k_rows = 0, v_rows = 0, k_meta = 0, v_meta = 0;  // offsets inside a stage
+  int32_t k16 = 0, v16 = 0;  // decoded fp16 tiles (quantized formats), or -1
+  int32_t merge = 0;         // the warps' (max, sum, O), reusing the ring
+  int32_t total = 0;
 };
 
 __host__ __device__ inline MmaSmem MmaSmemLayout(const KvPageLayout& l, bool sinks) {
   MmaSmem s;
-  const int64_t hd = l.head_dim;
-  const int64_t tile = 16 * hd * 2;
+  const int32_t hd = l.head_dim;
+  const int32_t tile = 16 * hd * 2;
   s.q = 0;
   s.sink_q = sinks ? tile : -1;
   s.ring = tile * (sinks ? 2 : 1);
   s.k_rows = 0;
-  s.v_rows = s.k_rows + int64_t(kMmaKeys) * l.k.row_bytes;
-  s.k_meta = s.v_rows + int64_t(kMmaKeys) * l.v.row_bytes;
-  s.v_meta = s.k_meta + ((int64_t(kMmaKeys) * l.k.meta_bytes + 15) & ~int64_t{15});
-  s.stage = s.v_meta + ((int64_t(kMmaKeys) * l.v.meta_bytes + 15) & ~int64_t{15});
-  int64_t end = s.ring + kMmaStages * s.stage;
-  const int64_t half_tile = int64_t(kMmaKeys) * hd * 2;
+  s.v_rows = s.k_rows + int32_t(kMmaKeys) * l.k.row_bytes;
+  s.k_meta = s.v_rows + int32_t(kMmaKeys) * l.v.row_bytes;
+  s.v_meta = s.k_meta + ((int32_t(kMmaKeys) * l.k.meta_bytes + 15) & ~int32_t{15});
+  s.stage = s.v_meta + ((int32_t(kMmaKeys) * l.v.meta_bytes + 15) & ~int32_t{15});
+  int32_t end = s.ring + kMmaStages * s.stage;
+  const int32_t half_tile = int32_t(kMmaKeys) * hd * 2;
   s.k16 = IsHalfElem(l.k.elem) ? -1 : end;
   if (s.k16 >= 0) end += half_tile;
   s.v16 = IsHalfElem(l.v.elem) ? -1 : end;
   if (s.v16 >= 0) end += half_tile;
   s.merge = s.ring;
-  const int64_t merge_end = s.merge + kWarps * 16 * (hd + 2) * 4;
+  const int32_t merge_end = s.merge + kWarps * 16 * (hd + 2) * 4;
   s.total = end > merge_end ? end : merge_end;
   return s;
 }
@@ -194,7 +195,9 @@ __device__ __forceinline__ void IssueTile(const KernelArgs& a, const HeadOffsets
                              auto swizzle, bool with_v, int64_t v_off, uint8_t* v_dst) {
     constexpr int kChunks = decltype(chunks_tag)::value;
     const int c = tid % kChunks;
-#pragma unroll
+    // At head_dim 256 (16 rows a thread) a full unroll spills.
+    [[maybe_unused]] constexpr int kUnrollRows = kHd >= 256 ? 4 : kMmaKeys * kChunks / kThreads;
+#pragma unroll kUnrollRows
     for (int k = 0; k < kMmaKeys * kChunks / kThreads; ++k) {
       const int j = tid / kChunks + k * (kThreads / kChunks);
       const bool valid = j < n;
@@ -267,14 +270,15 @@ __device__ __forceinline__ __half2 Hfma2(__half2 a, __half2 b, __half2 c) {
 #endif
 }
 
+// Bit casts (one register move on the device).
 __device__ __forceinline__ __half2 AsHalf2(uint32_t u) {
   __half2 h;
-  memcpy(&h, &u, 4);
+  memcpy(static_cast<void*>(&h), &u, 4);
   return h;
 }
 __device__ __forceinline__ uint32_t AsU32(__half2 h) {
   uint32_t u;
-  memcpy(&u, &h, 4);
+  memcpy(&u, static_cast<const void*>(&h), 4);
   return u;
 }
 
@@ -335,7 +339,7 @@ __device__ __forceinline__ void DecodeRows(const KvPartLayout& part, const uint8
   constexpr int kChunks = kHd / 8;
   // Unrolled by 2 at head_dim 256, where a full unroll spills (the 128
   // accumulators are live across the decode).
-  constexpr int kUnroll = kHd >= 256 ? 2 : kMmaKeys * kChunks / kThreads;
+  [[maybe_unused]] constexpr int kUnroll = kHd >= 256 ? 2 : kMmaKeys * kChunks / kThreads;
 #pragma unroll kUnroll
   for (int k = 0; k < kMmaKeys * kChunks / kThreads; ++k) {
     const int e = static_cast<int>(threadIdx.x) + k * kThreads;
@@ -380,7 +384,9 @@ __device__ __forceinline__ void Scores(float (&s)[2][4], const uint8_t* q_tile,
     for (int i = 0; i < 4; ++i) s[nt][i] = 0.0f;
   }
   constexpr int stride = hd * 2;
-#pragma unroll
+  // Unrolled by 4 at head_dim 256, where the full unroll spills.
+  [[maybe_unused]] constexpr int kUnrollG = hd >= 256 ? 4 : hd / 32;
+#pragma unroll kUnrollG
   for (int G = 0; G < hd / 32; ++G) {
     const uint4 qa = *reinterpret_cast<const uint4*>(q_tile + g * stride + 16 * KSwz(g, 4 * G + t));
     const uint4 qb =
@@ -400,15 +406,12 @@ __device__ __forceinline__ void Scores(float (&s)[2][4], const uint8_t* q_tile,
   }
 }
 
+// One work item of the fast kernel (all threads of the CTA).
 template <KvElem KE, KvElem VE, int kHd>
-__global__ void __launch_bounds__(kThreads, 1)
-    MmaAttentionKernel(const __grid_constant__ KernelArgs a) {
+__device__ __forceinline__ void MmaAttentionItem(const KernelArgs& a,
+                                                 const GpuAttentionWorkItem item) {
   constexpr bool kBf16 = KE == KvElem::kBf16;
   static_assert(!(KE == KvElem::kBf16) || VE == KvElem::kBf16, "bf16 pages are bf16 on both sides");
-  const GpuAttentionPlanHeader& header = PlanHeader(a.plan);
-  if (static_cast<int32_t>(blockIdx.x) >= header.num_items) return;  // past a capacity
-  const GpuAttentionWorkItem item =
-      reinterpret_cast<const GpuAttentionWorkItem*>(a.plan + header.items_offset)[blockIdx.x];
 
   const KvPageLayout& layout = a.kv.layout;
   constexpr int hd = kHd;
@@ -436,16 +439,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (sink_tile != nullptr) LoadQTile<kBf16, hd>(a, a.sink_q, sink_tile, item.row_begin, head0, nq);
 
   const int key_begin = item.key_begin, key_end = item.key_end;
-  // This lane's two query rows (g, g + 8) take keys [row_lo, row_hi]: the
-  // window start, and the row's cache index capped by the item's end; a
-  // row past nq takes none.
-  int32_t row_lo[2], row_hi[2];
+  // This lane's two query rows (g, g + 8) take keys [lo, lo + span] (one
+  // unsigned compare a score): from the window start to the row's cache
+  // index capped by the item's end; a row with no key here gets a lo past
+  // every key. A row past nq takes every key: its Q row is zeros, its
+  // scores finite, and nothing of it is written.
+  int32_t row_lo[2];
+  uint32_t row_span[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int m = g + 8 * r;
     const int32_t index = first_index + m / hpc;
-    row_lo[r] = m < nq ? KeyBegin(index, a.sliding_window) : 0;
-    row_hi[r] = m < nq ? min(index, key_end - 1) : -1;
+    const int32_t lo = KeyBegin(index, a.sliding_window), hi = min(index, key_end - 1);
+    row_lo[r] = m >= nq ? 0 : hi >= lo ? lo : INT32_MAX;
+    row_span[r] = m >= nq ? UINT32_MAX : hi >= lo ? static_cast<uint32_t>(hi - lo) : 0u;
   }
   // Scores in log2 units: exp2 of (s - max) is one ex2 instruction.
   constexpr float kLog2e = 1.4426950408889634f;
@@ -523,7 +530,7 @@ __global__ void __launch_bounds__(kThreads, 1)
           for (int c = 0; c < 2; ++c) {
             const int i = 2 * r + c;
             const int32_t key = t0 + kw0 + 8 * nt + 2 * t + c;
-            const bool valid = key <= row_hi[r] && key >= row_lo[r];
+            const bool valid = static_cast<uint32_t>(key - row_lo[r]) <= row_span[r];
             s[nt][i] = valid ? s[nt][i] * scale_log2 : -INFINITY;
             mx = fmaxf(mx, s[nt][i]);
           }
@@ -629,6 +636,19 @@ __global__ void __launch_bounds__(kThreads, 1)
         slot[2 * head + 1] = sum;
       }
     }
+  }
+}
+
+// CTA x takes items x, x + gridDim.x, ... (see AttentionKernel).
+template <KvElem KE, KvElem VE, int kHd>
+__global__ void __launch_bounds__(kThreads, 1)
+    MmaAttentionKernel(const __grid_constant__ KernelArgs a) {
+  const GpuAttentionPlanHeader& header = PlanHeader(a.plan);
+  const auto* items = reinterpret_cast<const GpuAttentionWorkItem*>(a.plan + header.items_offset);
+  for (int32_t x = static_cast<int32_t>(blockIdx.x); x < header.num_items;
+       x += static_cast<int32_t>(gridDim.x)) {
+    if (x != static_cast<int32_t>(blockIdx.x)) __syncthreads();  // the last item's smem is read
+    MmaAttentionItem<KE, VE, kHd>(a, items[x]);
   }
 }
 

@@ -974,6 +974,7 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
     pa.workspace_bytes = attn_workspace_bytes;
     pa.kernel = options.attention_kernel == "reference" ? cuda::AttentionKernel::kReference
                                                         : cuda::AttentionKernel::kFast;
+    pa.num_sms = num_sms;  // a persistent grid: decode graphs sized for capacities stay small
     if (kc) {
       const cuda::PagedAttentionKcParams pk{.attn = pa,
                                             .new_k = kcw.k,

@@ -94,10 +94,12 @@ struct RunSetup {
   int64_t q_pad = 0;    // extra (poisoned) elements per q row
   int64_t out_pad = 0;  // extra elements per out row, which must stay poisoned
   AttentionKernel kernel = AttentionKernel::kReference;
+  int32_t persistent_sms = 0;  // PagedAttentionParams::num_sms (0: one CTA per item)
   std::string Name() const {
     return absl::StrCat(ActName(act), options.split ? "" : " nosplit", " fixed",
                         options.fixed_partition_keys, " sms", options.num_sms, " pad", q_pad, "/",
-                        out_pad, kernel == AttentionKernel::kFast ? " fast" : " reference");
+                        out_pad, kernel == AttentionKernel::kFast ? " fast" : " reference",
+                        " persistent", persistent_sms);
   }
 };
 
@@ -159,6 +161,7 @@ std::vector<float> RunGpu(const Problem& p, int window, const RunSetup& setup) {
   a.workspace = ws_bytes > 0 ? workspace.as() : nullptr;
   a.workspace_bytes = ws_bytes;
   a.kernel = setup.kernel;
+  a.num_sms = setup.persistent_sms;
   const absl::Status status = PagedAttention(a, nullptr);
   INFO(status.ToString());
   REQUIRE(status.ok());
@@ -215,7 +218,9 @@ std::vector<RunSetup> StandardSetups() {
   none.options.split = false;
   RunSetup fixed_bf16 = fixed;
   fixed_bf16.act = ActDtype::kBf16;
-  return {auto_split, fixed, none, fixed_bf16};
+  RunSetup persistent = fixed;  // a grid of the CTAs two SMs hold, walking every item
+  persistent.persistent_sms = 2;
+  return {auto_split, fixed, none, fixed_bf16, persistent};
 }
 
 TEST_CASE("CUDA paged attention matches the CPU kernel over every format and shape", "[gpu]") {

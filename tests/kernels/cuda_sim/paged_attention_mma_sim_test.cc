@@ -39,6 +39,7 @@ struct Run {
   ActDtype act = ActDtype::kFp32;
   GpuAttentionPlanOptions options;
   bool fast = true;
+  unsigned grid_x = 0;  // 0: one CTA per work item; else a persistent grid this wide
   // Sinks: num_sinks per sequence and a sink query like q (empty: none).
   std::vector<int32_t> num_sinks;
   std::vector<float> sink_q;
@@ -83,7 +84,8 @@ std::vector<float> RunSim(const Problem& p, int window, const Run& run) {
     a.num_sinks = run.num_sinks.data();
   }
 
-  const dim3 grid(plan->header().num_items, p.num_heads / a.heads_per_cta);
+  const dim3 grid(run.grid_x > 0 ? run.grid_x : plan->header().num_items,
+                  p.num_heads / a.heads_per_cta);
   const KvElem ke = p.format.k().elem, ve = p.format.v().elem;
   const attention_detail::KernelFn kernel =
       run.fast ? attention_detail::MmaAttentionKernelFor(ke, ve, hd)
@@ -250,6 +252,33 @@ TEST_CASE("simulated fast CUDA attention: sink queries agree with the reference 
     plain.num_sinks.clear();
     plain.sink_q.clear();
     REQUIRE(WorstError(p, RunSim(p, 0, plain), RunSim(p, 0, ref)) > 0.05);
+  }
+}
+
+TEST_CASE("simulated CUDA attention: a grid narrower than the plan walks every item",
+          "[kernels][cuda_sim]") {
+  // A persistent grid (PagedAttentionParams::num_sms): 1 or 3 CTAs per head
+  // chunk walk items x, x + grid, ...; each item's arithmetic is unchanged,
+  // so the outputs are the same bits as with one CTA per item.
+  AttnCase c;
+  c.dtype = KvDtype::kInt8;
+  c.head_dim = 64;
+  c.group = 4;
+  c.ctx = {300, 17, 97, 1, 40};
+  c.q_len = {1, 17, 5, 1, 2};
+  c.seed = 31;
+  const Problem p = Build(c);
+  for (bool fast : {true, false}) {
+    Run wide;
+    wide.fast = fast;
+    wide.options.fixed_partition_keys = 64;
+    const std::vector<float> want = RunSim(p, 0, wide);
+    for (unsigned g : {1u, 3u}) {
+      INFO((fast ? "fast" : "reference") << " grid " << g);
+      Run narrow = wide;
+      narrow.grid_x = g;
+      REQUIRE(RunSim(p, 0, narrow) == want);
+    }
   }
 }
 
