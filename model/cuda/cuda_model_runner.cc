@@ -196,6 +196,11 @@ struct CudaModelRunner::Impl {
   cudaStream_t stream = nullptr;
   cudaEvent_t batch_uploaded = nullptr;
   cudaEvent_t copies_uploaded = nullptr;
+  // Swaps run on the copy engines: cudaMemcpy2DAsync on copy_stream, after
+  // compute_ready (the compute stream's work so far) and before anything
+  // the compute stream enqueues after copies_done.
+  cudaStream_t copy_stream = nullptr;
+  cudaEvent_t compute_ready = nullptr, copies_done = nullptr;
   std::unique_ptr<cuda::Gemm> gemm;
   DeviceWeightLayout wl;
   DeviceBuffer weights;
@@ -295,6 +300,9 @@ struct CudaModelRunner::Impl {
   absl::Status RunCopies(std::span<const BlockCopy> copies, const uint8_t* src,
                          const PoolShape& src_shape, uint8_t* dst, const PoolShape& dst_shape,
                          const char* what);
+  absl::Status SwapCopies(std::span<const BlockCopy> copies, const uint8_t* src,
+                          const PoolShape& from, uint8_t* dst, const PoolShape& to,
+                          cudaMemcpyKind kind, const char* what);
   absl::Status ForwardBatch(const BatchInput& batch);
   absl::Status PlanEviction(const BatchInput& batch);
   absl::Status RunMoves(std::span<const SlotMove> moves);
@@ -310,7 +318,11 @@ CudaModelRunner::Impl::~Impl() {
   if (batch_uploaded != nullptr) cudaEventDestroy(batch_uploaded);
   if (copies_uploaded != nullptr) cudaEventDestroy(copies_uploaded);
   if (ev_uploaded != nullptr) cudaEventDestroy(ev_uploaded);
+  if (copy_stream != nullptr) cudaStreamSynchronize(copy_stream);
+  if (compute_ready != nullptr) cudaEventDestroy(compute_ready);
+  if (copies_done != nullptr) cudaEventDestroy(copies_done);
   gemm.reset();
+  if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
   if (stream != nullptr) cudaStreamDestroy(stream);
 }
 
@@ -412,6 +424,9 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   KV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&m.batch_uploaded, cudaEventDisableTiming));
   KV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&m.copies_uploaded, cudaEventDisableTiming));
   KV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&m.ev_uploaded, cudaEventDisableTiming));
+  KV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&m.copy_stream, cudaStreamNonBlocking));
+  KV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&m.compute_ready, cudaEventDisableTiming));
+  KV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&m.copies_done, cudaEventDisableTiming));
   m.inv_freq = c.RopeInvFreq();
 
   KV_RETURN_IF_ERROR(m.UploadWeights(weights));
@@ -1476,6 +1491,61 @@ absl::Status CudaModelRunner::Impl::RunCopies(std::span<const BlockCopy> copies,
   return absl::OkStatus();
 }
 
+// Swap copies on the copy engines, not the SMs: per block pair one
+// cudaMemcpy2DAsync over every layer (rows of block_bytes, one layer apart)
+// when the layers are evenly spaced in both pools, else one copy per layer;
+// tails one copy per layer that keeps them. Ordered after the compute
+// stream's work so far and before what it enqueues next.
+absl::Status CudaModelRunner::Impl::SwapCopies(std::span<const BlockCopy> copies,
+                                               const uint8_t* src, const PoolShape& from,
+                                               uint8_t* dst, const PoolShape& to,
+                                               cudaMemcpyKind kind, const char* what) {
+  if (copies.empty()) return absl::OkStatus();
+  const int L = config.num_layers;
+  const auto even = [L](const std::vector<int64_t>& off) {
+    for (int l = 2; l < L; ++l) {
+      if (off[l] - off[l - 1] != off[1] - off[0]) return false;
+    }
+    return true;
+  };
+  bool uniform = L > 1 && even(from.layer_offset) && even(to.layer_offset);
+  for (const KvFormat& f : formats) uniform &= f.block_bytes() == formats[0].block_bytes();
+  KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(compute_ready, stream));
+  KV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream, compute_ready, 0));
+  for (const BlockCopy& cp : copies) {
+    const bool tail = cp.src >= from.blocks;
+    const int32_t s = tail ? cp.src - from.blocks : cp.src;
+    const int32_t d = tail ? cp.dst - to.blocks : cp.dst;
+    if (cp.src < 0 || cp.dst < 0 || s >= (tail ? from.tails : from.blocks) || d < 0 ||
+        d >= (tail ? to.tails : to.blocks)) {
+      std::fprintf(stderr,
+                   "CudaModelRunner::%s: %s copy %d -> %d outside the pools (%d + %d tails, %d + "
+                   "%d tails)\n",
+                   what, tail ? "tail" : "block", cp.src, cp.dst, from.blocks, from.tails,
+                   to.blocks, to.tails);
+      std::abort();
+    }
+    if (!tail && uniform) {
+      const int64_t bb = formats[0].block_bytes();
+      KV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+          dst + to.layer_offset[0] + int64_t(d) * bb, to.layer_offset[1] - to.layer_offset[0],
+          src + from.layer_offset[0] + int64_t(s) * bb, from.layer_offset[1] - from.layer_offset[0],
+          bb, L, kind, copy_stream));
+      continue;
+    }
+    for (int layer = 0; layer < L; ++layer) {
+      if (tail && !formats[layer].has_tails()) continue;
+      const int64_t bb = tail ? formats[layer].tail_block_bytes() : formats[layer].block_bytes();
+      const int64_t so = tail ? from.tail_offset[layer] : from.layer_offset[layer];
+      const int64_t dof = tail ? to.tail_offset[layer] : to.layer_offset[layer];
+      KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + dof + int64_t(d) * bb,
+                                              src + so + int64_t(s) * bb, bb, kind, copy_stream));
+    }
+  }
+  KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(copies_done, copy_stream));
+  return CudaStatus(cudaStreamWaitEvent(stream, copies_done, 0), what);
+}
+
 // ---- ModelRunner ---------------------------------------------------------------
 
 const ModelConfig& CudaModelRunner::config() const { return impl_->config; }
@@ -1522,13 +1592,15 @@ absl::Status CudaModelRunner::CopyBlocks(std::span<const BlockCopy> copies) {
 absl::Status CudaModelRunner::SwapOut(std::span<const BlockCopy> copies) {
   Impl& m = *impl_;
   KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
-  return m.RunCopies(copies, m.kv_pool.get(), m.pool_shape, m.swap_dev, m.swap_shape, "SwapOut");
+  return m.SwapCopies(copies, m.kv_pool.get(), m.pool_shape, m.swap_dev, m.swap_shape,
+                      cudaMemcpyDeviceToHost, "SwapOut");
 }
 
 absl::Status CudaModelRunner::SwapIn(std::span<const BlockCopy> copies) {
   Impl& m = *impl_;
   KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
-  return m.RunCopies(copies, m.swap_dev, m.swap_shape, m.kv_pool.get(), m.pool_shape, "SwapIn");
+  return m.SwapCopies(copies, m.swap_dev, m.swap_shape, m.kv_pool.get(), m.pool_shape,
+                      cudaMemcpyHostToDevice, "SwapIn");
 }
 
 // Slot moves (cuda::MoveSlots) take one page layout for every layer: one

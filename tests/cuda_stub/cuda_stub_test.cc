@@ -342,6 +342,39 @@ float* Upload(const std::vector<float>& h) {
 
 }  // namespace
 
+TEST_CASE("CUDA stand-in: a stream that waits on an event sees the other stream's work",
+          "[cuda_stub]") {
+  // The runner's swap path: the compute stream writes, the copy stream
+  // waits on an event of it and copies to pinned memory with
+  // cudaMemcpy2DAsync; the host syncs only the copy stream.
+  cudaStream_t compute = nullptr, copy = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
+  REQUIRE(cudaStreamCreateWithFlags(&copy, cudaStreamNonBlocking) == cudaSuccess);
+  cudaEvent_t ready = nullptr;
+  REQUIRE(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming) == cudaSuccess);
+  uint8_t* dev = DeviceAlloc<uint8_t>(4 * 64);
+  uint8_t* host = nullptr;
+  REQUIRE(cudaHostAlloc(reinterpret_cast<void**>(&host), 2 * 32, cudaHostAllocMapped) ==
+          cudaSuccess);
+  std::memset(host, 0, 2 * 32);
+  REQUIRE(cudaMemsetAsync(dev, 7, 4 * 64, compute) == cudaSuccess);
+  REQUIRE(cudaEventRecord(ready, compute) == cudaSuccess);
+  REQUIRE(cudaStreamWaitEvent(copy, ready, 0) == cudaSuccess);
+  // Two rows of 32 bytes, 64 apart on the device, 32 apart in the host copy.
+  REQUIRE(cudaMemcpy2DAsync(host, 32, dev, 64, 32, 2, cudaMemcpyDeviceToHost, copy) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(copy) == cudaSuccess);
+  REQUIRE(std::all_of(host, host + 64, [](uint8_t b) { return b == 7; }));
+  // The direction is checked against the allocations.
+  REQUIRE(cudaMemcpy2DAsync(host, 32, dev, 64, 32, 2, cudaMemcpyHostToDevice, copy) ==
+          cudaErrorInvalidMemcpyDirection);
+  cudaGetLastError();
+  REQUIRE(cudaFreeHost(host) == cudaSuccess);
+  REQUIRE(cudaFree(dev) == cudaSuccess);
+  REQUIRE(cudaEventDestroy(ready) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(copy) == cudaSuccess);
+  REQUIRE(cudaStreamDestroy(compute) == cudaSuccess);
+}
+
 TEST_CASE("cuBLASLt stand-in: Gemm::Linear against a naive GEMM", "[cuda_stub]") {
   using kvserve::cuda::ActDtype;
   // stories260K's w_down: in = 172, not a multiple of 8.

@@ -573,12 +573,19 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
   LOCK;
   if (width == 0 || height == 0) return cudaSuccess;
   if (width > dpitch || width > spitch) return Err(cudaErrorInvalidPitchValue);
-  // Device to device only (what kvserve copies this way): both spans checked.
-  if (kind != cudaMemcpyDeviceToDevice) return Err(cudaErrorInvalidMemcpyDirection);
+  // Between device and pinned allocations (what kvserve copies this way:
+  // the KV pools and the swap pool): both spans checked, the direction
+  // against the allocations' kinds.
   const size_t dst_span = dpitch * (height - 1) + width, src_span = spitch * (height - 1) + width;
-  if (Find(dst, dst_span) == nullptr || Find(src, src_span) == nullptr) {
-    return Err(cudaErrorInvalidValue);
-  }
+  const Alloc* d = Find(dst, dst_span);
+  const Alloc* s = Find(src, src_span);
+  if (d == nullptr || s == nullptr) return Err(cudaErrorInvalidValue);
+  const bool d_pinned = d->kind == Kind::kPinned, s_pinned = s->kind == Kind::kPinned;
+  const bool direction_ok = kind == cudaMemcpyDefault ||
+                            (kind == cudaMemcpyDeviceToDevice && !d_pinned && !s_pinned) ||
+                            (kind == cudaMemcpyDeviceToHost && d_pinned && !s_pinned) ||
+                            (kind == cudaMemcpyHostToDevice && !d_pinned && s_pinned);
+  if (!direction_ok) return Err(cudaErrorInvalidMemcpyDirection);
   return Enqueue(stream, [=] {
     for (size_t r = 0; r < height; ++r) {
       std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
@@ -688,6 +695,20 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream) {
   event->seq = s->enqueued;
   event->recorded = true;
   return cudaSuccess;
+}
+// The work `stream` enqueues after this waits for the event's recorded
+// work: an operation that, when the stream reaches it, runs the event's
+// stream up to the record (an event never recorded: no wait, as the real
+// API).
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
+  LOCK;
+  if (flags != 0 && flags != cudaEventWaitDefault) return Err(cudaErrorInvalidValue);
+  if (event->in_capture || S(stream)->capturing) return Err(cudaErrorStreamCaptureUnsupported);
+  if (!event->recorded) return cudaSuccess;
+  CUstream_st* from = event->stream;
+  const uint64_t seq = event->seq;
+  if (from == S(stream)) return cudaSuccess;  // already in order
+  return Enqueue(stream, [from, seq] { Drain(from, seq); });
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   LOCK;
