@@ -1420,6 +1420,30 @@ absl::Status CudaModelRunner::Impl::SampleRows(std::span<const SampleRow> rows,
 
 // ---- Copies ------------------------------------------------------------------
 
+// A copy's pool-local ids: ids past a pool's blocks name its tails
+// (cache/block_copy.h), local to the tail pool. An id outside the pools is
+// a scheduler bug: abort with both pools' sizes.
+struct LocalCopy {
+  bool tail;
+  int32_t src, dst;
+};
+static LocalCopy Localize(const BlockCopy& cp, const PoolShape& from, const PoolShape& to,
+                          const char* what) {
+  const bool tail = cp.src >= from.blocks;
+  const int32_t s = tail ? cp.src - from.blocks : cp.src;
+  const int32_t d = tail ? cp.dst - to.blocks : cp.dst;
+  if (cp.src < 0 || cp.dst < 0 || s >= (tail ? from.tails : from.blocks) || d < 0 ||
+      d >= (tail ? to.tails : to.blocks)) {
+    std::fprintf(stderr,
+                 "CudaModelRunner::%s: %s copy %d -> %d outside the pools (%d + %d tails, %d + %d "
+                 "tails)\n",
+                 what, tail ? "tail" : "block", cp.src, cp.dst, from.blocks, from.tails, to.blocks,
+                 to.tails);
+    std::abort();
+  }
+  return {tail, s, d};
+}
+
 absl::Status CudaModelRunner::Impl::RunCopies(std::span<const BlockCopy> copies, const uint8_t* src,
                                               const PoolShape& from, uint8_t* dst,
                                               const PoolShape& to, const char* what) {
@@ -1432,19 +1456,8 @@ absl::Status CudaModelRunner::Impl::RunCopies(std::span<const BlockCopy> copies,
   int64_t num_block_pairs = 0;
   for (int pass = 0; pass < 2; ++pass) {
     for (const BlockCopy& cp : copies) {
-      const bool tail = cp.src >= from.blocks;
-      const int32_t s = tail ? cp.src - from.blocks : cp.src;
-      const int32_t d = tail ? cp.dst - to.blocks : cp.dst;
-      if (cp.src < 0 || cp.dst < 0 || s >= (tail ? from.tails : from.blocks) || d < 0 ||
-          d >= (tail ? to.tails : to.blocks)) {
-        std::fprintf(stderr,
-                     "CudaModelRunner::%s: %s copy %d -> %d outside the pools (%d + %d tails, %d "
-                     "+ %d tails)\n",
-                     what, tail ? "tail" : "block", cp.src, cp.dst, from.blocks, from.tails,
-                     to.blocks, to.tails);
-        std::abort();
-      }
-      if (tail == (pass == 1)) pairs.push_back({s, d});
+      const LocalCopy c = Localize(cp, from, to, what);
+      if (c.tail == (pass == 1)) pairs.push_back({c.src, c.dst});
     }
     if (pass == 0) num_block_pairs = static_cast<int64_t>(pairs.size());
   }
@@ -1513,18 +1526,7 @@ absl::Status CudaModelRunner::Impl::SwapCopies(std::span<const BlockCopy> copies
   KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(compute_ready, stream));
   KV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream, compute_ready, 0));
   for (const BlockCopy& cp : copies) {
-    const bool tail = cp.src >= from.blocks;
-    const int32_t s = tail ? cp.src - from.blocks : cp.src;
-    const int32_t d = tail ? cp.dst - to.blocks : cp.dst;
-    if (cp.src < 0 || cp.dst < 0 || s >= (tail ? from.tails : from.blocks) || d < 0 ||
-        d >= (tail ? to.tails : to.blocks)) {
-      std::fprintf(stderr,
-                   "CudaModelRunner::%s: %s copy %d -> %d outside the pools (%d + %d tails, %d + "
-                   "%d tails)\n",
-                   what, tail ? "tail" : "block", cp.src, cp.dst, from.blocks, from.tails,
-                   to.blocks, to.tails);
-      std::abort();
-    }
+    const auto [tail, s, d] = Localize(cp, from, to, what);
     if (!tail && uniform) {
       const int64_t bb = formats[0].block_bytes();
       KV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
