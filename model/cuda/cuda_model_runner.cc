@@ -300,6 +300,12 @@ struct CudaModelRunner::Impl {
   absl::Status RunCopies(std::span<const BlockCopy> copies, const uint8_t* src,
                          const PoolShape& src_shape, uint8_t* dst, const PoolShape& dst_shape,
                          const char* what);
+  // Whether a pool's layers hold blocks of one size, evenly spaced (one 2D
+  // copy then moves a block of every layer); false for one layer.
+  bool EvenLayers(const PoolShape& pool) const;
+  // Copies primary blocks to or from tier payloads (ExportBlocks/ImportBlocks).
+  absl::Status TierCopies(std::span<const BlockId> blocks, uint8_t* const* host, bool out,
+                          const char* what);
   absl::Status SwapCopies(std::span<const BlockCopy> copies, const uint8_t* src,
                           const PoolShape& from, uint8_t* dst, const PoolShape& to,
                           cudaMemcpyKind kind, const char* what);
@@ -1504,6 +1510,51 @@ absl::Status CudaModelRunner::Impl::RunCopies(std::span<const BlockCopy> copies,
   return absl::OkStatus();
 }
 
+bool CudaModelRunner::Impl::EvenLayers(const PoolShape& pool) const {
+  const int L = config.num_layers;
+  if (L < 2) return false;
+  for (const KvFormat& f : formats) {
+    if (f.block_bytes() != formats[0].block_bytes()) return false;
+  }
+  const std::vector<int64_t>& off = pool.layer_offset;
+  for (int l = 2; l < L; ++l) {
+    if (off[l] - off[l - 1] != off[1] - off[0]) return false;
+  }
+  return true;
+}
+
+absl::Status CudaModelRunner::Impl::TierCopies(std::span<const BlockId> blocks,
+                                               uint8_t* const* host, bool out, const char* what) {
+  const int L = config.num_layers;
+  const bool uniform = EvenLayers(pool_shape);
+  uint8_t* pool = kv_pool.get();
+  const cudaMemcpyKind kind = out ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const BlockId b = blocks[i];
+    if (b < 0 || b >= pool_shape.blocks) {
+      std::fprintf(stderr, "CudaModelRunner::%s: block %d of %d\n", what, b, pool_shape.blocks);
+      std::abort();
+    }
+    uint8_t* h = host[i];
+    if (uniform) {
+      const int64_t bb = formats[0].block_bytes();
+      const int64_t pitch = pool_shape.layer_offset[1] - pool_shape.layer_offset[0];
+      uint8_t* dev = pool + pool_shape.layer_offset[0] + int64_t(b) * bb;
+      KV_CUDA_RETURN_IF_ERROR(out ? cudaMemcpy2DAsync(h, bb, dev, pitch, bb, L, kind, stream)
+                                  : cudaMemcpy2DAsync(dev, pitch, h, bb, bb, L, kind, stream));
+      continue;
+    }
+    for (int l = 0; l < L; ++l) {
+      const int64_t bb = formats[l].block_bytes();
+      uint8_t* dev = pool + pool_shape.layer_offset[l] + int64_t(b) * bb;
+      KV_CUDA_RETURN_IF_ERROR(out ? cudaMemcpyAsync(h, dev, bb, kind, stream)
+                                  : cudaMemcpyAsync(dev, h, bb, kind, stream));
+      h += bb;
+    }
+  }
+  return CudaStatus(cudaStreamSynchronize(stream), what);
+}
+
 // Swap copies on the copy engines, not the SMs: per block pair one
 // cudaMemcpy2DAsync over every layer (rows of block_bytes, one layer apart)
 // when the layers are evenly spaced in both pools, else one copy per layer;
@@ -1515,14 +1566,7 @@ absl::Status CudaModelRunner::Impl::SwapCopies(std::span<const BlockCopy> copies
                                                cudaMemcpyKind kind, const char* what) {
   if (copies.empty()) return absl::OkStatus();
   const int L = config.num_layers;
-  const auto even = [L](const std::vector<int64_t>& off) {
-    for (int l = 2; l < L; ++l) {
-      if (off[l] - off[l - 1] != off[1] - off[0]) return false;
-    }
-    return true;
-  };
-  bool uniform = L > 1 && even(from.layer_offset) && even(to.layer_offset);
-  for (const KvFormat& f : formats) uniform &= f.block_bytes() == formats[0].block_bytes();
+  const bool uniform = EvenLayers(from) && EvenLayers(to);
   KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(compute_ready, stream));
   KV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream, compute_ready, 0));
   for (const BlockCopy& cp : copies) {
@@ -1603,6 +1647,41 @@ absl::Status CudaModelRunner::SwapIn(std::span<const BlockCopy> copies) {
   KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
   return m.SwapCopies(copies, m.swap_dev, m.swap_shape, m.kv_pool.get(), m.pool_shape,
                       cudaMemcpyHostToDevice, "SwapIn");
+}
+
+int64_t CudaModelRunner::tier_block_bytes() const {
+  int64_t n = 0;
+  for (const KvFormat& f : impl_->formats) n += f.block_bytes();
+  return n;
+}
+
+absl::Status CudaModelRunner::ExportBlocks(std::span<const BlockId> blocks,
+                                           std::span<uint8_t> out) {
+  Impl& m = *impl_;
+  KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
+  const int64_t per = tier_block_bytes();
+  if (out.size() != blocks.size() * static_cast<size_t>(per)) {
+    std::fprintf(stderr, "CudaModelRunner::ExportBlocks: %zu bytes for %zu blocks of %lld\n",
+                 out.size(), blocks.size(), static_cast<long long>(per));
+    std::abort();
+  }
+  std::vector<uint8_t*> host(blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) host[i] = out.data() + i * per;
+  return m.TierCopies(blocks, host.data(), /*out=*/true, "ExportBlocks");
+}
+
+absl::Status CudaModelRunner::ImportBlocks(std::span<const BlockId> blocks,
+                                           std::span<const uint8_t* const> in) {
+  Impl& m = *impl_;
+  KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
+  if (in.size() != blocks.size()) {
+    std::fprintf(stderr, "CudaModelRunner::ImportBlocks: %zu payloads for %zu blocks\n", in.size(),
+                 blocks.size());
+    std::abort();
+  }
+  std::vector<uint8_t*> host(blocks.size());
+  for (size_t i = 0; i < blocks.size(); ++i) host[i] = const_cast<uint8_t*>(in[i]);
+  return m.TierCopies(blocks, host.data(), /*out=*/false, "ImportBlocks");
 }
 
 // Slot moves (cuda::MoveSlots) take one page layout for every layer: one

@@ -98,13 +98,15 @@ class CudaModelRunner final : public ModelRunner {
   // RoPE table) run eagerly, never from a decode graph.
   bool supports_eviction() const override;
   absl::Status MoveSlots(std::span<const SlotMove> moves) override;
-  // KV tiers (cache/tier/): not yet; supports_kv_tiers() stays false.
-  absl::Status ExportBlocks(std::span<const BlockId>, std::span<uint8_t>) override {
-    return absl::UnimplementedError("tiers not supported on cuda yet");
-  }
-  absl::Status ImportBlocks(std::span<const BlockId>, std::span<const uint8_t* const>) override {
-    return absl::UnimplementedError("tiers not supported on cuda yet");
-  }
+  // KV tiers (cache/tier/): whole primary blocks of every layer to and from
+  // host bytes (model_runner.h's layout), on the compute stream after the
+  // steps before them; both return once the copies are done. Tail ids are
+  // refused (tiers hold full blocks).
+  bool supports_kv_tiers() const override { return true; }
+  int64_t tier_block_bytes() const override;
+  absl::Status ExportBlocks(std::span<const BlockId> blocks, std::span<uint8_t> out) override;
+  absl::Status ImportBlocks(std::span<const BlockId> blocks,
+                            std::span<const uint8_t* const> in) override;
   absl::Status ReadAttentionStats(std::span<float> out) override;
 
   // For tests and benchmarks.

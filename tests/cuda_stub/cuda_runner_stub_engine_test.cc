@@ -9,6 +9,8 @@
 //     prefix cache with the CPU's tokens;
 //   - every eviction policy (cache/eviction_params.h kAllEvictionPolicies)
 //     gives the CPU engine's greedy tokens, for fp32 and int8 KV;
+//   - prompts evicted from a small pool come back from the host tier
+//     (ExportBlocks/ImportBlocks on the CUDA runner) with their tokens;
 // and every test ends with every block back in the pool.
 //
 // On a real GPU: a preempted sequence is recomputed in batches of other
@@ -232,6 +234,51 @@ TEST_CASE("stub runner: every eviction policy gives the CPU engine's greedy toke
       RequireAllBlocksFree(*g.engine);
       RequireAllBlocksFree(*c.engine);
     }
+  }
+}
+
+// The host tier under the CUDA runner (tests/scheduler/engine_tier_test.cc
+// on the CPU): four 200-token prompts through a 40-block pool spill prompt
+// 0's filed blocks to the host tier; prompt 0 again is served from there,
+// 192 tokens cached, with the greedy tokens it had when computed.
+TEST_CASE("stub engine: prompts evicted from a small pool come back from the host tier",
+          "[cuda_stub]") {
+  for (const char* kv : {"fp32", "int8,fp16,int8*"}) {
+    INFO("kv " << kv);
+    testing::StubSetup s;
+    s.kv_dtype = kv;
+    s.num_blocks = 40;
+    s.max_num_seqs = 4;
+    s.max_num_batched_tokens = 64;
+    std::unique_ptr<ModelRunner> runner = testing::MakeStubRunner(s);
+    REQUIRE(runner->supports_kv_tiers());
+    EngineConfig config = testing::EngineConfigOf(s);
+    config.tiers.host_bytes = 8 << 20;
+    config.weights_fingerprint = "stories";
+    auto engine = Engine::Create(config, std::move(runner), testing::Stories().tokenizer);
+    REQUIRE(engine.ok());
+    const auto prompt = [](int i) {
+      std::vector<int32_t> ids =
+          testing::Stories().tokenizer->Encode(testing::DevStories()[i], true);
+      REQUIRE(ids.size() >= 200);
+      ids.resize(200);
+      GenerateRequest r;
+      r.prompt_token_ids = ids;
+      r.max_tokens = 12;
+      r.ignore_eos = true;
+      r.sampling.temperature = 0.0f;
+      return r;
+    };
+    std::vector<Result> first;
+    for (int i = 0; i < 4; ++i) first.push_back(RunOne(**engine, prompt(i)));
+    constexpr int kHost = static_cast<int>(TierKind::kHost);
+    REQUIRE((*engine)->GetStats().tiers[kHost].stored_tokens > 0);
+    const Result again = RunOne(**engine, prompt(0));
+    REQUIRE(again.tokens == first[0].tokens);
+    REQUIRE(again.usage.cached_prompt_tokens == 192);
+    REQUIRE((*engine)->GetStats().tiers[kHost].hit_blocks == 12);
+    REQUIRE(RunOne(**engine, prompt(1)).tokens == first[1].tokens);
+    RequireAllBlocksFree(**engine);
   }
 }
 

@@ -573,25 +573,50 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
   LOCK;
   if (width == 0 || height == 0) return cudaSuccess;
   if (width > dpitch || width > spitch) return Err(cudaErrorInvalidPitchValue);
-  // Between device and pinned allocations (what kvserve copies this way:
-  // the KV pools and the swap pool): both spans checked, the direction
-  // against the allocations' kinds.
+  // Device memory on its side(s), pinned or pageable host memory on the
+  // host side (the KV pools, the swap pool, tier payloads): a span that
+  // starts in an allocation must end in it, and the direction must match
+  // the kinds (host: pinned, or outside every allocation).
   const size_t dst_span = dpitch * (height - 1) + width, src_span = spitch * (height - 1) + width;
   const Alloc* d = Find(dst, dst_span);
   const Alloc* s = Find(src, src_span);
-  if (d == nullptr || s == nullptr) return Err(cudaErrorInvalidValue);
-  const bool d_pinned = d->kind == Kind::kPinned, s_pinned = s->kind == Kind::kPinned;
-  const bool direction_ok = kind == cudaMemcpyDefault ||
-                            (kind == cudaMemcpyDeviceToDevice && !d_pinned && !s_pinned) ||
-                            (kind == cudaMemcpyDeviceToHost && d_pinned && !s_pinned) ||
-                            (kind == cudaMemcpyHostToDevice && !d_pinned && s_pinned);
+  if ((d == nullptr && InsideAny(dst)) || (s == nullptr && InsideAny(src))) {
+    return Err(cudaErrorInvalidValue);
+  }
+  const bool d_host = d == nullptr || d->kind == Kind::kPinned;
+  const bool s_host = s == nullptr || s->kind == Kind::kPinned;
+  const bool direction_ok = kind == cudaMemcpyDefault          ? (d != nullptr || s != nullptr)
+                            : kind == cudaMemcpyDeviceToDevice ? !d_host && !s_host
+                            : kind == cudaMemcpyDeviceToHost   ? d_host && !s_host
+                            : kind == cudaMemcpyHostToDevice   ? !d_host && s_host
+                                                               : false;
   if (!direction_ok) return Err(cudaErrorInvalidMemcpyDirection);
-  return Enqueue(stream, [=] {
+  CUstream_st* st = S(stream);
+  if (st->capturing && (d == nullptr || s == nullptr)) {
+    st->invalidated = true;  // copies with pageable memory cannot be captured
+    return Err(cudaErrorStreamCaptureUnsupported);
+  }
+  if (s == nullptr) {
+    // From pageable memory: staged at the call (as cudaMemcpyAsync).
+    auto staged = std::make_shared<std::vector<char>>(height * width);
+    for (size_t r = 0; r < height; ++r) {
+      std::memcpy(staged->data() + r * width, static_cast<const char*>(src) + r * spitch, width);
+    }
+    return Enqueue(stream, [=] {
+      for (size_t r = 0; r < height; ++r) {
+        std::memmove(static_cast<char*>(dst) + r * dpitch, staged->data() + r * width, width);
+      }
+    });
+  }
+  const cudaError_t e = Enqueue(stream, [=] {
     for (size_t r = 0; r < height; ++r) {
       std::memmove(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch,
                    width);
     }
   });
+  // To pageable memory: returns once the copy is done (stream order kept).
+  if (e == cudaSuccess && d == nullptr) Drain(st, st->enqueued);
+  return e;
 }
 cudaError_t cudaMemcpy(void* dst, const void* src, size_t n, cudaMemcpyKind kind) {
   LOCK;
