@@ -29,11 +29,6 @@
 #include "kernels/gpu_attention_plan.h"
 #include "tests/kernels/attention_problem.h"
 
-// Defined by paged_attention_sim_test.cc (the kernel's `extern __shared__`).
-namespace kvserve::cuda::attention_detail {
-extern float4 smem4[];
-}  // namespace kvserve::cuda::attention_detail
-
 namespace kvserve::cuda {
 namespace {
 
@@ -146,8 +141,8 @@ Result RunSimEviction(const Problem& p, int window, const Eviction& e, ActDtype 
   const attention_detail::KernelFn kernel =
       attention_detail::AttentionKernelFor(p.format.k().elem, p.format.v().elem);
   REQUIRE(kernel != nullptr);
-  cuda_sim::Launch(kernel, grid, attention_detail::kThreads, attention_detail::smem4, kSmemBytes,
-                   a);
+  std::vector<float4> smem(kSmemBytes / sizeof(float4));  // the kernel's dynamic shared memory
+  cuda_sim::Launch(kernel, grid, attention_detail::kThreads, smem.data(), kSmemBytes, a);
   if (plan->header().num_merges > 0) {
     cuda_sim::Launch(attention_detail::MergeKernel, dim3(plan->header().num_merges),
                      attention_detail::kThreads, nullptr, 0, a);

@@ -9,8 +9,7 @@
 // The launch arguments are built here as paged_attention.cu builds them
 // (that file's validation is covered by the [gpu] tests).
 // clang-format off
-#include "tests/kernels/cuda_sim/cuda_sim.h"  // first: the shims the kernel source needs
-#include "kernels/cuda/paged_attention_kernel.cuh"
+#include "tests/kernels/cuda_sim/attention_sim_run.h"  // first: the simulator and the kernels
 // clang-format on
 
 #include <catch2/catch.hpp>
@@ -21,76 +20,12 @@
 #include "kernels/gpu_attention_plan.h"
 #include "tests/kernels/attention_problem.h"
 
-// The kernel's `extern __shared__` dynamic shared memory.
-namespace kvserve::cuda::attention_detail {
-alignas(16) float4 smem4[SmemFloats(kGpuAttentionMaxHeadDim) / 4 + 1];
-}  // namespace kvserve::cuda::attention_detail
-
 namespace kvserve::cuda {
 namespace {
 
 using namespace ::kvserve::cuda::testing;  // NOLINT: the shared problem helpers
-using attention_detail::KernelArgs;
-
-struct SimSetup {
-  ActDtype act = ActDtype::kFp32;
-  GpuAttentionPlanOptions options;
-};
-
-// Runs the simulated kernels; out padding (3 elements a row) must stay poisoned.
-std::vector<float> RunSim(const Problem& p, int window, const SimSetup& setup) {
-  const int hd = p.format.head_dim();
-  const int64_t row = int64_t(p.num_heads) * hd, pad = 3;
-  const int32_t t = p.batch.num_tokens();
-  const int64_t es = ActDtypeSize(setup.act);
-  const std::vector<uint8_t> q = ToAct(p.q, setup.act, row, pad);
-  std::vector<uint8_t> out(static_cast<size_t>(t * (row + pad) * es), 0xff);
-
-  const GpuAttentionShape shape{p.num_heads, p.format.num_kv_heads(), hd, window};
-  absl::StatusOr<GpuAttentionPlan> plan = PlanGpuAttention(ViewOf(p.batch), shape, setup.options);
-  REQUIRE(plan.ok());
-  std::vector<float> workspace(
-      static_cast<size_t>(GpuAttentionWorkspaceBytes(shape, plan->header().num_partials) / 4));
-  std::memset(workspace.data(), 0xff, workspace.size() * 4);
-
-  KernelArgs a;
-  a.q = q.data();
-  a.out = out.data();
-  a.q_stride = row + pad;
-  a.out_stride = row + pad;
-  a.dtype = setup.act;
-  a.kv = LayerView(p.pages, 0);
-  a.batch = ViewOf(p.batch);
-  a.num_heads = p.num_heads;
-  a.group = p.num_heads / p.format.num_kv_heads();
-  a.heads_per_cta = plan->header().heads_per_cta;
-  a.scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  a.sliding_window = window;
-  a.plan = plan->words().data();
-  a.workspace = workspace.data();
-  a.slot_floats = GpuAttentionSlotFloats(shape);
-
-  const dim3 grid(plan->header().num_items, p.num_heads / a.heads_per_cta);
-  const attention_detail::KernelFn kernel =
-      attention_detail::AttentionKernelFor(p.format.k().elem, p.format.v().elem);
-  REQUIRE(kernel != nullptr);
-  cuda_sim::Launch(kernel, grid, attention_detail::kThreads, attention_detail::smem4,
-                   sizeof(attention_detail::smem4), a);
-  if (plan->header().num_merges > 0) {
-    cuda_sim::Launch(attention_detail::MergeKernel, dim3(plan->header().num_merges),
-                     attention_detail::kThreads, nullptr, 0, a);
-  }
-
-  std::vector<float> result(static_cast<size_t>(t * row));
-  int bad_pad = 0;
-  for (int64_t r = 0; r < t; ++r) {
-    const uint8_t* src = out.data() + r * (row + pad) * es;
-    for (int64_t i = 0; i < row; ++i) result[r * row + i] = FromAct(src + i * es, setup.act);
-    for (int64_t i = row * es; i < (row + pad) * es; ++i) bad_pad += src[i] != 0xff;
-  }
-  REQUIRE(bad_pad == 0);
-  return result;
-}
+// The reference kernel (SimRun's default).
+using SimSetup = SimRun;
 
 void CheckSim(const AttnCase& c, const std::vector<SimSetup>& setups) {
   INFO(c.Name());
