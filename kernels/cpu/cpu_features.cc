@@ -86,6 +86,17 @@ CpuIsa DefaultCpuIsa() {
   return isa;
 }
 
+bool Avx512AllowedFor(const char* env_value) {
+  const bool unpinned =
+      env_value == nullptr || env_value[0] == '\0' || std::strcmp(env_value, "auto") == 0;
+  return unpinned && CpuHasAvx512Vnni();
+}
+
+bool Avx512Allowed() {
+  static const bool allowed = Avx512AllowedFor(std::getenv("KVSERVE_CPU_ISA"));
+  return allowed;
+}
+
 CpuIsa ResolveCpuIsa(CpuIsa requested) {
   if (requested == CpuIsa::kAuto) return DefaultCpuIsa();
   if (requested == CpuIsa::kAvx2 && !CpuHasAvx2()) return CpuIsa::kScalar;

@@ -26,6 +26,14 @@ bool CpuHasAvx2();
 // int8/int4 weight GEMMs (kernels/cpu/quant/) use; implies CpuHasAvx2().
 bool CpuHasAvx512Vnni();
 
+// Whether the AVX-512 kernels (the VNNI weight GEMMs) may run: the CPU has
+// AVX-512 VNNI and KVSERVE_CPU_ISA (env_value; null: unset) is unset, empty
+// or `auto`. `avx2` and `scalar` pin the whole process below AVX-512, so a
+// comparison run at `avx2` runs the AVX2 weight GEMMs too.
+bool Avx512AllowedFor(const char* env_value);
+// Avx512AllowedFor(getenv("KVSERVE_CPU_ISA")), decided once.
+bool Avx512Allowed();
+
 // The process default: KVSERVE_CPU_ISA if set, else the best available.
 // Never kAuto. An unknown KVSERVE_CPU_ISA value, or `avx2` on a CPU without
 // it, aborts with a message (a misconfigured host should not silently run a

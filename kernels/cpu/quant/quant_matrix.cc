@@ -299,7 +299,7 @@ bool QuantKernelAvailable(QuantKernel kernel) {
 
 QuantKernel BestQuantKernel() {
   if (DefaultCpuIsa() != CpuIsa::kAvx2) return QuantKernel::kScalar;
-  return CpuHasAvx512Vnni() ? QuantKernel::kVnni512 : QuantKernel::kAvx2;
+  return Avx512Allowed() ? QuantKernel::kVnni512 : QuantKernel::kAvx2;
 }
 
 void QuantLinear(const float* x, int64_t rows, const QuantMatrix& w, int64_t o_begin, int64_t o_end,

@@ -118,8 +118,9 @@ class QuantMatrix {
 };
 
 // The kernels, for tests and benchmarks; kBest is the run-time choice:
-// VNNI where the CPU has it, else AVX2, else scalar (KVSERVE_CPU_ISA=scalar
-// forces scalar, as for the fp32 kernels).
+// VNNI where the CPU has it, else AVX2, else scalar. KVSERVE_CPU_ISA=scalar
+// forces scalar and =avx2 the AVX2 kernels, as for the fp32 kernels
+// (cpu_features.h Avx512Allowed).
 enum class QuantKernel { kBest, kVnni512, kAvx2, kScalar };
 std::string_view QuantKernelName(QuantKernel kernel);
 bool QuantKernelAvailable(QuantKernel kernel);

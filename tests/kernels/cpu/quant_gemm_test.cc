@@ -16,10 +16,12 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
 
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/quant/quant_matrix.h"
 
 namespace kvserve::cpu {
@@ -176,6 +178,23 @@ void CheckShape(const Shape& sh, QuantKind kind, int group, uint32_t seed) {
 
 const Shape kShapes[] = {{1, 1, 1},    {1, 13, 7},  {3, 37, 16},  {17, 100, 33}, {1, 172, 64},
                          {3, 172, 48}, {17, 61, 5}, {1, 300, 40}, {3, 7, 129},   {17, 255, 20}};
+
+TEST_CASE("KVSERVE_CPU_ISA=avx2 or scalar keeps the weight GEMMs off AVX-512", "[kernels]") {
+  // avx2 and scalar pin the process below AVX-512 (a comparison run at
+  // KVSERVE_CPU_ISA=avx2 must run the AVX2 weight GEMMs too); unset, empty
+  // and auto take VNNI where the CPU has it.
+  REQUIRE_FALSE(Avx512AllowedFor("avx2"));
+  REQUIRE_FALSE(Avx512AllowedFor("scalar"));
+  for (const char* unpinned : {static_cast<const char*>(nullptr), "", "auto"}) {
+    REQUIRE(Avx512AllowedFor(unpinned) == CpuHasAvx512Vnni());
+  }
+  const char* env = std::getenv("KVSERVE_CPU_ISA");
+  const bool pinned =
+      env != nullptr && (std::strcmp(env, "avx2") == 0 || std::strcmp(env, "scalar") == 0);
+  if (pinned) REQUIRE(BestQuantKernel() != QuantKernel::kVnni512);
+  if (env != nullptr && std::strcmp(env, "scalar") == 0)
+    REQUIRE(BestQuantKernel() == QuantKernel::kScalar);
+}
 
 TEST_CASE("QuantLinear int8: each kernel equals scalar and a float64 reference within bounds",
           "[kernels]") {
