@@ -150,6 +150,10 @@ class ModelRunner {
   virtual absl::Status SwapOut(std::span<const BlockCopy> copies) = 0;
   virtual absl::Status SwapIn(std::span<const BlockCopy> copies) = 0;
 
+  // Whether Sample applies SampleRow::allowed token masks (constrained
+  // decoding); the engine refuses constraints otherwise.
+  virtual bool supports_token_masks() const { return false; }
+
   // ---- Tiers below the device pool (cache/tier/) ------------------------------
   // Whether ExportBlocks/ImportBlocks work; the engine refuses tier settings
   // otherwise.

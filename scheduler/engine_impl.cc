@@ -241,12 +241,13 @@ absl::Status EngineImpl::Validate(GenerateRequest& r, RequestState* req) const {
   KV_RETURN_IF_ERROR(ValidateRequestParams(r, limits));
   KV_RETURN_IF_ERROR(ResolveEviction(r.kv_policy, req));
   if (!r.constraint.empty()) {
-    // Only the CPU sampler applies token masks so far (docs/structured-outputs.md).
-    if (runner_->memory_info().device != "cpu") {
-      return FieldError(r.constraint.field, absl::StrCat(r.constraint.field,
-                                                         ": constrained decoding needs the CPU "
-                                                         "sampler; this server samples on ",
-                                                         runner_->memory_info().device));
+    // A backend whose sampler applies no token masks (docs/structured-outputs.md).
+    if (!runner_->supports_token_masks()) {
+      return FieldError(r.constraint.field,
+                        absl::StrCat(r.constraint.field,
+                                     ": constrained decoding needs a sampler that applies token "
+                                     "masks; this server samples on ",
+                                     runner_->memory_info().device));
     }
     absl::StatusOr<std::shared_ptr<const CompiledGrammar>> g = grammars_.Compile(r.constraint);
     if (!g.ok()) return g.status();

@@ -87,6 +87,7 @@ class CpuModelRunner final : public ModelRunner {
   // Tiers: host memcpy of whole blocks, every layer; aborts on a block id
   // outside the pool or a buffer of the wrong size.
   bool supports_kv_tiers() const override { return true; }
+  bool supports_token_masks() const override { return true; }
   int64_t tier_block_bytes() const override { return primary_.bytes_per_block(); }
   absl::Status ExportBlocks(std::span<const BlockId> blocks, std::span<uint8_t> out) override;
   absl::Status ImportBlocks(std::span<const BlockId> blocks,

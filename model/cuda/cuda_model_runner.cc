@@ -33,6 +33,7 @@
 #include "kernels/cuda/rope.h"
 #include "kernels/cuda/sample.h"
 #include "kernels/cuda/swiglu.h"
+#include "kernels/cuda/token_mask.h"
 #include "kernels/cuda/weight_init.h"
 #include "kernels/gpu_attention_plan.h"
 #include "kernels/paged_view.h"
@@ -1330,8 +1331,10 @@ absl::Status CudaModelRunner::Impl::RunMoves(std::span<const SlotMove> moves) {
 
 absl::Status CudaModelRunner::Impl::SampleRows(std::span<const SampleRow> rows,
                                                std::span<SampledToken> out) {
-  KV_RETURN_IF_ERROR(ValidateSampleRows(rows, out.size(), std::max(0, last_logits_rows)));
+  KV_RETURN_IF_ERROR(ValidateSampleRows(rows, out.size(), std::max(0, last_logits_rows),
+                                        /*masks_supported=*/true));
   const int32_t vocab = config.vocab_size;
+  const int64_t mask_words = cuda::TokenMaskWords(vocab);
   for (size_t begin = 0; begin < rows.size(); begin += sample_chunk) {
     const size_t n = std::min(rows.size() - begin, static_cast<size_t>(sample_chunk));
     sampling->Clear();
@@ -1361,13 +1364,33 @@ absl::Status CudaModelRunner::Impl::SampleRows(std::span<const SampleRow> rows,
       gather_index.push_back(r.logits_index);
       identity = identity && r.logits_index == static_cast<int32_t>(begin + i);
     }
+    // Masked rows (constrained decoding) are masked in a private copy: the
+    // gather path, with the masks uploaded after the gather index (all ones
+    // for a row without one).
+    bool masked = false;
+    for (size_t i = 0; i < n; ++i) masked = masked || !rows[begin + i].allowed.empty();
+    identity = identity && !masked;
     const int64_t packed = sampling->PackedBytes();
     const int64_t index_offset = (packed + 15) / 16 * 16;
-    KV_RETURN_IF_ERROR(EnsureSampleCapacity(index_offset + static_cast<int64_t>(n) * 4));
+    const int64_t mask_offset = (index_offset + static_cast<int64_t>(n) * 4 + 15) / 16 * 16;
+    const int64_t upload = masked ? mask_offset + static_cast<int64_t>(n) * mask_words * 4
+                                  : index_offset + static_cast<int64_t>(n) * 4;
+    KV_RETURN_IF_ERROR(EnsureSampleCapacity(upload));
     sampling->PackInto(sample_host.get());
     std::memcpy(sample_host.get() + index_offset, gather_index.data(), n * 4);
-    KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sample_dev.get(), sample_host.get(),
-                                            index_offset + static_cast<int64_t>(n) * 4,
+    if (masked) {
+      auto* words = reinterpret_cast<uint32_t*>(sample_host.get() + mask_offset);
+      for (size_t i = 0; i < n; ++i) {
+        const std::span<const uint32_t> allowed = rows[begin + i].allowed;
+        uint32_t* dst = words + static_cast<int64_t>(i) * mask_words;
+        if (allowed.empty()) {
+          std::fill(dst, dst + mask_words, ~uint32_t{0});
+        } else {
+          std::memcpy(dst, allowed.data(), static_cast<size_t>(mask_words) * 4);
+        }
+      }
+    }
+    KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(sample_dev.get(), sample_host.get(), upload,
                                             cudaMemcpyHostToDevice, stream));
     const float* row_logits =
         reinterpret_cast<const float*>(logits.get()) + static_cast<int64_t>(begin) * vocab;
@@ -1383,6 +1406,14 @@ absl::Status CudaModelRunner::Impl::SampleRows(std::span<const SampleRow> rows,
       gather.dtype = ActDtype::kFp32;
       KV_RETURN_IF_ERROR(cuda::Embedding(gather, stream));
       row_logits = reinterpret_cast<const float*>(gathered.get());
+      if (masked) {
+        cuda::TokenMaskParams tm;
+        tm.logits = reinterpret_cast<float*>(gathered.get());
+        tm.masks = reinterpret_cast<const uint32_t*>(sample_dev.get() + mask_offset);
+        tm.vocab = vocab;
+        tm.num_rows = static_cast<int32_t>(n);
+        KV_RETURN_IF_ERROR(cuda::ApplyTokenMasks(tm, stream));
+      }
     }
     cuda::SampleParams sp;
     sp.logits = row_logits;

@@ -103,6 +103,9 @@ class CudaModelRunner final : public ModelRunner {
   // steps before them; both return once the copies are done. Tail ids are
   // refused (tiers hold full blocks).
   bool supports_kv_tiers() const override { return true; }
+  // Token masks: applied on the device to a private copy of each masked
+  // row's logits before the sampling kernel (kernels/cuda/token_mask.h).
+  bool supports_token_masks() const override { return true; }
   int64_t tier_block_bytes() const override;
   absl::Status ExportBlocks(std::span<const BlockId> blocks, std::span<uint8_t> out) override;
   absl::Status ImportBlocks(std::span<const BlockId> blocks,

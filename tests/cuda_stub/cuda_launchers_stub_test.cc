@@ -5,15 +5,20 @@
 //     launches a step were one per head), bit for bit what one plain
 //     RmsNorm call per head gives;
 //   - SwiGLU over more tokens and channels than one grid covers (the 2-D
-//     grid-stride loop that replaced the per-element 64-bit / and %).
+//     grid-stride loop that replaced the per-element 64-bit / and %);
+//   - token masks (constrained decoding) equal to the CPU sampler's
+//     Sampler::ApplyMask, bit for bit.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
+#include <random>
 #include <vector>
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/rms_norm.h"
 #include "kernels/cuda/swiglu.h"
+#include "kernels/cuda/token_mask.h"
+#include "model/sampling/sampler.h"
 #include "tests/cuda_stub/cuda_stub.h"
 
 namespace kvserve::cuda {
@@ -121,6 +126,45 @@ TEST_CASE("stub launchers: SwiGLU over strided rows equals cpu::SiluMul", "[cuda
   }
   cudaFree(dg);
   cudaFree(dout);
+}
+
+TEST_CASE("stub launchers: token masks equal the CPU sampler's mask", "[cuda_stub]") {
+  // A vocabulary that is not a multiple of 32, more words than one block's
+  // threads, rows with all-ones, all-but-one, sparse and single-bit masks.
+  const int32_t vocab = 9000, rows = 5;
+  const int64_t words = TokenMaskWords(vocab);
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> logits(size_t(rows) * vocab);
+  for (float& x : logits) x = normal(rng);
+  std::vector<uint32_t> masks(size_t(rows) * words, ~uint32_t{0});
+  for (int64_t w = 0; w < words; ++w) {
+    masks[size_t(1 * words + w)] = w == 7 ? ~(uint32_t{1} << 5) : ~uint32_t{0};
+    masks[size_t(2 * words + w)] = static_cast<uint32_t>(rng()) & static_cast<uint32_t>(rng());
+    masks[size_t(3 * words + w)] = w == words - 1 ? uint32_t{1} << ((vocab - 1) % 32) : 0u;
+    masks[size_t(4 * words + w)] = w == 0 ? 1u : 0u;
+  }
+  float* dl = Upload(logits);
+  void* dm = nullptr;
+  REQUIRE(cudaMalloc(&dm, masks.size() * 4) == cudaSuccess);
+  REQUIRE(cudaMemcpy(dm, masks.data(), masks.size() * 4, cudaMemcpyHostToDevice) == cudaSuccess);
+  TokenMaskParams p;
+  p.logits = dl;
+  p.masks = static_cast<const uint32_t*>(dm);
+  p.vocab = vocab;
+  p.num_rows = rows;
+  REQUIRE(ApplyTokenMasks(p, nullptr).ok());
+  const std::vector<float> got = Download(dl, logits.size());
+  for (int r = 0; r < rows; ++r) {
+    std::vector<float> want(logits.begin() + r * vocab, logits.begin() + (r + 1) * vocab);
+    Sampler::ApplyMask(want, std::span<const uint32_t>(masks.data() + r * words, size_t(words)));
+    INFO("row " << r);
+    REQUIRE(std::memcmp(got.data() + size_t(r) * vocab, want.data(), size_t(vocab) * 4) == 0);
+  }
+  p.vocab = 0;
+  REQUIRE(ApplyTokenMasks(p, nullptr).code() == absl::StatusCode::kInvalidArgument);
+  cudaFree(dl);
+  cudaFree(dm);
 }
 
 }  // namespace

@@ -11,6 +11,8 @@
 //     gives the CPU engine's greedy tokens, for fp32 and int8 KV;
 //   - prompts evicted from a small pool come back from the host tier
 //     (ExportBlocks/ImportBlocks on the CUDA runner) with their tokens;
+//   - constrained decoding masks on the device (kernels/cuda/token_mask.h):
+//     greedy regex and choice outputs are the CPU engine's, samples match;
 // and every test ends with every block back in the pool.
 //
 // On a real GPU: a preempted sequence is recomputed in batches of other
@@ -25,10 +27,12 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <random>
+#include <regex>
 #include <string>
 #include <vector>
 
 #include "cache/eviction_params.h"
+#include "model/grammar/grammar_spec.h"
 #include "tests/cuda_stub/stub_engine.h"
 
 namespace kvserve {
@@ -280,6 +284,54 @@ TEST_CASE("stub engine: prompts evicted from a small pool come back from the hos
     REQUIRE(RunOne(**engine, prompt(1)).tokens == first[1].tokens);
     RequireAllBlocksFree(**engine);
   }
+}
+
+TEST_CASE("stub engine: constrained decoding masks on the device with the CPU engine's tokens",
+          "[cuda_stub]") {
+  StubSetup gpu;
+  StubSetup cpu = gpu;
+  cpu.device = "cpu";
+  StubEngine g = MakeStubEngine(gpu);
+  StubEngine c = MakeStubEngine(cpu);
+  const auto constrained = [](GrammarSpec::Kind kind, const char* text, const char* field,
+                              float temperature, uint64_t seed) {
+    GenerateRequest r;
+    r.prompt = "Once upon a time";
+    r.max_tokens = 40;
+    r.ignore_eos = true;  // the grammar ends the output
+    r.sampling.temperature = temperature;
+    r.sampling.seed = seed;
+    r.constraint.kind = kind;
+    r.constraint.text = text;
+    r.constraint.field = field;
+    return r;
+  };
+  const std::regex re("[0-9]{3}-[a-z]{2,4}");
+  // Greedy: the device-masked argmax is the CPU's, token for token.
+  GenerateRequest greedy =
+      constrained(GrammarSpec::Kind::kRegex, "[0-9]{3}-[a-z]{2,4}", "guided_regex", 0.0f, 0);
+  const Result on_gpu = RunOne(*g.engine, greedy);
+  const Result on_cpu = RunOne(*c.engine, greedy);
+  INFO(on_gpu.text[0]);
+  REQUIRE(std::regex_match(on_gpu.text[0], re));
+  REQUIRE(on_gpu.tokens[0] == on_cpu.tokens[0]);
+  // Sampled (Philox on the device, so not the CPU's draws): every output
+  // still matches, and a choice is one of its strings.
+  for (uint64_t seed = 0; seed < 4; ++seed) {
+    const Result r = RunOne(*g.engine, constrained(GrammarSpec::Kind::kRegex, "[0-9]{3}-[a-z]{2,4}",
+                                                   "guided_regex", 1.0f, seed));
+    INFO(r.text[0]);
+    REQUIRE(std::regex_match(r.text[0], re));
+    REQUIRE(r.finish[0] == FinishReason::kStop);
+    GenerateRequest choice =
+        constrained(GrammarSpec::Kind::kChoice, "", "guided_choice", 1.0f, seed);
+    choice.constraint.choices = {"dragon", "princess", "frog"};
+    const Result cr = RunOne(*g.engine, choice);
+    INFO(cr.text[0]);
+    REQUIRE((cr.text[0] == "dragon" || cr.text[0] == "princess" || cr.text[0] == "frog"));
+  }
+  RequireAllBlocksFree(*g.engine);
+  RequireAllBlocksFree(*c.engine);
 }
 
 }  // namespace
