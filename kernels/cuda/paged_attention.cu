@@ -1,9 +1,10 @@
 // Launcher of paged attention: validates the Params against the page layout
 // and the plan, sizes shared memory from head_dim, and dispatches the K/V
-// element pair of the format to one of six instantiations of the fast
-// (tensor-core) kernel where it takes the layout, else to one of seven of
-// the reference kernel (fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4);
-// head_dim and the activation dtype are runtime values inside the kernels.
+// element pair of the format to the fast (tensor-core) kernel where it takes
+// the layout (eighteen instantiations: six formats x head_dim 64, 128, 256),
+// else to one of seven of the reference kernel (fp32, fp16, bf16, fp8_e4m3,
+// int8, int4, k8v4; head_dim a runtime value there); the activation dtype
+// is a runtime value in both.
 // Then the merge kernel (one instantiation) when the plan split any row.
 #include <algorithm>
 #include <cmath>
@@ -77,22 +78,24 @@ using attention_detail::KernelFn;
 
 KernelFn KernelFor(KvElem k, KvElem v) { return attention_detail::AttentionKernelFor(k, v); }
 
-// Lets every instantiation use the shared memory of the largest head_dim
-// (above the 48 KB default); done once per kernel, before any launch.
-cudaError_t AllowLargeSmem(KernelFn kernel) {
-  static constexpr int kMaxBytes =
-      attention_detail::SmemFloats(kGpuAttentionMaxHeadDim) * static_cast<int>(sizeof(float));
-  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxBytes);
+// The most dynamic shared memory a CTA may opt in to (sm_90: 227 KB).
+constexpr int kMaxOptInSmem = 227 * 1024;
+
+// Lets a kernel use `bytes` of dynamic shared memory (above the 48 KB
+// default): the reference kernels the tile of the largest head_dim, the fast
+// ones the opt-in maximum; done once per kernel, before any launch.
+cudaError_t AllowLargeSmem(KernelFn kernel,
+                           int bytes = attention_detail::SmemFloats(kGpuAttentionMaxHeadDim) *
+                                       int{sizeof(float)}) {
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes);
 }
 
-// The most dynamic shared memory a CTA may opt in to (sm_90: 227 KB).
-constexpr int64_t kMaxOptInSmem = 227 * 1024;
-
+// Whether the fast kernel runs: asked for, a layout it takes
+// (MmaAttentionSupports: formats, head_dim, blocks, int4 groups) and its
+// shared memory within the opt-in limit.
 bool FastFits(const PagedAttentionParams& p) {
   return p.kernel == AttentionKernel::kFast &&
          attention_detail::MmaAttentionSupports(p.kv.layout) &&
-         attention_detail::MmaAttentionKernelFor(p.kv.layout.k.elem, p.kv.layout.v.elem,
-                                                 p.kv.layout.head_dim) != nullptr &&
          attention_detail::MmaSmemLayout(p.kv.layout, p.num_sinks != nullptr).total <=
              kMaxOptInSmem;
 }
@@ -238,9 +241,8 @@ absl::Status PagedAttention(const PagedAttentionParams& params, cudaStream_t str
           {KvElem::kInt4, KvElem::kInt4},       {KvElem::kInt8, KvElem::kInt4}};
       for (const auto& [k, v] : pairs) {
         for (int head_dim : {64, 128, 256}) {
-          const cudaError_t err =
-              cudaFuncSetAttribute(attention_detail::MmaAttentionKernelFor(k, v, head_dim),
-                                   cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxOptInSmem);
+          const cudaError_t err = AllowLargeSmem(
+              attention_detail::MmaAttentionKernelFor(k, v, head_dim), kMaxOptInSmem);
           if (err != cudaSuccess) return err;
         }
       }

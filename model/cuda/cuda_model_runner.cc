@@ -304,12 +304,22 @@ struct CudaModelRunner::Impl {
   // Whether a pool's layers hold blocks of one size, evenly spaced (one 2D
   // copy then moves a block of every layer); false for one layer.
   bool EvenLayers(const PoolShape& pool) const;
+  // One block of every layer: in a pool (base + layer_offset[l] + block *
+  // block_bytes), or a tier payload (pool null: the layers packed in order).
+  struct LayerSpan {
+    uint8_t* base;
+    const PoolShape* pool;
+    int32_t block;
+  };
+  // Enqueues the copy of one block's layers: one cudaMemcpy2DAsync when the
+  // pools' layers are evenly spaced, else one copy a layer.
+  absl::Status CopyBlockLayers(const LayerSpan& dst, const LayerSpan& src, cudaMemcpyKind kind,
+                               cudaStream_t on);
   // Copies primary blocks to or from tier payloads (ExportBlocks/ImportBlocks).
   absl::Status TierCopies(std::span<const BlockId> blocks, uint8_t* const* host, bool out,
                           const char* what);
-  absl::Status SwapCopies(std::span<const BlockCopy> copies, const uint8_t* src,
-                          const PoolShape& from, uint8_t* dst, const PoolShape& to,
-                          cudaMemcpyKind kind, const char* what);
+  absl::Status SwapCopies(std::span<const BlockCopy> copies, uint8_t* src, const PoolShape& from,
+                          uint8_t* dst, const PoolShape& to, cudaMemcpyKind kind, const char* what);
   absl::Status ForwardBatch(const BatchInput& batch);
   absl::Status PlanEviction(const BatchInput& batch);
   absl::Status RunMoves(std::span<const SlotMove> moves);
@@ -1554,69 +1564,71 @@ bool CudaModelRunner::Impl::EvenLayers(const PoolShape& pool) const {
   return true;
 }
 
+absl::Status CudaModelRunner::Impl::CopyBlockLayers(const LayerSpan& dst, const LayerSpan& src,
+                                                    cudaMemcpyKind kind, cudaStream_t on) {
+  const int L = config.num_layers;
+  const auto at = [&](const LayerSpan& x, int l, int64_t packed) {
+    return x.pool == nullptr
+               ? x.base + packed
+               : x.base + x.pool->layer_offset[l] + int64_t(x.block) * formats[l].block_bytes();
+  };
+  const auto pitch = [&](const LayerSpan& x) {
+    return x.pool == nullptr ? formats[0].block_bytes()
+                             : x.pool->layer_offset[1] - x.pool->layer_offset[0];
+  };
+  const auto even = [&](const LayerSpan& x) { return x.pool == nullptr || EvenLayers(*x.pool); };
+  if (L > 1 && even(dst) && even(src) && (dst.pool != nullptr || src.pool != nullptr)) {
+    return CudaStatus(cudaMemcpy2DAsync(at(dst, 0, 0), pitch(dst), at(src, 0, 0), pitch(src),
+                                        formats[0].block_bytes(), L, kind, on),
+                      "a block's layers");
+  }
+  int64_t packed = 0;
+  for (int l = 0; l < L; ++l) {
+    const int64_t bb = formats[l].block_bytes();
+    KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(at(dst, l, packed), at(src, l, packed), bb, kind, on));
+    packed += bb;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CudaModelRunner::Impl::TierCopies(std::span<const BlockId> blocks,
                                                uint8_t* const* host, bool out, const char* what) {
-  const int L = config.num_layers;
-  const bool uniform = EvenLayers(pool_shape);
-  uint8_t* pool = kv_pool.get();
-  const cudaMemcpyKind kind = out ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
   for (size_t i = 0; i < blocks.size(); ++i) {
     const BlockId b = blocks[i];
     if (b < 0 || b >= pool_shape.blocks) {
       std::fprintf(stderr, "CudaModelRunner::%s: block %d of %d\n", what, b, pool_shape.blocks);
       std::abort();
     }
-    uint8_t* h = host[i];
-    if (uniform) {
-      const int64_t bb = formats[0].block_bytes();
-      const int64_t pitch = pool_shape.layer_offset[1] - pool_shape.layer_offset[0];
-      uint8_t* dev = pool + pool_shape.layer_offset[0] + int64_t(b) * bb;
-      KV_CUDA_RETURN_IF_ERROR(out ? cudaMemcpy2DAsync(h, bb, dev, pitch, bb, L, kind, stream)
-                                  : cudaMemcpy2DAsync(dev, pitch, h, bb, bb, L, kind, stream));
-      continue;
-    }
-    for (int l = 0; l < L; ++l) {
-      const int64_t bb = formats[l].block_bytes();
-      uint8_t* dev = pool + pool_shape.layer_offset[l] + int64_t(b) * bb;
-      KV_CUDA_RETURN_IF_ERROR(out ? cudaMemcpyAsync(h, dev, bb, kind, stream)
-                                  : cudaMemcpyAsync(dev, h, bb, kind, stream));
-      h += bb;
-    }
+    const LayerSpan payload{host[i], nullptr, 0}, block{kv_pool.get(), &pool_shape, b};
+    KV_RETURN_IF_ERROR(out ? CopyBlockLayers(payload, block, cudaMemcpyDeviceToHost, stream)
+                           : CopyBlockLayers(block, payload, cudaMemcpyHostToDevice, stream));
   }
   return CudaStatus(cudaStreamSynchronize(stream), what);
 }
 
 // Swap copies on the copy engines, not the SMs: per block pair one
-// cudaMemcpy2DAsync over every layer (rows of block_bytes, one layer apart)
-// when the layers are evenly spaced in both pools, else one copy per layer;
-// tails one copy per layer that keeps them. Ordered after the compute
-// stream's work so far and before what it enqueues next.
-absl::Status CudaModelRunner::Impl::SwapCopies(std::span<const BlockCopy> copies,
-                                               const uint8_t* src, const PoolShape& from,
-                                               uint8_t* dst, const PoolShape& to,
-                                               cudaMemcpyKind kind, const char* what) {
+// cudaMemcpy2DAsync over every layer (CopyBlockLayers), tails one copy per
+// layer that keeps them. Ordered after the compute stream's work so far and
+// before what it enqueues next.
+absl::Status CudaModelRunner::Impl::SwapCopies(std::span<const BlockCopy> copies, uint8_t* src,
+                                               const PoolShape& from, uint8_t* dst,
+                                               const PoolShape& to, cudaMemcpyKind kind,
+                                               const char* what) {
   if (copies.empty()) return absl::OkStatus();
-  const int L = config.num_layers;
-  const bool uniform = EvenLayers(from) && EvenLayers(to);
   KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(compute_ready, stream));
   KV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream, compute_ready, 0));
   for (const BlockCopy& cp : copies) {
     const auto [tail, s, d] = Localize(cp, from, to, what);
-    if (!tail && uniform) {
-      const int64_t bb = formats[0].block_bytes();
-      KV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
-          dst + to.layer_offset[0] + int64_t(d) * bb, to.layer_offset[1] - to.layer_offset[0],
-          src + from.layer_offset[0] + int64_t(s) * bb, from.layer_offset[1] - from.layer_offset[0],
-          bb, L, kind, copy_stream));
+    if (!tail) {
+      KV_RETURN_IF_ERROR(CopyBlockLayers({dst, &to, d}, {src, &from, s}, kind, copy_stream));
       continue;
     }
-    for (int layer = 0; layer < L; ++layer) {
-      if (tail && !formats[layer].has_tails()) continue;
-      const int64_t bb = tail ? formats[layer].tail_block_bytes() : formats[layer].block_bytes();
-      const int64_t so = tail ? from.tail_offset[layer] : from.layer_offset[layer];
-      const int64_t dof = tail ? to.tail_offset[layer] : to.layer_offset[layer];
-      KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + dof + int64_t(d) * bb,
-                                              src + so + int64_t(s) * bb, bb, kind, copy_stream));
+    for (int layer = 0; layer < config.num_layers; ++layer) {
+      if (!formats[layer].has_tails()) continue;
+      const int64_t bb = formats[layer].tail_block_bytes();
+      KV_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst + to.tail_offset[layer] + int64_t(d) * bb,
+                                              src + from.tail_offset[layer] + int64_t(s) * bb, bb,
+                                              kind, copy_stream));
     }
   }
   KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(copies_done, copy_stream));
