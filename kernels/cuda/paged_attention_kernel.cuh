@@ -280,19 +280,25 @@ __device__ __forceinline__ void AttentionItem(const KernelArgs& a,
   }
 }
 
-// The items of the plan: CTA x takes items x, x + gridDim.x, ... (one each
-// when the grid is as wide as the plan; a grid sized to the CTAs resident
-// on the device walks them all, and CTAs past a capacity exit at once).
-template <KvElem KE, KvElem VE>
-__global__ void __launch_bounds__(kThreads, 1)
-    AttentionKernel(const __grid_constant__ KernelArgs a) {
+// The items of the plan, for both attention kernels: CTA x runs item(w) for
+// items x, x + gridDim.x, ... (one each when the grid is as wide as the
+// plan; a grid sized to the CTAs resident on the device walks them all, and
+// CTAs past a capacity exit at once), a barrier between two items.
+template <typename ItemFn>
+__device__ __forceinline__ void ForEachWorkItem(const KernelArgs& a, ItemFn item) {
   const GpuAttentionPlanHeader& header = PlanHeader(a.plan);
   const auto* items = reinterpret_cast<const GpuAttentionWorkItem*>(a.plan + header.items_offset);
   for (int32_t x = static_cast<int32_t>(blockIdx.x); x < header.num_items;
        x += static_cast<int32_t>(gridDim.x)) {
     if (x != static_cast<int32_t>(blockIdx.x)) __syncthreads();  // the last item's smem is read
-    AttentionItem<KE, VE>(a, items[x]);
+    item(items[x]);
   }
+}
+
+template <KvElem KE, KvElem VE>
+__global__ void __launch_bounds__(kThreads, 1)
+    AttentionKernel(const __grid_constant__ KernelArgs a) {
+  ForEachWorkItem(a, [&](const GpuAttentionWorkItem& w) { AttentionItem<KE, VE>(a, w); });
 }
 
 inline __global__ void __launch_bounds__(kThreads)

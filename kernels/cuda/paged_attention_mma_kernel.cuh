@@ -639,17 +639,11 @@ __device__ __forceinline__ void MmaAttentionItem(const KernelArgs& a,
   }
 }
 
-// CTA x takes items x, x + gridDim.x, ... (see AttentionKernel).
+// CTA x takes items x, x + gridDim.x, ... (ForEachWorkItem).
 template <KvElem KE, KvElem VE, int kHd>
 __global__ void __launch_bounds__(kThreads, 1)
     MmaAttentionKernel(const __grid_constant__ KernelArgs a) {
-  const GpuAttentionPlanHeader& header = PlanHeader(a.plan);
-  const auto* items = reinterpret_cast<const GpuAttentionWorkItem*>(a.plan + header.items_offset);
-  for (int32_t x = static_cast<int32_t>(blockIdx.x); x < header.num_items;
-       x += static_cast<int32_t>(gridDim.x)) {
-    if (x != static_cast<int32_t>(blockIdx.x)) __syncthreads();  // the last item's smem is read
-    MmaAttentionItem<KE, VE, kHd>(a, items[x]);
-  }
+  ForEachWorkItem(a, [&](const GpuAttentionWorkItem& w) { MmaAttentionItem<KE, VE, kHd>(a, w); });
 }
 
 template <KvElem KE, KvElem VE>
