@@ -1,5 +1,6 @@
 #include "model/grammar/grammar.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <utility>
 
@@ -164,6 +165,45 @@ std::pair<int32_t, int32_t> GrammarBuilder::LowerExpr(ExprId id, GrammarNfa* nfa
     }
   }
   std::abort();
+}
+
+int64_t GrammarBuilder::LoweredStates(int64_t cap) const {
+  // Per expression, memoized: repeats share their child's id.
+  std::vector<int64_t> memo(exprs_.size(), -1);
+  auto add = [cap](int64_t a, int64_t b) { return std::min(cap, a + b); };
+  auto mul = [cap](int64_t a, int64_t n) { return n != 0 && a > cap / n ? cap : a * n; };
+  auto count = [&](auto&& self, ExprId id) -> int64_t {
+    if (memo[id] >= 0) return memo[id];
+    const GrammarExpr& e = exprs_[id];
+    int64_t n = 0;
+    switch (e.kind) {
+      case GrammarExpr::Kind::kEmpty:
+        n = 1;
+        break;
+      case GrammarExpr::Kind::kClass:
+      case GrammarExpr::Kind::kRef:
+        n = 2;
+        break;
+      case GrammarExpr::Kind::kSeq:
+      case GrammarExpr::Kind::kAlt:
+        n = e.kind == GrammarExpr::Kind::kAlt ? 2 : 0;
+        for (ExprId c : e.children) n = add(n, self(self, c));
+        break;
+      case GrammarExpr::Kind::kRepeat: {
+        const int64_t child = self(self, e.children[0]);
+        const int64_t copies = e.max == kUnbounded ? e.min + 1 : e.max;
+        n = add(2, mul(child, copies));
+        break;
+      }
+    }
+    return memo[id] = n;
+  };
+  int64_t total = 0;
+  for (const Rule& r : rules_) {
+    total = add(total, 2);
+    if (r.body >= 0) total = add(total, count(count, r.body));
+  }
+  return total;
 }
 
 GrammarNfa GrammarBuilder::Lower() const {

@@ -45,6 +45,9 @@ struct ByteSet {
 
 inline constexpr int32_t kMaxRepeat = 4096;
 inline constexpr int32_t kUnbounded = -1;
+// The most NFA states a request's grammar may lower to (GrammarCompiler
+// refuses more): about 100 bytes each.
+inline constexpr int64_t kMaxGrammarStates = int64_t{1} << 21;
 
 using ExprId = int32_t;
 using RuleId = int32_t;
@@ -95,6 +98,9 @@ class GrammarBuilder {
   // The NFA of every rule; rule 0 starts. A rule without a body matches
   // nothing.
   GrammarNfa Lower() const;
+  // The number of states Lower would make, counted without making them and
+  // capped at `cap` (bounded repeats nested in one another multiply).
+  int64_t LoweredStates(int64_t cap) const;
 
  private:
   struct Rule {

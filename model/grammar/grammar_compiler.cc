@@ -1,21 +1,34 @@
 #include "model/grammar/grammar_compiler.h"
 
 #include "absl/strings/str_cat.h"
+#include "model/grammar/gbnf.h"
 #include "model/grammar/json_schema.h"
 #include "model/grammar/regex.h"
+#include "util/status_macros.h"
 
 namespace kvserve {
 
-absl::Status BuildGrammar(const GrammarSpec& spec, GrammarBuilder* b) {
+namespace {
+
+absl::Status BuildRules(const GrammarSpec& spec, GrammarBuilder* b) {
   const RuleId root = b->NewRule("root");
   switch (spec.kind) {
     case GrammarSpec::Kind::kNone:
       return absl::InvalidArgumentError(absl::StrCat(spec.field, ": no constraint"));
-    case GrammarSpec::Kind::kJsonSchema:
-      return BuildJsonSchemaGrammar(spec.text, spec.field, b, root);
+    case GrammarSpec::Kind::kJsonSchema: {
+      if (spec.prefix.empty() && spec.suffix.empty()) {
+        return BuildJsonSchemaGrammar(spec.text, spec.field, b, root);
+      }
+      const RuleId value = b->NewRule("value");
+      KV_RETURN_IF_ERROR(BuildJsonSchemaGrammar(spec.text, spec.field, b, value));
+      b->SetBody(root, b->Seq({b->Literal(spec.prefix), b->Ref(value), b->Literal(spec.suffix)}));
+      return absl::OkStatus();
+    }
     case GrammarSpec::Kind::kJsonObject:
       BuildJsonObjectGrammar(b, root);
       return absl::OkStatus();
+    case GrammarSpec::Kind::kGbnf:
+      return BuildGbnfGrammar(spec.text, spec.field, b, root);
     case GrammarSpec::Kind::kRegex: {
       absl::StatusOr<ExprId> e = BuildRegexExpr(spec.text, spec.field, b);
       if (!e.ok()) return e.status();
@@ -41,11 +54,25 @@ absl::Status BuildGrammar(const GrammarSpec& spec, GrammarBuilder* b) {
   return absl::InternalError("unknown grammar kind");
 }
 
+}  // namespace
+
+absl::Status BuildGrammar(const GrammarSpec& spec, GrammarBuilder* b) {
+  KV_RETURN_IF_ERROR(BuildRules(spec, b));
+  if (b->LoweredStates(kMaxGrammarStates + 1) > kMaxGrammarStates) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(spec.field, ": the grammar expands to more than ", kMaxGrammarStates,
+                     " states (bounded repeats nested in one another multiply); use smaller "
+                     "counts or unbounded repeats"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCompiler::Compile(
     const GrammarSpec& spec) {
   std::string key =
       absl::StrCat(static_cast<int>(spec.kind), ":", spec.text.size(), ":", spec.text);
   for (const std::string& c : spec.choices) absl::StrAppend(&key, ":", c.size(), ":", c);
+  absl::StrAppend(&key, ":", spec.prefix.size(), ":", spec.prefix, ":", spec.suffix);
   {
     absl::MutexLock lock(&mu_);
     if (auto it = index_.find(key); it != index_.end()) {

@@ -241,6 +241,10 @@ class RegexParser {
     const char c = Peek();
     switch (c) {
       case '(': {
+        // Bounded, so a deep pattern is an error, not a stack overflow.
+        if (++depth_ > kMaxNesting) {
+          return Error(absl::StrCat("groups nest deeper than ", kMaxNesting, " levels"));
+        }
         ++pos_;
         if (!AtEnd() && Peek() == '?') {
           if (pos_ + 1 < p_.size() && p_[pos_ + 1] == ':') {
@@ -253,6 +257,7 @@ class RegexParser {
         if (!e.ok()) return e;
         if (AtEnd() || Peek() != ')') return Error("')' is expected");
         ++pos_;
+        --depth_;
         return e;
       }
       case '[':
@@ -298,10 +303,13 @@ class RegexParser {
     }
   }
 
+  static constexpr int kMaxNesting = 128;
+
   std::string_view p_;
   const std::string& path_;
   GrammarBuilder* b_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

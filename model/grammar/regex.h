@@ -10,7 +10,8 @@
 // alternation, and the quantifiers * + ? {m} {m,} {m,n} (lazy forms read as
 // greedy: only the language matters here). Refused, with the offset named:
 // backreferences, lookaround, anchors inside the pattern, \b, named groups,
-// possessive quantifiers and counts above kMaxRepeat.
+// possessive quantifiers, counts above kMaxRepeat and groups nested deeper
+// than 128 levels.
 //
 // Thread-safety: free function.
 #pragma once

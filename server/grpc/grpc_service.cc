@@ -195,6 +195,11 @@ absl::Status FromProto(const v1::GenerateRequest& p, const RequestLimits& limits
         spec.choices.assign(c.choice().choices().begin(), c.choice().choices().end());
         spec.field = "constraint.choice.choices";
         break;
+      case v1::Constraint::kGrammar:
+        spec.kind = GrammarSpec::Kind::kGbnf;
+        spec.text = c.grammar();
+        spec.field = "constraint.grammar";
+        break;
       case v1::Constraint::KIND_NOT_SET:
         break;
     }

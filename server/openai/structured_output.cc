@@ -54,10 +54,12 @@ std::optional<ApiError> ChoiceSpec(const ojson& v, const std::string& param, Gra
   return std::nullopt;
 }
 
-ApiError GrammarUnsupported(const std::string& param) {
-  return InvalidRequest(param, absl::StrCat("'", param,
-                                            "': GBNF/EBNF grammars are not supported; use a "
-                                            "JSON schema, a regex or a choice list"));
+std::optional<ApiError> GbnfSpec(const ojson& v, const std::string& param, GrammarSpec* out) {
+  if (!v.is_string()) return Wrong(param, "a string (a GBNF grammar)");
+  out->kind = GrammarSpec::Kind::kGbnf;
+  out->text = v.get<std::string>();
+  out->field = param;
+  return std::nullopt;
 }
 
 std::optional<ApiError> ResponseFormat(const ojson& rf, GrammarSpec* out) {
@@ -117,7 +119,7 @@ std::optional<ApiError> StructuredOutputs(const ojson& so, GrammarSpec* out) {
     } else if (std::string_view(key) == "choice") {
       if (auto e = ChoiceSpec(*v, param, out)) return e;
     } else if (std::string_view(key) == "grammar") {
-      return GrammarUnsupported(param);
+      if (auto e = GbnfSpec(*v, param, out)) return e;
     } else {
       if (!v->is_boolean()) return Wrong(param, "a boolean");
       if (v->get<bool>()) {
@@ -163,7 +165,7 @@ std::optional<ApiError> ParseStructuredOutput(const nlohmann::json& body,
     } else if (name == "guided_choice") {
       e = ChoiceSpec(*v, f, &spec);
     } else if (name == "guided_grammar") {
-      e = GrammarUnsupported(f);
+      e = GbnfSpec(*v, f, &spec);
     } else {
       e = StructuredOutputs(*v, &spec);
     }

@@ -252,7 +252,7 @@ TEST_CASE("gRPC converts every GenerateRequest field into the engine's request",
   // Constraint's fields: one kind at a time, in the Constraint test below.
   for (const char* name : {"kvserve.v1.Constraint.json_schema", "kvserve.v1.Constraint.json_object",
                            "kvserve.v1.Constraint.regex", "kvserve.v1.Constraint.choice",
-                           "kvserve.v1.ChoiceList.choices"}) {
+                           "kvserve.v1.Constraint.grammar", "kvserve.v1.ChoiceList.choices"}) {
     add(name, nullptr);
   }
 
@@ -316,6 +316,13 @@ TEST_CASE("gRPC Constraint reaches the engine as the request's grammar spec", "[
   Generate(f, req, &st);
   REQUIRE(st.ok());
   CHECK(f.engine.last_request().constraint.kind == GrammarSpec::Kind::kJsonObject);
+  req.mutable_constraint()->set_grammar(R"(root ::= "a"+)");
+  Generate(f, req, &st);
+  REQUIRE(st.ok());
+  seen = f.engine.last_request().constraint;
+  CHECK(seen.kind == GrammarSpec::Kind::kGbnf);
+  CHECK(seen.text == R"(root ::= "a"+)");
+  CHECK(seen.field == "constraint.grammar");
   REQUIRE(f.state.WaitForCalls(absl::Now() + absl::Seconds(10)));
 }
 

@@ -65,6 +65,13 @@ TEST_CASE("Structured outputs: vLLM guided fields and structured_outputs", "[ser
   CHECK(s.kind == GrammarSpec::Kind::kRegex);
   s = Constraint(R"("structured_outputs":{"json_object":true})");
   CHECK(s.kind == GrammarSpec::Kind::kJsonObject);
+  s = Constraint(R"("guided_grammar":"root ::= \"a\"")");
+  CHECK(s.kind == GrammarSpec::Kind::kGbnf);
+  CHECK(s.field == "guided_grammar");
+  CHECK(s.text == R"(root ::= "a")");
+  s = Constraint(R"("structured_outputs":{"grammar":"root ::= [0-9]+"})");
+  CHECK(s.kind == GrammarSpec::Kind::kGbnf);
+  CHECK(s.field == "structured_outputs.grammar");
 }
 
 TEST_CASE("Structured outputs: bad values are 400s naming the field", "[server]") {
@@ -81,8 +88,9 @@ TEST_CASE("Structured outputs: bad values are 400s naming the field", "[server]"
   e = Error(R"("guided_choice":["a",1])");
   CHECK(e.param == "guided_choice[1]");
   CHECK(e.message == "'guided_choice[1]' must be a string");
-  e = Error(R"("guided_grammar":"root ::= \"a\"")");
+  e = Error(R"("guided_grammar":{"root":"a"})");
   CHECK(e.param == "guided_grammar");
+  CHECK(e.message == "'guided_grammar' must be a string (a GBNF grammar)");
   e = Error(R"("guided_regex":"a","guided_choice":["b"])");
   CHECK(e.param == "guided_choice");
   CHECK(e.message == "'guided_choice' and 'guided_regex' both constrain the output; give one");
