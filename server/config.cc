@@ -261,6 +261,8 @@ const std::vector<Field>& Fields() {
               Enum("model.attention_kernel", {"fast", "reference"},
                    [](ServeConfig& c, std::string v) { c.model.attention_kernel = std::move(v); }),
               Bool("model.mmap", [](ServeConfig& c, bool v) { c.model.mmap = v; }),
+              Enum("model.tool_call_format", {"auto", "hermes", "llama3_json", "mistral"},
+                   [](ServeConfig& c, std::string v) { c.model.tool_call_format = std::move(v); }),
               {"model.chat_template",
                [](ServeConfig& c, const std::string& text, Source, const std::string&) {
                  const std::string name(absl::StripAsciiWhitespace(text));
@@ -593,6 +595,7 @@ absl::Status ApplyYaml(ServeConfig& config, const YAML::Node& root, const std::s
 // the tokenizer's directory, when the model is a single file), else plain.
 absl::Status ResolveAutoChatTemplate(ServeConfig& c) {
   if (c.model.chat_template.name() != "auto") return absl::OkStatus();
+
   std::vector<std::string> dirs;
   std::error_code ec;
   if (!c.model.path.starts_with("dummy:") && fs::is_directory(c.model.path, ec)) {
@@ -713,6 +716,9 @@ absl::StatusOr<ServeConfig> ParseServeConfig(const std::string& yaml_text,
   }
   KV_RETURN_IF_ERROR(CheckWhole(config));
   KV_RETURN_IF_ERROR(ResolveAutoChatTemplate(config));
+  if (config.model.tool_call_format != "auto") {
+    config.model.chat_template.set_tool_call_format(config.model.tool_call_format);
+  }
   return config;
 }
 
@@ -776,6 +782,9 @@ std::string ServeConfigKeyHelp(const std::string& key) {
       {"model.attention_kernel",
        "CUDA: fast (tensor cores; fp16/bf16/fp8/int8/int4/k8v4 pages at head_dim 64, 128 or 256, "
        "else the reference kernel) or reference (the simple kernel, to compare or fall back)"},
+      {"model.tool_call_format",
+       "auto (the chat template's markers, else every format is tried), hermes (<tool_call> "
+       "tags), llama3_json or mistral ([TOOL_CALLS]): how tool calls are parsed and framed"},
       {"model.chat_template",
        "auto (the checkpoint's own template, else plain), plain, chatml, llama3, or a map of "
        "role patterns"},

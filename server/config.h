@@ -46,6 +46,9 @@ struct ServeConfig {
     // auto (the checkpoint's own template, else plain), a built-in name or a
     // map of role patterns.
     ChatTemplate chat_template = ChatTemplate::Auto();
+    // auto (the chat template's markers, else every format is tried), hermes,
+    // llama3_json or mistral: how tool calls are parsed and constrained.
+    std::string tool_call_format = "auto";
   } model;
   struct Cache {
     std::string kv_dtype = "fp32";  // one dtype or one per layer (cache/kv_dtype_spec.h)

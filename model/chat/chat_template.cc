@@ -122,6 +122,7 @@ ChatTemplate ChatTemplate::FromCheckpoint(HfChatTemplate hf) {
   t.name_ = "checkpoint";
   t.role_patterns_.clear();
   t.generation_prompt_.clear();
+  t.tool_call_format_ = hf.tool_call_format();
   t.hf_ = std::make_shared<const HfChatTemplate>(std::move(hf));
   return t;
 }

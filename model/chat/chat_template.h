@@ -88,12 +88,19 @@ class ChatTemplate {
 
   // "plain", "chatml", "llama3", "custom", "checkpoint" or "auto".
   const std::string& name() const { return name_; }
+  // The tool-call format of the model's family ("hermes", "mistral",
+  // "llama3_json"; "" unknown: every format is tried): a checkpoint
+  // template's own markers (DetectToolCallFormat) unless set
+  // (model.tool_call_format).
+  const std::string& tool_call_format() const { return tool_call_format_; }
+  void set_tool_call_format(std::string format) { tool_call_format_ = std::move(format); }
 
  private:
   std::string name_;
   std::map<std::string, std::string> role_patterns_;
   std::string generation_prompt_;
   std::shared_ptr<const HfChatTemplate> hf_;
+  std::string tool_call_format_;
 };
 
 }  // namespace kvserve

@@ -113,7 +113,18 @@ absl::StatusOr<std::optional<HfChatTemplate>> HfChatTemplate::FromConfig(
     if (!tu.ok()) return tu.status();
     t.tool_use_ = *std::move(tu);
   }
+  t.tool_call_format_ = DetectToolCallFormat(tool_use_source ? *tool_use_source : *default_source);
   return t;
+}
+
+std::string DetectToolCallFormat(std::string_view source) {
+  if (source.find("<tool_call>") != std::string_view::npos) return "hermes";
+  if (source.find("[TOOL_CALLS]") != std::string_view::npos) return "mistral";
+  if (source.find("<|python_tag|>") != std::string_view::npos ||
+      source.find("ipython") != std::string_view::npos) {
+    return "llama3_json";
+  }
+  return "";
 }
 
 absl::StatusOr<std::string> HfChatTemplate::Render(const ojson& messages,

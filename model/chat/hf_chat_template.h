@@ -48,12 +48,22 @@ class HfChatTemplate {
 
   const std::optional<std::string>& bos_token() const { return bos_token_; }
   const std::optional<std::string>& eos_token() const { return eos_token_; }
+  // The tool-call format the template's text writes (DetectToolCallFormat),
+  // "" when it shows none.
+  const std::string& tool_call_format() const { return tool_call_format_; }
 
  private:
   JinjaTemplate default_;
   std::optional<JinjaTemplate> tool_use_;
   std::optional<std::string> bos_token_;
   std::optional<std::string> eos_token_;
+  std::string tool_call_format_;
 };
+
+// The tool-call format a chat template's source writes, from the markers
+// each family's templates carry: "hermes" (<tool_call>: Hermes, Qwen),
+// "mistral" ([TOOL_CALLS]), "llama3_json" (<|python_tag|> or the ipython
+// role: Llama 3.1/3.2); "" when none appears.
+std::string DetectToolCallFormat(std::string_view source);
 
 }  // namespace kvserve

@@ -44,6 +44,7 @@
 #include "model/tokenizer/tokenizer.h"
 #include "scheduler/request.h"
 #include "scheduler/request_validation.h"
+#include "server/openai/tool_calls.h"
 
 namespace kvserve {
 
@@ -101,6 +102,9 @@ struct ApiRequest {
   // for tool calls (server/openai/tool_calls.h); streamed, each sample's
   // text is held until it ends, then sent as delta.tool_calls or content.
   bool parse_tool_calls = false;
+  // The model family's format (model.tool_call_format or the chat
+  // template's markers); kAuto tries every format.
+  ToolCallFormat tool_call_format = ToolCallFormat::kAuto;
 };
 
 // Request bodies nested deeper than this (arrays and objects, the body's own
@@ -157,6 +161,7 @@ class ResponseAccumulator {
   ApiKind kind_;
   bool want_logprobs_;
   bool parse_tool_calls_;
+  ToolCallFormat tool_call_format_;
   std::vector<Choice> choices_;
   Usage usage_;
   std::string error_;
@@ -192,6 +197,7 @@ class StreamFormatter {
   std::string model_;
   Usage usage_;
   bool parse_tool_calls_;
+  ToolCallFormat tool_call_format_;
   std::map<int32_t, std::string> held_;  // index -> text held for tool-call parsing
   LogprobFormatter logprob_formatter_;
 };

@@ -319,8 +319,11 @@ nlohmann::ordered_json CallSchema(const nlohmann::ordered_json& tool) {
 // function constrain decoding to one call ({"name", "arguments"} JSON of the
 // tools' schemas), which errors name under "tools".
 std::optional<ApiError> ParseToolChoice(const json& body, const std::string& raw_body,
-                                        ApiRequest* r) {
+                                        const ApiContext& ctx, ApiRequest* r) {
   bool* parse = &r->parse_tool_calls;
+  if (ctx.chat_template != nullptr) {
+    r->tool_call_format = ToolCallFormatNamed(ctx.chat_template->tool_call_format());
+  }
   const json* tools = Member(body, "tools");
   const json* choice = Member(body, "tool_choice");
   *parse = tools != nullptr && tools->is_array() && !tools->empty();
@@ -380,6 +383,9 @@ std::optional<ApiError> ParseToolChoice(const json& body, const std::string& raw
   spec.kind = GrammarSpec::Kind::kJsonSchema;
   spec.text = (calls.size() == 1 ? calls[0] : nlohmann::ordered_json{{"anyOf", calls}}).dump();
   spec.field = "tools";
+  const ToolCallFrame frame = ConstrainedCallFrame(r->tool_call_format);
+  spec.prefix = frame.prefix;
+  spec.suffix = frame.suffix;
   return std::nullopt;
 }
 
@@ -558,7 +564,7 @@ std::optional<ApiError> ParseApiRequest(ApiKind kind, const std::string& body,
 
   API_TRY(ParseSampling(j, &r));
   API_TRY(ParseStructuredOutput(j, body, &g.constraint));
-  if (kind == ApiKind::kChat) API_TRY(ParseToolChoice(j, body, &r));
+  if (kind == ApiKind::kChat) API_TRY(ParseToolChoice(j, body, ctx, &r));
 
   std::optional<int64_t> i;
   API_TRY(GetInt(j, "n", &i));

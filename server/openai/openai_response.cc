@@ -104,6 +104,7 @@ ResponseAccumulator::ResponseAccumulator(const ApiRequest& request, const Tokeni
     : kind_(request.kind),
       want_logprobs_(request.request.logprobs >= 0),
       parse_tool_calls_(request.parse_tool_calls),
+      tool_call_format_(request.tool_call_format),
       choices_(static_cast<size_t>(request.request.n)),
       logprob_formatter_(request.kind, tokenizer, LastPromptToken(request)) {
   if (request.echo) {
@@ -134,7 +135,7 @@ nlohmann::json ResponseAccumulator::ToJson(const std::string& id, int64_t create
                         ? (kind_ == ApiKind::kChat ? json{{"content", json::array()}} : json())
                         : c.logprobs;
     if (kind_ == ApiKind::kChat && parse_tool_calls_ && c.finish == FinishReason::kStop) {
-      ParsedToolCalls parsed = ParseToolCalls(c.text, ToolCallFormat::kAuto);
+      ParsedToolCalls parsed = ParseToolCalls(c.text, tool_call_format_);
       if (!parsed.calls.empty()) {
         json content = parsed.content.empty() ? json() : json(parsed.content);
         choices.push_back(
@@ -182,6 +183,7 @@ StreamFormatter::StreamFormatter(const ApiRequest& request, const Tokenizer* tok
       created_(created),
       model_(std::move(model)),
       parse_tool_calls_(request.parse_tool_calls),
+      tool_call_format_(request.tool_call_format),
       logprob_formatter_(request.kind, tokenizer, LastPromptToken(request)) {}
 
 nlohmann::json StreamFormatter::Chunk(nlohmann::json choices) const {
@@ -249,7 +251,7 @@ std::string StreamFormatter::Add(const GenerateOutput& out) {
       const std::string held = std::move(held_[out.index]);
       held_.erase(out.index);
       ParsedToolCalls parsed = out.finish_reason == FinishReason::kStop
-                                   ? ParseToolCalls(held, ToolCallFormat::kAuto)
+                                   ? ParseToolCalls(held, tool_call_format_)
                                    : ParsedToolCalls{held, {}};
       if (!parsed.calls.empty()) {
         json calls = ToolCallsJson(parsed.calls, absl::StrCat(id_, "_", out.index));

@@ -117,6 +117,26 @@ bool Mistral(std::string_view text, ParsedToolCalls* out) {
 
 }  // namespace
 
+ToolCallFormat ToolCallFormatNamed(std::string_view name) {
+  if (name == "hermes") return ToolCallFormat::kHermes;
+  if (name == "llama3_json") return ToolCallFormat::kLlama3Json;
+  if (name == "mistral") return ToolCallFormat::kMistral;
+  return ToolCallFormat::kAuto;
+}
+
+ToolCallFrame ConstrainedCallFrame(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kHermes:
+      return {"<tool_call>\n", "\n</tool_call>"};
+    case ToolCallFormat::kMistral:
+      return {"[TOOL_CALLS][", "]"};
+    case ToolCallFormat::kAuto:
+    case ToolCallFormat::kLlama3Json:
+      break;
+  }
+  return {"", ""};
+}
+
 ParsedToolCalls ParseToolCalls(std::string_view text, ToolCallFormat format) {
   ParsedToolCalls r;
   const bool all = format == ToolCallFormat::kAuto;

@@ -33,6 +33,20 @@ struct ParsedToolCalls {
 
 ParsedToolCalls ParseToolCalls(std::string_view text, ToolCallFormat format);
 
+// "hermes", "llama3_json", "mistral" -> that format; anything else (the ""
+// of a template without markers) -> kAuto.
+ToolCallFormat ToolCallFormatNamed(std::string_view name);
+
+// The text around the {"name", "arguments"} JSON of a call that decoding is
+// constrained to (tool_choice "required" or a named function), so the
+// output reads as the family writes it: hermes "<tool_call>\n" ...
+// "\n</tool_call>", mistral "[TOOL_CALLS][" ... "]", llama3_json and kAuto
+// bare JSON.
+struct ToolCallFrame {
+  std::string_view prefix, suffix;
+};
+ToolCallFrame ConstrainedCallFrame(ToolCallFormat format);
+
 // The OpenAI tool_calls array ("call_<id>_<k>" ids).
 nlohmann::json ToolCallsJson(const std::vector<ParsedToolCall>& calls, const std::string& id);
 

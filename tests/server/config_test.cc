@@ -24,7 +24,9 @@ TEST_CASE("A minimal config takes every default", "[server]") {
   REQUIRE(c->model.dtype == "auto");
   REQUIRE(c->model.cuda_graphs);
   REQUIRE(c->model.attention_kernel == "fast");
+  REQUIRE(c->model.tool_call_format == "auto");
   REQUIRE(c->model.chat_template.name() == "plain");
+  REQUIRE(c->model.chat_template.tool_call_format().empty());
   REQUIRE(c->cache.kv_dtype == "fp32");
   REQUIRE(c->cache.memory_fraction == 0.0);  // not set: each backend's default
   REQUIRE(c->cache.block_size == 16);
@@ -54,6 +56,7 @@ model:
   dtype: BF16
   cuda_graphs: false
   attention_kernel: reference
+  tool_call_format: hermes
   chat_template: chatml
 cache:
   kv_dtype: int8
@@ -102,6 +105,8 @@ logging:
     REQUIRE_FALSE(c->model.cuda_graphs);
     REQUIRE(c->model.attention_kernel == "reference");
     REQUIRE(c->model.chat_template.name() == "chatml");
+    REQUIRE(c->model.tool_call_format == "hermes");
+    REQUIRE(c->model.chat_template.tool_call_format() == "hermes");
     REQUIRE(c->cache.kv_dtype == "int8");
     REQUIRE(c->cache.block_size == 32);
     REQUIRE(c->cache.num_blocks == 100);
@@ -204,6 +209,8 @@ TEST_CASE("Bad values stop with the key path and the reason", "[server]") {
           "cache.eviction_history: expected an integer in [1, 64], got '65'");
   REQUIRE(Error(parse("logging:\n  format: xml\n")) ==
           "logging.format: expected one of text, json, got 'xml'");
+  REQUIRE(Error(ParseServeConfig("model:\n  path: dummy:tiny\n  tool_call_format: qwen\n", "")) ==
+          "model.tool_call_format: expected one of auto, hermes, llama3_json, mistral, got 'qwen'");
   REQUIRE(Error(parse("cache:\n  block_size: [1, 2]\n")) ==
           "cache.block_size: expected a single value, got 'a list'");
   REQUIRE(Error(ParseServeConfig("model:\n  path: x\n  device: tpu\n", "")) ==

@@ -3,7 +3,13 @@
 #include "server/openai/tool_calls.h"
 
 #include <catch2/catch.hpp>
+#include <memory>
+#include <string>
+#include <vector>
 
+#include "model/chat/hf_chat_template.h"
+#include "model/grammar/grammar_compiler.h"
+#include "model/grammar/grammar_matcher.h"
 #include "server/openai/openai_protocol.h"
 
 namespace kvserve {
@@ -142,6 +148,65 @@ TEST_CASE("Tool calls: required and a named function constrain decoding to a cal
   CHECK(e->param == "tool_choice");
   CHECK(e->message ==
         "'tool_choice' requires a tool call, but 'guided_regex' constrains the output too");
+}
+
+TEST_CASE("Tool calls: the family's format frames a constrained call and picks the parser",
+          "[server]") {
+  // The markers of each family's chat template.
+  CHECK(DetectToolCallFormat("{{- '<tool_call>\\n' + tool_call | tojson }}") == "hermes");
+  CHECK(DetectToolCallFormat("{{ '[TOOL_CALLS]' + tool_calls | tojson }}") == "mistral");
+  CHECK(DetectToolCallFormat("{{- '<|python_tag|>' }}") == "llama3_json");
+  CHECK(DetectToolCallFormat("<|start_header_id|>ipython<|end_header_id|>") == "llama3_json");
+  CHECK(DetectToolCallFormat("{{ message.content }}").empty());
+  CHECK(ToolCallFormatNamed("hermes") == ToolCallFormat::kHermes);
+  CHECK(ToolCallFormatNamed("mistral") == ToolCallFormat::kMistral);
+  CHECK(ToolCallFormatNamed("llama3_json") == ToolCallFormat::kLlama3Json);
+  CHECK(ToolCallFormatNamed("") == ToolCallFormat::kAuto);
+
+  auto tokenizer = Tokenizer::ByteLevel(512);
+  ChatTemplate chat_template;
+  ApiContext ctx;
+  ctx.tokenizer = tokenizer.get();
+  ctx.chat_template = &chat_template;
+  ctx.model_name = "tiny";
+  ctx.max_model_len = 4096;
+  const std::string body = R"({"messages": [{"role": "user", "content": "hi"}], "tools": [
+      {"type": "function", "function": {"name": "f"}}], "tool_choice": "required"})";
+  struct Case {
+    const char* format;
+    const char* prefix;
+    const char* suffix;
+  };
+  for (const Case& c :
+       {Case{"", "", ""}, Case{"llama3_json", "", ""},
+        Case{"hermes", "<tool_call>\n", "\n</tool_call>"}, Case{"mistral", "[TOOL_CALLS][", "]"}}) {
+    INFO(c.format);
+    chat_template.set_tool_call_format(c.format);
+    ApiRequest r;
+    REQUIRE_FALSE(ParseApiRequest(ApiKind::kChat, body, ctx, &r));
+    CHECK(r.tool_call_format == ToolCallFormatNamed(c.format));
+    CHECK(r.request.constraint.prefix == c.prefix);
+    CHECK(r.request.constraint.suffix == c.suffix);
+    // The framed call is in the grammar, and the format's parser reads it.
+    GrammarBuilder b;
+    REQUIRE(BuildGrammar(r.request.constraint, &b).ok());
+    auto g = std::make_shared<const CompiledGrammar>(
+        b.Lower(), std::make_shared<TokenVocab>(std::vector<std::string>{"x"}));
+    const std::string call = std::string(c.prefix) + R"({"name":"f","arguments":{}})" + c.suffix;
+    GrammarMatcher m(g);
+    CHECK((m.AcceptBytes(call) && m.CanEnd()));
+    GrammarMatcher bare(g);
+    if (*c.prefix != '\0') CHECK_FALSE(bare.AcceptBytes(R"({"name")"));
+    ParsedToolCalls parsed = ParseToolCalls(call, r.tool_call_format);
+    REQUIRE(parsed.calls.size() == 1);
+    CHECK(parsed.calls[0].name == "f");
+    CHECK(parsed.content.empty());
+  }
+  // A known format reads only its own text: a Hermes block is content to the
+  // Mistral parser, a call to every parser under kAuto.
+  const std::string hermes = R"(<tool_call>{"name": "f", "arguments": {}}</tool_call>)";
+  CHECK(ParseToolCalls(hermes, ToolCallFormat::kMistral).calls.empty());
+  CHECK(ParseToolCalls(hermes, ToolCallFormat::kAuto).calls.size() == 1);
 }
 
 }  // namespace
