@@ -46,9 +46,9 @@ inline std::vector<float> RunSim(const Problem& p, int window, const SimRun& run
   const GpuAttentionShape shape{p.num_heads, p.format.num_kv_heads(), hd, window};
   absl::StatusOr<GpuAttentionPlan> plan = PlanGpuAttention(ViewOf(p.batch), shape, run.options);
   REQUIRE(plan.ok());
-  std::vector<float> workspace(
-      static_cast<size_t>(GpuAttentionWorkspaceBytes(shape, plan->header().num_partials) / 4));
-  std::memset(workspace.data(), 0xff, workspace.size() * 4);
+  std::vector<float> workspace(  // poisoned: every bit set (NaN); may be empty
+      static_cast<size_t>(GpuAttentionWorkspaceBytes(shape, plan->header().num_partials) / 4),
+      __uint_as_float(0xffffffffu));
 
   attention_detail::KernelArgs a;
   a.q = q.data();

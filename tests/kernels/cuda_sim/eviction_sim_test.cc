@@ -111,9 +111,9 @@ Result RunSimEviction(const Problem& p, int window, const Eviction& e, ActDtype 
   const GpuAttentionShape shape{p.num_heads, p.format.num_kv_heads(), hd, window};
   absl::StatusOr<GpuAttentionPlan> plan = PlanGpuAttention(ViewOf(p.batch), shape, options);
   REQUIRE(plan.ok());
-  std::vector<float> workspace(
-      static_cast<size_t>(GpuAttentionWorkspaceBytes(shape, plan->header().num_partials) / 4));
-  std::memset(workspace.data(), 0xff, workspace.size() * 4);
+  std::vector<float> workspace(  // poisoned: every bit set (NaN); may be empty
+      static_cast<size_t>(GpuAttentionWorkspaceBytes(shape, plan->header().num_partials) / 4),
+      __uint_as_float(0xffffffffu));
 
   KernelArgs a{};
   a.q = q.data();

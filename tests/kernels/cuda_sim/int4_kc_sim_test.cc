@@ -99,9 +99,9 @@ std::vector<float> SimAttention(const KcCase& c, const Step& s, const SimRows& r
   }
   absl::StatusOr<GpuAttentionPlan> plan = PlanGpuAttention(ViewOf(s.batch), shape, options);
   REQUIRE(plan.ok());
-  std::vector<float> workspace(
-      static_cast<size_t>(GpuAttentionWorkspaceBytes(shape, plan->header().num_partials) / 4));
-  std::memset(workspace.data(), 0xff, workspace.size() * 4);
+  std::vector<float> workspace(  // poisoned: every bit set (NaN); may be empty
+      static_cast<size_t>(GpuAttentionWorkspaceBytes(shape, plan->header().num_partials) / 4),
+      __uint_as_float(0xffffffffu));
   const int64_t n = static_cast<int64_t>(rows.q.size() / ActDtypeSize(rows.act));
   std::vector<uint8_t> out(rows.q.size(), 0xff);
   KernelArgs a;
