@@ -30,7 +30,7 @@ struct MmaArgs {
   const uint16_t* a;  // [16][16] row-major
   const uint16_t* b;  // [16][8] (k, n) row-major
   const float* c;     // [16][8]
-  float* d;           // [16][8]
+  float* d;           // [warps][16][8]
   bool bf16;
 };
 
@@ -38,6 +38,7 @@ uint32_t Pack(uint16_t lo, uint16_t hi) { return uint32_t{lo} | (uint32_t{hi} <<
 
 void MmaKernel(MmaArgs p) {
   const int lane = static_cast<int>(threadIdx.x) % 32, g = lane / 4, t = lane % 4;
+  float* out = p.d + static_cast<int>(threadIdx.x) / 32 * 128;  // each warp its own tile
   const auto A = [&](int r, int c) { return p.a[r * 16 + c]; };
   const auto B = [&](int k, int n) { return p.b[k * 8 + n]; };
   const uint32_t a[4] = {
@@ -52,10 +53,10 @@ void MmaKernel(MmaArgs p) {
   } else {
     mma::MmaF16(d, a, b);
   }
-  p.d[g * 8 + 2 * t] = d[0];
-  p.d[g * 8 + 2 * t + 1] = d[1];
-  p.d[(g + 8) * 8 + 2 * t] = d[2];
-  p.d[(g + 8) * 8 + 2 * t + 1] = d[3];
+  out[g * 8 + 2 * t] = d[0];
+  out[g * 8 + 2 * t + 1] = d[1];
+  out[(g + 8) * 8 + 2 * t] = d[2];
+  out[(g + 8) * 8 + 2 * t + 1] = d[3];
 }
 
 TEST_CASE("simulated mma m16n8k16 is C + A * B with the PTX fragment layouts",
@@ -71,18 +72,20 @@ TEST_CASE("simulated mma m16n8k16 is C + A * B with the PTX fragment layouts",
     for (int i = 0; i < 256; ++i) a[i] = HalfOf(af[i] = small(rng) / 8.0f, bf16);
     for (int i = 0; i < 128; ++i) b[i] = HalfOf(bf[i] = small(rng) / 8.0f, bf16);
     for (float& x : c) x = static_cast<float>(small(rng));
-    std::vector<float> d(128, -1.0f);
-    // Two warps: the second runs the same tile (lanes 32..63 must not read
-    // the first warp's registers).
+    // Two warps: the second runs the same tile into its own output (lanes
+    // 32..63 must not read the first warp's registers).
     for (int warps : {1, 2}) {
+      std::vector<float> d(128 * warps, -1.0f);
       cuda_sim::Launch(MmaKernel, dim3(1), 32 * warps, nullptr, 0,
                        MmaArgs{a.data(), b.data(), c.data(), d.data(), bf16});
-      for (int r = 0; r < 16; ++r) {
-        for (int n = 0; n < 8; ++n) {
-          double want = c[r * 8 + n];
-          for (int k = 0; k < 16; ++k) want += double(af[r * 16 + k]) * bf[k * 8 + n];
-          INFO("row " << r << " col " << n << " warps " << warps);
-          REQUIRE(d[r * 8 + n] == static_cast<float>(want));
+      for (int w = 0; w < warps; ++w) {
+        for (int r = 0; r < 16; ++r) {
+          for (int n = 0; n < 8; ++n) {
+            double want = c[r * 8 + n];
+            for (int k = 0; k < 16; ++k) want += double(af[r * 16 + k]) * bf[k * 8 + n];
+            INFO("row " << r << " col " << n << " warp " << w << " of " << warps);
+            REQUIRE(d[w * 128 + r * 8 + n] == static_cast<float>(want));
+          }
         }
       }
     }
