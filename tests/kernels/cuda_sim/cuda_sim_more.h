@@ -5,8 +5,9 @@
 //
 // Semantics as in cuda_sim.h: every shuffle, ballot and __syncwarp is a
 // barrier that all 32 lanes of the warp must reach (else cuda_sim aborts).
-// Atomics are plain read-modify-writes: fibers switch only at barriers, so
-// nothing can interleave with them. `__shared__` becomes `static`: one copy
+// Atomics are relaxed atomics, as CUDA's (nothing could interleave with a
+// plain read-modify-write, but ThreadSanitizer would report two threads'
+// atomics on one address as a race). `__shared__` becomes `static`: one copy
 // per kernel (instantiation), shared by the fibers of a CTA, CTAs running
 // one after another, and poisoned with 0xff bytes before each CTA
 // (cuda_sim.h RunBlock, for kernels in kvserve::cuda's *_detail
@@ -104,23 +105,9 @@ inline void __syncwarp(unsigned mask = 0xffffffffu) {
   cuda_sim::Yield(cuda_sim::kWarpBarrier);
 }
 
-inline int atomicAdd(int* p, int v) {
-  const int old = *p;
-  *p = old + v;
-  return old;
-}
+inline int atomicAdd(int* p, int v) { return __atomic_fetch_add(p, v, __ATOMIC_RELAXED); }
 inline unsigned long long atomicAdd(unsigned long long* p, unsigned long long v) {
-  const unsigned long long old = *p;
-  *p = old + v;
-  return old;
+  return __atomic_fetch_add(p, v, __ATOMIC_RELAXED);
 }
-inline int atomicOr(int* p, int v) {
-  const int old = *p;
-  *p = old | v;
-  return old;
-}
-inline int atomicExch(int* p, int v) {
-  const int old = *p;
-  *p = v;
-  return old;
-}
+inline int atomicOr(int* p, int v) { return __atomic_fetch_or(p, v, __ATOMIC_RELAXED); }
+inline int atomicExch(int* p, int v) { return __atomic_exchange_n(p, v, __ATOMIC_RELAXED); }
