@@ -40,6 +40,23 @@
 // wait reads poison; a thread that exits with copies it never waited for
 // aborts.
 //
+// Under ThreadSanitizer (-fsanitize=thread; make test-tsan-sim) each thread
+// index is a TSan fiber, and a switch between a fiber and the scheduler
+// carries no synchronisation, so TSan sees the threads of a CTA as unordered
+// except where CUDA orders them: a __syncthreads is a release by every
+// thread that arrives and an acquire by every thread it lets go, a warp
+// collective the same for its warp. An access to shared or global memory
+// (ldmatrix's reads and a cp.async's landing included) that no barrier
+// orders against another thread's write of it is reported as a data race
+// in any fiber order, not only in the one that reads poison. The
+// simulator's own bookkeeping is out of TSan's sight (the switch functions
+// are not instrumented; the scheduler's setup of a CTA is a release that
+// each fiber acquires on entry, each fiber's exit one that the scheduler
+// acquires). CTAs run one after another and are ordered that way, so races
+// between CTAs (two CTAs writing one global address) are not seen. Under
+// AddressSanitizer every switch is announced to it (start/finish switch
+// fiber), so that it knows which stack a thread runs on.
+//
 // Thread-safety: one simulated launch at a time per process.
 #pragma once
 
@@ -60,6 +77,38 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#if defined(__SANITIZE_THREAD__)
+#define CUDA_SIM_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define CUDA_SIM_TSAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__)
+#define CUDA_SIM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define CUDA_SIM_ASAN 1
+#endif
+#endif
+#if defined(CUDA_SIM_TSAN)
+#include <sanitizer/tsan_interface.h>
+#endif
+#if defined(CUDA_SIM_ASAN)
+#include <sanitizer/common_interface_defs.h>
+#endif
+// The switch functions below, under a sanitizer: not instrumented, so that
+// the fiber state they write is no data race, and a fiber's first frame,
+// entered by a switch and never returned from, leaves no TSan shadow frame
+// behind (one more each CTA); not inlined into instrumented callers.
+#if !defined(CUDA_SIM_TSAN) && !defined(CUDA_SIM_ASAN)
+#define CUDA_SIM_UNINSTRUMENTED
+#elif defined(__clang__)
+#define CUDA_SIM_UNINSTRUMENTED __attribute__((noinline, disable_sanitizer_instrumentation))
+#else
+#define CUDA_SIM_UNINSTRUMENTED __attribute__((noinline, no_sanitize_thread, no_sanitize_address))
+#endif
 
 #ifndef __launch_bounds__
 #define __launch_bounds__(...)
@@ -91,6 +140,13 @@ struct Fiber {
   Context ctx;
   int wait = kRunnable;
   bool done = false;
+  char* stack = nullptr;       // kFiberStack bytes
+  void* tsan = nullptr;        // its TSan fiber
+  void* fake_stack = nullptr;  // ASan's, while switched out
+  // Barriers passed: TSan's synchronisation address alternates between two
+  // per barrier, so that a thread that runs on to the next barrier cannot
+  // hand its later writes to one the last barrier has not resumed yet.
+  int block_barriers = 0, warp_barriers = 0;
 };
 
 enum class FiberOrder { kForward, kReverse, kRandom };
@@ -131,7 +187,8 @@ struct BlockState {
   Context scheduler;
   int current = 0;
   const std::function<void()>* body = nullptr;
-  std::vector<float> exchange;
+  // Shuffle operands: a 4- or 8-byte value a thread.
+  std::vector<uint64_t> exchange;
   // Warp-collective operands (mma, ldmatrix): 6 words and a pointer a thread.
   std::vector<uint32_t> words;
   std::vector<const void*> ptrs;
@@ -144,6 +201,18 @@ struct BlockState {
   };
   std::vector<std::vector<AsyncCopy>> async_open;
   std::vector<std::vector<std::vector<AsyncCopy>>> async_groups;
+  // The scheduler's side of the switches: its TSan fiber (the OS thread's
+  // own), and for ASan its fake stack and its stack, which a fiber's first
+  // entry learns.
+  void* scheduler_tsan = nullptr;
+  void* scheduler_fake_stack = nullptr;
+  const void* scheduler_stack = nullptr;
+  size_t scheduler_stack_size = 0;
+  // TSan synchronisation addresses: the CTA's start and its fibers' exits,
+  // and two for each barrier of the CTA and of each warp (alternating).
+  char start_sync = 0, exit_sync = 0;
+  char block_sync[2] = {};
+  char warp_sync[32][2] = {};
 };
 
 inline BlockState* g_block = nullptr;
@@ -156,6 +225,19 @@ inline void* g_dynamic_shared = nullptr;
 [[noreturn]] inline void Fail(const char* what) {
   std::fprintf(stderr, "cuda_sim: %s\n", what);
   std::abort();
+}
+
+// A happens-before edge from every release of `addr` to a later acquire of
+// it, for ThreadSanitizer (nothing without it).
+inline void TsanRelease(void* addr) {
+#if defined(CUDA_SIM_TSAN)
+  __tsan_release(addr);
+#endif
+}
+inline void TsanAcquire(void* addr) {
+#if defined(CUDA_SIM_TSAN)
+  __tsan_acquire(addr);
+#endif
 }
 
 }  // namespace cuda_sim
@@ -191,7 +273,7 @@ cuda_sim_switch:
 
 namespace cuda_sim {
 
-inline void Switch(Context& save, Context& load) {
+CUDA_SIM_UNINSTRUMENTED inline void Switch(Context& save, Context& load) {
 #if defined(__x86_64__)
   cuda_sim_switch(&save.sp, load.sp);
 #else
@@ -199,40 +281,100 @@ inline void Switch(Context& save, Context& load) {
 #endif
 }
 
-inline void Yield(int wait) {
-  Fiber& f = g_block->fibers[g_block->current];
+constexpr size_t kFiberStack = 256 * 1024;
+
+// The scheduler resumes fiber t (threadIdx.x = t).
+CUDA_SIM_UNINSTRUMENTED inline void ToFiber(BlockState& b, int t) {
+  Fiber& f = b.fibers[t];
+  b.current = t;
+  g_thread_idx = {static_cast<unsigned>(t), 0, 0};
+#if defined(CUDA_SIM_ASAN)
+  __sanitizer_start_switch_fiber(&b.scheduler_fake_stack, f.stack, kFiberStack);
+#endif
+#if defined(CUDA_SIM_TSAN)
+  __tsan_switch_to_fiber(f.tsan, __tsan_switch_to_fiber_no_sync);
+#endif
+  Switch(b.scheduler, f.ctx);
+#if defined(CUDA_SIM_ASAN)
+  __sanitizer_finish_switch_fiber(b.scheduler_fake_stack, nullptr, nullptr);
+#endif
+}
+
+// The current fiber returns to the scheduler, waiting at `wait` or, when
+// `done`, for good (ASan may then drop its fake stack).
+CUDA_SIM_UNINSTRUMENTED inline void ToScheduler(BlockState& b, Fiber& f, int wait, bool done) {
   f.wait = wait;
-  Switch(f.ctx, g_block->scheduler);
+  f.done = done;
+#if defined(CUDA_SIM_ASAN)
+  __sanitizer_start_switch_fiber(done ? nullptr : &f.fake_stack, b.scheduler_stack,
+                                 b.scheduler_stack_size);
+#endif
+#if defined(CUDA_SIM_TSAN)
+  __tsan_switch_to_fiber(b.scheduler_tsan, __tsan_switch_to_fiber_no_sync);
+#endif
+  Switch(f.ctx, b.scheduler);
+#if defined(CUDA_SIM_ASAN)
+  __sanitizer_finish_switch_fiber(f.fake_stack, nullptr, nullptr);
+#endif
+}
+
+// A barrier: wait == kBlockBarrier (__syncthreads) or kWarpBarrier (a warp
+// collective). For TSan the arrival is a release and the resumption an
+// acquire, on the CTA's or the warp's address for this barrier.
+inline void Yield(int wait) {
+  BlockState& b = *g_block;
+  Fiber& f = b.fibers[b.current];
+  char* sync = wait == kBlockBarrier ? &b.block_sync[f.block_barriers++ & 1]
+                                     : &b.warp_sync[b.current / 32][f.warp_barriers++ & 1];
+  TsanRelease(sync);
+  ToScheduler(b, f, wait, false);
+  TsanAcquire(sync);
 }
 
 // A fiber's first frame: runs the thread's body, marks it done and returns
 // to the scheduler for good.
-[[noreturn]] inline void Trampoline() {
+[[noreturn]] CUDA_SIM_UNINSTRUMENTED inline void Trampoline() {
   BlockState* b = g_block;
-  const int t = b->current;
+#if defined(CUDA_SIM_ASAN)
+  __sanitizer_finish_switch_fiber(nullptr, &b->scheduler_stack, &b->scheduler_stack_size);
+#endif
+  TsanAcquire(&b->start_sync);  // before any read of the CTA's setup
+  Fiber& f = b->fibers[b->current];
   (*b->body)();
-  b->fibers[t].done = true;
-  Switch(b->fibers[t].ctx, b->scheduler);
+  TsanRelease(&b->exit_sync);
+  ToScheduler(*b, f, kRunnable, true);
   Fail("a finished fiber resumed");
 }
 
-// Fiber stacks, one per thread index, kept for the process: a CTA reuses
-// those of the CTAs before it (their pages stay mapped).
-inline char* FiberStack(int t, size_t bytes) {
-  static std::vector<std::unique_ptr<char[]>> stacks;
-  if (static_cast<size_t>(t) >= stacks.size()) stacks.resize(t + 1);
-  if (!stacks[t]) stacks[t].reset(new char[bytes]);
-  return stacks[t].get();
+// What a thread index keeps for the process: its stack (a CTA reuses those
+// of the CTAs before it; their pages stay mapped) and its TSan fiber.
+struct FiberHome {
+  std::unique_ptr<char[]> stack;
+  void* tsan = nullptr;
+};
+inline const FiberHome& Home(int t) {
+  static std::vector<FiberHome> homes;
+  if (static_cast<size_t>(t) >= homes.size()) homes.resize(t + 1);
+  FiberHome& h = homes[t];
+  if (!h.stack) {
+    h.stack.reset(new char[kFiberStack]);
+#if defined(CUDA_SIM_TSAN)
+    h.tsan = __tsan_create_fiber(0);
+    __tsan_set_fiber_name(h.tsan, ("cuda_sim thread " + std::to_string(t)).c_str());
+#endif
+  }
+  return h;
 }
 
 inline void StartFiber(Fiber& f, int t) {
-  constexpr size_t kStack = 256 * 1024;
-  char* stack = FiberStack(t, kStack);
+  const FiberHome& home = Home(t);
+  f.stack = home.stack.get();
+  f.tsan = home.tsan;
 #if defined(__x86_64__)
   // From the top: a zero return address (Trampoline's caller), the entry
   // address that cuda_sim_switch's `ret` pops, six zero registers. At
   // Trampoline's entry the stack pointer is 8 mod 16, as after a call.
-  auto top = reinterpret_cast<uintptr_t>(stack + kStack) & ~uintptr_t{15};
+  auto top = reinterpret_cast<uintptr_t>(f.stack + kFiberStack) & ~uintptr_t{15};
   auto* slot = reinterpret_cast<void**>(top);
   *--slot = nullptr;
   *--slot = reinterpret_cast<void*>(&Trampoline);
@@ -240,8 +382,8 @@ inline void StartFiber(Fiber& f, int t) {
   f.ctx.sp = slot;
 #else
   getcontext(&f.ctx.uc);
-  f.ctx.uc.uc_stack.ss_sp = stack;
-  f.ctx.uc.uc_stack.ss_size = kStack;
+  f.ctx.uc.uc_stack.ss_sp = f.stack;
+  f.ctx.uc.uc_stack.ss_size = kFiberStack;
   f.ctx.uc.uc_link = nullptr;
   makecontext(&f.ctx.uc, reinterpret_cast<void (*)()>(&Trampoline), 0);
 #endif
@@ -249,12 +391,16 @@ inline void StartFiber(Fiber& f, int t) {
 
 inline float ShflXor(float v, int lane_mask) {
   const int t = g_block->current;
-  g_block->exchange[t] = v;
+  uint32_t bits;
+  std::memcpy(&bits, &v, 4);
+  g_block->exchange[t] = bits;
   Yield(kWarpBarrier);
   const int src = (t & ~31) | ((t & 31) ^ lane_mask);
   if (src >= static_cast<int>(g_block->fibers.size())) Fail("shuffle from a lane past the block");
-  const float r = g_block->exchange[src];
+  bits = static_cast<uint32_t>(g_block->exchange[src]);
   Yield(kWarpBarrier);  // every lane has read before any lane writes again
+  float r;
+  std::memcpy(&r, &bits, 4);
   return r;
 }
 
@@ -428,10 +574,11 @@ inline void NextOrder(BlockState& b, int threads) {
 // Runs one CTA of `threads` threads, each executing body().
 inline void RunBlock(uint3 block_idx, int threads, const std::function<void()>& body) {
   if (threads % 32 != 0) Fail("blocks must be whole warps");
+  if (threads > 1024) Fail("more than 1024 threads a block");
   static BlockState b;  // reused: its vectors keep their capacity
   b.fibers.assign(threads, Fiber{});
   b.body = &body;
-  b.exchange.assign(threads, 0.0f);
+  b.exchange.assign(threads, 0u);
   b.words.assign(static_cast<size_t>(threads) * 6, 0u);
   b.ptrs.assign(threads, nullptr);
   b.async_open.assign(threads, {});
@@ -441,6 +588,10 @@ inline void RunBlock(uint3 block_idx, int threads, const std::function<void()>& 
   g_block_idx = block_idx;
   for (int t = 0; t < threads; ++t) StartFiber(b.fibers[t], t);
   PoisonStaticShared();
+#if defined(CUDA_SIM_TSAN)
+  b.scheduler_tsan = __tsan_get_current_fiber();
+#endif
+  TsanRelease(&b.start_sync);  // the setup above and the launch's before every thread
   const bool ordered = Order().order == FiberOrder::kForward;
   for (;;) {
     if (!ordered) NextOrder(b, threads);
@@ -448,9 +599,7 @@ inline void RunBlock(uint3 block_idx, int threads, const std::function<void()>& 
       const int t = ordered ? i : b.order[static_cast<size_t>(i)];
       Fiber& f = b.fibers[t];
       if (f.done || f.wait != kRunnable) continue;
-      b.current = t;
-      g_thread_idx = {static_cast<unsigned>(t), 0, 0};
-      Switch(b.scheduler, f.ctx);
+      ToFiber(b, t);
     }
     // Every fiber is now done or waiting. Release what can be released.
     bool all_done = true, released = false, any_block_wait = false, any_warp_wait = false;
@@ -484,6 +633,7 @@ inline void RunBlock(uint3 block_idx, int threads, const std::function<void()>& 
     }
     if (!released) Fail("deadlock: threads wait at different barriers");
   }
+  TsanAcquire(&b.exit_sync);  // every thread before what follows the CTA
   for (int t = 0; t < threads; ++t) {
     if (!b.async_open[t].empty() || !b.async_groups[t].empty())
       Fail("a thread exited with cp.async copies it never waited for");

@@ -43,9 +43,8 @@ namespace cuda_sim {
 template <typename T, typename SrcLane>
 T ShuffleAny(T v, SrcLane src_lane) {
   static_assert(sizeof(T) <= 8, "shuffles move 4 or 8 bytes");
-  static std::vector<uint64_t> exchange;
+  std::vector<uint64_t>& exchange = g_block->exchange;
   const int t = g_block->current;
-  if (exchange.size() < g_block->fibers.size()) exchange.resize(g_block->fibers.size());
   uint64_t bits = 0;
   std::memcpy(&bits, &v, sizeof(T));
   exchange[t] = bits;
