@@ -5,7 +5,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 CONFIG ?= configs/default.yaml
 
-.PHONY: all deps deps-run build build-daemon run test test-sanitize fuzz soak bench bench-eviction bench-weights bench-tiers bench-grammar image clean format
+.PHONY: all deps deps-run build build-daemon run test test-sanitize test-tsan-sim fuzz soak bench bench-eviction bench-weights bench-tiers bench-grammar image clean format
 
 all: build
 
@@ -66,6 +66,23 @@ test-sanitize: deps $(ASAN_BUILD_DIR)/CMakeCache.txt
 	cmake --build $(ASAN_BUILD_DIR) -j$(JOBS) $(if $(SANITIZE_TARGETS),--target $(SANITIZE_TARGETS))
 	cd $(ASAN_BUILD_DIR) && $(SANITIZE_ENV) ctest --output-on-failure -j$(JOBS) --timeout 2400 \
 	  $(if $(SANITIZE_TESTS),-R '$(SANITIZE_TESTS)') $(if $(SANITIZE_EXCLUDE),-E '$(SANITIZE_EXCLUDE)')
+
+# The CUDA simulator's tests (cuda_sim_tests, its fiber-order runs included)
+# built with ThreadSanitizer, CUDA off, in $(TSAN_BUILD_DIR): each simulated
+# thread is a TSan fiber (tests/kernels/cuda_sim/cuda_sim.h), so a race
+# between the threads of a CTA is reported in any fiber order; the planted
+# one of race_selftest_test must be. Through ccache when there is one.
+TSAN_BUILD_DIR ?= build-tsan
+CCACHE_FLAGS = $(if $(shell command -v ccache 2>/dev/null),-DCMAKE_C_COMPILER_LAUNCHER=ccache \
+  -DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+
+$(TSAN_BUILD_DIR)/CMakeCache.txt:
+	cmake -S . -B $(TSAN_BUILD_DIR) -DCMAKE_BUILD_TYPE=Release -DKVSERVE_CUDA=OFF \
+	  -DKVSERVE_SANITIZE=thread $(CCACHE_FLAGS) $(CMAKE_FLAGS)
+
+test-tsan-sim: deps $(TSAN_BUILD_DIR)/CMakeCache.txt
+	cmake --build $(TSAN_BUILD_DIR) -j$(JOBS) --target cuda_sim_tests
+	cd $(TSAN_BUILD_DIR) && ctest --output-on-failure -j$(JOBS) --timeout 2400 -R '^cuda_sim'
 
 # libFuzzer on every parser for FUZZ_SECONDS (default 300) each, in a clang
 # build (build-fuzz); the corpus grows in build-fuzz/corpus, crashes land in
