@@ -44,6 +44,7 @@
 #include "absl/strings/str_split.h"
 #include "bench/shared_file.h"
 #include "cache/block_pool.h"
+#include "cache/sizing/block_count.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/quant/quant_matrix.h"
 #include "model/cpu/cpu_model_runner.h"
@@ -88,7 +89,7 @@ struct DecodeResult {
 DecodeResult RunDecode(CpuModelRunner& runner, int num_seqs, int steps) {
   const ModelConfig& c = runner.config();
   const int bs = runner.kv_format().block_size();
-  const int32_t max_blocks = (c.max_position_embeddings + bs - 1) / bs;
+  const int32_t max_blocks = BlocksForTokens(c.max_position_embeddings, bs);
   BlockPool pool(runner.num_blocks());
   std::vector<std::vector<int32_t>> tables(num_seqs);
   std::vector<int32_t> len(num_seqs, 0);  // tokens cached so far
@@ -179,7 +180,7 @@ PromptResult RunPromptThenDecode(CpuModelRunner& runner, int prompt_len, int ste
   const ModelConfig& c = runner.config();
   const int bs = runner.kv_format().block_size();
   const int32_t total = prompt_len + steps;  // the last decode step's token is not cached
-  const int32_t blocks = (total + bs - 1) / bs;
+  const int32_t blocks = BlocksForTokens(total, bs);
   std::vector<float> logits(c.vocab_size);
   BatchInput batch;
   batch.Clear();
@@ -248,7 +249,7 @@ nlohmann::json BenchThreads(const LlamaWeights& w, const std::vector<std::string
     for (int threads : thread_counts) {
       CpuRunnerOptions opt;
       opt.num_threads = threads;
-      opt.num_blocks = (prompt_len + steps + opt.block_size - 1) / opt.block_size;
+      opt.num_blocks = BlocksForTokens(prompt_len + steps, opt.block_size);
       auto runner = CpuModelRunner::Create(qw, opt);
       if (!runner.ok()) {
         std::fprintf(stderr, "decode_bench: %s\n", std::string(runner.status().message()).c_str());
@@ -488,7 +489,7 @@ int Main(int argc, char** argv) {
     if (mode != "all" && mode != "batched") break;
     CpuRunnerOptions opt;
     opt.num_threads = threads;
-    opt.num_blocks = 64 * ((c.max_position_embeddings + opt.block_size - 1) / opt.block_size);
+    opt.num_blocks = 64 * BlocksForTokens(c.max_position_embeddings, opt.block_size);
     auto runner = CpuModelRunner::Create(loaded->weights, opt);
     if (!runner.ok()) return 1;
     for (int seqs : {8, 64}) {

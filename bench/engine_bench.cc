@@ -37,6 +37,7 @@
 
 #include "absl/synchronization/mutex.h"
 #include "bench/shared_file.h"
+#include "cache/sizing/block_count.h"
 #include "model/cpu/cpu_model_runner.h"
 #include "model/loader/model_loader.h"
 #include "scheduler/engine.h"
@@ -134,10 +135,9 @@ LevelResult RunLevel(const Options& o, const LoadedModel& m, std::shared_ptr<con
   CpuRunnerOptions ro;
   ro.block_size = o.block_size;
   ro.num_threads = threads;
-  const int per_seq = (o.prompt_tokens + o.max_tokens + o.block_size - 1) / o.block_size + 1;
-  ro.num_blocks =
-      std::max(per_seq * concurrency,
-               (m.weights.config.max_position_embeddings + o.block_size - 1) / o.block_size);
+  const int per_seq = BlocksForTokens(o.prompt_tokens + o.max_tokens, o.block_size) + 1;
+  ro.num_blocks = std::max(per_seq * concurrency,
+                           BlocksForTokens(m.weights.config.max_position_embeddings, o.block_size));
   auto runner = CpuModelRunner::Create(m.weights, ro);
   if (!runner.ok()) {
     std::fprintf(stderr, "runner: %s\n", std::string(runner.status().message()).c_str());

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "cache/block_pool.h"
+#include "cache/sizing/block_count.h"
 
 namespace kvserve {
 
@@ -22,9 +23,7 @@ class BlockTable {
   int32_t num_blocks() const { return static_cast<int32_t>(blocks_.size()); }
 
   // Blocks needed to hold num_tokens tokens.
-  int32_t BlocksFor(int32_t num_tokens) const {
-    return (num_tokens + block_size_ - 1) / block_size_;
-  }
+  int32_t BlocksFor(int32_t num_tokens) const { return BlocksForTokens(num_tokens, block_size_); }
   // The flat slot (block_id * block_size + offset) of token index i.
   int64_t SlotOf(int32_t i) const {
     return static_cast<int64_t>(blocks_[i / block_size_]) * block_size_ + i % block_size_;

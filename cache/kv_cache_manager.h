@@ -112,6 +112,7 @@
 #include "cache/kv_cache_stats.h"
 #include "cache/kv_tier_hooks.h"
 #include "cache/prefix_cache.h"
+#include "cache/sizing/block_count.h"
 
 namespace kvserve {
 
@@ -305,7 +306,7 @@ class KvCacheManager {
   const SeqState& Get(SeqId seq) const;
   SeqState& GetResident(SeqId seq, const char* op);
   int32_t BlocksFor(size_t num_tokens) const {
-    return static_cast<int32_t>((num_tokens + config_.block_size - 1) / config_.block_size);
+    return BlocksForTokens(num_tokens, config_.block_size);
   }
   int32_t SeqRefs(BlockId id) const { return PrimaryRefCount(id) - primary_pinned_[id]; }
   std::span<const int32_t> BlockTokens(const SeqState& s, int32_t index) const;

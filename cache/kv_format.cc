@@ -5,6 +5,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "cache/sizing/block_count.h"
 
 namespace kvserve {
 namespace {
@@ -168,7 +169,7 @@ int64_t KvFormat::bytes_per_token_per_layer() const {
     const int64_t block =
         static_cast<int64_t>(l.num_kv_heads) *
         (l.block_size * (l.k.row_bytes + l.v.row_bytes + l.v.meta_bytes) + l.k.meta_bytes);
-    return (block + l.block_size - 1) / l.block_size;
+    return BlocksForTokens(block, l.block_size);
   }
   return static_cast<int64_t>(l.num_kv_heads) *
          (l.k.row_bytes + l.k.meta_bytes + l.v.row_bytes + l.v.meta_bytes);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cache/sizing/block_count.h"
 
 namespace kvserve {
 namespace {
@@ -89,7 +90,7 @@ absl::Status ValidateBatch(const BatchInput& batch, const BatchLimits& limits) {
           absl::StrCat("context_len[", b, "] = ", ctx, " is less than its ", q_len, " new tokens"));
     }
     if (q_len == 0) continue;
-    const int64_t needed = (int64_t{ctx} + bs - 1) / bs;
+    const int64_t needed = BlocksForTokens(ctx, bs);
     if (needed > batch.max_blocks_per_seq) {
       return BadBatch(absl::StrCat("context_len[", b, "] = ", ctx, " needs ", needed,
                                    " blocks but max_blocks_per_seq is ", batch.max_blocks_per_seq));

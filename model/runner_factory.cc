@@ -10,6 +10,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "cache/sizing/kv_layers.h"
 #include "cache/sizing/kv_pool_plan.h"
 #include "model/cpu/cpu_model_runner.h"
 #include "model/loader/quantize_weights.h"
@@ -50,22 +51,12 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(LlamaWeights weight
   KV_ASSIGN_OR_RETURN(WeightQuantSpec quant,
                       ParseWeightQuant(o.weight_dtype, o.weight_dtype_head, o.weight_group_size));
   KV_RETURN_IF_ERROR(QuantizeWeights(quant, &weights));
-  // One format per layer; int4_kc layers also keep full-precision tails, a
-  // tail per running sequence twice over (one freed while a pending copy
-  // reads it is reused a step later), taken off the budget first.
-  KV_ASSIGN_OR_RETURN(std::vector<KvDtype> layers, o.kv_dtype.Resolve(mc.num_layers));
-  int64_t bytes_per_block = 0, bytes_per_tail = 0;
-  for (KvDtype d : layers) {
-    absl::StatusOr<KvFormat> format =
-        KvFormat::Create(d, mc.num_kv_heads, mc.head_dim, o.block_size, o.int4_group_size);
-    if (!format.ok()) {
-      return absl::Status(format.status().code(),
-                          absl::StrCat("cache: ", std::string(format.status().message())));
-    }
-    bytes_per_block += format->block_bytes();
-    bytes_per_tail += format->tail_block_bytes();
-  }
-  const int32_t num_tails = bytes_per_tail > 0 ? 2 * std::max(1, o.max_num_seqs) : 0;
+  // int4_kc layers also keep full-precision tails (TailBlocksFor), taken off
+  // the budget first.
+  KvLayerShape shape{mc.num_layers, mc.num_kv_heads,   mc.head_dim,
+                     o.block_size,  o.int4_group_size, KvElem::kFp32};
+  KV_ASSIGN_OR_RETURN(KvLayers layers, ResolveKvLayers(o.kv_dtype, shape));
+  const int32_t num_tails = TailBlocksFor(layers, o.max_num_seqs);
   KvPoolRequest pool;
   pool.num_blocks = o.num_blocks;
   pool.memory_bytes = o.memory_bytes;
@@ -73,8 +64,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(LlamaWeights weight
   pool.default_bytes = kDefaultCpuKvBudget;
   if (o.memory_fraction > 0) pool.available_bytes = HostMemAvailable();
   pool.weight_bytes = ForwardWeightBytes(weights);
-  pool.bytes_per_block = bytes_per_block;
-  pool.fixed_bytes = bytes_per_tail * num_tails;
+  pool.bytes_per_block = layers.bytes_per_block;
+  pool.fixed_bytes = layers.bytes_per_tail * num_tails;
   pool.block_size = o.block_size;
   pool.max_model_len = o.max_model_len > 0 ? o.max_model_len : mc.max_position_embeddings;
   pool.max_num_seqs = o.max_num_seqs;

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cache/sizing/block_count.h"
 #include "scheduler/request_validation.h"
 #include "spdlog/spdlog.h"
 #include "util/field_status.h"
@@ -107,8 +108,7 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
   // be seeded alike.
   kv_config.hash_seed = tiers != nullptr ? tiers->hash_seed() : std::random_device{}();
   KV_RETURN_IF_ERROR(kv_config.Validate());
-  const int64_t blocks_needed =
-      (static_cast<int64_t>(max_len) + kv_config.block_size - 1) / kv_config.block_size;
+  const int64_t blocks_needed = BlocksForTokens(max_len, kv_config.block_size);
   if (blocks_needed > kv_config.num_blocks) {
     return Invalid(absl::StrCat("max_model_len (", max_len, " tokens) needs ", blocks_needed,
                                 " KV blocks of ", kv_config.block_size,
@@ -281,7 +281,7 @@ absl::Status EngineImpl::Validate(GenerateRequest& r, RequestState* req) const {
   }
   const int64_t total = prompt_len + r.max_tokens;
   if (evicting) {
-    const int64_t blocks = (req->hold_limit + block_size_ - 1) / block_size_;
+    const int64_t blocks = BlocksForTokens(req->hold_limit, block_size_);
     if (blocks > num_blocks_) {
       return FieldError("kv_policy.budget",
                         absl::StrCat("kv_policy.budget: ", req->hold_limit, " tokens held need ",
@@ -295,7 +295,7 @@ absl::Status EngineImpl::Validate(GenerateRequest& r, RequestState* req) const {
                                    " tokens) = ", total, " exceeds max_model_len (", max_model_len_,
                                    "); lower max_tokens to at most ", max_model_len_ - prompt_len));
   }
-  const int64_t blocks = (total + block_size_ - 1) / block_size_;
+  const int64_t blocks = BlocksForTokens(total, block_size_);
   if (blocks > num_blocks_) {
     return FieldError("max_tokens",
                       absl::StrCat("max_tokens: prompt + max_tokens = ", total, " tokens need ",

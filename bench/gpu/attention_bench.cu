@@ -34,6 +34,7 @@
 
 #include "cache/kv_format.h"
 #include "cache/kv_pages.h"
+#include "cache/sizing/block_count.h"
 #include "kernels/batch_input.h"
 #include "kernels/cpu/kv_quant.h"
 #include "kernels/cpu/paged_attention.h"
@@ -45,6 +46,7 @@
 namespace {
 
 using kvserve::BatchInput;
+using kvserve::BlocksForTokens;
 using kvserve::KvDtype;
 using kvserve::KvFormat;
 
@@ -186,7 +188,7 @@ int main(int argc, char** argv) {
   CHECK_CUDA(cudaGetDeviceProperties(&prop, 0));
   const int num_heads = 32, num_kv_heads = 8, head_dim = 128, block_size = 16;
   const int batch = flags.batch, context = flags.context;
-  const int blocks_per_seq = (context + block_size - 1) / block_size;
+  const int blocks_per_seq = BlocksForTokens(context, block_size);
   const int64_t pool_blocks = int64_t(batch) * blocks_per_seq;
   std::printf("device: %s, %d SMs, L2 %.1f MB\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize / 1e6);

@@ -2,12 +2,12 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "cache/sizing/block_count.h"
+#include "cache/sizing/kv_layers.h"
 #include "util/status_macros.h"
 
 namespace kvserve {
 namespace {
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 absl::Status Positive(int64_t v, const char* field) {
   if (v > 0) return absl::OkStatus();
@@ -50,29 +50,26 @@ absl::StatusOr<std::vector<KvFormatCapacity>> PlanCapacity(const CapacityPlanReq
   // fp16 is the yardstick whether or not it is planned.
   KV_ASSIGN_OR_RETURN(KvFormat fp16, KvFormat::Create(KvDtype::kFp16, req.num_kv_heads,
                                                       req.head_dim, req.block_size));
-  const int64_t fp16_bytes_per_token = fp16.bytes_per_token_per_layer() * req.num_layers;
+  const int64_t fp16_bytes_per_token = fp16.block_bytes() * req.num_layers / req.block_size;
   const int64_t fp16_tokens = budget / (fp16.block_bytes() * req.num_layers) * req.block_size;
   std::vector<KvFormatCapacity> plan;
   for (const KvDtypeSpec& spec : specs) {
-    KV_ASSIGN_OR_RETURN(std::vector<KvDtype> layers, spec.Resolve(req.num_layers, "kv_dtype"));
+    KV_ASSIGN_OR_RETURN(KvLayers layers,
+                        ResolveKvLayers(spec,
+                                        {req.num_layers, req.num_kv_heads, req.head_dim,
+                                         req.block_size, req.int4_group_size, KvElem::kFp16},
+                                        "kv_dtype"));
     KvFormatCapacity c;
     c.spec = spec;
-    c.dtype = layers.front();
-    int64_t tail_block_bytes = 0;
-    for (KvDtype dtype : layers) {
-      KV_ASSIGN_OR_RETURN(KvFormat f,
-                          KvFormat::Create(dtype, req.num_kv_heads, req.head_dim, req.block_size,
-                                           req.int4_group_size, KvElem::kFp16));
-      c.bytes_per_token += f.bytes_per_token_per_layer();
-      c.block_bytes += f.block_bytes();
-      tail_block_bytes += f.tail_block_bytes();
-    }
-    c.num_tail_blocks = tail_block_bytes > 0 ? 2 * req.max_seqs : 0;
-    c.tail_bytes = c.num_tail_blocks * tail_block_bytes;
+    c.dtype = layers.formats.front().dtype();
+    c.bytes_per_token = layers.bytes_per_token();
+    c.block_bytes = layers.bytes_per_block;
+    c.num_tail_blocks = TailBlocksFor(layers, static_cast<int32_t>(req.max_seqs));
+    c.tail_bytes = c.num_tail_blocks * layers.bytes_per_tail;
     c.kv_budget_bytes = budget;
     c.num_blocks = std::max<int64_t>(0, budget - c.tail_bytes) / c.block_bytes;
     c.num_tokens = c.num_blocks * req.block_size;
-    c.blocks_per_seq = CeilDiv(req.context_tokens, req.block_size);
+    c.blocks_per_seq = BlocksForTokens(req.context_tokens, req.block_size);
     c.max_seqs = c.num_blocks / c.blocks_per_seq;
     c.batch_bytes = req.batch * c.blocks_per_seq * c.block_bytes + c.tail_bytes;
     c.batch_fits = c.batch_bytes <= budget;

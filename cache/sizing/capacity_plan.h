@@ -1,20 +1,21 @@
 // Capacity planning: how many tokens and sequences a KV cache holds in a
 // memory budget, per KV format, computed from the exact page layout
-// (KvFormat::Create), so the plan and the pool the engine builds agree.
+// (ResolveKvLayers, kv_layers.h, as the runners size their pools), so the
+// plan and the pool the engine builds agree.
 //
 // Arithmetic (per format):
-//   bytes_per_token = num_layers * num_kv_heads * (K row + K scales + V row +
-//                     V scales)                      (unpadded, scales included)
 //   block_bytes     = num_layers * KvFormat::block_bytes() (padded pages)
+//   bytes_per_token = block_bytes / block_size (rounded up): what a token
+//                     costs as allocated, scales and padding included
 //   kv_budget       = memory - weights               (0 when weights do not fit)
 //   num_blocks      = floor(kv_budget / block_bytes); tokens = blocks * block_size
 //   seqs at context = floor(num_blocks / ceil(context / block_size))
 //   batch bytes     = batch * ceil(context / block_size) * block_bytes
 //                     (+ tail_bytes)
 // int4_kc keeps each running sequence's partial block in a full-precision
-// tail: the plan reserves 2 * max_seqs tails (what the engine reserves for
-// scheduler.max_num_seqs), in fp16 as the GPU keeps them (the CPU backend's
-// fp32 tails take twice that), before splitting the budget into blocks:
+// tail: the plan reserves TailBlocksFor(max_seqs) = 2 * max_seqs tails (what the engine reserves
+// for scheduler.max_num_seqs), in fp16 as the GPU keeps them (the CPU backend's fp32 tails take
+// twice that), before splitting the budget into blocks:
 //   num_blocks      = floor((kv_budget - tail_bytes) / block_bytes)
 // Per-layer specs (kv_dtype_spec.h) sum their layers' bytes.
 // Example (Llama-2-70B: 80 layers, 8 kv heads, head_dim 128, fp16):
@@ -54,7 +55,7 @@ struct CapacityPlanRequest {
 struct KvFormatCapacity {
   KvDtypeSpec spec = KvDtype::kFp16;  // what this row plans
   KvDtype dtype = KvDtype::kFp16;     // spec's first layer's (its only one if uniform)
-  int64_t bytes_per_token = 0;        // all layers, K + V, scales, no padding
+  int64_t bytes_per_token = 0;        // all layers, as allocated (block_bytes / block_size)
   int64_t block_bytes = 0;            // one block in all layers, padded
   int64_t kv_budget_bytes = 0;        // memory - weights, at least 0
   int64_t num_blocks = 0;

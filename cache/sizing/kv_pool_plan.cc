@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cache/sizing/block_count.h"
 
 namespace kvserve {
 namespace {
@@ -39,7 +40,7 @@ absl::StatusOr<KvPoolPlan> PlanKvPool(const KvPoolRequest& r) {
         absl::StrCat("cache.memory_fraction: must be in (0, 1], got ", r.memory_fraction));
   }
   const int64_t usable = std::max<int64_t>(0, r.available_bytes - r.reserve_bytes);
-  const int64_t seq_blocks = (r.max_model_len + r.block_size - 1) / r.block_size;
+  const int64_t seq_blocks = BlocksForTokens(r.max_model_len, r.block_size);
   KvPoolPlan plan;
   const double fraction = r.memory_fraction > 0 ? r.memory_fraction : r.default_fraction;
   if (r.num_blocks > 0) {

@@ -7,6 +7,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "cache/sizing/block_count.h"
+#include "cache/sizing/kv_layers.h"
 #include "model/loader/quantize_weights.h"
 #include "util/status_macros.h"
 
@@ -31,30 +33,25 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
   if (options.num_tail_blocks < 0 || options.num_swap_tail_blocks < 0) {
     return absl::InvalidArgumentError("cache tail blocks must be >= 0");
   }
-  KV_ASSIGN_OR_RETURN(std::vector<KvDtype> dtypes, options.kv_dtype.Resolve(c.num_layers));
-  std::vector<KvFormat> formats;
-  bool tails = false;
-  for (KvDtype dtype : dtypes) {
-    KV_ASSIGN_OR_RETURN(KvFormat f, KvFormat::Create(dtype, c.num_kv_heads, c.head_dim,
-                                                     options.block_size, options.int4_group_size));
-    tails |= f.has_tails();
-    formats.push_back(f);
-  }
+  KV_ASSIGN_OR_RETURN(KvLayers layers,
+                      ResolveKvLayers(options.kv_dtype,
+                                      {c.num_layers, c.num_kv_heads, c.head_dim, options.block_size,
+                                       options.int4_group_size, KvElem::kFp32}));
+  const bool tails = layers.has_tails();
   const int32_t num_tails = !tails                        ? 0
                             : options.num_tail_blocks > 0 ? options.num_tail_blocks
                                                           : kDefaultTailBlocks;
   const int32_t num_swap_tails = !tails || options.num_swap_blocks == 0 ? 0
                                  : options.num_swap_tail_blocks > 0 ? options.num_swap_tail_blocks
                                                                     : num_tails;
-  const int32_t num_blocks =
-      options.num_blocks > 0
-          ? options.num_blocks
-          : (c.max_position_embeddings + options.block_size - 1) / options.block_size;
+  const int32_t num_blocks = options.num_blocks > 0
+                                 ? options.num_blocks
+                                 : BlocksForTokens(c.max_position_embeddings, options.block_size);
   KV_ASSIGN_OR_RETURN(std::unique_ptr<CpuForward> model,
                       CpuForward::Create(std::move(weights), options.num_threads));
   return std::unique_ptr<CpuModelRunner>(
-      new CpuModelRunner(std::move(model), formats, num_blocks, options.num_swap_blocks, num_tails,
-                         num_swap_tails, options.pool_sized_from));
+      new CpuModelRunner(std::move(model), layers.formats, num_blocks, options.num_swap_blocks,
+                         num_tails, num_swap_tails, options.pool_sized_from));
 }
 
 CpuModelRunner::CpuModelRunner(std::unique_ptr<CpuForward> model,

@@ -16,8 +16,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/types/span.h"
 #include "cache/kv_format.h"
+#include "cache/sizing/block_count.h"
+#include "cache/sizing/kv_layers.h"
 #include "cache/sizing/kv_pool_plan.h"
-#include "cache/sizing/memory_budget.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/act_dtype.h"
 #include "kernels/cuda/copy_blocks.h"
@@ -386,22 +387,11 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
                                                    c.vocab_size));
   }
   // One format per layer; int4_kc layers keep their partial blocks in fp16 tails.
-  absl::StatusOr<std::vector<KvDtype>> dtypes = options.kv_dtype.Resolve(c.num_layers);
-  if (!dtypes.ok()) {
-    return absl::Status(dtypes.status().code(),
-                        absl::StrCat("cache.kv_dtype: ", std::string(dtypes.status().message())));
-  }
-  std::vector<KvFormat> formats;
-  for (KvDtype dtype : *dtypes) {
-    absl::StatusOr<KvFormat> format =
-        KvFormat::Create(dtype, c.num_kv_heads, c.head_dim, options.block_size,
-                         options.int4_group_size, KvElem::kFp16);
-    if (!format.ok()) {
-      return absl::Status(format.status().code(),
-                          absl::StrCat("cache: ", std::string(format.status().message())));
-    }
-    formats.push_back(*format);
-  }
+  KV_ASSIGN_OR_RETURN(KvLayers layers,
+                      ResolveKvLayers(options.kv_dtype,
+                                      {c.num_layers, c.num_kv_heads, c.head_dim, options.block_size,
+                                       options.int4_group_size, KvElem::kFp16}));
+  const std::vector<KvFormat>& formats = layers.formats;
 
   auto impl = std::make_unique<Impl>();
   Impl& m = *impl;
@@ -409,7 +399,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   m.config = c;
   m.format = formats[0];
   m.formats = formats;
-  for (const KvFormat& f : formats) m.has_tails |= f.has_tails();
+  m.has_tails = layers.has_tails();
   m.weight_dtype = dtype;
   m.act = ToAct(dtype);
   m.elem = cuda::ActDtypeSize(m.act);
@@ -472,15 +462,10 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   pool.activation_bytes = m.info.activation_bytes;
   // Tails as on the CPU (model/runner_factory.cc): two per sequence slot,
   // as many in the swap pool; their bytes come off the budget first.
-  m.num_tails = m.has_tails ? 2 * m.max_seqs : 0;
+  m.num_tails = TailBlocksFor(layers, m.max_seqs);
   m.num_swap_tails = m.has_tails && options.num_swap_blocks > 0 ? m.num_tails : 0;
-  int64_t bytes_per_block = 0, bytes_per_tail = 0;
-  for (const KvFormat& f : m.formats) {
-    bytes_per_block += f.block_bytes();
-    bytes_per_tail += f.tail_block_bytes();
-  }
-  pool.bytes_per_block = bytes_per_block;
-  pool.fixed_bytes = bytes_per_tail * m.num_tails;
+  pool.bytes_per_block = layers.bytes_per_block;
+  pool.fixed_bytes = layers.bytes_per_tail * m.num_tails;
   pool.block_size = options.block_size;
   pool.max_model_len = m.max_model_len;
   pool.max_num_seqs = m.max_seqs;

@@ -8,6 +8,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "cache/sizing/block_count.h"
 #include "kernels/batch_input.h"
 #include "model/eval/evicting_sequence.h"
 #include "model/eval/kv_eval.h"
@@ -110,7 +111,7 @@ absl::Status Recompute(ModelRunner& runner, std::span<const int32_t> stream, int
     KV_RETURN_IF_ERROR(RunStream(dense, stream.first(head), dense_chunk, vocab, acc, progress));
   }
   const int32_t bs = runner.kv_format().block_size();
-  const int32_t blocks_per = (budget + bs - 1) / bs;
+  const int32_t blocks_per = BlocksForTokens(budget, bs);
   if (int64_t{blocks_per} * batch_windows > runner.num_blocks()) {
     return absl::InvalidArgumentError(
         absl::StrCat("recompute needs ", int64_t{blocks_per} * batch_windows,
@@ -161,7 +162,7 @@ absl::StatusOr<FirstTokenAttention> MeasureFirstToken(ModelRunner& runner,
   }
   b.query_start.push_back(n);
   b.context_len.push_back(n);
-  b.max_blocks_per_seq = (n + bs - 1) / bs;
+  b.max_blocks_per_seq = BlocksForTokens(n, bs);
   for (int32_t k = 0; k < b.max_blocks_per_seq; ++k) b.block_table.push_back(k);
   b.logits_rows.push_back(n - 1);
   b.attention_stats.push_back(1);
@@ -269,8 +270,8 @@ absl::StatusOr<EvictionStudyReport> RunLongTextStudy(std::span<const int32_t> st
     const int32_t probe_blocks = 1;
     KV_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> probe, make_runner(dtype, probe_blocks));
     const int32_t bs = probe->kv_format().block_size();
-    const int32_t blocks =
-        std::max((n + bs - 1) / bs + 1, o.recompute_batch * ((o.budget + bs - 1) / bs) + 1);
+    const int32_t blocks = std::max(BlocksForTokens(n, bs) + 1,
+                                    o.recompute_batch * (BlocksForTokens(o.budget, bs)) + 1);
     probe.reset();
     KV_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner, make_runner(dtype, blocks));
     const ModelConfig& c = runner->config();
@@ -332,7 +333,7 @@ absl::StatusOr<EvictionStudyReport> RunBudgetSweep(const std::vector<std::vector
   const int32_t bs = probe->kv_format().block_size();
   probe.reset();
   KV_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> runner,
-                      make_runner(o.dtype, (n + bs - 1) / bs + 2));
+                      make_runner(o.dtype, BlocksForTokens(n, bs) + 2));
   const ModelConfig& c = runner->config();
   for (const auto& s : streams) KV_RETURN_IF_ERROR(CheckStream(s, c.vocab_size));
   struct Plan {

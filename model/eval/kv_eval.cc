@@ -11,6 +11,8 @@
 #include "absl/strings/str_format.h"
 #include "cache/block_pool.h"
 #include "cache/block_table.h"
+#include "cache/sizing/block_count.h"
+#include "cache/sizing/kv_layers.h"
 #include "kernels/batch_input.h"
 #include "nlohmann/json.hpp"
 #include "util/status_macros.h"
@@ -32,7 +34,7 @@ class OneSequence {
         vocab_(runner.config().vocab_size) {
     const int32_t bs = runner.kv_format().block_size();
     batch_.Clear();
-    batch_.max_blocks_per_seq = (runner.config().max_position_embeddings + bs - 1) / bs;
+    batch_.max_blocks_per_seq = BlocksForTokens(runner.config().max_position_embeddings, bs);
     batch_.block_table.assign(batch_.max_blocks_per_seq, kNoBlock);
     // int4_kc: the one sequence keeps its partial block in tail 0.
     if (runner.num_tail_blocks() > 0) batch_.tail_ids.assign(1, 0);
@@ -344,23 +346,21 @@ absl::StatusOr<KvQualityReport> EvaluateKvQuality(const std::vector<std::vector<
   report.prompt_tokens = options.prompt_tokens;
   report.continuation = options.continuation;
   report.block_size = runners[0]->kv_format().block_size();
-  KV_ASSIGN_OR_RETURN(KvFormat fp16, KvFormat::Create(KvDtype::kFp16, config.num_kv_heads,
-                                                      config.head_dim, report.block_size));
-  const double fp16_bytes =
-      static_cast<double>(fp16.bytes_per_token_per_layer()) * config.num_layers;
+  // Bytes as the pools allocate them (kv_layers.h), fp32 tails as on the CPU.
+  const KvLayerShape shape{config.num_layers, config.num_kv_heads,     config.head_dim,
+                           report.block_size, options.int4_group_size, KvElem::kFp32};
+  KV_ASSIGN_OR_RETURN(KvLayers fp16, ResolveKvLayers(KvDtype::kFp16, shape));
+  const double fp16_bytes = static_cast<double>(fp16.bytes_per_token());
   for (int f = 0; f < num_formats; ++f) {
     const Totals& acc = totals[f];
     KvFormatQuality q;
     q.dtype = dtypes[f];
     q.weight_dtype = weight_names[f];
-    KV_ASSIGN_OR_RETURN(std::vector<KvDtype> layers, dtypes[f].Resolve(config.num_layers));
-    for (KvDtype d : layers) {
-      KV_ASSIGN_OR_RETURN(
-          KvFormat fmt, KvFormat::Create(d, config.num_kv_heads, config.head_dim, report.block_size,
-                                         options.int4_group_size));
+    KV_ASSIGN_OR_RETURN(KvLayers layers, ResolveKvLayers(dtypes[f], shape));
+    for (const KvFormat& fmt : layers.formats) {
       if (fmt.v().elem == KvElem::kInt4) report.int4_group_size = fmt.v().group_size;
-      q.bytes_per_token += fmt.bytes_per_token_per_layer();
     }
+    q.bytes_per_token = layers.bytes_per_token();
     q.bytes_vs_fp16 = q.bytes_per_token / fp16_bytes;
     q.perplexity = std::exp(acc.nll / static_cast<double>(predictions));
     q.mean_kl = acc.kl / static_cast<double>(predictions);

@@ -86,7 +86,7 @@ struct KvQualityOptions {
 struct KvFormatQuality {
   KvDtypeSpec dtype = KvDtype::kFp32;  // one dtype or one per layer
   std::string weight_dtype = "fp32";   // the runner's model.weight_dtype
-  int64_t bytes_per_token = 0;         // all layers, K + V, scales included
+  int64_t bytes_per_token = 0;         // all layers, as allocated (kv_layers.h)
   double bytes_vs_fp16 = 0;            // bytes_per_token / fp16's
   double perplexity = 0;
   double delta_ppl_percent = 0;      // against fp32

@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "cache/sizing/block_count.h"
 #include "model/cpu/cpu_model_runner.h"
 #include "model/eval/eviction_study.h"
 #include "model/eval/evictor_training.h"
@@ -324,7 +325,7 @@ int RunStudy(const Options& opt, const LoadedModel& loaded, const std::string& t
       absl::StatusOr<std::vector<std::vector<int32_t>>> train = context_streams(8, skip);
       if (!train.ok()) return Fail(train.status());
       absl::StatusOr<std::unique_ptr<ModelRunner>> r =
-          make_runner(KvDtype::kFp32, (ctx + opt.block_size - 1) / opt.block_size + 1);
+          make_runner(KvDtype::kFp32, BlocksForTokens(ctx, opt.block_size) + 1);
       if (!r.ok()) return Fail(r.status());
       absl::StatusOr<EvictorTrainingResult> t = TrainEvictor(*train, **r, {});
       if (!t.ok()) return Fail(t.status());

@@ -16,6 +16,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "cache/sizing/block_count.h"
 #include "model/cpu/cpu_threads.h"
 #include "model/loader/model_loader.h"
 #include "model/runner_factory.h"
@@ -196,8 +197,7 @@ int RunGenerate(int argc, char** argv) {
   }
 
   // The whole context of one sequence unless --num-blocks says otherwise.
-  ro.num_blocks =
-      opt.num_blocks > 0 ? opt.num_blocks : (max_len + opt.block_size - 1) / opt.block_size;
+  ro.num_blocks = opt.num_blocks > 0 ? opt.num_blocks : BlocksForTokens(max_len, opt.block_size);
   ro.max_model_len = max_len;
   ro.max_num_batched_tokens = max_len;
   absl::StatusOr<std::unique_ptr<ModelRunner>> runner =

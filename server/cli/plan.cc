@@ -257,8 +257,10 @@ int RunPlan(int argc, char** argv) {
                 WithCommas(f.num_tokens).c_str(), WithCommas(f.max_seqs).c_str(),
                 batch_col.c_str());
   }
-  std::printf("\nbytes/token: all %d layers, K and V, scales included (int4 groups of %d).\n",
-              c.num_layers, std::min(o.int4_group_size, c.head_dim));
+  std::printf(
+      "\nbytes/token: all %d layers, K and V, scales and page padding included (int4 groups of "
+      "%d).\n",
+      c.num_layers, std::min(o.int4_group_size, c.head_dim));
   for (const KvFormatCapacity& f : *plan) {
     if (f.num_tail_blocks == 0) continue;
     std::printf(

@@ -113,7 +113,7 @@ TEST_CASE("The CPU runner with int4_kc: per-layer formats, tails off the budget 
     o.kv_dtype = KvDtype::kInt4Kc;
     o.block_size = 8;
     REQUIRE(Message(CreateModelRunner(Stories260k(), o).status())
-                .starts_with("cache: cache.block_size must be at least 16"));
+                .starts_with("cache.block_size must be at least 16"));
   }
 }
 

@@ -98,7 +98,7 @@ TEST_CASE("the weights come off the budget first", "[model]") {
   }
 }
 
-TEST_CASE("padded pages: block bytes round up, bytes per token do not", "[model]") {
+TEST_CASE("padded pages: bytes per token are as allocated, padding included", "[model]") {
   // stories260K: 5 layers, 4 kv heads, head_dim 8; int8 regions are 16-byte
   // aligned and blocks 64-byte aligned.
   CapacityPlanRequest req;
@@ -110,10 +110,17 @@ TEST_CASE("padded pages: block bytes round up, bytes per token do not", "[model]
   req.memory_bytes = 1 << 20;
   const auto plan = ByDtype(*PlanCapacity(req));
   const KvFormatCapacity& int8 = plan.at(KvDtype::kInt8);
-  REQUIRE(int8.bytes_per_token == 5 * 4 * 2 * (8 + 4));
-  // One slot per block: K data 32, K meta 16, V data 32, V meta 16 -> 96 -> 128.
+  // One slot per block: K data 32, K meta 16, V data 32, V meta 16 -> 96 -> 128
+  // (the unpadded 5 x 4 x 2 x (8 + 4) = 480 bytes a token would understate it).
   REQUIRE(int8.block_bytes == 5 * 128);
+  REQUIRE(int8.bytes_per_token == 5 * 128);
   REQUIRE(int8.num_tokens == (1 << 20) / 640);
+  SECTION("int4_kc at block 16: 896 bytes a layer, what the daemon allocates") {
+    req.block_size = 16;
+    const auto kc = ByDtype(*PlanCapacity(req)).at(KvDtype::kInt4Kc);
+    REQUIRE(kc.block_bytes == 5 * 896);
+    REQUIRE(kc.bytes_per_token == 5 * 56);
+  }
 }
 
 TEST_CASE("int4_kc at head_dim 128, block 16 holds >= 3.3x the tokens of fp16, tails included",

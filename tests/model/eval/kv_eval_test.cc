@@ -195,12 +195,13 @@ TEST_CASE("quantized KV formats keep perplexity on the dev text within the issue
     // fp32: 5 x 2 x 4 x 8 x 4 bytes; int8/fp8 add a 4-byte scale per head per token;
     // int4 (group clamped to 8): 4 data bytes + fp16 scale and zero per head per token;
     // int4_kc: int4 with K's scales per channel per block: (8 + 2 x 8) / 16 = 1.5 bytes
-    // per head per token instead of 4; the mix: 2 int8 layers + 3 int4_kc layers.
+    // per head per token instead of 4 (54 a layer), as allocated 56 (a block's 864
+    // bytes padded to 896); the mix: 2 int8 layers + 3 int4_kc layers.
     for (Bytes b :
          {Bytes{KvDtype::kFp32, 1280}, Bytes{KvDtype::kFp16, 640}, Bytes{KvDtype::kBf16, 640},
           Bytes{KvDtype::kFp8E4m3, 480}, Bytes{KvDtype::kInt8, 480}, Bytes{KvDtype::kInt4, 320},
-          Bytes{KvDtype::kK8V4, 400}, Bytes{KvDtype::kInt4Kc, 270},
-          Bytes{Mix(), 2 * 96 + 3 * 54}}) {
+          Bytes{KvDtype::kK8V4, 400}, Bytes{KvDtype::kInt4Kc, 280},
+          Bytes{Mix(), 2 * 96 + 3 * 56}}) {
       INFO(b.dtype.ToString());
       REQUIRE(Row(b.dtype).bytes_per_token == b.bytes);
       REQUIRE(Row(b.dtype).bytes_vs_fp16 == b.bytes / 640.0);

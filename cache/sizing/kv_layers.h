@@ -1,0 +1,59 @@
+// KvLayers: a model's KV formats, one per layer, and what one block of them
+// costs: the one place a per-layer kv_dtype list (kv_dtype_spec.h) becomes
+// formats, bytes per block and per tail and the tail count, for the CPU and
+// CUDA runners, the runner factory, `kvserve plan` (capacity_plan.h) and
+// eval-kv. Bytes are as allocated (each layer's block padded as kv_layout.h
+// lays it out), so what a plan or a report says is what a pool takes.
+//
+// Example (stories260K: 5 layers, 4 KV heads of 8, block 16, int4_kc with
+// fp32 tails): 5 x 896 = 4,480 bytes per block, 280 bytes per token.
+//
+// Thread-safety: immutable value type; pure functions.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "cache/kv_dtype_spec.h"
+#include "cache/kv_format.h"
+
+namespace kvserve {
+
+// The shape every layer's format shares.
+struct KvLayerShape {
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int block_size = 0;
+  int int4_group_size = 64;
+  // How int4_kc tails store rows: kFp32 on the CPU, kFp16 on CUDA.
+  KvElem tail_elem = KvElem::kFp32;
+};
+
+struct KvLayers {
+  std::vector<KvFormat> formats;  // one per layer
+  int64_t bytes_per_block = 0;    // one block id, every layer
+  int64_t bytes_per_tail = 0;     // one tail id, the layers with tails (0: none)
+  int32_t block_size = 0;
+
+  bool has_tails() const { return bytes_per_tail > 0; }
+  // Bytes one token costs over every layer, as allocated (bytes_per_block /
+  // block_size, rounded up).
+  int64_t bytes_per_token() const { return (bytes_per_block + block_size - 1) / block_size; }
+};
+
+// The formats of spec over shape. InvalidArgument from spec.Resolve (naming
+// `what`) or from KvFormat::Create (naming the cache.* setting).
+absl::StatusOr<KvLayers> ResolveKvLayers(const KvDtypeSpec& spec, const KvLayerShape& shape,
+                                         std::string_view what = "cache.kv_dtype");
+
+// Tail blocks a pool of layers keeps for max_seqs running sequences: two
+// each (a tail freed while a pending copy still reads it is reused a step
+// later), 0 when no layer keeps tails.
+inline int32_t TailBlocksFor(const KvLayers& layers, int32_t max_seqs) {
+  return layers.has_tails() ? 2 * (max_seqs > 1 ? max_seqs : 1) : 0;
+}
+
+}  // namespace kvserve
