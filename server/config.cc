@@ -167,6 +167,19 @@ std::vector<std::string> EvictionPolicyNames() {
   return names;
 }
 
+// "a, b, c or d" of the names.
+std::string OneOf(const std::vector<std::string>& names) {
+  if (names.size() < 2) return absl::StrJoin(names, "");
+  return absl::StrCat(absl::StrJoin(names.begin(), names.end() - 1, ", "), " or ", names.back());
+}
+
+// The KV page formats' names, as the cache spells them.
+std::vector<std::string> KvDtypeNames() {
+  std::vector<std::string> names;
+  for (KvDtype d : kCpuKvDtypes) names.emplace_back(KvDtypeName(d));
+  return names;
+}
+
 Field Enum(std::string key, std::vector<std::string> allowed,
            std::function<void(ServeConfig&, std::string)> assign) {
   return {key, [=](ServeConfig& c, const std::string& text, Source, const std::string&) {
@@ -285,12 +298,11 @@ const std::vector<Field>& Fields() {
                [](ServeConfig& c, const std::string& text, Source, const std::string&) {
                  std::string t(absl::StripAsciiWhitespace(text));
                  if (!KvDtypeSpec::Parse(t).ok()) {
-                   return Bad(
-                       "cache.kv_dtype",
-                       "one of fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4, int4_kc, or one "
-                       "per layer (e.g. int8,int4_kc*,int8: NAME*N for N layers, NAME* for "
-                       "the rest)",
-                       text);
+                   return Bad("cache.kv_dtype",
+                              absl::StrCat("one of ", absl::StrJoin(KvDtypeNames(), ", "),
+                                           ", or one per layer (e.g. int8,int4_kc*,int8: NAME*N "
+                                           "for N layers, NAME* for the rest)"),
+                              text);
                  }
                  c.cache.kv_dtype = t;
                  return absl::OkStatus();
@@ -788,9 +800,8 @@ std::string ServeConfigKeyHelp(const std::string& key) {
       {"model.chat_template",
        "auto (the checkpoint's own template, else plain), plain, chatml, llama3, or a map of "
        "role patterns"},
-      {"cache.kv_dtype",
-       "KV page format: fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4 or int4_kc, or one per "
-       "layer (int8,int4_kc*,int8)"},
+      {"cache.kv_dtype", absl::StrCat("KV page format: ", OneOf(KvDtypeNames()),
+                                      ", or one per layer (int8,int4_kc*,int8)")},
       {"cache.block_size", "tokens per KV block (16)"},
       {"cache.num_blocks",
        "KV blocks in the pool; 0: from memory_bytes / memory_fraction / default"},
@@ -802,7 +813,7 @@ std::string ServeConfigKeyHelp(const std::string& key) {
       {"cache.int4_group_size", "channels per int4 scale group"},
       {"cache.prefix_caching", "reuse cached prompt prefixes (true)"},
       {"cache.eviction_policy",
-       "KV eviction: none, sliding_window, streaming, h2o, scissorhands or learned (none)"},
+       absl::StrCat("KV eviction: ", OneOf(EvictionPolicyNames()), " (none)")},
       {"cache.eviction_budget",
        "KV entries a sequence keeps when evicting; 0: the model's sliding_window"},
       {"cache.sink_tokens", "streaming: first tokens always kept (4)"},
