@@ -19,19 +19,6 @@ absl::Status Invalid(const std::string& message) { return absl::InvalidArgumentE
 
 double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
 
-// Policies that keep every relative position within the budget, so their
-// sequences may run past max_model_len.
-// An InvalidArgument whose message starts with the field it names
-// ("kv_policy.budget must ...") as a FieldError.
-absl::Status NamedFieldError(const absl::Status& s) {
-  const std::string message(s.message());
-  return FieldError(message.substr(0, message.find(' ')), message);
-}
-
-bool Unbounded(EvictionPolicyKind k) {
-  return k == EvictionPolicyKind::kStreaming || k == EvictionPolicyKind::kSlidingWindow;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const EngineConfig& config,
@@ -165,6 +152,15 @@ EngineImpl::EngineImpl(const EngineConfig& config, int32_t max_model_len,
     }
     policies_[static_cast<int>(k)] = MakeEvictionPolicy(k);
   }
+  bounds_.max_model_len = max_model_len_;
+  bounds_.block_size = block_size_;
+  bounds_.num_blocks = num_blocks_;
+  bounds_.sliding_window = model_config_.sliding_window;
+  bounds_.eviction = default_eviction_;
+  bounds_.runner_evicts = runner_->supports_eviction();
+  for (size_t k = 0; k < policies_.size(); ++k) {
+    if (policies_[k] != nullptr) bounds_.available_policies |= 1u << k;
+  }
   sample_rows_.reserve(config.max_num_seqs);
   sample_seqs_.reserve(config.max_num_seqs);
   touched_.reserve(config.max_num_seqs);
@@ -183,53 +179,10 @@ EngineImpl::~EngineImpl() {
 // ---- Front-end side ----------------------------------------------------------
 
 absl::Status EngineImpl::ResolveEviction(const KvPolicyOverride& o, RequestState* req) const {
-  EvictionParams p = default_eviction_;
-  if (!o.policy.empty()) {
-    absl::StatusOr<EvictionPolicyKind> kind = ParseEvictionPolicy(o.policy, "kv_policy.policy");
-    if (!kind.ok()) return NamedFieldError(kind.status());
-    p.policy = *kind;
-    if (o.budget == 0 && p.policy != default_eviction_.policy) {
-      // Another policy than the default: the default budget still applies,
-      // or the model's window for sliding_window.
-      if (p.policy == EvictionPolicyKind::kSlidingWindow && model_config_.sliding_window > 0) {
-        p.budget = model_config_.sliding_window;
-      }
-    }
-  }
-  if (o.budget > 0) p.budget = o.budget;
-  if (o.sink_tokens >= 0) p.sink_tokens = o.sink_tokens;
-  if (o.recent_tokens >= 0) p.recent_tokens = o.recent_tokens;
-  req->eviction = p;
-  if (!p.evicts()) return absl::OkStatus();
-  const std::string name(EvictionPolicyName(p.policy));
-  if (p.budget == 0) {
-    return FieldError("kv_policy.budget",
-                      absl::StrCat("kv_policy.budget must be set for ", name,
-                                   " (the server has no cache.eviction_budget)"));
-  }
-  if (absl::Status v = p.Validate(kEvictionRequestFields); !v.ok()) return NamedFieldError(v);
-  if (!runner_->supports_eviction()) {
-    return FieldError("kv_policy.policy",
-                      absl::StrCat("kv_policy.policy \"", name,
-                                   "\" needs KV eviction, which this model runner does not have "
-                                   "for this cache.kv_dtype (CPU: every one but int4_kc; "
-                                   "CUDA: one per-token dtype in every layer)"));
-  }
-  const int32_t window = model_config_.sliding_window;
-  if (window > 0 && p.budget > window) {
-    return FieldError("kv_policy.budget",
-                      absl::StrCat("kv_policy.budget (", p.budget,
-                                   ") exceeds the model's sliding_window (", window, ")"));
-  }
-  req->policy = policies_[static_cast<int>(p.policy)];
-  if (req->policy == nullptr) {
-    return FieldError("kv_policy.policy",
-                      absl::StrCat("kv_policy.policy \"", name,
-                                   "\" needs cache.evictor_model (kvserve train-evictor)"));
-  }
-  // A model's own window cuts attention by cache index: the cache must
-  // never hold more than the window, so prompts past it go one token a step.
-  req->hold_limit = window > 0 ? p.budget : p.budget + block_size_;
+  KV_ASSIGN_OR_RETURN(req->eviction, ResolveRequestEviction(o, bounds_));
+  if (!req->eviction.evicts()) return absl::OkStatus();
+  req->policy = policies_[static_cast<int>(req->eviction.policy)];
+  req->hold_limit = EvictionHoldLimit(req->eviction, bounds_);
   return absl::OkStatus();
 }
 
@@ -253,8 +206,6 @@ absl::Status EngineImpl::Validate(GenerateRequest& r, RequestState* req) const {
     if (!g.ok()) return g.status();
     req->grammar = *std::move(g);
   }
-  const bool evicting = req->eviction.evicts();
-  const bool unbounded = evicting && Unbounded(req->eviction.policy);
   if (!r.prompt_token_ids.empty()) {
     *prompt_ids = std::move(r.prompt_token_ids);
     r.prompt_token_ids.clear();
@@ -263,45 +214,8 @@ absl::Status EngineImpl::Validate(GenerateRequest& r, RequestState* req) const {
   }
   r.prompt.clear();
   r.prompt.shrink_to_fit();
-  const int64_t prompt_len = static_cast<int64_t>(prompt_ids->size());
-  if (prompt_len == 0) return FieldError("prompt", "prompt must not be empty (it has no tokens)");
-  if (unbounded) {
-    // Positions may grow past the model's; keep them within int32.
-    constexpr int64_t kMaxStream = int64_t{1} << 30;
-    if (prompt_len + r.max_tokens > kMaxStream) {
-      return FieldError("max_tokens",
-                        absl::StrCat("max_tokens (", r.max_tokens, ") + prompt (", prompt_len,
-                                     " tokens) exceeds ", kMaxStream, " tokens"));
-    }
-  } else if (prompt_len >= max_model_len_) {
-    return FieldError(
-        "prompt", absl::StrCat("prompt has ", prompt_len,
-                               " tokens, which leaves no room to generate within max_model_len (",
-                               max_model_len_, ")"));
-  }
-  const int64_t total = prompt_len + r.max_tokens;
-  if (evicting) {
-    const int64_t blocks = BlocksForTokens(req->hold_limit, block_size_);
-    if (blocks > num_blocks_) {
-      return FieldError("kv_policy.budget",
-                        absl::StrCat("kv_policy.budget: ", req->hold_limit, " tokens held need ",
-                                     blocks, " KV blocks, but the whole pool has ", num_blocks_));
-    }
-    if (unbounded) return absl::OkStatus();
-  }
-  if (total > max_model_len_) {
-    return FieldError("max_tokens",
-                      absl::StrCat("max_tokens (", r.max_tokens, ") + prompt (", prompt_len,
-                                   " tokens) = ", total, " exceeds max_model_len (", max_model_len_,
-                                   "); lower max_tokens to at most ", max_model_len_ - prompt_len));
-  }
-  const int64_t blocks = BlocksForTokens(total, block_size_);
-  if (blocks > num_blocks_) {
-    return FieldError("max_tokens",
-                      absl::StrCat("max_tokens: prompt + max_tokens = ", total, " tokens need ",
-                                   blocks, " KV blocks, but the whole pool has ", num_blocks_));
-  }
-  return absl::OkStatus();
+  return CheckRequestFits(static_cast<int64_t>(prompt_ids->size()), r.max_tokens, req->eviction,
+                          req->hold_limit, bounds_);
 }
 
 absl::StatusOr<std::shared_ptr<RequestStream>> EngineImpl::Submit(GenerateRequest request) {
@@ -753,7 +667,7 @@ void EngineImpl::EmitToken(Sequence* seq, int32_t token, float logprob,
     FinishSample(seq, FinishReason::kStop, /*flush_text=*/true);
     return;
   }
-  const bool bounded = !seq->evictor || !Unbounded(seq->evictor->kind());
+  const bool bounded = !seq->evictor || !EvictionUnbounded(seq->evictor->kind());
   if (seq->num_output() >= p.max_tokens ||
       (bounded && static_cast<int32_t>(seq->tokens.size()) >= max_model_len_)) {
     FinishSample(seq, FinishReason::kLength, /*flush_text=*/true);

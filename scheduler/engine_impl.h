@@ -146,6 +146,7 @@ class EngineImpl final : public Engine {
   const EvictionParams default_eviction_;  // budget resolved against the model
   // One shared policy per kind (null: none, or learned without a model).
   std::vector<std::shared_ptr<const EvictionPolicy>> policies_;
+  SubmitBounds bounds_;  // what Submit checks a request against (set once)
 
   // Engine thread only.
   std::unique_ptr<EngineTiers> tiers_;  // null: no tier below the device

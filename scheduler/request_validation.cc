@@ -1,6 +1,7 @@
 #include "scheduler/request_validation.h"
 
 #include "absl/strings/str_cat.h"
+#include "cache/sizing/block_count.h"
 #include "util/field_status.h"
 #include "util/status_macros.h"
 
@@ -16,6 +17,13 @@ absl::Status CheckIds(const std::vector<int32_t>& ids, const char* field, int32_
     }
   }
   return absl::OkStatus();
+}
+
+// An InvalidArgument whose message starts with the field it names
+// ("kv_policy.budget must ...") as a FieldError.
+absl::Status NamedFieldError(const absl::Status& s) {
+  const std::string message(s.message());
+  return FieldError(message.substr(0, message.find(' ')), message);
 }
 
 }  // namespace
@@ -101,6 +109,108 @@ absl::Status ValidateRequestParams(const GenerateRequest& r, const RequestLimits
     return FieldError("cache_salt",
                       absl::StrCat("cache_salt has ", r.cache_salt.size(), " bytes, at most ",
                                    kMaxCacheSaltBytes, " are allowed"));
+  }
+  return absl::OkStatus();
+}
+
+bool EvictionUnbounded(EvictionPolicyKind kind) {
+  return kind == EvictionPolicyKind::kStreaming || kind == EvictionPolicyKind::kSlidingWindow;
+}
+
+absl::StatusOr<EvictionParams> ResolveRequestEviction(const KvPolicyOverride& o,
+                                                      const SubmitBounds& bounds) {
+  EvictionParams p = bounds.eviction;
+  if (!o.policy.empty()) {
+    absl::StatusOr<EvictionPolicyKind> kind = ParseEvictionPolicy(o.policy, "kv_policy.policy");
+    if (!kind.ok()) return NamedFieldError(kind.status());
+    p.policy = *kind;
+    if (o.budget == 0 && p.policy != bounds.eviction.policy) {
+      // Another policy than the default: the default budget still applies,
+      // or the model's window for sliding_window.
+      if (p.policy == EvictionPolicyKind::kSlidingWindow && bounds.sliding_window > 0) {
+        p.budget = bounds.sliding_window;
+      }
+    }
+  }
+  if (o.budget > 0) p.budget = o.budget;
+  if (o.sink_tokens >= 0) p.sink_tokens = o.sink_tokens;
+  if (o.recent_tokens >= 0) p.recent_tokens = o.recent_tokens;
+  if (!p.evicts()) return p;
+  const std::string name(EvictionPolicyName(p.policy));
+  if (p.budget == 0) {
+    return FieldError("kv_policy.budget",
+                      absl::StrCat("kv_policy.budget must be set for ", name,
+                                   " (the server has no cache.eviction_budget)"));
+  }
+  if (absl::Status v = p.Validate(kEvictionRequestFields); !v.ok()) return NamedFieldError(v);
+  if (!bounds.runner_evicts) {
+    return FieldError("kv_policy.policy",
+                      absl::StrCat("kv_policy.policy \"", name,
+                                   "\" needs KV eviction, which this model runner does not have "
+                                   "for this cache.kv_dtype (CPU: every one but int4_kc; "
+                                   "CUDA: one per-token dtype in every layer)"));
+  }
+  const int32_t window = bounds.sliding_window;
+  if (window > 0 && p.budget > window) {
+    return FieldError("kv_policy.budget",
+                      absl::StrCat("kv_policy.budget (", p.budget,
+                                   ") exceeds the model's sliding_window (", window, ")"));
+  }
+  if ((bounds.available_policies & (1u << static_cast<int>(p.policy))) == 0) {
+    return FieldError("kv_policy.policy",
+                      absl::StrCat("kv_policy.policy \"", name,
+                                   "\" needs cache.evictor_model (kvserve train-evictor)"));
+  }
+  return p;
+}
+
+int32_t EvictionHoldLimit(const EvictionParams& p, const SubmitBounds& bounds) {
+  if (!p.evicts()) return 0;
+  return bounds.sliding_window > 0 ? p.budget : p.budget + bounds.block_size;
+}
+
+absl::Status CheckRequestFits(int64_t prompt_len, int64_t max_tokens, const EvictionParams& p,
+                              int32_t hold_limit, const SubmitBounds& bounds) {
+  const bool evicting = p.evicts();
+  const bool unbounded = evicting && EvictionUnbounded(p.policy);
+  const int64_t max_model_len = bounds.max_model_len;
+  if (prompt_len == 0) return FieldError("prompt", "prompt must not be empty (it has no tokens)");
+  if (unbounded) {
+    // Positions may grow past the model's; keep them within int32.
+    constexpr int64_t kMaxStream = int64_t{1} << 30;
+    if (prompt_len + max_tokens > kMaxStream) {
+      return FieldError("max_tokens",
+                        absl::StrCat("max_tokens (", max_tokens, ") + prompt (", prompt_len,
+                                     " tokens) exceeds ", kMaxStream, " tokens"));
+    }
+  } else if (prompt_len >= max_model_len) {
+    return FieldError(
+        "prompt", absl::StrCat("prompt has ", prompt_len,
+                               " tokens, which leaves no room to generate within max_model_len (",
+                               max_model_len, ")"));
+  }
+  const int64_t total = prompt_len + max_tokens;
+  if (evicting) {
+    const int64_t blocks = BlocksForTokens(hold_limit, bounds.block_size);
+    if (blocks > bounds.num_blocks) {
+      return FieldError("kv_policy.budget",
+                        absl::StrCat("kv_policy.budget: ", hold_limit, " tokens held need ", blocks,
+                                     " KV blocks, but the whole pool has ", bounds.num_blocks));
+    }
+    if (unbounded) return absl::OkStatus();
+  }
+  if (total > max_model_len) {
+    return FieldError("max_tokens",
+                      absl::StrCat("max_tokens (", max_tokens, ") + prompt (", prompt_len,
+                                   " tokens) = ", total, " exceeds max_model_len (", max_model_len,
+                                   "); lower max_tokens to at most ", max_model_len - prompt_len));
+  }
+  const int64_t blocks = BlocksForTokens(total, bounds.block_size);
+  if (blocks > bounds.num_blocks) {
+    return FieldError(
+        "max_tokens",
+        absl::StrCat("max_tokens: prompt + max_tokens = ", total, " tokens need ", blocks,
+                     " KV blocks, but the whole pool has ", bounds.num_blocks));
   }
   return absl::OkStatus();
 }

@@ -15,6 +15,12 @@
 // (server/config.h); ResolveRequestLimits fills the ones that default to the
 // served model's max_model_len.
 //
+// At Submit the engine also resolves the request's KV eviction
+// (ResolveRequestEviction: its kv_policy over cache.*) and checks that the
+// prompt and max_tokens fit the model and the pool (CheckRequestFits),
+// against the SubmitBounds it was built with; what needs the engine itself
+// (the policy objects, the grammar cache, the tokenizer) stays in it.
+//
 // Thread-safety: pure functions.
 #pragma once
 
@@ -23,6 +29,8 @@
 #include <string_view>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "cache/eviction_params.h"
 #include "scheduler/request.h"
 
 namespace kvserve {
@@ -76,5 +84,37 @@ absl::Status CheckPromptBytes(size_t bytes, const RequestLimits& limits,
 absl::Status CheckPromptTokens(size_t tokens, const RequestLimits& limits,
                                std::string_view field = "prompt");
 absl::Status CheckStopCount(size_t count, const RequestLimits& limits);
+
+// What the engine checks a request against at Submit.
+struct SubmitBounds {
+  int32_t max_model_len = 0;
+  int32_t block_size = 0;
+  int32_t num_blocks = 0;           // the primary pool
+  int32_t sliding_window = 0;       // the model's own window; 0: none
+  EvictionParams eviction;          // cache.*, the budget resolved against the model
+  bool runner_evicts = false;       // ModelRunner::supports_eviction
+  uint32_t available_policies = 0;  // bit k: policy kind k has its implementation
+};
+
+// Policies that keep every relative position within the budget, so their
+// sequences may run past max_model_len.
+bool EvictionUnbounded(EvictionPolicyKind kind);
+
+// A request's eviction: bounds.eviction with o's fields over it. FieldErrors
+// name kv_policy.policy or kv_policy.budget (and the other kv_policy.*
+// fields through EvictionParams::Validate).
+absl::StatusOr<EvictionParams> ResolveRequestEviction(const KvPolicyOverride& o,
+                                                      const SubmitBounds& bounds);
+
+// KV entries a sample of an evicting request may hold after a step's append:
+// the budget, plus a block while a prompt is written through (none under the
+// model's own window, which cuts attention by cache index).
+int32_t EvictionHoldLimit(const EvictionParams& p, const SubmitBounds& bounds);
+
+// The prompt's tokens and max_tokens against max_model_len (unless p is an
+// unbounded eviction) and the pool (the hold limit's blocks when evicting).
+// FieldErrors name prompt, max_tokens or kv_policy.budget.
+absl::Status CheckRequestFits(int64_t prompt_len, int64_t max_tokens, const EvictionParams& p,
+                              int32_t hold_limit, const SubmitBounds& bounds);
 
 }  // namespace kvserve
