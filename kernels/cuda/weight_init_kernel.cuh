@@ -8,25 +8,11 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/act_convert.cuh"
 #include "kernels/cuda/weight_init.h"
 #include "kernels/random_weights.h"
 
 namespace kvserve::cuda::weight_init_detail {
-
-template <typename T>
-__device__ __forceinline__ T FromFloat(float v);
-template <>
-__device__ __forceinline__ float FromFloat<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half FromFloat<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
 
 template <typename T>
 __global__ void FillWeightsKernel(WeightFillParams p) {
