@@ -45,6 +45,20 @@ struct ByteSet {
 
 inline constexpr int32_t kMaxRepeat = 4096;
 inline constexpr int32_t kUnbounded = -1;
+// A repeat count's decimal digits at text[*pos], as the regex and GBNF
+// parsers read them: the value, with *pos past the digits; kNoCount when
+// there is no digit; kCountTooBig, with *pos at the digit that took the
+// count over kMaxRepeat.
+inline constexpr int32_t kNoCount = -1, kCountTooBig = -2;
+inline int32_t ScanRepeatCount(std::string_view text, size_t* pos) {
+  const size_t start = *pos;
+  int32_t v = 0;
+  for (; *pos < text.size() && text[*pos] >= '0' && text[*pos] <= '9'; ++*pos) {
+    v = v * 10 + (text[*pos] - '0');
+    if (v > kMaxRepeat) return kCountTooBig;
+  }
+  return *pos == start ? kNoCount : v;
+}
 // The most NFA states a request's grammar may lower to (GrammarCompiler
 // refuses more): about 100 bytes each.
 inline constexpr int64_t kMaxGrammarStates = int64_t{1} << 21;

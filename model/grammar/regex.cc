@@ -56,15 +56,10 @@ class RegexParser {
   }
 
   absl::StatusOr<int32_t> Number() {
-    int64_t v = 0;
-    const size_t start = pos_;
-    while (!AtEnd() && Peek() >= '0' && Peek() <= '9') {
-      v = v * 10 + (Peek() - '0');
-      if (v > kMaxRepeat) return Error(absl::StrCat("a count above ", kMaxRepeat));
-      ++pos_;
-    }
-    if (pos_ == start) return Error("a count is expected");
-    return static_cast<int32_t>(v);
+    const int32_t v = ScanRepeatCount(p_, &pos_);
+    if (v == kCountTooBig) return Error(absl::StrCat("a count above ", kMaxRepeat));
+    if (v == kNoCount) return Error("a count is expected");
+    return v;
   }
 
   absl::StatusOr<ExprId> Quantified(ExprId atom) {
