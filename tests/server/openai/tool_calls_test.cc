@@ -17,6 +17,20 @@ namespace {
 
 using json = nlohmann::json;
 
+// A request context on a 512-token byte-level tokenizer and the plain chat
+// template, serving "tiny" with 4096 positions.
+struct TinyChat {
+  decltype(Tokenizer::ByteLevel(512)) tokenizer = Tokenizer::ByteLevel(512);
+  ChatTemplate chat_template;
+  ApiContext ctx;
+  TinyChat() {
+    ctx.tokenizer = tokenizer.get();
+    ctx.chat_template = &chat_template;
+    ctx.model_name = "tiny";
+    ctx.max_model_len = 4096;
+  }
+};
+
 TEST_CASE("Tool calls: Hermes tags Llama-3 JSON and Mistral arrays parse", "[server]") {
   ParsedToolCalls p = ParseToolCalls(
       "Let me look.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
@@ -55,13 +69,8 @@ TEST_CASE("Tool calls: Hermes tags Llama-3 JSON and Mistral arrays parse", "[ser
 }
 
 TEST_CASE("Tool calls: a chat response with tools carries message.tool_calls", "[server]") {
-  auto tokenizer = Tokenizer::ByteLevel(512);
-  ChatTemplate chat_template;
-  ApiContext ctx;
-  ctx.tokenizer = tokenizer.get();
-  ctx.chat_template = &chat_template;
-  ctx.model_name = "tiny";
-  ctx.max_model_len = 4096;
+  TinyChat t;
+  ApiContext& ctx = t.ctx;
   const std::string tools =
       R"("tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}])";
   ApiRequest r;
@@ -69,7 +78,7 @@ TEST_CASE("Tool calls: a chat response with tools carries message.tool_calls", "
       ApiKind::kChat, R"({"messages": [{"role": "user", "content": "hi"}], "n": 2, )" + tools + "}",
       ctx, &r));
   REQUIRE(r.parse_tool_calls);
-  ResponseAccumulator acc(r, tokenizer.get());
+  ResponseAccumulator acc(r, t.tokenizer.get());
   GenerateOutput out;
   out.index = 0;
   out.text = R"(<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>)";
@@ -110,13 +119,8 @@ TEST_CASE("Tool calls: a chat response with tools carries message.tool_calls", "
 }
 
 TEST_CASE("Tool calls: required and a named function constrain decoding to a call", "[server]") {
-  auto tokenizer = Tokenizer::ByteLevel(512);
-  ChatTemplate chat_template;
-  ApiContext ctx;
-  ctx.tokenizer = tokenizer.get();
-  ctx.chat_template = &chat_template;
-  ctx.model_name = "tiny";
-  ctx.max_model_len = 4096;
+  TinyChat t;
+  ApiContext& ctx = t.ctx;
   const std::string head = R"({"messages": [{"role": "user", "content": "hi"}], "tools": [
       {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
         "properties": {"z": {"type": "integer"}, "a": {"type": "string"}}, "required": ["z"]}}},
@@ -163,13 +167,8 @@ TEST_CASE("Tool calls: the family's format frames a constrained call and picks t
   CHECK(ToolCallFormatNamed("llama3_json") == ToolCallFormat::kLlama3Json);
   CHECK(ToolCallFormatNamed("") == ToolCallFormat::kAuto);
 
-  auto tokenizer = Tokenizer::ByteLevel(512);
-  ChatTemplate chat_template;
-  ApiContext ctx;
-  ctx.tokenizer = tokenizer.get();
-  ctx.chat_template = &chat_template;
-  ctx.model_name = "tiny";
-  ctx.max_model_len = 4096;
+  TinyChat t;
+  ApiContext& ctx = t.ctx;
   const std::string body = R"({"messages": [{"role": "user", "content": "hi"}], "tools": [
       {"type": "function", "function": {"name": "f"}}], "tool_choice": "required"})";
   struct Case {
@@ -181,7 +180,7 @@ TEST_CASE("Tool calls: the family's format frames a constrained call and picks t
        {Case{"", "", ""}, Case{"llama3_json", "", ""},
         Case{"hermes", "<tool_call>\n", "\n</tool_call>"}, Case{"mistral", "[TOOL_CALLS][", "]"}}) {
     INFO(c.format);
-    chat_template.set_tool_call_format(c.format);
+    t.chat_template.set_tool_call_format(c.format);
     ApiRequest r;
     REQUIRE_FALSE(ParseApiRequest(ApiKind::kChat, body, ctx, &r));
     CHECK(r.tool_call_format == ToolCallFormatNamed(c.format));
@@ -229,20 +228,15 @@ std::vector<nlohmann::json> Events(const std::string& sse) {
 }
 
 TEST_CASE("Tool calls: a streamed chat response with tools ends in delta.tool_calls", "[server]") {
-  auto tokenizer = Tokenizer::ByteLevel(512);
-  ChatTemplate chat_template;
-  ApiContext ctx;
-  ctx.tokenizer = tokenizer.get();
-  ctx.chat_template = &chat_template;
-  ctx.model_name = "tiny";
-  ctx.max_model_len = 4096;
+  TinyChat t;
+  ApiContext& ctx = t.ctx;
   ApiRequest r;
   REQUIRE_FALSE(
       ParseApiRequest(ApiKind::kChat,
                       R"({"messages": [{"role": "user", "content": "hi"}], "stream": true, "n": 2,
           "tools": [{"type": "function", "function": {"name": "f"}}]})",
                       ctx, &r));
-  StreamFormatter f(r, tokenizer.get(), "chatcmpl-9", 0, "tiny");
+  StreamFormatter f(r, t.tokenizer.get(), "chatcmpl-9", 0, "tiny");
   std::string sse = f.Start();
   GenerateOutput out;
   out.index = 0;
