@@ -26,9 +26,10 @@ TEST_CASE("Daemon: the OpenAI Node SDK's json_schema and tool calls validate wit
           "[integration][npm]") {
   testing::NpmWorkdir tok("tests/model/node", {"package.json", "package-lock.json"},
                           "llama3-structured");
-  testing::NpmWorkdir sdk("tests/integration/node",
-                          {"package.json", "package-lock.json", "structured_sdk_test.mjs"},
-                          "node-structured");
+  testing::NpmWorkdir sdk(
+      "tests/integration/node",
+      {"package.json", "package-lock.json", "structured_sdk_test.mjs", "sdk_client.mjs"},
+      "node-structured");
   if (!tok.has_node()) {
     WARN("node/npm not installed (Debian packages nodejs, npm): skipping");
     return;

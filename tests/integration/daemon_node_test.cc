@@ -14,9 +14,10 @@ namespace {
 namespace fs = std::filesystem;
 
 TEST_CASE("Daemon: the OpenAI Node SDK completes and streams", "[integration]") {
-  testing::NpmWorkdir npm("tests/integration/node",
-                          {"package.json", "package-lock.json", "openai_sdk_test.mjs"},
-                          "node-openai");
+  testing::NpmWorkdir npm(
+      "tests/integration/node",
+      {"package.json", "package-lock.json", "openai_sdk_test.mjs", "sdk_client.mjs"},
+      "node-openai");
   if (!npm.has_node()) {
     WARN("node/npm not installed (Debian packages nodejs, npm): skipping");
     return;

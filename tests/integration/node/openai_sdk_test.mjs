@@ -11,20 +11,10 @@
 // Exit status 0 when every check passes.
 import { readFileSync } from 'node:fs';
 import OpenAI from 'openai';
+import { check, sdkClient } from './sdk_client.mjs';
 
-function check(condition, message) {
-  if (!condition) {
-    console.error(`FAILED: ${message}`);
-    process.exit(1);
-  }
-}
 
-const client = new OpenAI({
-  baseURL: process.env.KVSERVE_BASE_URL,
-  apiKey: process.env.KVSERVE_API_KEY || 'unused',
-  maxRetries: 0,
-  timeout: 120_000,
-});
+const client = sdkClient(120_000);
 
 const models = await client.models.list();
 check(models.data.length === 1, `expected one model, got ${JSON.stringify(models.data)}`);

@@ -15,20 +15,10 @@
 import Ajv from 'ajv';
 import addFormats from 'ajv-formats';
 import OpenAI from 'openai';
+import { check, sdkClient } from './sdk_client.mjs';
 
-function check(condition, message) {
-  if (!condition) {
-    console.error(`FAILED: ${message}`);
-    process.exit(1);
-  }
-}
 
-const client = new OpenAI({
-  baseURL: process.env.KVSERVE_BASE_URL,
-  apiKey: process.env.KVSERVE_API_KEY || 'unused',
-  maxRetries: 0,
-  timeout: 300_000,
-});
+const client = sdkClient(300_000);
 const models = await client.models.list();
 const model = process.env.KVSERVE_MODEL || models.data[0].id;
 const seeds = Number(process.env.KVSERVE_SEEDS || 3);
