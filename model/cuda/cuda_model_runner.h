@@ -50,6 +50,10 @@
 //
 // Thread-safety: none; the engine thread owns the runner. Every call makes
 // the runner's device current on the calling thread.
+//
+// The code: one file of model/cuda/ per job (create and pools, weights,
+// graphs, forward, eviction, sampling, copies) around the Impl of
+// model/cuda/cuda_runner_impl.h, which lists them.
 #pragma once
 
 #include <cstdint>

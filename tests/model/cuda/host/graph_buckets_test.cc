@@ -38,7 +38,7 @@ TEST_CASE("A decode step replays the smallest bucket that holds it", "[model]") 
 
 TEST_CASE("Every bucket's graph splits long contexts at the same 512 keys", "[model]") {
   // Batch invariance: a row's attention partitions do not depend on the
-  // bucket it is replayed in (nor on the eager batch, cuda_model_runner.cc).
+  // bucket it is replayed in (nor on the eager batch, cuda_runner_create.cc).
   for (int32_t bucket : {1, 8, 16, 32, 40, 256}) REQUIRE(GraphPartitionKeys(bucket) == 512);
 }
 
