@@ -101,6 +101,26 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
                           .dtype = act},
                          stream);
   };
+  // RoPE of the step's rows: `p` names the q (and k) columns and the
+  // positions; `rows` (null: none) the host-computed cos rows then sin rows
+  // ([T][head_dim / 2] each) for positions past the table.
+  auto rope = [&](cuda::RopeParams p, const uint8_t* rows) {
+    p.cos = reinterpret_cast<const float*>(rope_cos.get());
+    p.sin = reinterpret_cast<const float*>(rope_sin.get());
+    p.max_positions = c.max_position_embeddings;
+    if (rows != nullptr) {
+      p.row_cos = reinterpret_cast<const float*>(rows);
+      p.row_sin = p.row_cos + int64_t{T} * (c.head_dim / 2);
+    }
+    p.num_tokens = T;
+    p.num_q_heads = c.num_heads;
+    p.num_kv_heads = c.num_kv_heads;
+    p.head_dim = c.head_dim;
+    p.style = c.rope_style == RopeStyle::kInterleaved ? cuda::RopeStyle::kInterleaved
+                                                      : cuda::RopeStyle::kNeox;
+    p.dtype = act;
+    return cuda::ApplyRope(p, stream);
+  };
 
   KV_RETURN_IF_ERROR(embedding(Weight(wl.embeddings), view.token_ids, x.get(), c.vocab_size, T));
 
@@ -159,47 +179,18 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
       KV_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(sink_q.get(), qkv_dim * elem, qkv.get(),
                                                 qkv_dim * elem, q_dim * elem, T,
                                                 cudaMemcpyDeviceToDevice, stream));
-      cuda::RopeParams sr;
-      sr.q = sink_q.get();
-      sr.q_stride = qkv_dim;
-      sr.positions = reinterpret_cast<const int32_t*>(ev_base + ev.sink_pos_off);
-      sr.cos = reinterpret_cast<const float*>(rope_cos.get());
-      sr.sin = reinterpret_cast<const float*>(rope_sin.get());
-      sr.max_positions = c.max_position_embeddings;
-      if (ev.sink_rope_rows) {
-        sr.row_cos = reinterpret_cast<const float*>(ev_base + ev.sink_rope_off);
-        sr.row_sin = sr.row_cos + int64_t{T} * (c.head_dim / 2);
-      }
-      sr.num_tokens = T;
-      sr.num_q_heads = c.num_heads;
-      sr.num_kv_heads = c.num_kv_heads;
-      sr.head_dim = c.head_dim;
-      sr.style = c.rope_style == RopeStyle::kInterleaved ? cuda::RopeStyle::kInterleaved
-                                                         : cuda::RopeStyle::kNeox;
-      sr.dtype = act;
-      KV_RETURN_IF_ERROR(cuda::ApplyRope(sr, stream));
+      KV_RETURN_IF_ERROR(
+          rope({.q = sink_q.get(),
+                .q_stride = qkv_dim,
+                .positions = reinterpret_cast<const int32_t*>(ev_base + ev.sink_pos_off)},
+               ev.sink_rope_rows ? ev_base + ev.sink_rope_off : nullptr));
     }
-    cuda::RopeParams rope;
-    rope.q = qkv.get();
-    rope.k = Act(qkv, q_dim);
-    rope.q_stride = qkv_dim;
-    rope.k_stride = qkv_dim;
-    rope.positions = view.positions;
-    rope.cos = reinterpret_cast<const float*>(rope_cos.get());
-    rope.sin = reinterpret_cast<const float*>(rope_sin.get());
-    rope.max_positions = c.max_position_embeddings;
-    if (ev.active && ev.rope_rows) {
-      rope.row_cos = reinterpret_cast<const float*>(ev_base + ev.rope_off);
-      rope.row_sin = rope.row_cos + int64_t{T} * (c.head_dim / 2);
-    }
-    rope.num_tokens = T;
-    rope.num_q_heads = c.num_heads;
-    rope.num_kv_heads = c.num_kv_heads;
-    rope.head_dim = c.head_dim;
-    rope.style = c.rope_style == RopeStyle::kInterleaved ? cuda::RopeStyle::kInterleaved
-                                                         : cuda::RopeStyle::kNeox;
-    rope.dtype = act;
-    KV_RETURN_IF_ERROR(cuda::ApplyRope(rope, stream));
+    KV_RETURN_IF_ERROR(rope({.q = qkv.get(),
+                             .k = Act(qkv, q_dim),
+                             .q_stride = qkv_dim,
+                             .k_stride = qkv_dim,
+                             .positions = view.positions},
+                            ev.active && ev.rope_rows ? ev_base + ev.rope_off : nullptr));
 
     cuda::KvWriteParams kw;
     kw.k = Act(qkv, q_dim);
