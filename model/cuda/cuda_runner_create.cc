@@ -313,30 +313,31 @@ absl::Status CudaModelRunner::Impl::AllocateActivations() {
   return CudaStatus(cudaStreamSynchronize(stream), "allocating activations");
 }
 
+absl::Status CudaModelRunner::Impl::ReallocateUpload(HostBuffer& host, DeviceBuffer& dev,
+                                                     int64_t& capacity, int64_t new_capacity,
+                                                     int64_t bytes, const char* what) {
+  KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
+  host.reset();
+  dev.reset();
+  capacity = 0;
+  KV_ASSIGN_OR_RETURN(host, PinnedAlloc(bytes, what));
+  KV_ASSIGN_OR_RETURN(dev, DeviceAlloc(bytes, what));
+  capacity = new_capacity;
+  return absl::OkStatus();
+}
+
 absl::Status CudaModelRunner::Impl::EnsureSampleCapacity(int64_t bytes) {
   if (bytes <= sample_capacity) return absl::OkStatus();
-  KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   const int64_t want = std::max(bytes, 2 * sample_capacity);
-  sample_host.reset();
-  sample_dev.reset();
-  sample_capacity = 0;
-  KV_ASSIGN_OR_RETURN(sample_host, PinnedAlloc(want, "the sampling upload"));
-  KV_ASSIGN_OR_RETURN(sample_dev, DeviceAlloc(want, "the sampling upload"));
-  sample_capacity = want;
-  return absl::OkStatus();
+  return ReallocateUpload(sample_host, sample_dev, sample_capacity, want, want,
+                          "the sampling upload");
 }
 
 absl::Status CudaModelRunner::Impl::EnsureCopyCapacity(int64_t pairs) {
   if (pairs <= copies_capacity) return absl::OkStatus();
-  KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
   const int64_t want = std::max(pairs, 2 * copies_capacity);
-  copies_host.reset();
-  copies_dev.reset();
-  copies_capacity = 0;
-  KV_ASSIGN_OR_RETURN(copies_host, PinnedAlloc(cuda::CopyListBytes(want), "the block copy list"));
-  KV_ASSIGN_OR_RETURN(copies_dev, DeviceAlloc(cuda::CopyListBytes(want), "the block copy list"));
-  copies_capacity = want;
-  return absl::OkStatus();
+  return ReallocateUpload(copies_host, copies_dev, copies_capacity, want, cuda::CopyListBytes(want),
+                          "the block copy list");
 }
 
 // A step at the largest size the runner takes, on a temporary pool, so that

@@ -42,8 +42,6 @@ absl::Status Grow(DeviceBuffer& buf, int64_t& capacity, int64_t bytes, cudaStrea
   return absl::OkStatus();
 }
 
-int64_t Align16(int64_t n) { return (n + 15) / 16 * 16; }
-
 }  // namespace
 
 absl::Status CudaModelRunner::Impl::PlanEviction(const BatchInput& batch) {
@@ -151,14 +149,9 @@ absl::Status CudaModelRunner::Impl::PlanEviction(const BatchInput& batch) {
                             stream, "the attention statistics"));
   }
   if (off > ev_capacity) {
-    KV_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream));
-    ev_host.reset();
-    ev_dev.reset();
-    ev_capacity = 0;
     const int64_t cap = std::max<int64_t>(off * 2, 4096);
-    KV_ASSIGN_OR_RETURN(ev_host, PinnedAlloc(cap, "the eviction staging"));
-    KV_ASSIGN_OR_RETURN(ev_dev, DeviceAlloc(cap, "the eviction staging"));
-    ev_capacity = cap;
+    KV_RETURN_IF_ERROR(
+        ReallocateUpload(ev_host, ev_dev, ev_capacity, cap, cap, "the eviction staging"));
   }
   // The previous eviction upload must have left the pinned buffer.
   KV_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(ev_uploaded));

@@ -60,6 +60,9 @@ absl::StatusOr<DeviceBuffer> DeviceAlloc(int64_t bytes, const std::string& what)
 absl::StatusOr<HostBuffer> PinnedAlloc(int64_t bytes, const std::string& what,
                                        unsigned flags = cudaHostAllocDefault);
 
+// `n` rounded up to a multiple of 16: the sections of an upload.
+inline int64_t Align16(int64_t n) { return (n + 15) / 16 * 16; }
+
 // Where each layer's blocks and tails sit in a pool of `blocks` blocks and
 // `tails` tails (see Impl's KV pools).
 struct PoolShape {
@@ -205,6 +208,12 @@ struct CudaModelRunner::Impl {
   absl::Status ProfileRun();
   absl::Status AllocatePools();
   absl::Status CaptureGraphs();
+  // Replaces a pinned upload buffer and its device copy with `bytes` of
+  // each once the stream is idle (queued work may read the old ones);
+  // `capacity` is 0 while they are missing, then `new_capacity` (in the
+  // caller's unit).
+  absl::Status ReallocateUpload(HostBuffer& host, DeviceBuffer& dev, int64_t& capacity,
+                                int64_t new_capacity, int64_t bytes, const char* what);
   absl::Status EnsureSampleCapacity(int64_t bytes);
   absl::Status EnsureCopyCapacity(int64_t pairs);
   absl::Status Upload(const BatchInput& batch, std::span<const int32_t> words,

@@ -70,8 +70,8 @@ absl::Status CudaModelRunner::Impl::SampleRows(std::span<const SampleRow> rows,
     for (size_t i = 0; i < n; ++i) masked = masked || !rows[begin + i].allowed.empty();
     identity = identity && !masked;
     const int64_t packed = sampling->PackedBytes();
-    const int64_t index_offset = (packed + 15) / 16 * 16;
-    const int64_t mask_offset = (index_offset + static_cast<int64_t>(n) * 4 + 15) / 16 * 16;
+    const int64_t index_offset = Align16(packed);
+    const int64_t mask_offset = Align16(index_offset + static_cast<int64_t>(n) * 4);
     const int64_t upload = masked ? mask_offset + static_cast<int64_t>(n) * mask_words * 4
                                   : index_offset + static_cast<int64_t>(n) * 4;
     KV_RETURN_IF_ERROR(EnsureSampleCapacity(upload));
