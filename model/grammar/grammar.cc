@@ -101,8 +101,8 @@ int32_t InternByteSet(GrammarNfa* nfa, const ByteSet& s) {
 }  // namespace
 
 // Thompson construction: returns (entry, exit) states of the fragment.
-std::pair<int32_t, int32_t> GrammarBuilder::LowerExpr(ExprId id, GrammarNfa* nfa,
-                                                      int32_t rule) const {
+std::pair<int32_t, int32_t> GrammarBuilder::LowerExpr(ExprId id, GrammarNfa* nfa, int32_t rule,
+                                                      const std::vector<bool>& nullable) const {
   const GrammarExpr& e = exprs_[id];
   switch (e.kind) {
     case GrammarExpr::Kind::kEmpty: {
@@ -116,9 +116,9 @@ std::pair<int32_t, int32_t> GrammarBuilder::LowerExpr(ExprId id, GrammarNfa* nfa
       return {s, t};
     }
     case GrammarExpr::Kind::kSeq: {
-      auto [entry, exit] = LowerExpr(e.children[0], nfa, rule);
+      auto [entry, exit] = LowerExpr(e.children[0], nfa, rule, nullable);
       for (size_t i = 1; i < e.children.size(); ++i) {
-        auto [s, t] = LowerExpr(e.children[i], nfa, rule);
+        auto [s, t] = LowerExpr(e.children[i], nfa, rule, nullable);
         AddEps(nfa, exit, s);
         exit = t;
       }
@@ -127,34 +127,48 @@ std::pair<int32_t, int32_t> GrammarBuilder::LowerExpr(ExprId id, GrammarNfa* nfa
     case GrammarExpr::Kind::kAlt: {
       const int32_t s = NewState(nfa), t = NewState(nfa);
       for (ExprId c : e.children) {
-        auto [cs, ct] = LowerExpr(c, nfa, rule);
+        auto [cs, ct] = LowerExpr(c, nfa, rule, nullable);
         AddEps(nfa, s, cs);
         AddEps(nfa, ct, t);
       }
       return {s, t};
     }
     case GrammarExpr::Kind::kRepeat: {
+      // A copy's states are made after its entry and before the next
+      // fragment: copy c is [entry, entry + size).
+      GrammarNfa::RepeatCopies copies;
+      auto copy = [&]() {
+        const int32_t before = static_cast<int32_t>(nfa->states.size());
+        auto [cs, ct] = LowerExpr(e.children[0], nfa, rule, nullable);
+        copies.entry.push_back(cs);
+        copies.size = static_cast<int32_t>(nfa->states.size()) - before;
+        return std::pair<int32_t, int32_t>{cs, ct};
+      };
       const int32_t s = NewState(nfa);
       int32_t exit = s;
       for (int32_t i = 0; i < e.min; ++i) {
-        auto [cs, ct] = LowerExpr(e.children[0], nfa, rule);
+        auto [cs, ct] = copy();
         AddEps(nfa, exit, cs);
         exit = ct;
       }
       const int32_t t = NewState(nfa);
       if (e.max == kUnbounded) {
-        auto [cs, ct] = LowerExpr(e.children[0], nfa, rule);
+        auto [cs, ct] = LowerExpr(e.children[0], nfa, rule, nullable);
         AddEps(nfa, exit, cs);
         AddEps(nfa, ct, exit);
         AddEps(nfa, exit, t);
       } else {
         for (int32_t i = e.min; i < e.max; ++i) {
-          auto [cs, ct] = LowerExpr(e.children[0], nfa, rule);
+          auto [cs, ct] = copy();
           AddEps(nfa, exit, t);
           AddEps(nfa, exit, cs);
           exit = ct;
         }
         AddEps(nfa, exit, t);
+        if (e.max >= 2 && !nullable[e.children[0]]) {
+          copies.min = e.min;
+          nfa->repeats.push_back(std::move(copies));
+        }
       }
       return {s, t};
     }
@@ -206,19 +220,77 @@ int64_t GrammarBuilder::LoweredStates(int64_t cap) const {
   return total;
 }
 
+std::vector<bool> GrammarBuilder::Nullable() const {
+  // The least fixpoint over rules: a rule is nullable once its body is.
+  std::vector<bool> rule_nullable(rules_.size(), false);
+  std::vector<bool> nullable(exprs_.size(), false);
+  for (bool changed = true; changed;) {
+    changed = false;
+    // Children have smaller ids than their parents, except through Ref.
+    for (size_t id = 0; id < exprs_.size(); ++id) {
+      const GrammarExpr& e = exprs_[id];
+      bool n = false;
+      switch (e.kind) {
+        case GrammarExpr::Kind::kEmpty:
+          n = true;
+          break;
+        case GrammarExpr::Kind::kClass:
+          break;
+        case GrammarExpr::Kind::kSeq:
+          n = std::all_of(e.children.begin(), e.children.end(),
+                          [&](ExprId c) { return static_cast<bool>(nullable[c]); });
+          break;
+        case GrammarExpr::Kind::kAlt:
+          n = std::any_of(e.children.begin(), e.children.end(),
+                          [&](ExprId c) { return static_cast<bool>(nullable[c]); });
+          break;
+        case GrammarExpr::Kind::kRepeat:
+          n = e.min == 0 || nullable[e.children[0]];
+          break;
+        case GrammarExpr::Kind::kRef:
+          n = rule_nullable[e.rule];
+          break;
+      }
+      if (n && !nullable[id]) {
+        nullable[id] = true;
+        changed = true;
+      }
+    }
+    for (size_t r = 0; r < rules_.size(); ++r) {
+      if (!rule_nullable[r] && rules_[r].body >= 0 && nullable[rules_[r].body]) {
+        rule_nullable[r] = true;
+        changed = true;
+      }
+    }
+  }
+  return nullable;
+}
+
 GrammarNfa GrammarBuilder::Lower() const {
   GrammarNfa nfa;
+  const std::vector<bool> nullable = Nullable();
   nfa.rule_start.resize(rules_.size());
   for (size_t r = 0; r < rules_.size(); ++r) {
     const int32_t start = NewState(&nfa);
     const int32_t end = NewState(&nfa);
     nfa.rule_start[r] = start;
     if (rules_[r].body >= 0) {
-      auto [s, t] = LowerExpr(rules_[r].body, &nfa, static_cast<int32_t>(r));
+      auto [s, t] = LowerExpr(rules_[r].body, &nfa, static_cast<int32_t>(r), nullable);
       AddEps(&nfa, start, s);
       AddEps(&nfa, t, end);
     }
     nfa.states[end].rule_end = static_cast<int32_t>(r);
+  }
+  // Innermost repeats were recorded before the ones around them: walking
+  // back, each repeat finds its parent in state_repeat, then claims its
+  // copies' states.
+  nfa.state_repeat.assign(nfa.states.size(), -1);
+  for (int32_t r = static_cast<int32_t>(nfa.repeats.size()) - 1; r >= 0; --r) {
+    GrammarNfa::RepeatCopies& rep = nfa.repeats[r];
+    rep.parent = nfa.state_repeat[rep.entry[0]];
+    for (int32_t entry : rep.entry) {
+      std::fill(nfa.state_repeat.begin() + entry, nfa.state_repeat.begin() + entry + rep.size, r);
+    }
   }
   return nfa;
 }

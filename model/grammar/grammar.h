@@ -12,6 +12,12 @@
 // consuming edge carries a 256-bit byte set; a call edge enters a rule's start
 // state and resumes at its target when that rule reaches its end.
 //
+// Repeat copies (GrammarNfa::repeats): the copies of a bounded repeat are
+// lowered alike, so copy c's states are copy 0's shifted by a fixed offset;
+// Lower records where each copy starts. A position d or more copies away
+// from the repeat's ends reads the same next d bytes as the same position in
+// another such copy (CompiledGrammar shares token masks through that).
+//
 // Thread-safety: a built Grammar is immutable.
 #pragma once
 
@@ -86,10 +92,23 @@ struct GrammarNfa {
     int32_t rule_end = -1;  // >= 0: the end state of that rule
     bool consumes = false;  // has an edge with a byte set
   };
+  // The copies of one bounded repeat whose child matches no empty string:
+  // copy c is the states [entry[c], entry[c] + size), copies below `min`
+  // are mandatory, and parent is the repeat whose copy holds these states
+  // (-1: none).
+  struct RepeatCopies {
+    std::vector<int32_t> entry;  // ascending
+    int32_t size = 0;
+    int32_t min = 0;
+    int32_t parent = -1;
+  };
   std::vector<State> states;
   std::vector<ByteSet> bytesets;
   std::vector<int32_t> rule_start;  // [num_rules]
   int32_t start_rule = 0;
+  std::vector<RepeatCopies> repeats;
+  // [states] the innermost repeat with a copy that holds the state; -1 none.
+  std::vector<int32_t> state_repeat;
 };
 
 class GrammarBuilder {
@@ -121,7 +140,10 @@ class GrammarBuilder {
     std::string name;
     ExprId body = -1;
   };
-  std::pair<int32_t, int32_t> LowerExpr(ExprId e, GrammarNfa* nfa, int32_t rule) const;
+  std::pair<int32_t, int32_t> LowerExpr(ExprId e, GrammarNfa* nfa, int32_t rule,
+                                        const std::vector<bool>& nullable) const;
+  // Per expression: whether it matches the empty string.
+  std::vector<bool> Nullable() const;
   int32_t NewState(GrammarNfa* nfa) const;
 
   std::vector<GrammarExpr> exprs_;

@@ -1,12 +1,32 @@
 #include "model/grammar/grammar_matcher.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 namespace kvserve {
 
 CompiledGrammar::CompiledGrammar(GrammarNfa nfa, std::shared_ptr<const TokenVocab> vocab)
     : nfa_(std::move(nfa)), vocab_(std::move(vocab)) {
+  // Byte classes: bytes that every byte set of the NFA either holds or not
+  // step every state set alike, so a DFA successor is computed once per
+  // class (one class for all the letters inside a JSON string).
+  byte_class_.fill(0);
+  int32_t classes = 1;
+  for (const ByteSet& set : nfa_.bytesets) {
+    std::array<int32_t, 512> split;
+    split.fill(-1);
+    int32_t next = 0;
+    for (int b = 0; b < 256; ++b) {
+      int32_t& c = split[2 * byte_class_[b] + set.Has(static_cast<uint8_t>(b))];
+      if (c < 0) c = next++;
+      byte_class_[b] = static_cast<uint8_t>(c);
+    }
+    classes = next;
+    if (classes == 256) break;
+  }
+  class_bytes_.resize(classes);
+  for (int b = 0; b < 256; ++b) class_bytes_[byte_class_[b]].push_back(static_cast<uint8_t>(b));
   absl::MutexLock lock(&mu_);
   stamp_.assign(nfa_.states.size(), 0);
   seeds_.push_back(GrammarThread{nfa_.rule_start[nfa_.start_rule], -1});
@@ -97,19 +117,26 @@ bool CompiledGrammar::Advance(const GrammarStateSet& in, std::string_view bytes,
   return true;
 }
 
+void CompiledGrammar::KeyInto(const GrammarStateSet& set, std::vector<uint64_t>* key) {
+  key->clear();
+  key->push_back(set.can_end);
+  for (const GrammarThread& t : set.threads) {
+    key->push_back((static_cast<uint64_t>(static_cast<uint32_t>(t.state)) << 32) |
+                   static_cast<uint32_t>(t.stack));
+  }
+}
+
 std::vector<uint64_t> CompiledGrammar::Key(const GrammarStateSet& set) {
   std::vector<uint64_t> key;
   key.reserve(set.threads.size() + 1);
-  key.push_back(set.can_end);
-  for (const GrammarThread& t : set.threads) {
-    key.push_back((static_cast<uint64_t>(static_cast<uint32_t>(t.state)) << 32) |
-                  static_cast<uint32_t>(t.stack));
-  }
+  KeyInto(set, &key);
   return key;
 }
 
 int32_t CompiledGrammar::Intern(const GrammarStateSet& set) const {
-  auto [it, inserted] = dfa_ids_.try_emplace(Key(set), static_cast<int32_t>(dfa_sets_.size()));
+  KeyInto(set, &key_scratch_);
+  if (auto it = dfa_ids_.find(key_scratch_); it != dfa_ids_.end()) return it->second;
+  auto [it, inserted] = dfa_ids_.try_emplace(key_scratch_, static_cast<int32_t>(dfa_sets_.size()));
   if (inserted) {
     dfa_sets_.push_back(set);
     dfa_next_.emplace_back();
@@ -125,42 +152,143 @@ int32_t CompiledGrammar::Intern(const GrammarStateSet& set) const {
 int32_t CompiledGrammar::Next(int32_t id, uint8_t byte) const {
   int32_t next = dfa_next_[id][byte];
   if (next != kUnknown) return next;
+  // The byte sets this state's threads read: bytes that each of them holds
+  // or not alike step the state alike, so one Step serves every such byte
+  // class (inside a JSON string: all ASCII letters, which the grammar's
+  // literals split into many global classes).
+  state_bytesets_.clear();
+  for (const GrammarThread& t : dfa_sets_[id].threads) {
+    for (const GrammarNfa::Edge& e : nfa_.states[t.state].edges) {
+      if (e.byteset >= 0 && std::find(state_bytesets_.begin(), state_bytesets_.end(), e.byteset) ==
+                                state_bytesets_.end()) {
+        state_bytesets_.push_back(e.byteset);
+      }
+    }
+  }
   Step(dfa_sets_[id], byte, &step_out_);
   next = step_out_.dead() ? -1 : Intern(step_out_);
-  dfa_next_[id][byte] = next;
+  std::array<int32_t, 256>& row = dfa_next_[id];
+  for (const std::vector<uint8_t>& bytes : class_bytes_) {
+    const uint8_t b = bytes[0];
+    if (row[b] != kUnknown) continue;
+    bool alike = true;
+    for (int32_t set : state_bytesets_) {
+      if (nfa_.bytesets[set].Has(b) != nfa_.bytesets[set].Has(byte)) {
+        alike = false;
+        break;
+      }
+    }
+    if (alike) {
+      for (uint8_t c : bytes) row[c] = next;
+    }
+  }
   return next;
 }
 
-int32_t CompiledGrammar::WalkTrie(const GrammarStateSet& in, std::span<uint32_t> mask) const {
-  const std::vector<TokenVocab::Node>& nodes = vocab_->nodes();
-  std::memset(mask.data(), 0, mask.size() * sizeof(uint32_t));
+int32_t CompiledGrammar::WalkTrie(const GrammarStateSet& in, int32_t min_bytes,
+                                  std::span<uint32_t> mask) const {
+  const TokenVocab::Node* nodes = vocab_->nodes().data();
+  const size_t num_nodes = vocab_->nodes().size();
+  const int32_t* token_ids = vocab_->token_ids().data();
+  uint32_t* words = mask.data();
+  if (min_bytes == 0) std::memset(words, 0, mask.size() * sizeof(uint32_t));
   if (dfa_sets_.size() >= kMaxDfaStates) {
     dfa_sets_.clear();
     dfa_ids_.clear();
     dfa_next_.clear();
   }
-  if (levels_.empty()) levels_.resize(2);
-  levels_[0] = Intern(in);
+  depth_ids_.resize(vocab_->max_token_bytes() + 1);
+  int32_t* level = depth_ids_.data();
+  level[0] = Intern(in);
   int32_t count = 0;
   size_t i = 0;
-  while (i < nodes.size()) {
+  while (i < num_nodes) {
     const TokenVocab::Node& n = nodes[i];
-    const int32_t from = levels_[n.depth - 1];
-    const int32_t next = Next(from, n.byte);
+    if (n.max_depth <= min_bytes) {
+      i = n.subtree_end;
+      continue;
+    }
+    const int32_t from = level[n.depth - 1];
+    int32_t next = dfa_next_[from][n.byte];
+    if (next == kUnknown) next = Next(from, n.byte);
     if (next < 0) {
       i = n.subtree_end;
       continue;
     }
-    if (levels_.size() <= static_cast<size_t>(n.depth)) levels_.resize(n.depth + 1);
-    levels_[n.depth] = next;
-    const int32_t* ids = vocab_->node_tokens(n);
-    for (int32_t k = 0; k < n.num_tokens; ++k) {
-      mask[ids[k] >> 5] |= uint32_t{1} << (ids[k] & 31);
+    level[n.depth] = next;
+    if (n.depth > min_bytes) {
+      const int32_t* ids = token_ids + n.first_token;
+      for (int32_t k = 0; k < n.num_tokens; ++k) {
+        words[ids[k] >> 5] |= uint32_t{1} << (ids[k] & 31);
+      }
+      count += n.num_tokens;
     }
-    count += n.num_tokens;
     ++i;
   }
   return count;
+}
+
+int32_t CompiledGrammar::CanonicalState(int32_t state, int32_t bytes) const {
+  // Copy c of a repeat with n copies, `min` of them mandatory, has n - 1 - c
+  // copies after it and max(0, min - 1 - c) mandatory ones. Within `bytes`
+  // bytes a path from anywhere in copy c enters at most bytes + 1 more
+  // copies (each consumes a byte), so copies with at least bytes + 1 after
+  // them and either no mandatory one left or at least bytes + 1 of them
+  // read the same: each class moves to its copy nearest the end.
+  for (int32_t r = nfa_.state_repeat[state]; r >= 0;) {
+    const GrammarNfa::RepeatCopies& rep = nfa_.repeats[r];
+    const int32_t n = static_cast<int32_t>(rep.entry.size());
+    const int32_t c = static_cast<int32_t>(
+        std::upper_bound(rep.entry.begin(), rep.entry.end(), state) - rep.entry.begin() - 1);
+    int32_t to = c;
+    if (c <= rep.min - 2 - bytes) {
+      to = rep.min - 2 - bytes;
+    } else if (c >= rep.min - 1 && c <= n - 2 - bytes) {
+      to = n - 2 - bytes;
+    }
+    state += rep.entry[to] - rep.entry[c];
+    r = rep.parent;
+  }
+  return state;
+}
+
+int32_t CompiledGrammar::CanonicalStack(int32_t stack, int32_t level, int32_t bytes) const {
+  if (stack < 0) return stack;
+  const uint64_t key = (static_cast<uint64_t>(level) << 32) | static_cast<uint32_t>(stack);
+  if (auto it = canonical_stacks_.find(key); it != canonical_stacks_.end()) return it->second;
+  const Frame f = frames_[stack];
+  const int32_t parent = CanonicalStack(f.parent, level, bytes);
+  const int32_t ret = CanonicalState(f.ret, bytes);
+  const int32_t canonical = parent == f.parent && ret == f.ret ? stack : Push(parent, ret);
+  canonical_stacks_[key] = canonical;
+  return canonical;
+}
+
+std::vector<uint64_t> CompiledGrammar::CanonicalKey(const GrammarStateSet& set, int32_t level,
+                                                    int32_t bytes) const {
+  canonical_threads_.clear();
+  for (const GrammarThread& t : set.threads) {
+    canonical_threads_.push_back(
+        GrammarThread{CanonicalState(t.state, bytes), CanonicalStack(t.stack, level, bytes)});
+  }
+  std::sort(canonical_threads_.begin(), canonical_threads_.end());
+  canonical_threads_.erase(std::unique(canonical_threads_.begin(), canonical_threads_.end()),
+                           canonical_threads_.end());
+  std::vector<uint64_t> key;
+  key.reserve(canonical_threads_.size() + 1);
+  key.push_back(static_cast<uint64_t>(level));
+  for (const GrammarThread& t : canonical_threads_) {
+    key.push_back((static_cast<uint64_t>(static_cast<uint32_t>(t.state)) << 32) |
+                  static_cast<uint32_t>(t.stack));
+  }
+  return key;
+}
+
+void CompiledGrammar::ClearMasks() const {
+  cached_.clear();
+  masks_.clear();
+  canonical_.clear();
+  canonical_stacks_.clear();
 }
 
 int32_t CompiledGrammar::FillMask(const GrammarStateSet& in, std::span<uint32_t> mask) const {
@@ -168,21 +296,69 @@ int32_t CompiledGrammar::FillMask(const GrammarStateSet& in, std::span<uint32_t>
   std::vector<uint64_t> key = Key(in);
   if (auto it = masks_.find(key); it != masks_.end()) {
     ++hits_;
-    std::memcpy(mask.data(), it->second.words.data(), mask.size() * sizeof(uint32_t));
-    return it->second.count;
+    const CachedMask& c = cached_[it->second];
+    std::memcpy(mask.data(), c.words.data(), mask.size() * sizeof(uint32_t));
+    return c.count;
   }
-  ++walks_;
-  const int32_t count = WalkTrie(in, mask);
-  if (masks_.size() >= kMaxCachedMasks) masks_.clear();
-  CachedMask& c = masks_[std::move(key)];
+  if (cached_.size() >= kMaxCachedMasks) ClearMasks();
+  // Canonical keys only for sets with a thread or return state in a copy.
+  bool in_copy = false;
+  for (const GrammarThread& t : in.threads) {
+    for (int32_t st = t.stack; !in_copy && st >= 0; st = frames_[st].parent) {
+      in_copy = nfa_.state_repeat[frames_[st].ret] >= 0;
+    }
+    in_copy = in_copy || nfa_.state_repeat[t.state] >= 0;
+    if (in_copy) break;
+  }
+  const std::vector<int32_t>& levels = vocab_->levels();
+  level_keys_.clear();
+  int32_t base = -1;
+  size_t base_level = 0;
+  if (in_copy) {
+    for (size_t l = levels.size(); l-- > 0;) {
+      level_keys_.push_back(CanonicalKey(in, static_cast<int32_t>(l), levels[l]));
+      if (base < 0) {
+        if (auto it = canonical_.find(level_keys_.back()); it != canonical_.end()) {
+          base = it->second;
+          base_level = l;
+        }
+      }
+    }
+  }
+  int32_t count = 0;
+  if (base >= 0 && base_level + 1 == levels.size()) {
+    ++hits_;  // the same tokens of every length
+    std::memcpy(mask.data(), cached_[base].words.data(), mask.size() * sizeof(uint32_t));
+    count = cached_[base].count;
+  } else if (base >= 0) {
+    ++walks_;
+    const uint32_t* from = cached_[base].words.data();
+    const uint32_t* keep = vocab_->short_mask(base_level).data();
+    for (size_t w = 0; w < mask.size(); ++w) mask[w] = from[w] & keep[w];
+    WalkTrie(in, levels[base_level], mask);
+    for (uint32_t w : mask) count += std::popcount(w);
+  } else {
+    ++walks_;
+    ++full_walks_;
+    count = WalkTrie(in, 0, mask);
+  }
+  const int32_t index = static_cast<int32_t>(cached_.size());
+  CachedMask& c = cached_.emplace_back();
   c.words.assign(mask.begin(), mask.end());
   c.count = count;
+  masks_.emplace(std::move(key), index);
+  for (std::vector<uint64_t>& k : level_keys_) canonical_.try_emplace(std::move(k), index);
   return count;
 }
 
 int64_t CompiledGrammar::walks() const {
   absl::MutexLock lock(&mu_);
   return walks_;
+}
+
+int64_t CompiledGrammar::full_walks() const {
+  absl::MutexLock lock(&mu_);
+  return full_walks_;
 }
 
 int64_t CompiledGrammar::cache_hits() const {

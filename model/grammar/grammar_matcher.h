@@ -10,12 +10,26 @@
 // FillMask walks the vocabulary trie depth-first, stepping the state by each
 // node's byte and skipping a subtree as soon as its prefix is rejected. The
 // steps go through a DFA over state sets built lazily in the compiled grammar
-// (set -> id, (id, byte) -> id), so after the first walks a trie node costs
-// one table lookup. The mask
-// of a state is cached in the compiled grammar (key: the thread set), so a
-// state met again (inside a string, after the same key) costs a hash lookup
-// and a copy. Masks are bitsets, one bit per token id in 32-bit words (bit
-// id % 32 of word id / 32), the layout a sampling kernel can read per row.
+// (set -> id, (id, byte class) -> id), so after the first walks a trie node
+// costs one table lookup. Masks are bitsets, one bit per token id in 32-bit
+// words (bit id % 32 of word id / 32), the layout a sampling kernel can read
+// per row.
+//
+// Masks are cached in the compiled grammar under the exact thread set, and
+// under its canonical key at each length level d of the vocabulary
+// (TokenVocab::levels): every thread state and call-stack return state that
+// lies in a copy of a bounded repeat (GrammarNfa::repeats) more than d
+// copies away from the repeat's ends is moved to one representative copy.
+// Two sets with one canonical key at level d accept the same byte strings
+// of up to d bytes, since a copy consumes at least one byte and so none of
+// those strings reaches an end of the repeat (the union of the threads'
+// paths decides a token, and each thread's paths map copy for copy). A state
+// met for the first time takes the mask of a cached state with its
+// canonical key at the largest level d for the tokens of at most d bytes
+// and walks the trie only for the longer ones (subtrees without one are
+// skipped); inside a string of maxLength 24 that is the tokens longer than
+// the characters left, a few thousand of Llama 3's 128,256. At the last
+// level (the longest token) the cached mask is the mask.
 //
 // End tokens (EOS, stop ids) are not the grammar's: the caller allows them
 // when CanEnd().
@@ -61,7 +75,8 @@ class CompiledGrammar {
  public:
   // A call stack deeper than this drops the thread (left recursion guard).
   static constexpr int32_t kMaxStackDepth = 512;
-  // Cached masks per grammar; the cache is cleared when it fills.
+  // Cached masks per grammar (each mask_words() words, plus a canonical key
+  // per length level); the cache is cleared when it fills.
   static constexpr size_t kMaxCachedMasks = 1024;
 
   CompiledGrammar(GrammarNfa nfa, std::shared_ptr<const TokenVocab> vocab);
@@ -74,8 +89,11 @@ class CompiledGrammar {
   bool Advance(const GrammarStateSet& in, std::string_view bytes, GrammarStateSet* out) const;
   // Mask of the tokens whose bytes `in` accepts; returns how many.
   int32_t FillMask(const GrammarStateSet& in, std::span<uint32_t> mask) const;
-  // Masks computed by a trie walk and masks served from the cache so far.
+  // Masks computed by a trie walk (whole or over the long tokens only),
+  // those of them that walked the whole trie, and masks served from the
+  // cache (by the exact set or its canonical key at the last level).
   int64_t walks() const;
+  int64_t full_walks() const;
   int64_t cache_hits() const;
 
  private:
@@ -87,17 +105,31 @@ class CompiledGrammar {
   // Closes seeds_ into out (consuming threads, can_end, first bytes).
   void Close(GrammarStateSet* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int32_t Push(int32_t stack, int32_t ret) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  int32_t WalkTrie(const GrammarStateSet& in, std::span<uint32_t> mask) const
+  // Sets the bits of the tokens longer than `min_bytes` that `in` accepts
+  // (all of them for 0, after clearing the mask); returns how many.
+  int32_t WalkTrie(const GrammarStateSet& in, int32_t min_bytes, std::span<uint32_t> mask) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The key of `set` with its repeat copies moved as for level `bytes`
+  // (first word: the level); empty when no thread is in a repeat copy.
+  std::vector<uint64_t> CanonicalKey(const GrammarStateSet& set, int32_t level, int32_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int32_t CanonicalState(int32_t state, int32_t bytes) const;
+  int32_t CanonicalStack(int32_t stack, int32_t level, int32_t bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ClearMasks() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The lazily built DFA over state sets: Intern gives a set its id, Next
   // the id after a byte (-1: dead), computed once and remembered.
   int32_t Intern(const GrammarStateSet& set) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int32_t Next(int32_t id, uint8_t byte) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static std::vector<uint64_t> Key(const GrammarStateSet& set);
+  static void KeyInto(const GrammarStateSet& set, std::vector<uint64_t>* key);
 
   const GrammarNfa nfa_;
   const std::shared_ptr<const TokenVocab> vocab_;
   GrammarStateSet initial_;
+  // The byte classes of nfa_'s byte sets: byte -> class, class -> bytes.
+  std::array<uint8_t, 256> byte_class_{};
+  std::vector<std::vector<uint8_t>> class_bytes_;
 
   mutable absl::Mutex mu_;
   mutable std::vector<Frame> frames_ ABSL_GUARDED_BY(mu_);
@@ -106,16 +138,26 @@ class CompiledGrammar {
     std::vector<uint32_t> words;
     int32_t count = 0;
   };
-  mutable absl::flat_hash_map<std::vector<uint64_t>, CachedMask> masks_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<CachedMask> cached_ ABSL_GUARDED_BY(mu_);
+  // Exact keys and canonical keys -> index into cached_.
+  mutable absl::flat_hash_map<std::vector<uint64_t>, int32_t> masks_ ABSL_GUARDED_BY(mu_);
+  mutable absl::flat_hash_map<std::vector<uint64_t>, int32_t> canonical_ ABSL_GUARDED_BY(mu_);
+  // (level, stack) -> the canonical stack at that level.
+  mutable absl::flat_hash_map<uint64_t, int32_t> canonical_stacks_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<std::vector<uint64_t>> level_keys_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<GrammarThread> canonical_threads_ ABSL_GUARDED_BY(mu_);
   mutable int64_t walks_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable int64_t full_walks_ ABSL_GUARDED_BY(mu_) = 0;
   mutable int64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
   // Scratch.
   mutable std::vector<GrammarThread> seeds_ ABSL_GUARDED_BY(mu_);
   mutable std::vector<GrammarThread> visited_ ABSL_GUARDED_BY(mu_);
   mutable std::vector<uint32_t> stamp_ ABSL_GUARDED_BY(mu_);
   mutable uint32_t generation_ ABSL_GUARDED_BY(mu_) = 0;
-  mutable std::vector<int32_t> levels_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<int32_t> depth_ids_ ABSL_GUARDED_BY(mu_);
   mutable GrammarStateSet step_out_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<int32_t> state_bytesets_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<uint64_t> key_scratch_ ABSL_GUARDED_BY(mu_);
   // The DFA: sets by id, their ids by key, and 256 successors per id
   // (kUnknown until computed). Cleared when it reaches kMaxDfaStates.
   static constexpr int32_t kUnknown = -2;

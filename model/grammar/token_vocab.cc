@@ -49,6 +49,28 @@ TokenVocab::TokenVocab(std::vector<std::string> bytes) : bytes_(std::move(bytes)
     nodes_[path.back()].subtree_end = static_cast<int32_t>(nodes_.size());
     path.pop_back();
   }
+  // In preorder a subtree follows its root: back to front, each node has
+  // its descendants' depths.
+  for (size_t i = nodes_.size(); i-- > 0;) {
+    Node& n = nodes_[i];
+    n.max_depth = std::max(n.max_depth, n.depth);
+    max_token_bytes_ = std::max(max_token_bytes_, n.depth);
+    for (size_t c = i + 1; c < static_cast<size_t>(n.subtree_end); c = nodes_[c].subtree_end) {
+      n.max_depth = std::max(n.max_depth, nodes_[c].max_depth);
+    }
+  }
+  for (int32_t len = 1; len < max_token_bytes_;) {
+    levels_.push_back(len);
+    len += len < 8 ? 1 : len / 4;
+  }
+  if (max_token_bytes_ > 0) levels_.push_back(max_token_bytes_);
+  for (int32_t level : levels_) {
+    std::vector<uint32_t>& m = short_masks_.emplace_back(mask_words(), 0);
+    for (int32_t id = 0; id < vocab_size(); ++id) {
+      const size_t len = bytes_[id].size();
+      if (len > 0 && len <= static_cast<size_t>(level)) m[id >> 5] |= uint32_t{1} << (id & 31);
+    }
+  }
 }
 
 int32_t TokenVocab::MidTextPrev(const Tokenizer& tokenizer) {

@@ -13,6 +13,10 @@
 // tokens as their bytes. (Right after BOS a SentencePiece token drops its
 // space; the engine feeds the grammar the bytes actually added.)
 //
+// Length levels: the mask of a grammar state is put together from the mask
+// of a related state for the tokens of at most levels()[i] bytes
+// (short_mask(i)) and a walk over the longer ones (CompiledGrammar).
+//
 // Thread-safety: immutable after construction.
 #pragma once
 
@@ -34,6 +38,7 @@ class TokenVocab {
     int32_t subtree_end = 0;  // one past the last node of its subtree
     int32_t first_token = 0;  // into token_ids_: tokens whose bytes end here
     int32_t num_tokens = 0;
+    int32_t max_depth = 0;  // of its subtree: its longest token's length
   };
 
   // bytes[id]: the bytes of token id ("" for control tokens).
@@ -56,11 +61,21 @@ class TokenVocab {
                                                        : static_cast<int32_t>(token_ids_.size())};
   }
   const std::vector<int32_t>& token_ids() const { return token_ids_; }
+  // The longest token's length in bytes.
+  int32_t max_token_bytes() const { return max_token_bytes_; }
+  // Ascending token lengths, the last one max_token_bytes(): every length
+  // up to 8, then about four per doubling.
+  const std::vector<int32_t>& levels() const { return levels_; }
+  // mask_words() words: the tokens of 1 to levels()[i] bytes.
+  const std::vector<uint32_t>& short_mask(size_t i) const { return short_masks_[i]; }
 
  private:
   std::vector<std::string> bytes_;
   std::vector<Node> nodes_;
   std::vector<int32_t> token_ids_;
+  int32_t max_token_bytes_ = 0;
+  std::vector<int32_t> levels_;
+  std::vector<std::vector<uint32_t>> short_masks_;
 };
 
 }  // namespace kvserve
