@@ -228,6 +228,42 @@ int32_t CompiledGrammar::WalkTrie(const GrammarStateSet& in, int32_t min_bytes,
   return count;
 }
 
+void CompiledGrammar::WalkLongTokens(const GrammarStateSet& in, int32_t min_bytes,
+                                     std::span<uint32_t> mask) const {
+  const TokenVocab::LongTokens* list = vocab_->long_tokens(min_bytes);
+  if (list == nullptr) {
+    WalkTrie(in, min_bytes, mask);
+    return;
+  }
+  if (dfa_sets_.size() >= kMaxDfaStates) {
+    dfa_sets_.clear();
+    dfa_ids_.clear();
+    dfa_next_.clear();
+  }
+  depth_ids_.resize(vocab_->max_token_bytes() + 1);
+  int32_t* ids = depth_ids_.data();
+  ids[0] = Intern(in);
+  // alive: the longest prefix of the last entry that `in` accepts; an entry
+  // sharing more than that with it shares a rejected prefix.
+  int32_t alive = 0;
+  const char* bytes = list->bytes.data();
+  uint32_t* words = mask.data();
+  for (const TokenVocab::LongTokens::Entry& e : list->entries) {
+    if (e.lcp > alive) continue;
+    int32_t depth = e.lcp;
+    const char* b = bytes + e.suffix;
+    for (; depth < e.len; ++depth, ++b) {
+      const uint8_t byte = static_cast<uint8_t>(*b);
+      int32_t next = dfa_next_[ids[depth]][byte];
+      if (next == kUnknown) next = Next(ids[depth], byte);
+      if (next < 0) break;
+      ids[depth + 1] = next;
+    }
+    alive = depth;
+    if (depth == e.len && e.len > min_bytes) words[e.id >> 5] |= uint32_t{1} << (e.id & 31);
+  }
+}
+
 int32_t CompiledGrammar::CanonicalState(int32_t state, int32_t bytes) const {
   // Copy c of a repeat with n copies, `min` of them mandatory, has n - 1 - c
   // copies after it and max(0, min - 1 - c) mandatory ones. Within `bytes`
@@ -335,7 +371,7 @@ int32_t CompiledGrammar::FillMask(const GrammarStateSet& in, std::span<uint32_t>
     const uint32_t* from = cached_[base].words.data();
     const uint32_t* keep = vocab_->short_mask(base_level).data();
     for (size_t w = 0; w < mask.size(); ++w) mask[w] = from[w] & keep[w];
-    WalkTrie(in, levels[base_level], mask);
+    WalkLongTokens(in, levels[base_level], mask);
     for (uint32_t w : mask) count += std::popcount(w);
   } else {
     ++walks_;

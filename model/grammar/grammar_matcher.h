@@ -109,6 +109,10 @@ class CompiledGrammar {
   // (all of them for 0, after clearing the mask); returns how many.
   int32_t WalkTrie(const GrammarStateSet& in, int32_t min_bytes, std::span<uint32_t> mask) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The same for min_bytes > 0 through the vocabulary's front-coded list of
+  // long tokens (TokenVocab::long_tokens), without a count.
+  void WalkLongTokens(const GrammarStateSet& in, int32_t min_bytes, std::span<uint32_t> mask) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The key of `set` with its repeat copies moved as for level `bytes`
   // (first word: the level); empty when no thread is in a repeat copy.
   std::vector<uint64_t> CanonicalKey(const GrammarStateSet& set, int32_t level, int32_t bytes) const

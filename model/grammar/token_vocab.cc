@@ -64,6 +64,26 @@ TokenVocab::TokenVocab(std::vector<std::string> bytes) : bytes_(std::move(bytes)
     len += len < 8 ? 1 : len / 4;
   }
   if (max_token_bytes_ > 0) levels_.push_back(max_token_bytes_);
+  for (int32_t longer_than : {4, 6, 8, 12, 16, 24, 32, 48, 64, 96}) {
+    if (longer_than >= max_token_bytes_) break;
+    LongTokens& list = long_tokens_.emplace_back();
+    list.longer_than = longer_than;
+    const std::string* prev = nullptr;
+    for (int32_t id : token_ids_) {
+      const std::string& t = bytes_[id];
+      if (t.size() <= static_cast<size_t>(longer_than)) continue;
+      size_t lcp = 0;
+      if (prev != nullptr) {
+        const size_t limit = std::min(prev->size(), t.size());
+        while (lcp < limit && (*prev)[lcp] == t[lcp]) ++lcp;
+      }
+      list.entries.push_back(LongTokens::Entry{id, static_cast<int32_t>(lcp),
+                                               static_cast<int32_t>(t.size()),
+                                               static_cast<int32_t>(list.bytes.size())});
+      list.bytes.append(t, lcp);
+      prev = &t;
+    }
+  }
   for (int32_t level : levels_) {
     std::vector<uint32_t>& m = short_masks_.emplace_back(mask_words(), 0);
     for (int32_t id = 0; id < vocab_size(); ++id) {
@@ -71,6 +91,14 @@ TokenVocab::TokenVocab(std::vector<std::string> bytes) : bytes_(std::move(bytes)
       if (len > 0 && len <= static_cast<size_t>(level)) m[id >> 5] |= uint32_t{1} << (id & 31);
     }
   }
+}
+
+const TokenVocab::LongTokens* TokenVocab::long_tokens(int32_t d) const {
+  const LongTokens* best = nullptr;
+  for (const LongTokens& list : long_tokens_) {
+    if (list.longer_than <= d) best = &list;
+  }
+  return best;
 }
 
 int32_t TokenVocab::MidTextPrev(const Tokenizer& tokenizer) {

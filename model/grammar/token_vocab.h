@@ -15,7 +15,10 @@
 //
 // Length levels: the mask of a grammar state is put together from the mask
 // of a related state for the tokens of at most levels()[i] bytes
-// (short_mask(i)) and a walk over the longer ones (CompiledGrammar).
+// (short_mask(i)) and a walk over the longer ones (CompiledGrammar). That
+// walk reads long_tokens(d): the tokens longer than a threshold at most d, in
+// trie order and front-coded, so it runs through one array instead of
+// jumping over the trie's subtrees of short tokens.
 //
 // Thread-safety: immutable after construction.
 #pragma once
@@ -63,6 +66,20 @@ class TokenVocab {
   const std::vector<int32_t>& token_ids() const { return token_ids_; }
   // The longest token's length in bytes.
   int32_t max_token_bytes() const { return max_token_bytes_; }
+  // Tokens longer than `longer_than` bytes in trie order: entry i's bytes are
+  // the first lcp bytes of entry i - 1's, then bytes[suffix, suffix + len -
+  // lcp).
+  struct LongTokens {
+    struct Entry {
+      int32_t id = 0, lcp = 0, len = 0, suffix = 0;
+    };
+    int32_t longer_than = 0;
+    std::vector<Entry> entries;
+    std::string bytes;
+  };
+  // The list with the largest threshold of at most `d` bytes; null if none.
+  const LongTokens* long_tokens(int32_t d) const;
+
   // Ascending token lengths, the last one max_token_bytes(): every length
   // up to 8, then about four per doubling.
   const std::vector<int32_t>& levels() const { return levels_; }
@@ -76,6 +93,7 @@ class TokenVocab {
   int32_t max_token_bytes_ = 0;
   std::vector<int32_t> levels_;
   std::vector<std::vector<uint32_t>> short_masks_;
+  std::vector<LongTokens> long_tokens_;  // ascending thresholds
 };
 
 }  // namespace kvserve
