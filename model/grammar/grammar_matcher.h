@@ -18,18 +18,20 @@
 // Masks are cached in the compiled grammar under the exact thread set, and
 // under its canonical key at each length level d of the vocabulary
 // (TokenVocab::levels): every thread state and call-stack return state that
-// lies in a copy of a bounded repeat (GrammarNfa::repeats) more than d
-// copies away from the repeat's ends is moved to one representative copy.
-// Two sets with one canonical key at level d accept the same byte strings
-// of up to d bytes, since a copy consumes at least one byte and so none of
-// those strings reaches an end of the repeat (the union of the threads'
-// paths decides a token, and each thread's paths map copy for copy). A state
-// met for the first time takes the mask of a cached state with its
-// canonical key at the largest level d for the tokens of at most d bytes
-// and walks the trie only for the longer ones (subtrees without one are
-// skipped); inside a string of maxLength 24 that is the tokens longer than
-// the characters left, a few thousand of Llama 3's 128,256. At the last
-// level (the longest token) the cached mask is the mask.
+// lies in a copy of a bounded repeat (GrammarNfa::repeats) with at least
+// d + 1 copies after it, and either no mandatory copy left or d + 1 of them,
+// moves to the copy nearest the end with the same property. Two sets with
+// one canonical key at level d accept the same byte strings of up to d bytes:
+// a copy consumes at least one byte, so no such string reaches the end of
+// the copies or, where there was none, an exit, and a token is accepted when
+// one thread's paths accept it, each thread's paths mapping copy for copy. A
+// set met for the first time takes the tokens of at most d bytes from a
+// cached set with its canonical key at the largest level d and walks only
+// the longer ones (TokenVocab::long_tokens; inside a string of maxLength 24
+// with 19 characters left, the 1,591 of Llama 3's 128,256 longer than 15
+// bytes). At the last level (the longest token) the cached mask is the
+// mask. The cache holds at most kMaxCachedMasks masks and their keys (16 MiB
+// at 128k tokens), the DFA kMaxDfaStates sets; each is cleared when it fills.
 //
 // End tokens (EOS, stop ids) are not the grammar's: the caller allows them
 // when CanEnd().
