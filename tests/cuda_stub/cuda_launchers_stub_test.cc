@@ -37,7 +37,7 @@ std::vector<float> Download(const float* d, size_t n) {
 }
 
 TEST_CASE("stub launchers: qk_norm is one launch for every head, equal to one per head",
-          "[cuda_stub]") {
+          "[cuda_stub][fiber_order]") {
   // 5 tokens of [4 q heads][2 k heads][2 v heads] x head_dim 8, row stride 64.
   const int64_t tokens = 5, q_heads = 4, kv_heads = 2, hd = 8, stride = 64;
   std::vector<float> qkv(static_cast<size_t>(tokens * stride)), qw(hd), kw(hd);
@@ -97,7 +97,8 @@ TEST_CASE("stub launchers: qk_norm is one launch for every head, equal to one pe
   for (float* d : {one, each, dq, dk}) cudaFree(d);
 }
 
-TEST_CASE("stub launchers: SwiGLU over strided rows equals cpu::SiluMul", "[cuda_stub]") {
+TEST_CASE("stub launchers: SwiGLU over strided rows equals cpu::SiluMul",
+          "[cuda_stub][fiber_order]") {
   // 300 channels: a thread strides over two; rows padded to check strides.
   const int64_t tokens = 7, hidden = 300, in_stride = 2 * hidden + 4, out_stride = hidden + 3;
   std::vector<float> gate_up(size_t(tokens * in_stride)), out0(size_t(tokens * out_stride), -7.0f);
@@ -128,7 +129,7 @@ TEST_CASE("stub launchers: SwiGLU over strided rows equals cpu::SiluMul", "[cuda
   cudaFree(dout);
 }
 
-TEST_CASE("stub launchers: token masks equal the CPU sampler's mask", "[cuda_stub]") {
+TEST_CASE("stub launchers: token masks equal the CPU sampler's mask", "[cuda_stub][fiber_order]") {
   // A vocabulary that is not a multiple of 32, more words than one block's
   // threads, rows with all-ones, all-but-one, sparse and single-bit masks.
   const int32_t vocab = 9000, rows = 5;

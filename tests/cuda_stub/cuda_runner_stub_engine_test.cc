@@ -97,7 +97,7 @@ TEST_CASE("stub runner: preemption by recompute and by swap changes no token", "
 }
 
 TEST_CASE("stub runner: n = 4 forks and prefix caching share blocks exactly as on the CPU",
-          "[cuda_stub]") {
+          "[cuda_stub][fiber_order]") {
   GenerateRequest req = testing::ForkRequest();  // 100 prompt tokens, n = 4
   req.max_tokens = 20;
   const std::vector<int32_t> prompt = req.prompt_token_ids;
@@ -193,7 +193,7 @@ KvPolicyOverride Policy(const char* name, int32_t budget, int32_t sinks = -1) {
 }
 
 TEST_CASE("stub runner: every eviction policy gives the CPU engine's greedy tokens",
-          "[cuda_stub]") {
+          "[cuda_stub][fiber_order]") {
   // One request per policy (streaming with and without sinks), prompts of
   // about 60 to 100 tokens against budgets of 24 to 40.
   const KvPolicyOverride policies[] = {Policy("none", 0),          Policy("sliding_window", 24),
@@ -287,7 +287,7 @@ TEST_CASE("stub engine: prompts evicted from a small pool come back from the hos
 }
 
 TEST_CASE("stub engine: constrained decoding masks on the device with the CPU engine's tokens",
-          "[cuda_stub]") {
+          "[cuda_stub][fiber_order]") {
   StubSetup gpu;
   StubSetup cpu = gpu;
   cpu.device = "cpu";

@@ -105,7 +105,7 @@ void RequireReferenceTokens(const std::string& spec, const char* reference, int 
 // (measured here, teacher-forced: fp16 2e-3, bf16 7e-5, the others 1e-5),
 // under the top-2 margins of these greedy runs.
 TEST_CASE("stub runner: 8- and 16-bit KV formats give the CPU runner's greedy tokens",
-          "[cuda_stub]") {
+          "[cuda_stub][fiber_order]") {
   for (const char* spec :
        {"fp16", "bf16", "fp8_e4m3", "int8", "k8v4", "fp16,bf16,int8*,k8v4,fp8_e4m3"}) {
     DYNAMIC_SECTION("kv " << spec) { RequireReferenceTokens(spec, "cpu", 40); }
@@ -156,7 +156,7 @@ void RequireNearGreedy(const std::string& spec, const char* reference, int len) 
 }
 
 TEST_CASE("stub runner: 4-bit KV formats pick the reference's greedy tokens or near ties",
-          "[cuda_stub]") {
+          "[cuda_stub][fiber_order]") {
   for (const char* spec : {"int4", "fp16,int4*"}) {
     DYNAMIC_SECTION("kv " << spec) { RequireNearGreedy(spec, "cpu", 64); }
   }
@@ -171,7 +171,7 @@ TEST_CASE("stub runner: 4-bit KV formats pick the reference's greedy tokens or n
 // layer's bytes, for evenly spaced layers (one 2D copy a block) and for a
 // per-layer dtype list (one copy a layer).
 TEST_CASE("stub runner: swapped blocks come back byte for byte from the copy engines",
-          "[cuda_stub]") {
+          "[cuda_stub][fiber_order]") {
   for (const char* spec : {"fp32", "int8,fp16,int8*"}) {
     INFO("kv " << spec);
     StubSetup s;

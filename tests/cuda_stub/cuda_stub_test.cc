@@ -123,7 +123,7 @@ std::vector<float> Download(const float* d, size_t n) {
 
 }  // namespace
 
-TEST_CASE("CUDA stand-in catches planted defects", "[cuda_stub]") {
+TEST_CASE("CUDA stand-in catches planted defects", "[cuda_stub][fiber_order]") {
   cudaStream_t stream = nullptr;
   REQUIRE(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) == cudaSuccess);
   float* out = DeviceAlloc<float>(64);
@@ -343,7 +343,7 @@ float* Upload(const std::vector<float>& h) {
 }  // namespace
 
 TEST_CASE("CUDA stand-in: a stream that waits on an event sees the other stream's work",
-          "[cuda_stub]") {
+          "[cuda_stub][fiber_order]") {
   // The runner's swap path: the compute stream writes, the copy stream
   // waits on an event of it and copies to pinned memory with
   // cudaMemcpy2DAsync; the host syncs only the copy stream.
@@ -375,7 +375,7 @@ TEST_CASE("CUDA stand-in: a stream that waits on an event sees the other stream'
   REQUIRE(cudaStreamDestroy(compute) == cudaSuccess);
 }
 
-TEST_CASE("cuBLASLt stand-in: Gemm::Linear against a naive GEMM", "[cuda_stub]") {
+TEST_CASE("cuBLASLt stand-in: Gemm::Linear against a naive GEMM", "[cuda_stub][fiber_order]") {
   using kvserve::cuda::ActDtype;
   // stories260K's w_down: in = 172, not a multiple of 8.
   const int rows = 3, in = 172, out = 64;

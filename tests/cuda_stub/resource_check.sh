@@ -1,45 +1,36 @@
-#!/usr/bin/env bash
 # Static resource check of every CUDA kernel (make test, no device needed):
-# compiles each kernels/cuda/*.cu for sm_90a with nvcc --resource-usage
-# (ptxas -v), tabulates registers, spills, stack and static shared memory
-# per kernel, and fails when
+# reads ptxas's report (nvcc --resource-usage) that the build wrote beside
+# each kernels/cuda/*.cu object of kvserve_cuda (cmake/nvcc_resources.sh, the
+# target's compiler launcher, so nothing is compiled again), tabulates
+# registers, spills, stack and static shared memory per kernel, and fails when
 #   - an attention, KV-write or sampling kernel spills (spill stores or
 #     loads > 0: local-memory traffic in the hot loops) more than the known
 #     spills below allow (open findings of issue 23, to be removed when
 #     fixed: a new spill, or a larger one, fails), or
 #   - a kernel's static shared memory is over 48 KiB (the most a launch
-#     gets without the dynamic opt-in).
+#     gets without the dynamic opt-in), or
+#   - a kernels/cuda/*.cu has no report (the build did not compile it so).
 # Usage: resource_check.sh SOURCE_DIR BUILD_DIR [TABLE.md]
 # With TABLE.md, writes the table there (docs/cuda-resources.md is made so).
 set -euo pipefail
 src="${1:?usage: resource_check.sh SOURCE_DIR BUILD_DIR [TABLE.md]}"
 build="${2:?usage: resource_check.sh SOURCE_DIR BUILD_DIR [TABLE.md]}"
 table="${3:-}"
-nvcc="${CUDACXX:-/usr/local/cuda/bin/nvcc}"
-[[ -x "$nvcc" ]] || { echo "resource_check: no nvcc at $nvcc"; exit 77; }
-# A fixed folder: the same command lines every run, so ccache hits.
+objdir="$build/CMakeFiles/kvserve_cuda.dir/kernels/cuda"
+[[ -d "$objdir" ]] || { echo "resource_check: no kvserve_cuda objects in $build (CUDA off?)"; exit 77; }
 work="$build/resource-check"
 rm -rf "$work"
 mkdir -p "$work"
-
-# The build's own flags for kvserve_cuda, with ptxas's report.
-flags=(-O3 -DNDEBUG --generate-code=arch=compute_90a,code=sm_90a --expt-relaxed-constexpr
-       -std=c++17 -I"$src" -I"$build" -DKVSERVE_HAVE_CUDA=1 --resource-usage)
-launcher=""
-command -v ccache >/dev/null 2>&1 && launcher=ccache
-pids=()
 for cu in "$src"/kernels/cuda/*.cu; do
   name="$(basename "$cu" .cu)"
-  # Through ccache when there is one: it replays ptxas's report on a hit.
-  $launcher "$nvcc" "${flags[@]}" -c "$cu" -o "$work/$name.o" >"$work/$name.log" 2>&1 &
-  pids+=($!)
-  # Two compiles at a time.
-  if ((${#pids[@]} >= 2)); then
-    wait "${pids[0]}" || { cat "$work/$(basename "$cu" .cu).log"; exit 1; }
-    pids=("${pids[@]:1}")
+  report="$objdir/$name.cu.o.resources"
+  if [[ ! -f "$report" || "$report" -ot "$cu" ]]; then
+    echo "resource_check: FAIL: no ptxas report for kernels/cuda/$name.cu at $report" \
+         "(build kvserve_cuda, whose launcher writes it)"
+    exit 1
   fi
+  cp "$report" "$work/$name.log"
 done
-for p in "${pids[@]}"; do wait "$p" || { echo "resource_check: an nvcc run failed"; cat "$work"/*.log; exit 1; }; done
 
 /usr/bin/python3 - "$work" "$table" <<'PY'
 import glob, os, re, subprocess, sys
