@@ -6,9 +6,10 @@
 //   int8: symmetric per output channel: s_o = max_k |w_ok| / 127,
 //         q_ok = round(w_ok / s_o) in [-127, 127].
 //   int4: per group of `group_size` consecutive inputs of one output
-//         channel, q = round(w / s_og) in [-8, 7] with an fp16 scale: the
-//         largest |w| maps to -8 (llama.cpp's q4_0), or a slightly smaller
-//         |s| where that gives less squared error; no zero point.
+//         channel, q = round(w / s_og) in [-8, 7] with an fp16 scale: of
+//         a few scales around the one that maps the largest |w| to -8
+//         (llama.cpp's q4_0), each with its least-squares refit, the one
+//         with the least squared error over the group; no zero point.
 // Activations are quantized per row on the fly to 15 bits,
 // x_rk ~ t_r v_rk with t_r = max_k |x_rk| / 16256 and v_rk in [-16256,
 // 16256], split into two bytes v = 128 h + l, h in [-127, 127] (signed),
@@ -133,6 +134,11 @@ QuantKernel BestQuantKernel();
 // to scalar.
 void QuantLinear(const float* x, int64_t rows, const QuantMatrix& w, int64_t o_begin, int64_t o_end,
                  float* y, int64_t ldy, bool accumulate, QuantKernel kernel = QuantKernel::kBest);
+
+// The squared error sum_k (w_k - s q_k)^2 of n weights of one int4 group
+// under scale s (q_k = round(w_k / s) clamped to [-8, 7]; s = 0: all q = 0),
+// as the quantizer compares its candidate scales. Exposed for tests.
+double Int4GroupError(const float* w, int64_t n, float scale);
 
 // Largest |v| of a quantized activation (127 * 128: h stays in [-127, 127]).
 inline constexpr int kActMax = 16256;

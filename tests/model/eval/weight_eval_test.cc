@@ -70,8 +70,8 @@ TEST_CASE("eval-kv by weight dtype: int8 within 0.5% ppl of fp32 weights on the 
   REQUIRE(std::abs(int8.delta_ppl_percent) <= 0.5);
   REQUIRE(int8.top1_agreement > 0.97);
   // int4 misses the issue's 3% here (stories260K's 64-wide rows; see
-  // bench/README.md); this pins what the group-32 quantizer measures so a
-  // regression shows.
+  // docs/benchmarks.md): the group-32 scale search measures +8.5% on these
+  // 30 stories (+8.0% on all 89); this bound lets a regression show.
   REQUIRE(int4.delta_ppl_percent > 0.0);
   REQUIRE(int4.delta_ppl_percent <= 12.0);
   const nlohmann::json j = nlohmann::json::parse(KvQualityJson(*rep));
