@@ -411,7 +411,7 @@ int Main(int argc, char** argv) {
           "usage: decode_bench [MODEL] [--runs N] [--json FILE] [--mode "
           "all|single|batched|gemm|threads]\n"
           "                    [--threads 1,2] [--prefill-tokens 169] [--decode-tokens 64]\n"
-          "                    [--weight-dtype fp32,int8,int4] (--mode threads)\n"
+          "                    [--weight-dtype fp32,int8,int4,int4_asym] (--mode threads)\n"
           "                    [--write-llama2c FILE]\n");
       return 0;
     } else if (!a.empty() && a[0] != '-') {

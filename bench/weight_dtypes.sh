@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# `make bench-weights`: model.weight_dtype fp32 / int8 / int4 on the CPU.
+# `make bench-weights`: model.weight_dtype fp32 / int8 / int4 / int4_asym on the CPU.
 #   1. speed: dummy:stories110m-shape (stories110M's body, 85.7M parameters;
 #      llama.cpp counts 85.3M for the same weights, its converter tying the
 #      head), a 169-token prompt in one step, then 64 greedy decode steps, at
@@ -34,8 +34,9 @@ for f in "$kvserve" "$decode_bench" "$model" "$text"; do
 done
 
 "$decode_bench" dummy:stories110m-shape --mode threads --threads 1,2 --runs "${RUNS:-5}" \
-  --weight-dtype fp32,int8,int4 --json "$out/speed.json" | tee "$out/speed.txt"
+  --weight-dtype fp32,int8,int4,int4_asym --json "$out/speed.json" | tee "$out/speed.txt"
 "$kvserve" eval-kv --model "$model" --text "$text" --weight-dtype int8 --weight-dtype int4 \
-  --weight-dtype "int8+head int8" --weight-dtype int4/g128 --json "$out/quality.json" |
+  --weight-dtype int4_asym --weight-dtype "int8+head int8" --weight-dtype int4/g128 \
+  --weight-dtype int4_asym/g128 --json "$out/quality.json" |
   tee "$out/quality.txt"
 echo "bench/weight_dtypes.sh: results in $out"

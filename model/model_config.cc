@@ -18,6 +18,8 @@ std::string_view WeightQuantName(WeightQuant q) {
       return "int8";
     case WeightQuant::kInt4:
       return "int4";
+    case WeightQuant::kInt4Asym:
+      return "int4_asym";
   }
   return "?";
 }
@@ -37,7 +39,7 @@ std::string WeightQuantSpec::ToString() const {
   if (!head_auto && head != body) {
     s += absl::StrCat("+head ", std::string(WeightQuantName(head)));
   }
-  if ((body == WeightQuant::kInt4 || head == WeightQuant::kInt4) && group_size != 32) {
+  if ((IsInt4(body) || IsInt4(head)) && group_size != 32) {
     s += absl::StrCat("/g", group_size);
   }
   return s;
@@ -59,14 +61,16 @@ absl::StatusOr<WeightQuantSpec> ParseWeightQuant(std::string_view body, std::str
     }
     if (t == "int8") return std::optional<WeightQuant>(WeightQuant::kInt8);
     if (t == "int4") return std::optional<WeightQuant>(WeightQuant::kInt4);
+    if (t == "int4_asym") return std::optional<WeightQuant>(WeightQuant::kInt4Asym);
     if (t == "fp8_e4m3" || t == "fp8") {
       return absl::InvalidArgumentError(absl::StrCat(
           key,
-          ": fp8_e4m3 weights are not supported yet; use fp32, int8 or int4 (model.device: "
+          ": fp8_e4m3 weights are not supported yet; use fp32, int8, int4 or int4_asym "
+          "(model.device: "
           "cpu)"));
     }
-    return absl::InvalidArgumentError(
-        absl::StrCat(key, ": expected auto, fp32, fp16, bf16, int8 or int4, got '", t, "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        key, ": expected auto, fp32, fp16, bf16, int8, int4 or int4_asym, got '", t, "'"));
   };
   WeightQuantSpec spec;
   KV_ASSIGN_OR_RETURN(std::optional<WeightQuant> b,

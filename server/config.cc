@@ -780,12 +780,13 @@ std::string ServeConfigKeyHelp(const std::string& key) {
        "weights and activations: auto (fp32 on cpu, bf16 on cuda), fp32, fp16 or bf16; the CPU "
        "backend computes in fp32 only"},
       {"model.weight_dtype",
-       "linear layers: auto (as model.dtype), fp32, int8 (per channel) or int4 (per group, "
-       "model.weight_group_size), quantized at load; int8 and int4 on the CPU only"},
+       "linear layers: auto (as model.dtype), fp32, int8 (per channel), int4 (per group, "
+       "model.weight_group_size; llama.cpp's q4_0) or int4_asym (int4 with a per-group offset: "
+       "q4_1, 0.5 bits a weight more at group 32, less error), quantized at load; CPU only"},
       {"model.weight_dtype_head",
        "the output head: auto (fp32 for vocabularies under 32768 tokens, else int8 when "
-       "model.weight_dtype quantizes), fp32, int8 or int4"},
-      {"model.weight_group_size", "int4 inputs per scale: 32 (default) or 128"},
+       "model.weight_dtype quantizes), fp32, int8, int4 or int4_asym"},
+      {"model.weight_group_size", "int4 / int4_asym inputs per scale: 32 (default) or 128"},
       {"model.mmap",
        "mmap the weight files instead of reading them into memory (false): faster start, shared "
        "page cache, but a file truncated while served kills the daemon (SIGBUS) and one "

@@ -10,7 +10,14 @@ namespace kvserve {
 namespace {
 
 cpu::QuantKind KindOf(WeightQuant q) {
-  return q == WeightQuant::kInt8 ? cpu::QuantKind::kInt8 : cpu::QuantKind::kInt4;
+  switch (q) {
+    case WeightQuant::kInt8:
+      return cpu::QuantKind::kInt8;
+    case WeightQuant::kInt4Asym:
+      return cpu::QuantKind::kInt4Asym;
+    default:
+      return cpu::QuantKind::kInt4;
+  }
 }
 
 cpu::QuantMatrix Pack(const Tensor& t, WeightQuant q, int group) {

@@ -67,8 +67,8 @@ enum ModelFlag : unsigned {
   kKvDtypeFlag = 4,    // --kv-dtype D (one name or a per-layer list), repeatable
   kBlockSizeFlag = 8,  // --block-size B, in [1, 65536]
   kThreadsFlag = 16,   // --threads N, in [0, 1024] (0: what the cgroup and affinity allow)
-  // --weight-dtype D (model.weight_dtype: auto, fp32, int8, int4; "int8+head int8" sets the
-  // head, "int4/g128" the group size), repeatable
+  // --weight-dtype D (model.weight_dtype: auto, fp32, int8, int4, int4_asym; "int8+head int8" sets
+  // the head, "int4/g128" the group size), repeatable
   kWeightDtypeFlag = 32,
 };
 

@@ -55,8 +55,8 @@ constexpr char kUsage[] =
     "  --dtype D            weights and activations: auto, fp32, fp16, bf16 (default auto:\n"
     "                       fp32 on cpu, bf16 on cuda)\n"
     "  --weight-dtype D     linear layers (model.weight_dtype): auto, fp32, int8, int4,\n"
-    "                       quantized at load, CPU only; 'int8+head int8' sets the head,\n"
-    "                       'int4/g128' the int4 group (default 32)\n"
+    "                       int4_asym, quantized at load, CPU only; 'int8+head int8' sets\n"
+    "                       the head, 'int4/g128' the int4 group (default 32)\n"
     "                       (default auto: as --dtype)\n";
 
 struct Options {

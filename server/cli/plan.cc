@@ -42,8 +42,9 @@ constexpr char kUsage[] =
     "  --context N         tokens per sequence (required)\n"
     "  --block-size B      KV block size in tokens (default 16)\n"
     "  --batch N           also show what N sequences of --context tokens need (default 0)\n"
-    "  --weight-dtype D    weight storage: fp32, fp16, bf16, fp8, int8, int4 (default fp16;\n"
-    "                      int8 / int4 count the CPU runner's model.weight_dtype layout)\n"
+    "  --weight-dtype D    weight storage: fp32, fp16, bf16, fp8, int8, int4, int4_asym\n"
+    "                      (default fp16; int8 / int4 / int4_asym count the CPU runner's\n"
+    "                      model.weight_dtype layout)\n"
     "  --int4-group-size G channels per int4 scale group (default 64)\n"
     "  --kv-dtype D        also plan D: a dtype or one per layer (int8,int4_kc*,int8: NAME*N\n"
     "                      is N layers, NAME* the layers left); repeatable\n"
@@ -86,6 +87,8 @@ bool WeightBytesPerParam(const std::string& dtype, double* bytes) {
     *bytes = 1;
   } else if (dtype == "int4") {
     *bytes = 0.5;
+  } else if (dtype == "int4_asym") {
+    *bytes = 0.625;  // 4 bits and an fp16 scale and offset per 32
   } else {
     return false;
   }
@@ -119,7 +122,7 @@ int ParseFlags(int argc, char** argv, Options* o) {
       o->batch = n;
     } else if (name == "--weight-dtype") {
       if (!WeightBytesPerParam(value, &o->weight_bytes_per_param)) {
-        return bad("one of fp32, fp16, bf16, fp8, int8, int4");
+        return bad("one of fp32, fp16, bf16, fp8, int8, int4, int4_asym");
       }
       o->weight_dtype = value;
     } else if (name == "--int4-group-size") {
@@ -200,7 +203,7 @@ int RunPlan(int argc, char** argv) {
   req.num_kv_heads = c.num_kv_heads;
   req.head_dim = c.head_dim;
   req.weight_bytes = static_cast<int64_t>(static_cast<double>(params) * o.weight_bytes_per_param);
-  if (o.weight_dtype == "int8" || o.weight_dtype == "int4") {
+  if (o.weight_dtype == "int8" || o.weight_dtype == "int4" || o.weight_dtype == "int4_asym") {
     // What the CPU runner holds (model.weight_dtype): packed linear layers
     // with their scales, embeddings and norms in fp32, the head per the rule.
     req.weight_bytes = ForwardWeightBytesFor(c, *ParseWeightQuant(o.weight_dtype));

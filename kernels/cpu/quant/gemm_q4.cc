@@ -4,7 +4,9 @@
 // (and the same for l), then fma(128 float(h sum) + float(l sum), scale,
 // acc) over the groups in order and a final multiply by the row's
 // activation scale: the float operations of Q4Scalar, so all three give the
-// same bits.
+// same bits. int4_asym adds fma(sum_x, offset, acc) after each group's
+// scale term (sum_x: the group's 128 float(sum h) + float(sum l)); the
+// offsets are a template constant, not a test in the loops.
 //
 // One 64-byte load holds two quads for a block's 16 channels: the low
 // nibbles are the quad at k, the high ones the quad at k + 4. The weights
@@ -34,7 +36,7 @@ namespace {
 #define KV_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define KV_AVX2 __attribute__((target("avx2,fma,f16c")))
 
-template <int R, int NB>
+template <int R, int NB, bool kOffsets>
 KV_VNNI void TileVnni(const QuantGemmArgs& a, int64_t r0, int64_t b0) {
   const QuantMatrix& w = *a.w;
   const int64_t kp = w.k_padded(), groups = w.num_groups(), pairs = w.group_size() / 8;
@@ -96,11 +98,20 @@ KV_VNNI void TileVnni(const QuantGemmArgs& a, int64_t r0, int64_t b0) {
     for (int b = 0; b < NB; ++b) {
       const __m512 s = _mm512_cvtph_ps(_mm256_load_si256(
           reinterpret_cast<const __m256i*>(wb[b] + w.scale_offset() + g * kQuantBlock * 2)));
+      __m512 off = _mm512_setzero_ps();
+      if constexpr (kOffsets) {
+        off = _mm512_cvtph_ps(_mm256_load_si256(
+            reinterpret_cast<const __m256i*>(wb[b] + w.offset_offset() + g * kQuantBlock * 2)));
+      }
 #pragma GCC unroll 16
       for (int r = 0; r < R; ++r) {
         const __m512 comb = _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(ah[r][b]), k128),
                                           _mm512_cvtepi32_ps(al[r][b]));
         facc[r][b] = _mm512_fmadd_ps(comb, s, facc[r][b]);
+        if constexpr (kOffsets) {
+          facc[r][b] =
+              _mm512_fmadd_ps(_mm512_set1_ps(a.sum_x[(r0 + r) * groups + g]), off, facc[r][b]);
+        }
       }
     }
   }
@@ -119,6 +130,7 @@ KV_VNNI void TileVnni(const QuantGemmArgs& a, int64_t r0, int64_t b0) {
 // one sequential run of memory; four accumulators per group (high and low
 // activation bytes times low and high nibbles) keep four chains in flight,
 // and consecutive groups are independent until their fma.
+template <bool kOffsets>
 KV_VNNI void RowVnni(const QuantGemmArgs& a, int64_t r0, int64_t b) {
   const QuantMatrix& w = *a.w;
   const int64_t kp = w.k_padded(), groups = w.num_groups(), pairs = w.group_size() / 8;
@@ -150,24 +162,29 @@ KV_VNNI void RowVnni(const QuantGemmArgs& a, int64_t r0, int64_t b) {
         _mm512_add_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(ah0, ah1)), k128),
                       _mm512_cvtepi32_ps(_mm512_add_epi32(al0, al1)));
     facc = _mm512_fmadd_ps(comb, s, facc);
+    if constexpr (kOffsets) {
+      const __m512 off = _mm512_cvtph_ps(_mm256_load_si256(
+          reinterpret_cast<const __m256i*>(wb + w.offset_offset() + g * kQuantBlock * 2)));
+      facc = _mm512_fmadd_ps(_mm512_set1_ps(a.sum_x[r0 * groups + g]), off, facc);
+    }
   }
   _mm512_storeu_ps(a.out + r0 * a.ldo + (b - a.b_begin) * kQuantBlock,
                    _mm512_mul_ps(facc, _mm512_set1_ps(a.xscale[r0])));
 }
 
-template <int R, int NB>
+template <int R, int NB, bool kOffsets>
 KV_VNNI void ColsVnni(const QuantGemmArgs& a, int64_t r0, int64_t b_lo, int64_t b_hi) {
   if constexpr (R == 1) {
-    for (int64_t b = b_lo; b < b_hi; ++b) RowVnni(a, r0, b);
+    for (int64_t b = b_lo; b < b_hi; ++b) RowVnni<kOffsets>(a, r0, b);
     return;
   }
   int64_t b = b_lo;
-  for (; b + NB <= b_hi; b += NB) TileVnni<R, NB>(a, r0, b);
-  for (; b < b_hi; ++b) TileVnni<R, 1>(a, r0, b);
+  for (; b + NB <= b_hi; b += NB) TileVnni<R, NB, kOffsets>(a, r0, b);
+  for (; b < b_hi; ++b) TileVnni<R, 1, kOffsets>(a, r0, b);
 }
 
 // 8 channels (half a block) per ymm; R rows x one half.
-template <int R>
+template <int R, bool kOffsets>
 KV_AVX2 void TileAvx2(const QuantGemmArgs& a, int64_t r0, int64_t h0) {
   const QuantMatrix& w = *a.w;
   const int64_t kp = w.k_padded(), groups = w.num_groups(), pairs = w.group_size() / 8;
@@ -222,11 +239,19 @@ KV_AVX2 void TileAvx2(const QuantGemmArgs& a, int64_t r0, int64_t h0) {
     }
     const __m256 s = _mm256_cvtph_ps(_mm_load_si128(
         reinterpret_cast<const __m128i*>(wb + w.scale_offset() + g * kQuantBlock * 2 + half * 16)));
+    __m256 off = _mm256_setzero_ps();
+    if constexpr (kOffsets) {
+      off = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(
+          wb + w.offset_offset() + g * kQuantBlock * 2 + half * 16)));
+    }
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const __m256 comb =
           _mm256_add_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(ah[r]), k128), _mm256_cvtepi32_ps(al[r]));
       facc[r] = _mm256_fmadd_ps(comb, s, facc[r]);
+      if constexpr (kOffsets) {
+        facc[r] = _mm256_fmadd_ps(_mm256_set1_ps(a.sum_x[(r0 + r) * groups + g]), off, facc[r]);
+      }
     }
   }
 #pragma GCC unroll 16
@@ -236,31 +261,41 @@ KV_AVX2 void TileAvx2(const QuantGemmArgs& a, int64_t r0, int64_t h0) {
   }
 }
 
-template <int R>
+template <int R, bool kOffsets>
 KV_AVX2 void ColsAvx2(const QuantGemmArgs& a, int64_t r0, int64_t b_lo, int64_t b_hi) {
-  for (int64_t h = 2 * b_lo; h < 2 * b_hi; ++h) TileAvx2<R>(a, r0, h);
+  for (int64_t h = 2 * b_lo; h < 2 * b_hi; ++h) TileAvx2<R, kOffsets>(a, r0, h);
+}
+
+template <bool kOffsets>
+KV_VNNI void RunVnni(const QuantGemmArgs& a) {
+  const int64_t per_group = BlocksPerGroup(*a.w);
+  for (int64_t g0 = a.b_begin; g0 < a.b_end; g0 += per_group) {
+    const int64_t g1 = std::min(a.b_end, g0 + per_group);
+    int64_t r = 0;
+    for (; r + 2 <= a.rows; r += 2) ColsVnni<2, 2, kOffsets>(a, r, g0, g1);
+    if (r < a.rows) ColsVnni<1, 4, kOffsets>(a, r, g0, g1);
+  }
+}
+
+template <bool kOffsets>
+KV_AVX2 void RunAvx2(const QuantGemmArgs& a) {
+  const int64_t per_group = BlocksPerGroup(*a.w);
+  for (int64_t g0 = a.b_begin; g0 < a.b_end; g0 += per_group) {
+    const int64_t g1 = std::min(a.b_end, g0 + per_group);
+    int64_t r = 0;
+    for (; r + 2 <= a.rows; r += 2) ColsAvx2<2, kOffsets>(a, r, g0, g1);
+    if (r < a.rows) ColsAvx2<1, kOffsets>(a, r, g0, g1);
+  }
 }
 
 }  // namespace
 
 KV_VNNI void Q4Vnni512(const QuantGemmArgs& a) {
-  const int64_t per_group = BlocksPerGroup(*a.w);
-  for (int64_t g0 = a.b_begin; g0 < a.b_end; g0 += per_group) {
-    const int64_t g1 = std::min(a.b_end, g0 + per_group);
-    int64_t r = 0;
-    for (; r + 2 <= a.rows; r += 2) ColsVnni<2, 2>(a, r, g0, g1);
-    if (r < a.rows) ColsVnni<1, 4>(a, r, g0, g1);
-  }
+  a.w->has_offsets() ? RunVnni<true>(a) : RunVnni<false>(a);
 }
 
 KV_AVX2 void Q4Avx2(const QuantGemmArgs& a) {
-  const int64_t per_group = BlocksPerGroup(*a.w);
-  for (int64_t g0 = a.b_begin; g0 < a.b_end; g0 += per_group) {
-    const int64_t g1 = std::min(a.b_end, g0 + per_group);
-    int64_t r = 0;
-    for (; r + 2 <= a.rows; r += 2) ColsAvx2<2>(a, r, g0, g1);
-    if (r < a.rows) ColsAvx2<1>(a, r, g0, g1);
-  }
+  a.w->has_offsets() ? RunAvx2<true>(a) : RunAvx2<false>(a);
 }
 
 }  // namespace kvserve::cpu::internal

@@ -23,6 +23,9 @@ struct QuantGemmArgs {
   const float* xscale = nullptr;   // [rows] t
   const int32_t* sum_h = nullptr;  // [rows][num_groups] sums of h (int4 only)
   const int32_t* sum_l = nullptr;  // [rows][num_groups] sums of l (int4 only)
+  // [rows][num_groups] 128 float(sum_h) + float(sum_l), what a group's
+  // offset multiplies (int4_asym only)
+  const float* sum_x = nullptr;
   int64_t rows = 0;
   int64_t b_begin = 0, b_end = 0;  // blocks of kQuantBlock outputs
   float* out = nullptr;            // [rows][ldo]; block b at (b - b_begin) * kQuantBlock
@@ -36,6 +39,11 @@ inline constexpr int64_t kQuantL2Bytes = 256 * 1024;
 // Output-channel blocks per such group (at least 4).
 inline int64_t BlocksPerGroup(const QuantMatrix& w) {
   return std::max<int64_t>(4, kQuantL2Bytes / w.block_stride());
+}
+
+// 128 h + l recombined in float, as every kernel does.
+inline float Combine(int32_t acc_h, int32_t acc_l) {
+  return static_cast<float>(acc_h) * 128.0f + static_cast<float>(acc_l);
 }
 
 // Four bytes as one int32 (an unaligned activation quad for a broadcast).

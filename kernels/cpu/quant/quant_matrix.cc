@@ -28,44 +28,107 @@ inline int ClampQ(float v, int lim) {
   return std::clamp(q, -lim, lim);
 }
 
-// q = round(w / s) for an int4 group, as w times the scale's inverse (one
-// division a group, not one a weight) clamped to [-8, 7]; the packing and
-// every trial below use this one rounding.
-inline int Int4Level(float w, float inv_s) {
-  return static_cast<int>(std::clamp(RoundSmall(w * inv_s), -8.0f, 7.0f));
+// q = round((w - o) / s) for an int4 group (o = 0: symmetric), as w - o
+// times the scale's inverse (one division a group, not one a weight)
+// clamped to [-8, 7]; the packing and every trial below use this one
+// rounding.
+inline float Int4LevelF(float w, float inv_s, float o) {
+  return std::clamp(RoundSmall((w - o) * inv_s), -8.0f, 7.0f);
 }
 
-// One trial of a group scale s (nonzero) on w (wd: the same values in
-// double, w2 = sum wd^2): the levels' sums sum w q and sum q^2, which give
-// both the squared error, w2 - 2 s sum w q + s^2 sum q^2, and the
-// least-squares scale for those levels, sum w q / sum q^2. Four chains
-// keep the double adds in flight.
-struct Int4Trial {
-  double err = 0, wq = 0, qq = 0;
+// A group's values in double and their sums, for the trials.
+struct Int4Group {
+  const float* w;
+  int64_t n;
+  std::vector<double> wd;
+  double w2 = 0, w1 = 0;  // sum w^2, sum w
+  Int4Group(const float* w_in, int64_t n_in) : w(w_in), n(n_in), wd(w_in, w_in + n_in) {
+    for (double v : wd) {
+      w2 += v * v;
+      w1 += v;
+    }
+  }
 };
-Int4Trial TryInt4Scale(const float* w, const double* wd, double w2, int64_t n, float s) {
+
+// One trial of a group scale s (nonzero) and offset o: the levels' sums
+// sum w q, sum q and sum q^2, which give both the squared error
+// sum (w - s q - o)^2 = w2 - 2 s wq - 2 o w1 + s^2 qq + 2 s o q1 + n o^2,
+// and the least-squares (s, o) for those levels. Four chains keep the double
+// adds in flight; the integer sums are exact.
+struct Int4Trial {
+  double err = 0, wq = 0, qq = 0, q1 = 0;
+};
+Int4Trial TryInt4Scale(const Int4Group& grp, float s, float o) {
   const float inv = 1.0f / s;
+  const float* w = grp.w;
+  const double* wd = grp.wd.data();
+  const int64_t n = grp.n;
   double wq[4] = {0, 0, 0, 0};
-  int32_t qq = 0;
+  int32_t qq = 0, q1 = 0;
   int64_t k = 0;
   for (; k + 4 <= n; k += 4) {
     for (int j = 0; j < 4; ++j) {
-      const float q = std::clamp(RoundSmall(w[k + j] * inv), -8.0f, 7.0f);
+      const float q = Int4LevelF(w[k + j], inv, o);
       wq[j] += wd[k + j] * double(q);
       qq += static_cast<int32_t>(q * q);
+      q1 += static_cast<int32_t>(q);
     }
   }
   for (; k < n; ++k) {
-    const float q = std::clamp(RoundSmall(w[k] * inv), -8.0f, 7.0f);
+    const float q = Int4LevelF(w[k], inv, o);
     wq[0] += wd[k] * double(q);
     qq += static_cast<int32_t>(q * q);
+    q1 += static_cast<int32_t>(q);
   }
   Int4Trial t;
   t.wq = (wq[0] + wq[1]) + (wq[2] + wq[3]);
   t.qq = qq;
-  t.err = w2 - 2.0 * double(s) * t.wq + double(s) * double(s) * t.qq;
+  t.q1 = q1;
+  const double sd = s, od = o;
+  t.err = grp.w2 - 2.0 * sd * t.wq + sd * sd * t.qq;
+  if (o != 0.0f) t.err += -2.0 * od * grp.w1 + 2.0 * sd * od * t.q1 + double(n) * od * od;
   return t;
 }
+
+// A group's fp16 scale and offset (0 for the symmetric format).
+struct Int4Params {
+  uint16_t s16 = 0, o16 = 0;
+};
+
+// The candidates tried so far and the best of them.
+class Int4Search {
+ public:
+  explicit Int4Search(const Int4Group& grp) : grp_(grp) {}
+  // Tries (scale, offset) rounded to fp16, once; nullopt for a zero or NaN
+  // scale, a NaN offset or a pair already tried.
+  std::optional<Int4Trial> Try(float scale, float offset) {
+    const Int4Params p{FloatToFp16(std::clamp(scale, -kFp16Max, kFp16Max)),
+                       FloatToFp16(std::clamp(offset, -kFp16Max, kFp16Max))};
+    const float s = Fp16ToFloat(p.s16), o = Fp16ToFloat(p.o16);
+    if (s == 0.0f || std::isnan(s) || std::isnan(o)) return std::nullopt;
+    for (const Int4Params& t : tried_) {
+      if (t.s16 == p.s16 && t.o16 == p.o16) return std::nullopt;
+    }
+    tried_.push_back(p);
+    const Int4Trial t = TryInt4Scale(grp_, s, o);
+    if (best_err_ < 0 || t.err < best_err_) {
+      best_err_ = t.err;
+      best_ = p;
+      best_trial_ = t;
+    }
+    return t;
+  }
+  bool any() const { return best_err_ >= 0; }
+  const Int4Params& best() const { return best_; }
+  const Int4Trial& best_trial() const { return best_trial_; }
+
+ private:
+  const Int4Group& grp_;
+  std::vector<Int4Params> tried_;
+  Int4Params best_;
+  Int4Trial best_trial_;
+  double best_err_ = -1;
+};
 
 // An int4 group's scale, as fp16: q = round(w / s) in [-8, 7]. As llama.cpp's
 // q4_0, the weight of largest magnitude m maps to -8 (s = m / -8), which
@@ -83,69 +146,81 @@ Int4Trial TryInt4Scale(const float* w, const double* wd, double w2, int64_t n, f
 // shrinking steps) to +8.2%. Weighting the error by w^2 or by the preceding
 // RMSNorm's gains made it worse (+9.0%, +8.6%), and a refit after every
 // candidate (twice the trials) lowered the error by under 0.1% more.
-uint16_t Int4GroupScale(const float* w, int64_t n) {
+Int4Params Int4GroupScale(const float* w, int64_t n) {
   float m = 0.0f;
   for (int64_t k = 0; k < n; ++k) m = std::fabs(w[k]) > std::fabs(m) ? w[k] : m;
-  if (m == 0.0f) return 0;
-  thread_local std::vector<double> wd;
-  wd.resize(n);
-  double w2 = 0;
-  for (int64_t k = 0; k < n; ++k) {
-    wd[k] = w[k];
-    w2 += wd[k] * wd[k];
-  }
-  uint16_t best = 0;
-  double best_err = -1;
-  uint16_t tried[32];
-  int num_tried = 0;
-  // Tries a scale as fp16, once, and returns the trial; nullopt for a
-  // zero, a NaN or an already tried scale.
-  auto trial = [&](float scale) -> std::optional<Int4Trial> {
-    const uint16_t s16 = FloatToFp16(std::clamp(scale, -kFp16Max, kFp16Max));
-    const float s = Fp16ToFloat(s16);
-    if (s == 0.0f || std::isnan(s)) return std::nullopt;
-    if (std::find(tried, tried + num_tried, s16) != tried + num_tried) return std::nullopt;
-    tried[num_tried++] = s16;
-    const Int4Trial t = TryInt4Scale(w, wd.data(), w2, n, s);
-    if (best_err < 0 || t.err < best_err) {
-      best_err = t.err;
-      best = s16;
-    }
-    return t;
-  };
-  std::optional<Int4Trial> best_trial;
-  for (int step = -4; step <= 8; ++step) {
-    const uint16_t before = best;
-    const std::optional<Int4Trial> t = trial(m * (1.0f - 0.03f * step) / -8.0f);
-    if (t && best != before) best_trial = t;
-  }
+  if (m == 0.0f) return {};
+  const Int4Group grp(w, n);
+  Int4Search search(grp);
+  for (int step = -4; step <= 8; ++step) search.Try(m * (1.0f - 0.03f * step) / -8.0f, 0.0f);
   // Two least-squares refits of the best: the levels it chose, then the
   // refit's levels.
-  for (int it = 0; it < 2 && best_trial && best_trial->qq > 0; ++it) {
-    const uint16_t before = best;
-    const std::optional<Int4Trial> t = trial(static_cast<float>(best_trial->wq / best_trial->qq));
-    if (!t || best == before) break;
-    best_trial = t;
+  for (int it = 0; it < 2 && search.any() && search.best_trial().qq > 0; ++it) {
+    const Int4Params before = search.best();
+    search.Try(static_cast<float>(search.best_trial().wq / search.best_trial().qq), 0.0f);
+    if (search.best().s16 == before.s16) break;
   }
-  return best;
+  return search.best();
+}
+
+// An int4_asym group's scale and offset, w ~ s q + o with q in [-8, 7] (as
+// llama.cpp's q4_1 with its minimum at q = -8): the symmetric choice above
+// (o = 0) is the first candidate, so no group's error is larger than under
+// int4; then the min/max fit, s = (max - min) / (15 + 0.1 j) for j in [-5,
+// 5] with o = min + 8 s, each followed by the least-squares (s, o) for the
+// levels it chose, and two refits of the best.
+Int4Params Int4GroupScaleOffset(const float* w, int64_t n) {
+  const Int4Params sym = Int4GroupScale(w, n);
+  if (sym.s16 == 0) return sym;  // all zeros
+  float mn = w[0], mx = w[0];
+  for (int64_t k = 1; k < n; ++k) {
+    mn = std::min(mn, w[k]);
+    mx = std::max(mx, w[k]);
+  }
+  const Int4Group grp(w, n);
+  Int4Search search(grp);
+  search.Try(Fp16ToFloat(sym.s16), 0.0f);
+  // One value: q = 0 and the offset carries it.
+  if (mx == mn) search.Try(Fp16ToFloat(sym.s16), mn);
+  // Least-squares (s, o) for the levels of a trial: the 2 x 2 normal
+  // equations in q and 1.
+  auto refit = [&](const Int4Trial& t) {
+    const double nn = static_cast<double>(n), det = nn * t.qq - t.q1 * t.q1;
+    if (det <= 0) return;
+    const double s = (nn * t.wq - t.q1 * grp.w1) / det;
+    const double o = (t.qq * grp.w1 - t.q1 * t.wq) / det;
+    search.Try(static_cast<float>(s), static_cast<float>(o));
+  };
+  for (int step = -5; step <= 5; ++step) {
+    const float s = (mx - mn) / (15.0f + 0.1f * step);
+    const std::optional<Int4Trial> t = search.Try(s, mn + 8.0f * s);
+    if (t) refit(*t);
+  }
+  for (int it = 0; it < 2 && search.any(); ++it) refit(search.best_trial());
+  return search.best();
 }
 
 }  // namespace
 
-double Int4GroupError(const float* w, int64_t n, float scale) {
+double Int4GroupError(const float* w, int64_t n, float scale, float offset) {
   if (scale == 0.0f) {
     double e = 0;
-    for (int64_t k = 0; k < n; ++k) e += double(w[k]) * w[k];
+    for (int64_t k = 0; k < n; ++k) e += (double(w[k]) - offset) * (double(w[k]) - offset);
     return e;
   }
-  std::vector<double> wd(w, w + n);
-  double w2 = 0;
-  for (int64_t k = 0; k < n; ++k) w2 += wd[k] * wd[k];
-  return TryInt4Scale(w, wd.data(), w2, n, scale).err;
+  return TryInt4Scale(Int4Group(w, n), scale, offset).err;
 }
 
 std::string_view QuantKindName(QuantKind kind) {
-  return kind == QuantKind::kInt8 ? "int8" : "int4";
+  switch (kind) {
+    case QuantKind::kInt8:
+      return "int8";
+    case QuantKind::kInt4:
+      return "int4";
+    case QuantKind::kInt4Asym:
+      return "int4_asym";
+  }
+  return "?";
 }
 
 void QuantMatrix::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
@@ -170,15 +245,16 @@ QuantMatrix QuantMatrix::Quantize(const float* w, int64_t out, int64_t in, Quant
     m.group_ = group_size;
     m.k_padded_ = RoundUp(in, group_size);
     const int64_t groups = m.k_padded_ / group_size;
-    m.scale_offset_ = m.k_padded_ * kQuantBlock / 2;  // nibbles
-    m.block_stride_ = RoundUp(m.scale_offset_ + groups * kQuantBlock * 2, 64);
+    m.scale_offset_ = m.k_padded_ * kQuantBlock / 2;              // nibbles
+    const int64_t tables = kind == QuantKind::kInt4Asym ? 2 : 1;  // scales (+ offsets)
+    m.block_stride_ = RoundUp(m.scale_offset_ + tables * groups * kQuantBlock * 2, 64);
   }
   const int64_t total = nb * m.block_stride_;
   m.data_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, RoundUp(total, 64))));
   if (m.data_ == nullptr) std::abort();
-  // Padding: int8 q = 0; int4 nibble 8 (q = 0) and scale 0.
+  // Padding: int8 q = 0; int4 nibble 8 (q = 0), scale and offset 0.
   std::memset(m.data_.get(), kind == QuantKind::kInt8 ? 0 : 0x88, total);
-  if (kind == QuantKind::kInt4) {
+  if (kind != QuantKind::kInt8) {
     for (int64_t b = 0; b < nb; ++b) {
       std::memset(m.data_.get() + b * m.block_stride_ + m.scale_offset_, 0,
                   m.block_stride_ - m.scale_offset_);
@@ -208,17 +284,21 @@ QuantMatrix QuantMatrix::Quantize(const float* w, int64_t out, int64_t in, Quant
   }
 
   const int64_t g_size = m.group_;
+  const bool asym = kind == QuantKind::kInt4Asym;
   for (int64_t o = 0; o < out; ++o) {
     const float* wr = w + o * in;
     uint8_t* blk = m.data_.get() + (o / kQuantBlock) * m.block_stride_;
     const int lane = static_cast<int>(o % kQuantBlock);
     for (int64_t g = 0; g * g_size < in; ++g) {
       const int64_t k0 = g * g_size, k1 = std::min(in, k0 + g_size);
-      const uint16_t s16 = Int4GroupScale(wr + k0, k1 - k0);
-      const float s = Fp16ToFloat(s16), inv = s != 0.0f ? 1.0f / s : 0.0f;
-      std::memcpy(blk + m.scale_offset_ + (g * kQuantBlock + lane) * 2, &s16, 2);
+      const Int4Params p =
+          asym ? Int4GroupScaleOffset(wr + k0, k1 - k0) : Int4GroupScale(wr + k0, k1 - k0);
+      const float s = Fp16ToFloat(p.s16), o = Fp16ToFloat(p.o16);
+      const float inv = s != 0.0f ? 1.0f / s : 0.0f;
+      std::memcpy(blk + m.scale_offset_ + (g * kQuantBlock + lane) * 2, &p.s16, 2);
+      if (asym) std::memcpy(blk + m.offset_offset() + (g * kQuantBlock + lane) * 2, &p.o16, 2);
       for (int64_t k = k0; k < k1; ++k) {
-        const int q = Int4Level(wr[k], inv);
+        const int q = s != 0.0f ? static_cast<int>(Int4LevelF(wr[k], inv, o)) : 0;
         const int64_t kk = k - k0;
         uint8_t& byte = blk[(k0 / 8 + kk / 8) * 64 + lane * 4 + (kk % 4)];
         const uint8_t u = static_cast<uint8_t>(q + 8);
@@ -244,7 +324,8 @@ int64_t QuantMatrix::BytesFor(int64_t out, int64_t in, QuantKind kind, int group
     return nb * kp * kQuantBlock + nb * kQuantBlock * int64_t{sizeof(float) + sizeof(int32_t)};
   }
   const int64_t kp = RoundUp(in, group_size), groups = kp / group_size;
-  return nb * RoundUp(kp * kQuantBlock / 2 + groups * kQuantBlock * 2, 64);
+  const int64_t tables = kind == QuantKind::kInt4Asym ? 2 : 1;
+  return nb * RoundUp(kp * kQuantBlock / 2 + tables * groups * kQuantBlock * 2, 64);
 }
 
 int QuantMatrix::QuantAt(int64_t o, int64_t k) const {
@@ -255,6 +336,14 @@ int QuantMatrix::QuantAt(int64_t o, int64_t k) const {
   }
   const uint8_t byte = blk[(k / 8) * 64 + lane * 4 + (k % 4)];
   return ((k % 8) < 4 ? (byte & 0x0F) : (byte >> 4)) - 8;
+}
+
+float QuantMatrix::OffsetAt(int64_t o, int64_t g) const {
+  if (!has_offsets()) return 0.0f;
+  uint16_t o16;
+  std::memcpy(
+      &o16, block(o / kQuantBlock) + offset_offset() + (g * kQuantBlock + o % kQuantBlock) * 2, 2);
+  return Fp16ToFloat(o16);
 }
 
 float QuantMatrix::ScaleAt(int64_t o, int64_t g) const {
@@ -294,11 +383,6 @@ void QuantizeActivationRow(const float* x, int64_t in, int64_t k_padded, int gro
 }
 
 namespace internal {
-
-// 128 h + l recombined in float, as every kernel does.
-inline float Combine(int32_t acc_h, int32_t acc_l) {
-  return static_cast<float>(acc_h) * 128.0f + static_cast<float>(acc_l);
-}
 
 void Q8Scalar(const QuantGemmArgs& a) {
   const QuantMatrix& w = *a.w;
@@ -343,6 +427,11 @@ void Q4Scalar(const QuantGemmArgs& a) {
           uint16_t s16;
           std::memcpy(&s16, blk + w.scale_offset() + (g * kQuantBlock + j) * 2, 2);
           facc = std::fma(Combine(acc_h, acc_l), Fp16ToFloat(s16), facc);
+          if (w.has_offsets()) {
+            uint16_t o16;
+            std::memcpy(&o16, blk + w.offset_offset() + (g * kQuantBlock + j) * 2, 2);
+            facc = std::fma(a.sum_x[r * groups + g], Fp16ToFloat(o16), facc);
+          }
         }
         a.out[r * a.ldo + (b - a.b_begin) * kQuantBlock + j] = facc * a.xscale[r];
       }
@@ -393,12 +482,13 @@ void QuantLinear(const float* x, int64_t rows, const QuantMatrix& w, int64_t o_b
   if (rows <= 0 || o_end <= o_begin || w.empty()) return;
   if (kernel == QuantKernel::kBest) kernel = BestQuantKernel();
   if (!QuantKernelAvailable(kernel)) kernel = QuantKernel::kScalar;
-  const bool int4 = w.kind() == QuantKind::kInt4;
+  const bool int4 = w.is_int4();
   const int64_t kp = w.k_padded(), groups = w.num_groups();
   thread_local std::vector<int8_t> xh;
   thread_local std::vector<uint8_t> xhu, xl;
   thread_local std::vector<float> xscale, out;
   thread_local std::vector<int32_t> sum_h, sum_l;
+  thread_local std::vector<float> sum_x;
   auto grow = [](auto& v, size_t n) { v.resize(std::max(v.size(), n)); };
   grow(xh, rows * kp);
   grow(xl, rows * kp);
@@ -413,6 +503,10 @@ void QuantLinear(const float* x, int64_t rows, const QuantMatrix& w, int64_t o_b
                           int4 ? sum_h.data() + r * groups : nullptr,
                           int4 ? sum_l.data() + r * groups : nullptr);
   }
+  if (w.has_offsets()) {
+    grow(sum_x, rows * groups);
+    for (int64_t i = 0; i < rows * groups; ++i) sum_x[i] = internal::Combine(sum_h[i], sum_l[i]);
+  }
   internal::QuantGemmArgs a;
   a.w = &w;
   a.xh = xh.data();
@@ -420,6 +514,7 @@ void QuantLinear(const float* x, int64_t rows, const QuantMatrix& w, int64_t o_b
   a.xscale = xscale.data();
   a.sum_h = sum_h.data();
   a.sum_l = sum_l.data();
+  a.sum_x = sum_x.data();
   a.rows = rows;
   a.b_begin = o_begin / kQuantBlock;
   a.b_end = (o_end + kQuantBlock - 1) / kQuantBlock;

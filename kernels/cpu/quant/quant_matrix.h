@@ -8,8 +8,12 @@
 //   int4: per group of `group_size` consecutive inputs of one output
 //         channel, q = round(w / s_og) in [-8, 7] with an fp16 scale: of
 //         a few scales around the one that maps the largest |w| to -8
-//         (llama.cpp's q4_0), each with its least-squares refit, the one
-//         with the least squared error over the group; no zero point.
+//         (llama.cpp's q4_0), and two least-squares refits, the one with
+//         the least squared error over the group; no zero point.
+//   int4_asym: the same levels plus an fp16 offset per group, w ~ s_og q +
+//         o_og (llama.cpp's q4_1, 5 bits a weight at group 32): the min/max
+//         fit and its least-squares refits, or int4's scale with o = 0
+//         where none does better.
 // Activations are quantized per row on the fly to 15 bits,
 // x_rk ~ t_r v_rk with t_r = max_k |x_rk| / 16256 and v_rk in [-16256,
 // 16256], split into two bytes v = 128 h + l, h in [-127, 127] (signed),
@@ -24,6 +28,8 @@
 //   int8: y_ro = (128 float(sum_k h q) + float(sum_k l q)) * (s_o * t_r)
 //   int4: y_ro = (sum over groups g, in order, fma(128 float(sum_g h q) +
 //         float(sum_g l q), s_og, .)) * t_r
+//   int4_asym: after each group's fma, fma(128 float(sum_g h) +
+//         float(sum_g l), o_og, .)
 // Every kernel (AVX-512 VNNI, AVX2, scalar) forms the same integers and then
 // the same float operations, so all give the same bits, and a row's result
 // depends neither on the batch nor on the thread split (the batch
@@ -35,7 +41,8 @@
 // vpdpbusd operand. int8 stores q as int8 ([K/4][16][4] bytes per block).
 // int4 stores q + 8 in a nibble, two quads per 64 bytes (low nibbles: the
 // quad at k, high nibbles: the quad at k + 4), per group [G/8][64] bytes,
-// then the block's fp16 scales [groups][16]. K is padded with zeros to a
+// then the block's fp16 scales [groups][16] (int4_asym: then its fp16
+// offsets [groups][16]). K is padded with zeros to a
 // multiple of 4 (int8) or of the group (int4): stories260K's w_down has
 // K = 172, 5 groups of 32 and one of 12 real inputs plus 20 zeros.
 //
@@ -59,7 +66,7 @@
 
 namespace kvserve::cpu {
 
-enum class QuantKind : uint8_t { kInt8, kInt4 };
+enum class QuantKind : uint8_t { kInt8, kInt4, kInt4Asym };
 std::string_view QuantKindName(QuantKind kind);
 
 inline constexpr int kQuantBlock = 16;  // output channels per packed block
@@ -92,16 +99,23 @@ class QuantMatrix {
   static int64_t BytesFor(int64_t out, int64_t in, QuantKind kind,
                           int group_size = kDefaultInt4Group);
 
+  bool is_int4() const { return kind_ != QuantKind::kInt8; }
+  bool has_offsets() const { return kind_ == QuantKind::kInt4Asym; }
+
   // The stored values, for tests: q in [-127, 127] (int8) or [-8, 7] (int4),
-  // and the scale of channel o's group g (int8: g = 0).
+  // the scale of channel o's group g (int8: g = 0) and its offset (0 but
+  // for int4_asym).
   int QuantAt(int64_t o, int64_t k) const;
   float ScaleAt(int64_t o, int64_t g) const;
+  float OffsetAt(int64_t o, int64_t g) const;
 
   // For the kernels.
   const uint8_t* block(int64_t b) const { return data_.get() + b * block_stride_; }
   int64_t block_stride() const { return block_stride_; }
-  // int4: byte offset of a block's fp16 scales from block(b).
+  // int4: byte offset of a block's fp16 scales [groups][16] from block(b);
+  // int4_asym: its fp16 offsets [groups][16] follow them.
   int64_t scale_offset() const { return scale_offset_; }
+  int64_t offset_offset() const { return scale_offset_ + num_groups() * kQuantBlock * 2; }
   const float* channel_scales() const { return channel_scales_.data(); }  // int8 [blocks * 16]
   const int32_t* channel_sums() const { return channel_sums_.data(); }    // int8 [blocks * 16]
 
@@ -135,10 +149,11 @@ QuantKernel BestQuantKernel();
 void QuantLinear(const float* x, int64_t rows, const QuantMatrix& w, int64_t o_begin, int64_t o_end,
                  float* y, int64_t ldy, bool accumulate, QuantKernel kernel = QuantKernel::kBest);
 
-// The squared error sum_k (w_k - s q_k)^2 of n weights of one int4 group
-// under scale s (q_k = round(w_k / s) clamped to [-8, 7]; s = 0: all q = 0),
-// as the quantizer compares its candidate scales. Exposed for tests.
-double Int4GroupError(const float* w, int64_t n, float scale);
+// The squared error sum_k (w_k - s q_k - o)^2 of n weights of one int4
+// group under scale s and offset o (q_k = round((w_k - o) / s) clamped to
+// [-8, 7]; s = 0: all q = 0), as the quantizer compares its candidates.
+// Exposed for tests.
+double Int4GroupError(const float* w, int64_t n, float scale, float offset = 0.0f);
 
 // Largest |v| of a quantized activation (127 * 128: h stays in [-127, 127]).
 inline constexpr int kActMax = 16256;

@@ -8,6 +8,8 @@
 // candidates and all three errors come from Int4GroupError, the quantizer's
 // own comparison, so this holds exactly; over thousands of groups the
 // search must also lower the total error.
+// int4_asym's scale and offset: no group's error above int4's, which is its
+// first candidate.
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -139,6 +141,55 @@ TEST_CASE("int4 group scales: zero, constant and one-outlier groups", "[kernels]
     REQUIRE(m.ScaleAt(3, 0) * m.QuantAt(3, k) == w[3 * group + k]);
   }
   CheckGroups("edge cases", w, 4, group, group, /*require_lower=*/false);
+}
+
+TEST_CASE("int4_asym group scales and offsets: no group's error above int4's", "[kernels]") {
+  // The symmetric choice is int4_asym's first candidate (offset 0), so its
+  // error bounds every group's; offsets pay where a group's values are
+  // lopsided, so the total must drop clearly below int4's on shifted ones.
+  const int64_t out = 64, in = 172;
+  uint32_t seed = 91;
+  for (int group : {32, 128}) {
+    for (float shift : {0.0f, 0.02f}) {
+      std::vector<float> w =
+          Weights(out * in, seed++, std::normal_distribution<double>(0, 1), 0.05f);
+      for (float& v : w) v += shift;
+      INFO("group " << group << " shift " << shift);
+      const QuantMatrix sym = QuantMatrix::Quantize(w.data(), out, in, QuantKind::kInt4, group);
+      const QuantMatrix asym =
+          QuantMatrix::Quantize(w.data(), out, in, QuantKind::kInt4Asym, group);
+      double e_sym = 0, e_asym = 0;
+      for (int64_t o = 0; o < out; ++o) {
+        for (int64_t g = 0; g * group < in; ++g) {
+          const int64_t k0 = g * group, n = std::min<int64_t>(group, in - k0);
+          const float* wg = w.data() + o * in + k0;
+          const float s = asym.ScaleAt(o, g), off = asym.OffsetAt(o, g);
+          double direct = 0;
+          for (int64_t k = 0; k < n; ++k) {
+            const int q = asym.QuantAt(o, k0 + k);
+            const int want =
+                s != 0.0f ? std::clamp(static_cast<int>(std::nearbyint((wg[k] - off) * (1.0f / s))),
+                                       -8, 7)
+                          : 0;
+            REQUIRE(q == want);
+            const double d = double(wg[k]) - (double(s) * q + double(off));
+            direct += d * d;
+          }
+          const double ea = Int4GroupError(wg, n, s, off),
+                       es = Int4GroupError(wg, n, sym.ScaleAt(o, g));
+          REQUIRE(std::fabs(ea - direct) <= 1e-9 * std::max(direct, 1e-30) + 1e-20);
+          INFO("channel " << o << " group " << g);
+          REQUIRE(ea <= es);
+          e_sym += es;
+          e_asym += ea;
+        }
+      }
+      std::printf("int4_asym group %d, shift %.2f: squared error %.4g, int4 %.4g (%.1f%% lower)\n",
+                  group, shift, e_asym, e_sym, 100.0 * (1.0 - e_asym / e_sym));
+      REQUIRE(e_asym < e_sym);
+      if (shift > 0.0f) REQUIRE(e_asym < 0.9 * e_sym);
+    }
+  }
 }
 
 }  // namespace

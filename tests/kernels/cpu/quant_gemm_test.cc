@@ -66,12 +66,20 @@ void CheckShape(const Shape& sh, QuantKind kind, int group, uint32_t seed) {
   const int64_t kp = m.k_padded();
   REQUIRE(kp >= sh.in);
   REQUIRE(kp % (kind == QuantKind::kInt8 ? 4 : group) == 0);
+  if (kind != QuantKind::kInt4Asym) {
+    for (int64_t o = 0; o < sh.out; ++o) REQUIRE(m.OffsetAt(o, 0) == 0.0f);
+  }
   const int lo_q = kind == QuantKind::kInt8 ? -127 : -8, hi_q = kind == QuantKind::kInt8 ? 127 : 7;
+  // The weight as stored: s q (+ o, int4_asym's group offset).
+  auto stored = [&](int64_t o, int64_t k) {
+    const int64_t g = k / m.group_size();
+    return double(m.ScaleAt(o, g)) * m.QuantAt(o, k) + double(m.OffsetAt(o, g));
+  };
   // Half a step, or for a weight past the range (int4 clips its extreme
   // where that lowers the group's error) its distance to the end of it.
-  auto weight_error = [&](double wv, double s) {
-    if (s == 0) return std::fabs(wv);
-    const double r = wv / s;
+  auto weight_error = [&](double wv, double s, double off) {
+    if (s == 0) return std::fabs(wv - off);
+    const double r = (wv - off) / s;
     return std::fabs(s) * std::max({0.5, r - hi_q, lo_q - r}) + 2 * kU * std::fabs(wv);
   };
   const int64_t gsize = m.group_size();
@@ -86,9 +94,9 @@ void CheckShape(const Shape& sh, QuantKind kind, int group, uint32_t seed) {
         REQUIRE(q == 0);
         continue;
       }
-      const double s = m.ScaleAt(o, k / gsize);
+      const double s = m.ScaleAt(o, k / gsize), off = m.OffsetAt(o, k / gsize);
       const double wv = w[o * sh.in + k];
-      REQUIRE(std::fabs(wv - s * q) <= weight_error(wv, s));
+      REQUIRE(std::fabs(wv - stored(o, k)) <= weight_error(wv, s, off));
     }
   }
 
@@ -143,26 +151,33 @@ void CheckShape(const Shape& sh, QuantKind kind, int group, uint32_t seed) {
           for (int64_t o = o0; o < o1; ++o) {
             double dq = 0, dq_abs = 0, exact = 0, qbound = 0;
             for (int64_t g = 0; g < groups; ++g) {
-              const double s = m.ScaleAt(o, g);
-              double acc_h = 0, acc_l = 0;
+              const double s = m.ScaleAt(o, g), off = m.OffsetAt(o, g);
+              double acc_h = 0, acc_l = 0, sum_h = 0, sum_l = 0;
               for (int64_t k = g * gsize; k < (g + 1) * gsize; ++k) {
                 acc_h += double(hi[r * kp + k]) * m.QuantAt(o, k);
                 acc_l += double(lo[r * kp + k]) * m.QuantAt(o, k);
+                sum_h += hi[r * kp + k];
+                sum_l += lo[r * kp + k];
                 if (k >= sh.in) continue;
                 const double xv = x[r * sh.in + k], wv = w[o * sh.in + k];
                 const double ex = t[r] / 2.0 + 2 * kU * std::fabs(xv);
-                const double ew = weight_error(wv, s);
+                const double ew = weight_error(wv, s, off);
                 exact += xv * wv;
                 qbound += std::fabs(xv) * ew + std::fabs(wv) * ex + ex * ew;
               }
-              dq += (128 * acc_h + acc_l) * s * t[r];
-              dq_abs += (std::fabs(128 * acc_h) + std::fabs(acc_l)) * std::fabs(s) * t[r];
+              dq += ((128 * acc_h + acc_l) * s + (128 * sum_h + sum_l) * off) * t[r];
+              dq_abs += ((std::fabs(128 * acc_h) + std::fabs(acc_l)) * std::fabs(s) +
+                         (std::fabs(128 * sum_h) + std::fabs(sum_l)) * std::fabs(off)) *
+                        t[r];
             }
             // int8: roundings of the int-to-float conversions, the
             // recombination, s * t and the product; int4: the conversions
-            // and recombination per group, its fma, and the final multiply.
+            // and recombination per group, its fma, and the final multiply;
+            // int4_asym: a second fma per group.
+            const double per_group = kind == QuantKind::kInt4Asym ? 4 : 2;
             const double fbound =
-                (kind == QuantKind::kInt8 ? 6 : 2 * double(groups) + 4) * kU * dq_abs + 1e-30;
+                (kind == QuantKind::kInt8 ? 6 : per_group * double(groups) + 4) * kU * dq_abs +
+                1e-30;
             const double base = accumulate ? double(y0[r * ldy + (o - o0)]) : 0.0;
             const double got = double(y[r * ldy + (o - o0)]) - base;
             const double add_bound = accumulate ? kU * std::fabs(y[r * ldy + (o - o0)]) : 0.0;
@@ -208,6 +223,18 @@ TEST_CASE("QuantLinear int4 group 32: each kernel equals scalar and a float64 re
   for (const Shape& sh : kShapes) CheckShape(sh, QuantKind::kInt4, 32, seed += 7);
 }
 
+TEST_CASE(
+    "QuantLinear int4_asym groups 32, 128 and 8: each kernel equals scalar and a float64 "
+    "reference",
+    "[kernels]") {
+  uint32_t seed = 300;
+  for (const Shape& sh : kShapes) CheckShape(sh, QuantKind::kInt4Asym, 32, seed += 7);
+  for (const Shape& sh : {Shape{1, 172, 40}, Shape{3, 300, 17}, Shape{17, 129, 16}}) {
+    CheckShape(sh, QuantKind::kInt4Asym, 128, seed += 7);
+    CheckShape(sh, QuantKind::kInt4Asym, 8, seed += 7);
+  }
+}
+
 TEST_CASE("QuantLinear int4 group 128 and 8: inputs not a multiple of the group", "[kernels]") {
   uint32_t seed = 200;
   for (const Shape& sh : {Shape{1, 172, 40}, Shape{3, 300, 17}, Shape{17, 129, 16}}) {
@@ -226,7 +253,7 @@ TEST_CASE("QuantLinear: a zero row gives zeros and large inputs do not overflow"
     for (int64_t k = 0; k < in; ++k) w[o * in + k] = k % 3 ? (o % 2 ? -1.0f : 1.0f) : 0.0f;
   }
   for (int64_t k = 0; k < in; ++k) x[in + k] = 2.0f;
-  for (QuantKind kind : {QuantKind::kInt8, QuantKind::kInt4}) {
+  for (QuantKind kind : {QuantKind::kInt8, QuantKind::kInt4, QuantKind::kInt4Asym}) {
     const QuantMatrix m = QuantMatrix::Quantize(w.data(), out, in, kind, 32);
     for (QuantKernel kern : Kernels()) {
       INFO(std::string(QuantKindName(kind)) << " " << std::string(QuantKernelName(kern)));

@@ -105,7 +105,7 @@ TEST_CASE("Quantized weights: a row's logits do not depend on prefill chunking o
     const std::vector<int32_t> g = Greedy(*MakeRunner(Stories260k(), "fp32"), {1}, 40);
     prompt.insert(prompt.end(), g.begin(), g.end());
   }
-  for (const char* dtype : {"int8", "int4"}) {
+  for (const char* dtype : {"int8", "int4", "int4_asym"}) {
     INFO(dtype);
     std::vector<float> one_step, by_token, two_threads;
     const std::vector<int32_t> a =
@@ -127,17 +127,22 @@ TEST_CASE("Quantized weights: the head rule and the reported weight bytes", "[mo
   auto int8 = MakeRunner(Stories260k(), "int8");
   auto int8_head = MakeRunner(Stories260k(), "int8", 1, "int8");
   auto int4 = MakeRunner(Stories260k(), "int4");
+  auto int4_asym = MakeRunner(Stories260k(), "int4_asym");
   REQUIRE(fp32->memory_info().weight_dtype == "fp32");
   // A 512-token vocabulary keeps its head in fp32 by default.
   REQUIRE(int8->memory_info().weight_dtype == "int8+head fp32");
   REQUIRE(int8_head->memory_info().weight_dtype == "int8");
   REQUIRE(int4->memory_info().weight_dtype == "int4+head fp32");
+  REQUIRE(int4_asym->memory_info().weight_dtype == "int4_asym+head fp32");
   const ModelConfig& c = Stories260k().config;
   REQUIRE(fp32->memory_info().weight_bytes == c.NumParams() * 4);
   // stories260K ties its head to the embeddings, which stay fp32 beside the
   // quantized head copy: int8 + head adds bytes to the fp32 embeddings.
   REQUIRE(int8->memory_info().weight_bytes < fp32->memory_info().weight_bytes);
   REQUIRE(int4->memory_info().weight_bytes < int8->memory_info().weight_bytes);
+  // int4_asym: one more fp16 a group (an offset beside each scale).
+  REQUIRE(int4_asym->memory_info().weight_bytes > int4->memory_info().weight_bytes);
+  REQUIRE(int4_asym->memory_info().weight_bytes < int8->memory_info().weight_bytes);
   REQUIRE(int8_head->memory_info().weight_bytes > int8->memory_info().weight_bytes);
   // The int8 head: greedy text parts from fp32's after 61 tokens (a 0.07
   // logit tie at token 62); still the same model.
@@ -155,8 +160,8 @@ TEST_CASE("ForwardWeightBytesFor counts what QuantizeWeights makes", "[model]") 
   REQUIRE(tiny.ok());
   const LlamaWeights* models[] = {&Stories260k(), &tiny->weights};
   for (const LlamaWeights* w : models) {
-    for (const char* spec : {"fp32", "int8", "int4"}) {
-      for (const char* head : {"auto", "int8", "int4"}) {
+    for (const char* spec : {"fp32", "int8", "int4", "int4_asym"}) {
+      for (const char* head : {"auto", "int8", "int4", "int4_asym"}) {
         for (int group : {32, 128}) {
           INFO(w->config.name << " " << spec << " head " << head << " group " << group);
           const WeightQuantSpec q = *ParseWeightQuant(spec, head, group);
@@ -176,12 +181,16 @@ TEST_CASE("ForwardWeightBytesFor counts what QuantizeWeights makes", "[model]") 
   const int64_t fp32 = ForwardWeightBytesFor(*c, *ParseWeightQuant("fp32"));
   const int64_t int8 = ForwardWeightBytesFor(*c, *ParseWeightQuant("int8"));
   const int64_t int4 = ForwardWeightBytesFor(*c, *ParseWeightQuant("int4"));
-  std::printf("stories110m-shape weight bytes: fp32 %lld, int8 %lld, int4 %lld\n",
+  const int64_t int4_asym = ForwardWeightBytesFor(*c, *ParseWeightQuant("int4_asym"));
+  std::printf("stories110m-shape weight bytes: fp32 %lld, int8 %lld, int4 %lld, int4_asym %lld\n",
               static_cast<long long>(fp32), static_cast<long long>(int8),
-              static_cast<long long>(int4));
+              static_cast<long long>(int4), static_cast<long long>(int4_asym));
   REQUIRE(fp32 == c->NumParams() * 4);
   REQUIRE(int8 < fp32 / 3);
   REQUIRE(int4 < int8 * 6 / 10);
+  // 5 bits a weight instead of 4.5 in the body (the fp32 embeddings stay).
+  REQUIRE(int4_asym > int4);
+  REQUIRE(int4_asym < int8 * 7 / 10);
 }
 
 TEST_CASE("Quantized weights load from llama2.c, HF safetensors and dummy checkpoints", "[model]") {
@@ -194,7 +203,7 @@ TEST_CASE("Quantized weights load from llama2.c, HF safetensors and dummy checkp
     INFO(path);
     absl::StatusOr<LoadedModel> m = LoadModel(path);
     REQUIRE(m.ok());
-    for (const char* dtype : {"int8", "int4"}) {
+    for (const char* dtype : {"int8", "int4", "int4_asym"}) {
       std::unique_ptr<ModelRunner> r = MakeRunner(m->weights, dtype);
       REQUIRE(r->memory_info().weight_dtype == std::string(dtype) + "+head fp32");
       // Runs, and greedy agrees with the same checkpoint in fp32 at first.
@@ -207,16 +216,22 @@ TEST_CASE("Quantized weights load from llama2.c, HF safetensors and dummy checkp
 }
 
 TEST_CASE("model.weight_dtype errors name the key", "[model]") {
-  REQUIRE(Message(ParseWeightQuant("int5").status()) ==
-          "model.weight_dtype: expected auto, fp32, fp16, bf16, int8 or int4, got 'int5'");
+  REQUIRE(
+      Message(ParseWeightQuant("int5").status()) ==
+      "model.weight_dtype: expected auto, fp32, fp16, bf16, int8, int4 or int4_asym, got 'int5'");
   REQUIRE(Message(ParseWeightQuant("fp8_e4m3").status()) ==
-          "model.weight_dtype: fp8_e4m3 weights are not supported yet; use fp32, int8 or int4 "
-          "(model.device: cpu)");
+          "model.weight_dtype: fp8_e4m3 weights are not supported yet; use fp32, int8, int4 or "
+          "int4_asym (model.device: cpu)");
   REQUIRE(Message(ParseWeightQuant("int8", "int2").status()) ==
-          "model.weight_dtype_head: expected auto, fp32, fp16, bf16, int8 or int4, got 'int2'");
+          "model.weight_dtype_head: expected auto, fp32, fp16, bf16, int8, int4 or int4_asym, got "
+          "'int2'");
   REQUIRE(Message(ParseWeightQuant("int4", "auto", 12).status()) ==
           "model.weight_group_size: expected a multiple of 8 in [8, 4096] (32 or 128), got 12");
   REQUIRE(ParseWeightQuant("INT4")->body == WeightQuant::kInt4);
+  REQUIRE(ParseWeightQuant("int4_asym")->body == WeightQuant::kInt4Asym);
+  REQUIRE(ParseWeightQuant("int4_asym", "auto", 128)->Resolve(512).ToString() ==
+          "int4_asym+head fp32/g128");
+  REQUIRE(ParseWeightQuant("int8", "int4_asym")->head == WeightQuant::kInt4Asym);
   // The documented head rule: fp32 under 32768 tokens, int8 from there.
   REQUIRE(ParseWeightQuant("int4")->Resolve(32000).head == WeightQuant::kNone);
   REQUIRE(ParseWeightQuant("int4")->Resolve(32768).head == WeightQuant::kInt8);
@@ -234,8 +249,9 @@ TEST_CASE("model.weight_dtype errors name the key", "[model]") {
   REQUIRE(Message(CreateModelRunner(Stories260k(), o).status()) == want);
   o.device = "cpu";
   o.weight_dtype = "int3";
-  REQUIRE(Message(CreateModelRunner(Stories260k(), o).status()) ==
-          "model.weight_dtype: expected auto, fp32, fp16, bf16, int8 or int4, got 'int3'");
+  REQUIRE(
+      Message(CreateModelRunner(Stories260k(), o).status()) ==
+      "model.weight_dtype: expected auto, fp32, fp16, bf16, int8, int4 or int4_asym, got 'int3'");
   // Weights quantized already (by an earlier runner's options) go nowhere else.
   LlamaWeights w = Stories260k();
   WeightQuantSpec spec = *ParseWeightQuant("int8");
