@@ -36,14 +36,17 @@ inline float Int4LevelF(float w, float inv_s, float o) {
   return std::clamp(RoundSmall((w - o) * inv_s), -8.0f, 7.0f);
 }
 
-// A group's values in double and their sums, for the trials.
+// A group's values in double (in `buffer`, which must outlive it: one
+// allocation a thread, not one a group) and their sums, for the trials.
 struct Int4Group {
   const float* w;
   int64_t n;
-  std::vector<double> wd;
+  const double* wd;
   double w2 = 0, w1 = 0;  // sum w^2, sum w
-  Int4Group(const float* w_in, int64_t n_in) : w(w_in), n(n_in), wd(w_in, w_in + n_in) {
-    for (double v : wd) {
+  Int4Group(const float* w_in, int64_t n_in, std::vector<double>& buffer) : w(w_in), n(n_in) {
+    buffer.assign(w_in, w_in + n_in);
+    wd = buffer.data();
+    for (double v : buffer) {
       w2 += v * v;
       w1 += v;
     }
@@ -61,7 +64,7 @@ struct Int4Trial {
 Int4Trial TryInt4Scale(const Int4Group& grp, float s, float o) {
   const float inv = 1.0f / s;
   const float* w = grp.w;
-  const double* wd = grp.wd.data();
+  const double* wd = grp.wd;
   const int64_t n = grp.n;
   double wq[4] = {0, 0, 0, 0};
   int32_t qq = 0, q1 = 0;
@@ -106,10 +109,11 @@ class Int4Search {
                        FloatToFp16(std::clamp(offset, -kFp16Max, kFp16Max))};
     const float s = Fp16ToFloat(p.s16), o = Fp16ToFloat(p.o16);
     if (s == 0.0f || std::isnan(s) || std::isnan(o)) return std::nullopt;
-    for (const Int4Params& t : tried_) {
-      if (t.s16 == p.s16 && t.o16 == p.o16) return std::nullopt;
+    for (int i = 0; i < num_tried_; ++i) {
+      if (tried_[i].s16 == p.s16 && tried_[i].o16 == p.o16) return std::nullopt;
     }
-    tried_.push_back(p);
+    if (num_tried_ == kMaxTrials) std::abort();  // the searches below try fewer
+    tried_[num_tried_++] = p;
     const Int4Trial t = TryInt4Scale(grp_, s, o);
     if (best_err_ < 0 || t.err < best_err_) {
       best_err_ = t.err;
@@ -123,8 +127,10 @@ class Int4Search {
   const Int4Trial& best_trial() const { return best_trial_; }
 
  private:
+  static constexpr int kMaxTrials = 32;
   const Int4Group& grp_;
-  std::vector<Int4Params> tried_;
+  Int4Params tried_[kMaxTrials];
+  int num_tried_ = 0;
   Int4Params best_;
   Int4Trial best_trial_;
   double best_err_ = -1;
@@ -150,7 +156,8 @@ Int4Params Int4GroupScale(const float* w, int64_t n) {
   float m = 0.0f;
   for (int64_t k = 0; k < n; ++k) m = std::fabs(w[k]) > std::fabs(m) ? w[k] : m;
   if (m == 0.0f) return {};
-  const Int4Group grp(w, n);
+  thread_local std::vector<double> buffer;
+  const Int4Group grp(w, n, buffer);
   Int4Search search(grp);
   for (int step = -4; step <= 8; ++step) search.Try(m * (1.0f - 0.03f * step) / -8.0f, 0.0f);
   // Two least-squares refits of the best: the levels it chose, then the
@@ -177,7 +184,8 @@ Int4Params Int4GroupScaleOffset(const float* w, int64_t n) {
     mn = std::min(mn, w[k]);
     mx = std::max(mx, w[k]);
   }
-  const Int4Group grp(w, n);
+  thread_local std::vector<double> buffer;
+  const Int4Group grp(w, n, buffer);
   Int4Search search(grp);
   search.Try(Fp16ToFloat(sym.s16), 0.0f);
   // One value: q = 0 and the offset carries it.
@@ -208,7 +216,8 @@ double Int4GroupError(const float* w, int64_t n, float scale, float offset) {
     for (int64_t k = 0; k < n; ++k) e += (double(w[k]) - offset) * (double(w[k]) - offset);
     return e;
   }
-  return TryInt4Scale(Int4Group(w, n), scale, offset).err;
+  std::vector<double> buffer;
+  return TryInt4Scale(Int4Group(w, n, buffer), scale, offset).err;
 }
 
 std::string_view QuantKindName(QuantKind kind) {
