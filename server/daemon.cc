@@ -251,11 +251,15 @@ int RunDaemon(const ServeConfig& config) {
   }
   // Both front ends keep answering (HTTP 503, gRPC UNAVAILABLE for new
   // work) until the very end: a late client gets an answer, not a refused
-  // connection. StopServing returns once no gRPC call uses the engine.
-  grpc.StopServing(absl::Now() + absl::Seconds(1));
-  // Open calls format output with the engine's tokenizer: close them first.
+  // connection. StopServing closes the one engine gate of both and returns
+  // once no gRPC call or HTTP handler uses the engine (gRPC calls still
+  // open after a second are cancelled).
+  if (!grpc.StopServing(absl::Now() + absl::Seconds(1))) {
+    spdlog::warn("a call still uses the engine after its cancellation; waiting for it");
+    state.gate().Close(absl::InfiniteFuture());
+  }
+  // Open HTTP calls format output with the engine's tokenizer: close them first.
   if (!idle) http.Stop();
-  http.DetachEngine();
   built->engine.reset();
   spdlog::info("stopped");
   grpc.Shutdown(absl::Now());

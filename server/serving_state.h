@@ -1,7 +1,8 @@
 // ServingState: what the HTTP and gRPC front ends share inside one daemon —
 // the engine (absent while the model loads), the lifecycle phase, the
-// metrics, the served model's description and the in-flight call count that
-// a graceful shutdown waits on.
+// metrics, the served model's description, the in-flight call count that
+// a graceful shutdown waits on, and the engine gate (server/engine_gate.h)
+// every use of the engine by either front end holds a lease on.
 //
 // Lifecycle: kLoading -> kReady -> kDraining. Readiness (/health, the gRPC
 // health service) is kReady only; generation calls in any other phase are
@@ -23,6 +24,7 @@
 #include "model/model_runner.h"
 #include "scheduler/engine.h"
 #include "server/auth.h"
+#include "server/engine_gate.h"
 #include "server/metrics.h"
 
 namespace kvserve {
@@ -88,6 +90,10 @@ class ServingState {
   // Waits until no call is in flight or `deadline`; true when idle.
   bool WaitForCalls(absl::Time deadline) const;
 
+  // The front ends' drain gate: a handler or call uses engine() only while
+  // it holds a lease; the daemon closes the gate before destroying the engine.
+  EngineGate& gate() const { return gate_; }
+
  private:
   ServerMetrics* const metrics_;
   const ChatTemplate chat_template_;
@@ -99,6 +105,7 @@ class ServingState {
 
   mutable absl::Mutex mu_;
   int64_t calls_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable EngineGate gate_;
 };
 
 }  // namespace kvserve

@@ -25,6 +25,7 @@
 #include "server/auth.h"
 #include "server/client_limiter.h"
 #include "server/config.h"
+#include "server/engine_gate.h"
 #include "server/grpc/reflection_v1.h"
 #include "server/grpc/stats_proto.h"
 #include "server/logging.h"
@@ -258,76 +259,11 @@ class GenerateReactor;
 
 // Lets the engine's notify, the prompt worker and the gate reach a Generate
 // reactor only while it exists (OnDone clears it, waiting for a pump in
-// progress).
-struct ReactorLink {
+// progress). The gate cancels the call through it at its deadline.
+struct ReactorLink final : EngineGate::Cancellable {
   absl::Mutex mu;
   GenerateReactor* reactor ABSL_GUARDED_BY(mu) = nullptr;
-};
-
-// Counts the calls that may touch the engine (its tokenizer, its streams),
-// so StopServing can wait until none does before the daemon destroys the
-// engine. Once closed, no call gets a lease: every method answers
-// UNAVAILABLE while the port stays open.
-class EngineGate {
- public:
-  class Lease {
-   public:
-    Lease() = default;
-    Lease(Lease&& o) noexcept : gate_(std::exchange(o.gate_, nullptr)) {}
-    Lease& operator=(Lease&& o) noexcept {
-      if (this != &o) {
-        Release();
-        gate_ = std::exchange(o.gate_, nullptr);
-      }
-      return *this;
-    }
-    ~Lease() { Release(); }
-    void Release() {
-      if (gate_ != nullptr) std::exchange(gate_, nullptr)->Leave();
-    }
-    bool held() const { return gate_ != nullptr; }
-
-   private:
-    friend class EngineGate;
-    explicit Lease(EngineGate* gate) : gate_(gate) {}
-    EngineGate* gate_ = nullptr;
-  };
-
-  // A lease, or an empty one once closed.
-  Lease Enter() {
-    absl::MutexLock lock(&mu_);
-    if (closed_) return Lease();
-    ++users_;
-    return Lease(this);
-  }
-  // Generate calls, so that Close can cancel them at its deadline.
-  void Track(std::weak_ptr<ReactorLink> link) {
-    absl::MutexLock lock(&mu_);
-    links_.erase(std::remove_if(links_.begin(), links_.end(),
-                                [](const std::weak_ptr<ReactorLink>& l) { return l.expired(); }),
-                 links_.end());
-    links_.push_back(std::move(link));
-  }
-  // Closes the gate and waits until no lease is held; calls still holding
-  // one at `deadline` are cancelled (and waited for, a few more seconds).
-  bool Close(absl::Time deadline);
-
- private:
-  void Leave() {
-    absl::MutexLock lock(&mu_);
-    --users_;
-  }
-  bool WaitIdle(absl::Time deadline) {
-    absl::MutexLock lock(&mu_);
-    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return users_ == 0; };
-    mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
-    return users_ == 0;
-  }
-
-  absl::Mutex mu_;
-  int64_t users_ ABSL_GUARDED_BY(mu_) = 0;
-  bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  std::vector<std::weak_ptr<ReactorLink>> links_ ABSL_GUARDED_BY(mu_);
+  void Cancel() override;
 };
 
 // What every call shares: the daemon's state, the budget, the per-client
@@ -644,24 +580,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> 
   grpc::ByteBuffer buffer_;
 };
 
-bool EngineGate::Close(absl::Time deadline) {
-  {
-    absl::MutexLock lock(&mu_);
-    closed_ = true;
-  }
-  if (WaitIdle(deadline)) return true;
-  std::vector<std::weak_ptr<ReactorLink>> links;
-  {
-    absl::MutexLock lock(&mu_);
-    links = links_;
-  }
-  for (const std::weak_ptr<ReactorLink>& weak : links) {
-    if (std::shared_ptr<ReactorLink> link = weak.lock()) {
-      absl::MutexLock lock(&link->mu);
-      if (link->reactor != nullptr) link->reactor->CancelCall();
-    }
-  }
-  return WaitIdle(absl::Now() + absl::Seconds(5));
+void ReactorLink::Cancel() {
+  absl::MutexLock lock(&mu);
+  if (reactor != nullptr) reactor->CancelCall();
 }
 
 using RawGenerationService =
@@ -682,11 +603,11 @@ class GrpcService::Impl final : public RawGenerationService {
     env_.options = options;
     env_.limiter = limiter_.get();
     env_.workers = &workers_;
-    env_.gate = &gate_;
+    env_.gate = &state->gate();
   }
 
   void StopWorkers() { workers_.Stop(); }
-  bool CloseGate(absl::Time deadline) { return gate_.Close(deadline); }
+  bool CloseGate(absl::Time deadline) { return env_.gate->Close(deadline); }
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* ctx,
                                                        const grpc::ByteBuffer* request) override {
@@ -804,7 +725,6 @@ class GrpcService::Impl final : public RawGenerationService {
  private:
   const std::shared_ptr<ClientLimiter> limiter_;
   PromptWorkers workers_;
-  EngineGate gate_;
   CallEnv env_;
 };
 

@@ -27,8 +27,9 @@
 // Health: NOT_SERVING while the model loads and while draining, SERVING when
 // ready; SetServing() flips both the overall ("") and the Generation status.
 // Drain: Generate is refused UNAVAILABLE from the start of the drain;
-// StopServing then refuses every call and waits until none touches the
-// engine, and the port keeps answering UNAVAILABLE (not connection refused)
+// StopServing then closes the daemon's engine gate (ServingState::gate,
+// server/engine_gate.h, shared with HTTP), so every call is refused, and
+// waits until none touches the engine, and the port keeps answering UNAVAILABLE (not connection refused)
 // until Shutdown, which the daemon calls last.
 //
 // Hostile connections (gRPC 1.51 lacks the upstream fixes, so the bounds

@@ -209,11 +209,6 @@ void HttpService::Stop() {
   }
 }
 
-void HttpService::DetachEngine() {
-  absl::MutexLock lock(&engine_mu_);
-  engine_detached_ = true;
-}
-
 std::optional<HttpResponse> HttpService::Authorize(const HttpRequest& head) const {
   const bool guarded = absl::StartsWith(head.path, "/v1/") || head.path == "/tokenize" ||
                        head.path == "/detokenize" ||
@@ -282,8 +277,8 @@ HttpResponse HttpService::Metrics() const {
   HttpResponse r;
   r.content_type = "text/plain; version=0.0.4; charset=utf-8";
   state_->metrics().SetHttpOpenConnections(server_->connections());
-  absl::ReaderMutexLock lock(&engine_mu_);
-  Engine* engine = engine_detached_ ? nullptr : state_->engine();
+  const EngineGate::Lease lease = state_->gate().Enter();
+  Engine* engine = lease.held() ? state_->engine() : nullptr;
   r.body =
       engine != nullptr ? state_->metrics().Scrape(engine->GetStats()) : state_->metrics().Scrape();
   return r;
@@ -305,8 +300,8 @@ void HttpService::HandleTokenize(bool detokenize, std::shared_ptr<HttpExchange> 
   boost::asio::post(*workers_, [this, detokenize, ex = std::move(ex)] {
     HttpResponse r;
     try {
-      absl::ReaderMutexLock lock(&engine_mu_);
-      Engine* engine = engine_detached_ ? nullptr : state_->engine();
+      const EngineGate::Lease lease = state_->gate().Enter();
+      Engine* engine = lease.held() ? state_->engine() : nullptr;
       if (!state_->ready() || engine == nullptr) {
         r = ErrorResponse(Unavailable(state_->phase()));
       } else {
@@ -358,8 +353,8 @@ void HttpService::GenerateOnWorker(bool chat, const std::shared_ptr<HttpExchange
     };
     const HttpRequest& req = ex->request();
     const ApiKind kind = chat ? ApiKind::kChat : ApiKind::kCompletion;
-    absl::ReaderMutexLock lock(&engine_mu_);
-    Engine* engine = engine_detached_ ? nullptr : state_->engine();
+    const EngineGate::Lease lease = state_->gate().Enter();
+    Engine* engine = lease.held() ? state_->engine() : nullptr;
     if (!state_->ready() || engine == nullptr) {
       return reply(ErrorResponse(Unavailable(state_->phase())));
     }

@@ -24,8 +24,13 @@
 // client that stops reading has its request CANCELLED (blocks freed) and
 // its connection closed. A client that disconnects cancels its request too.
 //
-// Thread-safety: Start/Stop/DetachEngine from one thread; handlers run on
-// the io threads and the worker pool.
+// A handler uses the engine only while it holds a lease on the daemon's
+// engine gate (ServingState::gate, server/engine_gate.h, shared with gRPC):
+// once the gate is closed, /metrics leaves out the engine's numbers and
+// generation and tokenization answer 503.
+//
+// Thread-safety: Start/Stop from one thread; handlers run on the io threads
+// and the worker pool.
 #pragma once
 
 #include <cstdint>
@@ -90,10 +95,6 @@ class HttpService {
   int port() const { return port_; }
   // Open connections.
   int connections() const { return server_->connections(); }
-  // From now on no handler touches the engine (/metrics leaves out its
-  // numbers, generation answers 503): call before destroying the engine
-  // while still serving. Waits for handlers using it to finish.
-  void DetachEngine();
   // Closes the listener and every connection, cancelling what they run,
   // and joins the threads.
   void Stop();
@@ -119,10 +120,6 @@ class HttpService {
   std::unique_ptr<HttpServer> server_;
   std::unique_ptr<boost::asio::thread_pool> workers_;
   int port_ = 0;
-
-  // Readers: handlers that use the engine; the writer detaches it.
-  mutable absl::Mutex engine_mu_;
-  bool engine_detached_ ABSL_GUARDED_BY(engine_mu_) = false;
 };
 
 }  // namespace kvserve

@@ -114,6 +114,20 @@ TEST_CASE("Readiness follows loading, ready and draining", "[server]") {
   }
 }
 
+TEST_CASE("Once the engine gate is closed, generation and tokenize answer 503 on an open port",
+          "[server]") {
+  Daemonette d;
+  REQUIRE(d.Post("/v1/completions", R"({"prompt": "hi", "max_tokens": 2})")->status == 200);
+  // What the daemon does before destroying the engine (gRPC's StopServing
+  // closes the same gate).
+  REQUIRE(d.state.gate().Close(absl::Now() + absl::Seconds(10)));
+  RequireError(d.Post("/v1/completions", R"({"prompt": "hi", "max_tokens": 2})"), 503, "");
+  RequireError(d.Post("/tokenize", R"({"prompt": "hi"})"), 503, "");
+  auto m = d.Client().Get("/metrics");
+  REQUIRE(m);
+  REQUIRE(m->status == 200);
+}
+
 TEST_CASE("POST /v1/completions returns an OpenAI completion", "[server]") {
   Daemonette d;
   auto r = d.Post("/v1/completions", R"({"model": "fake", "prompt": "hi", "max_tokens": 5})",
