@@ -1,6 +1,11 @@
 // GrpcService: the kvserve.v1.Generation service (proto/kvserve.proto) plus
 // the standard grpc.health.v1 health service and server reflection.
 //
+// Files: grpc_service.cc (the service, its unary methods, credentials, the
+// watchdog), grpc_call.h/.cc (what the methods share: errors and messages to
+// and from raw buffers, admission, CallEnv), generate_call.cc (the Generate
+// stream), stats_proto and reflection_v1.
+//
 // Built on gRPC's callback API: a Generate stream is a ServerWriteReactor
 // that holds no thread while it waits. The engine's RequestStream notify
 // (engine thread) and OnWriteDone (gRPC thread) both "pump" the reactor:
@@ -29,8 +34,9 @@
 // Drain: Generate is refused UNAVAILABLE from the start of the drain;
 // StopServing then closes the daemon's engine gate (ServingState::gate,
 // server/engine_gate.h, shared with HTTP), so every call is refused, and
-// waits until none touches the engine, and the port keeps answering UNAVAILABLE (not connection refused)
-// until Shutdown, which the daemon calls last.
+// waits until none touches the engine; the port keeps answering
+// UNAVAILABLE (not connection refused) until Shutdown, which the daemon
+// calls last.
 //
 // Hostile connections (gRPC 1.51 lacks the upstream fixes, so the bounds
 // are ours): a stalled connection is closed after options.handshake_timeout
