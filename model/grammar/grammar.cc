@@ -270,7 +270,9 @@ GrammarNfa GrammarBuilder::Lower() const {
   GrammarNfa nfa;
   const std::vector<bool> nullable = Nullable();
   nfa.rule_start.resize(rules_.size());
+  nfa.rule_shared.resize(rules_.size());
   for (size_t r = 0; r < rules_.size(); ++r) {
+    nfa.rule_shared[r] = rules_[r].shared;
     const int32_t start = NewState(&nfa);
     const int32_t end = NewState(&nfa);
     nfa.rule_start[r] = start;
@@ -280,6 +282,8 @@ GrammarNfa GrammarBuilder::Lower() const {
       AddEps(&nfa, t, end);
     }
     nfa.states[end].rule_end = static_cast<int32_t>(r);
+    // A rule's states are the ones made from its start to the next rule's.
+    nfa.state_rule.resize(nfa.states.size(), static_cast<int32_t>(r));
   }
   // Innermost repeats were recorded before the ones around them: walking
   // back, each repeat finds its parent in state_repeat, then claims its

@@ -18,6 +18,11 @@
 // from the repeat's ends reads the same next d bytes as the same position in
 // another such copy (CompiledGrammar shares token masks through that).
 //
+// Shared rules (GrammarBuilder::MarkShared): a rule called from many places
+// (a JSON string of one length range) whose inside reads the same bytes
+// whoever called it; CompiledGrammar computes the tokens that stay inside
+// it once for all callers and checks only those that return from it.
+//
 // Thread-safety: a built Grammar is immutable.
 #pragma once
 
@@ -109,6 +114,10 @@ struct GrammarNfa {
   std::vector<RepeatCopies> repeats;
   // [states] the innermost repeat with a copy that holds the state; -1 none.
   std::vector<int32_t> state_repeat;
+  // [states] the rule whose body holds the state.
+  std::vector<int32_t> state_rule;
+  // [num_rules] 1 for a shared rule.
+  std::vector<uint8_t> rule_shared;
 };
 
 class GrammarBuilder {
@@ -125,6 +134,9 @@ class GrammarBuilder {
   // A new rule without a body yet (for recursion); rule 0 is the start.
   RuleId NewRule(std::string name);
   void SetBody(RuleId rule, ExprId body);
+  // Marks a rule as shared (see above): a hint for the mask, the language
+  // stays the same.
+  void MarkShared(RuleId rule) { rules_[rule].shared = true; }
   ExprId Ref(RuleId rule);
   int32_t num_rules() const { return static_cast<int32_t>(rules_.size()); }
 
@@ -139,6 +151,7 @@ class GrammarBuilder {
   struct Rule {
     std::string name;
     ExprId body = -1;
+    bool shared = false;
   };
   std::pair<int32_t, int32_t> LowerExpr(ExprId e, GrammarNfa* nfa, int32_t rule,
                                         const std::vector<bool>& nullable) const;

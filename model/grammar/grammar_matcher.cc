@@ -39,7 +39,8 @@ int32_t CompiledGrammar::Push(int32_t stack, int32_t ret) const {
   auto [it, inserted] = frame_ids_.try_emplace(key, static_cast<int32_t>(frames_.size()));
   if (inserted) {
     const int32_t depth = stack < 0 ? 1 : frames_[stack].depth + 1;
-    frames_.push_back(Frame{ret, stack, depth});
+    const bool local = stack == kCutStack || (stack >= 0 && frames_[stack].local);
+    frames_.push_back(Frame{ret, stack, depth, local});
   }
   return it->second;
 }
@@ -47,6 +48,7 @@ int32_t CompiledGrammar::Push(int32_t stack, int32_t ret) const {
 void CompiledGrammar::Close(GrammarStateSet* out) const {
   out->threads.clear();
   out->can_end = false;
+  out->escaped = false;
   out->first = ByteSet{};
   visited_.clear();
   if (++generation_ == 0) {
@@ -63,8 +65,10 @@ void CompiledGrammar::Close(GrammarStateSet* out) const {
     visited_.push_back(t);
     const GrammarNfa::State& st = nfa_.states[t.state];
     if (st.rule_end >= 0) {
-      if (t.stack < 0) {
+      if (t.stack == -1) {
         out->can_end = true;
+      } else if (t.stack == kCutStack) {
+        out->escaped = true;
       } else {
         const Frame& f = frames_[t.stack];
         seeds_.push_back(GrammarThread{f.ret, f.parent});
@@ -80,6 +84,10 @@ void CompiledGrammar::Close(GrammarStateSet* out) const {
     for (const GrammarNfa::Edge& e : st.edges) {
       if (e.byteset >= 0) continue;
       if (e.call >= 0) {
+        if (t.stack >= 0 && frames_[t.stack].local && frames_[t.stack].depth >= kLocalDepth) {
+          out->escaped = true;  // the whole stack decides whether it is too deep
+          continue;
+        }
         if (t.stack >= 0 && frames_[t.stack].depth >= kMaxStackDepth) continue;
         seeds_.push_back(GrammarThread{nfa_.rule_start[e.call], Push(t.stack, e.target)});
       } else {
@@ -88,6 +96,7 @@ void CompiledGrammar::Close(GrammarStateSet* out) const {
     }
   }
   std::sort(out->threads.begin(), out->threads.end());
+  if (out->escaped) out->first = ByteSet{}.Complement();
 }
 
 void CompiledGrammar::Step(const GrammarStateSet& in, uint8_t byte, GrammarStateSet* out) const {
@@ -100,6 +109,10 @@ void CompiledGrammar::Step(const GrammarStateSet& in, uint8_t byte, GrammarState
     }
   }
   Close(out);
+  if (in.escaped) {
+    out->escaped = true;
+    out->first = ByteSet{}.Complement();
+  }
 }
 
 bool CompiledGrammar::Advance(const GrammarStateSet& in, std::string_view bytes,
@@ -119,7 +132,7 @@ bool CompiledGrammar::Advance(const GrammarStateSet& in, std::string_view bytes,
 
 void CompiledGrammar::KeyInto(const GrammarStateSet& set, std::vector<uint64_t>* key) {
   key->clear();
-  key->push_back(set.can_end);
+  key->push_back(static_cast<uint64_t>(set.can_end) | static_cast<uint64_t>(set.escaped) << 1);
   for (const GrammarThread& t : set.threads) {
     key->push_back((static_cast<uint64_t>(static_cast<uint32_t>(t.state)) << 32) |
                    static_cast<uint32_t>(t.stack));
@@ -139,6 +152,7 @@ int32_t CompiledGrammar::Intern(const GrammarStateSet& set) const {
   auto [it, inserted] = dfa_ids_.try_emplace(key_scratch_, static_cast<int32_t>(dfa_sets_.size()));
   if (inserted) {
     dfa_sets_.push_back(set);
+    dfa_escaped_.push_back(set.escaped);
     dfa_next_.emplace_back();
     dfa_next_.back().fill(kUnknown);
 
@@ -185,18 +199,21 @@ int32_t CompiledGrammar::Next(int32_t id, uint8_t byte) const {
   return next;
 }
 
+void CompiledGrammar::ClearDfa() const {
+  dfa_sets_.clear();
+  dfa_escaped_.clear();
+  dfa_ids_.clear();
+  dfa_next_.clear();
+}
+
 int32_t CompiledGrammar::WalkTrie(const GrammarStateSet& in, int32_t min_bytes,
-                                  std::span<uint32_t> mask) const {
+                                  std::span<uint32_t> mask, std::vector<int32_t>* escaped) const {
   const TokenVocab::Node* nodes = vocab_->nodes().data();
   const size_t num_nodes = vocab_->nodes().size();
   const int32_t* token_ids = vocab_->token_ids().data();
   uint32_t* words = mask.data();
   if (min_bytes == 0) std::memset(words, 0, mask.size() * sizeof(uint32_t));
-  if (dfa_sets_.size() >= kMaxDfaStates) {
-    dfa_sets_.clear();
-    dfa_ids_.clear();
-    dfa_next_.clear();
-  }
+  if (dfa_sets_.size() >= kMaxDfaStates) ClearDfa();
   depth_ids_.resize(vocab_->max_token_bytes() + 1);
   int32_t* level = depth_ids_.data();
   level[0] = Intern(in);
@@ -218,10 +235,14 @@ int32_t CompiledGrammar::WalkTrie(const GrammarStateSet& in, int32_t min_bytes,
     level[n.depth] = next;
     if (n.depth > min_bytes) {
       const int32_t* ids = token_ids + n.first_token;
-      for (int32_t k = 0; k < n.num_tokens; ++k) {
-        words[ids[k] >> 5] |= uint32_t{1} << (ids[k] & 31);
+      if (dfa_escaped_[next]) {
+        escaped->insert(escaped->end(), ids, ids + n.num_tokens);
+      } else {
+        for (int32_t k = 0; k < n.num_tokens; ++k) {
+          words[ids[k] >> 5] |= uint32_t{1} << (ids[k] & 31);
+        }
+        count += n.num_tokens;
       }
-      count += n.num_tokens;
     }
     ++i;
   }
@@ -229,17 +250,14 @@ int32_t CompiledGrammar::WalkTrie(const GrammarStateSet& in, int32_t min_bytes,
 }
 
 void CompiledGrammar::WalkLongTokens(const GrammarStateSet& in, int32_t min_bytes,
-                                     std::span<uint32_t> mask) const {
+                                     std::span<uint32_t> mask,
+                                     std::vector<int32_t>* escaped) const {
   const TokenVocab::LongTokens* list = vocab_->long_tokens(min_bytes);
   if (list == nullptr) {
-    WalkTrie(in, min_bytes, mask);
+    WalkTrie(in, min_bytes, mask, escaped);
     return;
   }
-  if (dfa_sets_.size() >= kMaxDfaStates) {
-    dfa_sets_.clear();
-    dfa_ids_.clear();
-    dfa_next_.clear();
-  }
+  if (dfa_sets_.size() >= kMaxDfaStates) ClearDfa();
   depth_ids_.resize(vocab_->max_token_bytes() + 1);
   int32_t* ids = depth_ids_.data();
   ids[0] = Intern(in);
@@ -260,7 +278,13 @@ void CompiledGrammar::WalkLongTokens(const GrammarStateSet& in, int32_t min_byte
       ids[depth + 1] = next;
     }
     alive = depth;
-    if (depth == e.len && e.len > min_bytes) words[e.id >> 5] |= uint32_t{1} << (e.id & 31);
+    if (depth == e.len && e.len > min_bytes) {
+      if (dfa_escaped_[ids[depth]]) {
+        escaped->push_back(e.id);
+      } else {
+        words[e.id >> 5] |= uint32_t{1} << (e.id & 31);
+      }
+    }
   }
 }
 
@@ -327,16 +351,43 @@ void CompiledGrammar::ClearMasks() const {
   canonical_stacks_.clear();
 }
 
-int32_t CompiledGrammar::FillMask(const GrammarStateSet& in, std::span<uint32_t> mask) const {
-  absl::MutexLock lock(&mu_);
+bool CompiledGrammar::Localize(const GrammarStateSet& in, GrammarStateSet* out) const {
+  out->threads.clear();
+  out->can_end = false;
+  out->escaped = false;
+  out->first = in.first;
+  bool cut = false;
+  for (const GrammarThread& t : in.threads) {
+    // Down the stack to the frame that called the innermost shared rule.
+    rets_.clear();
+    int32_t rule = nfa_.state_rule[t.state], stack = t.stack;
+    while (stack >= 0 && !nfa_.rule_shared[rule] &&
+           static_cast<int32_t>(rets_.size()) < kLocalDepth) {
+      rets_.push_back(frames_[stack].ret);
+      rule = nfa_.state_rule[frames_[stack].ret];
+      stack = frames_[stack].parent;
+    }
+    if (stack < 0 || !nfa_.rule_shared[rule] ||
+        frames_[stack].depth > kMaxStackDepth - kLocalDepth) {
+      out->threads.push_back(t);
+      continue;
+    }
+    int32_t local = kCutStack;
+    for (size_t k = rets_.size(); k-- > 0;) local = Push(local, rets_[k]);
+    out->threads.push_back(GrammarThread{t.state, local});
+    cut = true;
+  }
+  std::sort(out->threads.begin(), out->threads.end());
+  out->threads.erase(std::unique(out->threads.begin(), out->threads.end()), out->threads.end());
+  return cut;
+}
+
+int32_t CompiledGrammar::MaskIndex(const GrammarStateSet& in) const {
   std::vector<uint64_t> key = Key(in);
   if (auto it = masks_.find(key); it != masks_.end()) {
     ++hits_;
-    const CachedMask& c = cached_[it->second];
-    std::memcpy(mask.data(), c.words.data(), mask.size() * sizeof(uint32_t));
-    return c.count;
+    return it->second;
   }
-  if (cached_.size() >= kMaxCachedMasks) ClearMasks();
   // Canonical keys only for sets with a thread or return state in a copy.
   bool in_copy = false;
   for (const GrammarThread& t : in.threads) {
@@ -361,29 +412,88 @@ int32_t CompiledGrammar::FillMask(const GrammarStateSet& in, std::span<uint32_t>
       }
     }
   }
-  int32_t count = 0;
+  const int32_t index = static_cast<int32_t>(cached_.size());
+  cached_.emplace_back();
+  CachedMask& c = cached_.back();
+  c.words.resize(vocab_->mask_words());
+  std::span<uint32_t> mask(c.words);
   if (base >= 0 && base_level + 1 == levels.size()) {
     ++hits_;  // the same tokens of every length
-    std::memcpy(mask.data(), cached_[base].words.data(), mask.size() * sizeof(uint32_t));
-    count = cached_[base].count;
+    c = cached_[base];
   } else if (base >= 0) {
     ++walks_;
+    // Tokens of at most levels[base_level] bytes from the related set (an
+    // escape too: it leaves the copies, which no such token does from
+    // either set), the longer ones walked.
     const uint32_t* from = cached_[base].words.data();
     const uint32_t* keep = vocab_->short_mask(base_level).data();
     for (size_t w = 0; w < mask.size(); ++w) mask[w] = from[w] & keep[w];
-    WalkLongTokens(in, levels[base_level], mask);
-    for (uint32_t w : mask) count += std::popcount(w);
+    for (int32_t id : cached_[base].escaped) {
+      if (static_cast<int32_t>(vocab_->bytes(id).size()) <= levels[base_level]) {
+        c.escaped.push_back(id);
+      }
+    }
+    WalkLongTokens(in, levels[base_level], mask, &c.escaped);
+    c.count = 0;
+    for (uint32_t w : mask) c.count += std::popcount(w);
   } else {
     ++walks_;
     ++full_walks_;
-    count = WalkTrie(in, 0, mask);
+    c.count = WalkTrie(in, 0, mask, &c.escaped);
   }
-  const int32_t index = static_cast<int32_t>(cached_.size());
-  CachedMask& c = cached_.emplace_back();
-  c.words.assign(mask.begin(), mask.end());
-  c.count = count;
+  std::sort(c.escaped.begin(), c.escaped.end());
   masks_.emplace(std::move(key), index);
   for (std::vector<uint64_t>& k : level_keys_) canonical_.try_emplace(std::move(k), index);
+  return index;
+}
+
+bool CompiledGrammar::Accepts(int32_t id, const std::string& bytes) const {
+  for (char ch : bytes) {
+    const uint8_t b = static_cast<uint8_t>(ch);
+    int32_t next = dfa_next_[id][b];
+    if (next == kUnknown) next = Next(id, b);
+    if (next < 0) return false;
+    id = next;
+  }
+  return true;
+}
+
+int32_t CompiledGrammar::FillMask(const GrammarStateSet& in, std::span<uint32_t> mask) const {
+  absl::MutexLock lock(&mu_);
+  if (auto it = masks_.find(Key(in)); it != masks_.end()) {
+    ++hits_;
+    const CachedMask& c = cached_[it->second];
+    std::memcpy(mask.data(), c.words.data(), mask.size() * sizeof(uint32_t));
+    return c.count;
+  }
+  // Room for the cut set's mask and this one's.
+  if (cached_.size() + 2 > kMaxCachedMasks) ClearMasks();
+  if (!Localize(in, &local_)) {
+    const CachedMask& c = cached_[MaskIndex(in)];
+    std::memcpy(mask.data(), c.words.data(), mask.size() * sizeof(uint32_t));
+    return c.count;
+  }
+  // The tokens the cut set accepts without escaping are accepted here too
+  // (their paths stay above the cut, where both sets' threads agree), those
+  // it rejects without escaping are rejected; only the escaping ones are
+  // stepped through this set.
+  const int32_t local = MaskIndex(local_);
+  CachedMask c = cached_[local];
+  if (!c.escaped.empty()) {
+    if (dfa_sets_.size() >= kMaxDfaStates) ClearDfa();
+    const int32_t start = Intern(in);
+    for (int32_t id : c.escaped) {
+      if (Accepts(start, vocab_->bytes(id))) {
+        c.words[id >> 5] |= uint32_t{1} << (id & 31);
+        ++c.count;
+      }
+    }
+    c.escaped.clear();
+  }
+  std::memcpy(mask.data(), c.words.data(), mask.size() * sizeof(uint32_t));
+  masks_.emplace(Key(in), static_cast<int32_t>(cached_.size()));
+  const int32_t count = c.count;
+  cached_.push_back(std::move(c));
   return count;
 }
 

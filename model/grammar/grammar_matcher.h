@@ -69,8 +69,11 @@ struct GrammarThread {
 struct GrammarStateSet {
   std::vector<GrammarThread> threads;  // sorted, unique, each about to read
   bool can_end = false;
-  ByteSet first;  // the bytes some thread reads
-  bool dead() const { return threads.empty() && !can_end; }
+  // Only in a set cut from its callers (CompiledGrammar::Localize): some
+  // thread returned below the cut, so any byte may follow (sticky).
+  bool escaped = false;
+  ByteSet first;  // the bytes some thread reads (all of them once escaped)
+  bool dead() const { return threads.empty() && !can_end && !escaped; }
 };
 
 class CompiledGrammar {
@@ -101,20 +104,38 @@ class CompiledGrammar {
  private:
   struct Frame {
     int32_t ret = 0, parent = -1, depth = 0;
+    bool local = false;  // above a cut (kCutStack at the bottom)
   };
+  // The bottom of a stack cut from its callers, and the most frames a cut
+  // set pushes above it before it counts as escaped (so that a cut set's
+  // threads never meet the kMaxStackDepth guard where the whole stack
+  // would: cuts are made only at depths up to kMaxStackDepth - kLocalDepth).
+  static constexpr int32_t kCutStack = -2;
+  static constexpr int32_t kLocalDepth = 64;
+  // The set with each thread's stack cut below its innermost shared rule
+  // (GrammarNfa::rule_shared; can_end dropped); false when no thread was cut.
+  bool Localize(const GrammarStateSet& in, GrammarStateSet* out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The index in cached_ of set's mask: by its exact key, or computed from
+  // a cached set with its canonical key and a walk, or by a whole walk.
+  int32_t MaskIndex(const GrammarStateSet& set) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the token's bytes step DFA state `id` to a live one.
+  bool Accepts(int32_t id, const std::string& bytes) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ClearDfa() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Step(const GrammarStateSet& in, uint8_t byte, GrammarStateSet* out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Closes seeds_ into out (consuming threads, can_end, first bytes).
   void Close(GrammarStateSet* out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int32_t Push(int32_t stack, int32_t ret) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets the bits of the tokens longer than `min_bytes` that `in` accepts
-  // (all of them for 0, after clearing the mask); returns how many.
-  int32_t WalkTrie(const GrammarStateSet& in, int32_t min_bytes, std::span<uint32_t> mask) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // (all of them for 0, after clearing the mask) and returns how many; a
+  // token whose walk escapes (cut sets only) goes to `escaped` instead.
+  int32_t WalkTrie(const GrammarStateSet& in, int32_t min_bytes, std::span<uint32_t> mask,
+                   std::vector<int32_t>* escaped) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The same for min_bytes > 0 through the vocabulary's front-coded list of
   // long tokens (TokenVocab::long_tokens), without a count.
-  void WalkLongTokens(const GrammarStateSet& in, int32_t min_bytes, std::span<uint32_t> mask) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void WalkLongTokens(const GrammarStateSet& in, int32_t min_bytes, std::span<uint32_t> mask,
+                      std::vector<int32_t>* escaped) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The key of `set` with its repeat copies moved as for level `bytes`
   // (first word: the level); empty when no thread is in a repeat copy.
   std::vector<uint64_t> CanonicalKey(const GrammarStateSet& set, int32_t level, int32_t bytes) const
@@ -143,6 +164,8 @@ class CompiledGrammar {
   struct CachedMask {
     std::vector<uint32_t> words;
     int32_t count = 0;
+    // Cut sets: the tokens whose walk escapes (not in words), ascending.
+    std::vector<int32_t> escaped;
   };
   mutable std::vector<CachedMask> cached_ ABSL_GUARDED_BY(mu_);
   // Exact keys and canonical keys -> index into cached_.
@@ -164,11 +187,14 @@ class CompiledGrammar {
   mutable GrammarStateSet step_out_ ABSL_GUARDED_BY(mu_);
   mutable std::vector<int32_t> state_bytesets_ ABSL_GUARDED_BY(mu_);
   mutable std::vector<uint64_t> key_scratch_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<int32_t> rets_ ABSL_GUARDED_BY(mu_);
+  mutable GrammarStateSet local_ ABSL_GUARDED_BY(mu_);
   // The DFA: sets by id, their ids by key, and 256 successors per id
   // (kUnknown until computed). Cleared when it reaches kMaxDfaStates.
   static constexpr int32_t kUnknown = -2;
   static constexpr size_t kMaxDfaStates = 1 << 15;
   mutable std::vector<GrammarStateSet> dfa_sets_ ABSL_GUARDED_BY(mu_);
+  mutable std::vector<uint8_t> dfa_escaped_ ABSL_GUARDED_BY(mu_);
   mutable absl::flat_hash_map<std::vector<uint64_t>, int32_t> dfa_ids_ ABSL_GUARDED_BY(mu_);
   mutable std::vector<std::array<int32_t, 256>> dfa_next_ ABSL_GUARDED_BY(mu_);
 };

@@ -8,6 +8,7 @@
 #include <set>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -132,8 +133,18 @@ class SchemaCompiler {
     return b_->Ref(char_);
   }
 
+  // One shared rule per length range (model/grammar/grammar.h): every
+  // string field of one range reads the same bytes up to its closing quote,
+  // so their masks inside the string are computed once.
   ExprId String(int32_t min, int32_t max) {
-    return b_->Seq({b_->Byte('"'), b_->Repeat(StringChar(), min, max), b_->Byte('"')});
+    auto [it, inserted] = strings_.try_emplace({min, max}, -1);
+    if (inserted) {
+      it->second = b_->NewRule("string");
+      b_->SetBody(it->second,
+                  b_->Seq({b_->Byte('"'), b_->Repeat(StringChar(), min, max), b_->Byte('"')}));
+      b_->MarkShared(it->second);
+    }
+    return b_->Ref(it->second);
   }
 
   ExprId DigitRun(int32_t min, int32_t max) {
@@ -544,6 +555,7 @@ class SchemaCompiler {
   int depth_ = 0;
   RuleId ws_ = -1, char_ = -1, any_value_ = -1;
   std::map<std::string, RuleId> refs_;
+  std::map<std::pair<int32_t, int32_t>, RuleId> strings_;
 };
 
 }  // namespace
