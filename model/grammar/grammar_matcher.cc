@@ -477,6 +477,7 @@ int32_t CompiledGrammar::FillMask(const GrammarStateSet& in, std::span<uint32_t>
   // (their paths stay above the cut, where both sets' threads agree), those
   // it rejects without escaping are rejected; only the escaping ones are
   // stepped through this set.
+  ++cut_masks_;
   const int32_t local = MaskIndex(local_);
   CachedMask c = cached_[local];
   if (!c.escaped.empty()) {
@@ -505,6 +506,11 @@ int64_t CompiledGrammar::walks() const {
 int64_t CompiledGrammar::full_walks() const {
   absl::MutexLock lock(&mu_);
   return full_walks_;
+}
+
+int64_t CompiledGrammar::cut_masks() const {
+  absl::MutexLock lock(&mu_);
+  return cut_masks_;
 }
 
 int64_t CompiledGrammar::cache_hits() const {

@@ -100,6 +100,9 @@ class CompiledGrammar {
   int64_t walks() const;
   int64_t full_walks() const;
   int64_t cache_hits() const;
+  // Masks put together from a cut set's mask (see Localize) and a step of
+  // the tokens that escape it.
+  int64_t cut_masks() const;
 
  private:
   struct Frame {
@@ -178,6 +181,7 @@ class CompiledGrammar {
   mutable int64_t walks_ ABSL_GUARDED_BY(mu_) = 0;
   mutable int64_t full_walks_ ABSL_GUARDED_BY(mu_) = 0;
   mutable int64_t hits_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable int64_t cut_masks_ ABSL_GUARDED_BY(mu_) = 0;
   // Scratch.
   mutable std::vector<GrammarThread> seeds_ ABSL_GUARDED_BY(mu_);
   mutable std::vector<GrammarThread> visited_ ABSL_GUARDED_BY(mu_);

@@ -24,9 +24,10 @@ std::vector<std::string> TestVocab() {
   std::vector<std::string> tokens;
   for (int b = 0; b < 256; ++b) tokens.push_back(std::string(1, static_cast<char>(b)));
   const std::vector<std::string> pieces = {
-      "a",       "b", "e", "x",    "Z",    " ",  "0",   "7",    "-",    "\"",     "\\",
-      ":",       ",", "{", "}",    "[",    "]",  "\n",  "u",    "true", "null",   "name",
-      "\\u00e9", "é", "€", "\xe2", "\x82", "\t", "\\n", "ab c", "12",   "\", \"", "\":"};
+      "a",    "b",      "e",       "x",   "Z",   " ",    "0",     "7",    "-",       "\"",
+      "\\",   ":",      ",",       "{",   "}",   "[",    "]",     "\n",   "u",       "true",
+      "null", "name",   "\\u00e9", "é",   "€",   "\xe2", "\x82",  "\t",   "\\n",     "ab c",
+      "12",   "\", \"", "\":",     "\",", "\"}", "\"]",  "\",\"", "\"},", "\\u20ac", "\\\""};
   std::mt19937_64 rng(11);
   while (tokens.size() < 4256) {
     const size_t len = 2 + rng() % (rng() % 4 == 0 ? 63 : 12);
@@ -136,9 +137,38 @@ item ::= list | [a-z ]{1,30} | "\"" [^"\\]{0,25} "\"")",
                      vocab);
     CHECK(CompareAlongWalks(g, 12, 50, 4) > 60);
   }
+  SECTION("strings of many length ranges, nested, in arrays and next to enums (shared rules)") {
+    // Fields of one range share their string rule's masks; the tokens that
+    // close a string and go on ("," "}" "]" ",\"") are checked against what
+    // follows each field.
+    auto g =
+        Compile(Kind::kJsonSchema,
+                R"({"type":"object","properties":{)"
+                R"("a":{"type":"string","maxLength":6},"b":{"type":"string","maxLength":6},)"
+                R"("c":{"type":"string","minLength":3,"maxLength":9},)"
+                R"("d":{"enum":["x","yy",3]},"e":{"type":"string","maxLength":6},)"
+                R"("f":{"type":"object","properties":{"g":{"type":"string","minLength":2},)"
+                R"("h":{"type":"array","items":{"type":"string","maxLength":4},"maxItems":4},)"
+                R"("i":{"type":"string","maxLength":6}},"required":["g","h","i"]},)"
+                R"("j":{"type":"array","items":{"type":"string","minLength":1,"maxLength":3}},)"
+                R"("k":{"type":"string"}},"required":["a","b","c","d","e","f","j"]})",
+                vocab);
+    CHECK(CompareAlongWalks(g, 16, 80, 6) > 300);
+    CHECK(g->cut_masks() > 30);
+  }
+  SECTION("a string at the end of an object, of an array and of the whole grammar") {
+    auto g = Compile(Kind::kJsonSchema,
+                     R"({"anyOf":[{"type":"string","maxLength":5},{"type":"array","items":)"
+                     R"({"type":"object","properties":{"s":{"type":"string","maxLength":5}},)"
+                     R"("required":["s"],"additionalProperties":false}}]})",
+                     vocab);
+    CHECK(CompareAlongWalks(g, 40, 40, 7) > 100);
+    CHECK(g->cut_masks() > 5);
+  }
   SECTION("json_object") {
     auto g = Compile(Kind::kJsonObject, "", vocab);
     CHECK(CompareAlongWalks(g, 8, 50, 5) > 60);
+    CHECK(g->cut_masks() > 0);
   }
 }
 
