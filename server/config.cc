@@ -842,8 +842,8 @@ std::string ServeConfigKeyHelp(const std::string& key) {
       {"server.max_queue", "waiting requests beyond this get 429 / RESOURCE_EXHAUSTED"},
       {"server.api_key", "require Authorization: Bearer <key>; empty: no auth"},
       {"server.http_threads",
-       "HTTP io threads, and as many workers parsing request bodies (4); connections and "
-       "streams take no thread of their own"},
+       "HTTP io threads, and as many prompt workers parsing and tokenizing the requests of "
+       "both front ends (4); connections and streams take no thread of their own"},
       {"server.reuse_port", "SO_REUSEPORT: share the ports with other kvserve processes (false)"},
       {"server.http_header_timeout_s",
        "seconds: a request head must arrive within this of its first byte (of the accept on a "

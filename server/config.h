@@ -92,7 +92,7 @@ struct ServeConfig {
     int64_t max_body_bytes = 8 << 20;  // larger HTTP bodies get 413
     int32_t max_queue = 4096;          // waiting requests beyond this get 429
     std::string api_key;               // "" = no auth; else "Authorization: Bearer <key>"
-    int32_t http_threads = 4;          // HTTP io threads (and as many request parsers)
+    int32_t http_threads = 4;          // HTTP io threads (and as many prompt workers, both APIs)
     bool reuse_port = false;           // SO_REUSEPORT: share the ports with other processes
     // HTTP connection limits and TLS (server/http/http_server.h).
     double http_header_timeout_s = 10;           // a request head must arrive within this (408)

@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +23,7 @@
 #include "server/http/http_service.h"
 #include "server/logging.h"
 #include "server/metrics.h"
+#include "server/request_budget.h"
 #include "server/serving_state.h"
 
 namespace kvserve {
@@ -163,6 +165,10 @@ int RunDaemon(const ServeConfig& config) {
   http_options.metrics_auth = config.server.metrics_auth;
   http_options.limits = config.ToRequestLimits();
   http_options.limiter = limiter;
+  // One pool of prompt workers (parsing, tokenizing, submitting) for both
+  // front ends, sized like the HTTP io threads.
+  auto prompt_workers = std::make_shared<PromptWorkers>(std::max(1, config.server.http_threads));
+  http_options.prompt_workers = prompt_workers;
   HttpService http(&state, http_options);
   if (absl::Status s = http.Start(); !s.ok()) {
     spdlog::critical("{}", std::string(s.message()));
@@ -170,6 +176,7 @@ int RunDaemon(const ServeConfig& config) {
   }
   GrpcService::Options grpc_options = GrpcService::OptionsFromConfig(config);
   grpc_options.limiter = limiter;
+  grpc_options.prompt_workers = prompt_workers;
   GrpcService grpc(&state, std::move(grpc_options));
   if (absl::Status s =
           grpc.Start(config.server.host, config.server.grpc_port, config.server.reuse_port);

@@ -1,7 +1,9 @@
 #include "server/request_budget.h"
 
+#include <algorithm>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "spdlog/spdlog.h"
 #include "util/status_macros.h"
 
@@ -64,6 +66,40 @@ void PromptWorkers::Loop() {
       spdlog::error("prompt worker: uncaught exception: {}", e.what());
     }
   }
+}
+
+PromptClient::PromptClient(std::shared_ptr<PromptWorkers> shared, int threads)
+    : pool_(std::move(shared)) {
+  if (pool_ == nullptr) {
+    pool_ = std::make_shared<PromptWorkers>(std::max(1, threads));
+    own_ = true;
+  }
+}
+
+PromptClient::~PromptClient() { Drain(); }
+
+void PromptClient::Run(std::function<void()> work) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++pending_;
+  }
+  pool_->Run([this, work = std::move(work)] {
+    // Counted down even when the work throws (the pool's loop catches it).
+    absl::Cleanup done = [this] {
+      absl::MutexLock lock(&mu_);
+      --pending_;
+    };
+    work();
+  });
+}
+
+void PromptClient::Drain() {
+  {
+    absl::MutexLock lock(&mu_);
+    auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return pending_ == 0; };
+    mu_.Await(absl::Condition(&idle));
+  }
+  if (own_) pool_->Stop();
 }
 
 }  // namespace kvserve

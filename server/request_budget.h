@@ -8,17 +8,21 @@
 // after. Front ends send the engine token ids, so the engine never tokenizes
 // a request's text on the thread that called Submit.
 //
-// PromptWorkers: a few threads on which the gRPC front end tokenizes and
-// submits, so gRPC's callback threads (which every other call needs) never
-// tokenize. Work runs in FIFO order; Stop() runs what is queued, then joins.
+// PromptWorkers: a few threads on which the front ends parse, tokenize and
+// submit, so gRPC's callback threads and the HTTP io threads (which every
+// other call needs) never tokenize. The daemon gives both front ends one
+// pool; each reaches it through a PromptClient, which counts the work it
+// queued so that the front end can stop (PromptClient::Drain) before the
+// pool does. Work runs in FIFO order; Stop() runs what is queued, then joins.
 //
-// Thread-safety: TokenizeWithinBudget is a pure function; PromptWorkers'
-// methods are safe from any thread.
+// Thread-safety: TokenizeWithinBudget is a pure function; PromptWorkers' and
+// PromptClient's methods are safe from any thread.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <memory>
 #include <string_view>
 #include <thread>
 #include <vector>
@@ -57,6 +61,30 @@ class PromptWorkers {
   std::deque<std::function<void()>> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
+};
+
+// One front end's share of a PromptWorkers pool: the pool it was given
+// (shared with the other front end), or one of its own of `threads` when
+// given none.
+class PromptClient {
+ public:
+  PromptClient(std::shared_ptr<PromptWorkers> shared, int threads);
+  ~PromptClient();  // Drain()
+  PromptClient(const PromptClient&) = delete;
+  PromptClient& operator=(const PromptClient&) = delete;
+
+  // Queues `work` on the pool (after the pool's Stop, runs it inline).
+  void Run(std::function<void()> work);
+  // Waits until every work this client queued has run; then stops the pool
+  // when it is the client's own.
+  void Drain();
+  bool shared() const { return !own_; }
+
+ private:
+  std::shared_ptr<PromptWorkers> pool_;
+  bool own_ = false;
+  absl::Mutex mu_;
+  int64_t pending_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace kvserve

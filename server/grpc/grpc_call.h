@@ -90,7 +90,7 @@ struct CallEnv {
   ServingState* state = nullptr;
   const GrpcService::Options* options = nullptr;
   ClientLimiter* limiter = nullptr;
-  PromptWorkers* workers = nullptr;
+  PromptClient* workers = nullptr;
   EngineGate* gate = nullptr;
 
   // Admit, holding a lease on the engine when admitted.

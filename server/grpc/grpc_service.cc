@@ -56,7 +56,7 @@ class GrpcService::Impl final : public RawGenerationService {
       : limiter_(options->limiter != nullptr
                      ? options->limiter
                      : std::make_shared<ClientLimiter>(options->max_concurrent_per_client)),
-        workers_(std::max(1, options->prompt_threads)) {
+        workers_(options->prompt_workers, options->prompt_threads) {
     env_.state = state;
     env_.options = options;
     env_.limiter = limiter_.get();
@@ -64,7 +64,7 @@ class GrpcService::Impl final : public RawGenerationService {
     env_.gate = &state->gate();
   }
 
-  void StopWorkers() { workers_.Stop(); }
+  void StopWorkers() { workers_.Drain(); }
   bool CloseGate(absl::Time deadline) { return env_.gate->Close(deadline); }
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* ctx,
@@ -182,7 +182,7 @@ class GrpcService::Impl final : public RawGenerationService {
 
  private:
   const std::shared_ptr<ClientLimiter> limiter_;
-  PromptWorkers workers_;
+  PromptClient workers_;
   CallEnv env_;
 };
 

@@ -67,6 +67,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "scheduler/request_validation.h"
+#include "server/request_budget.h"
 #include "server/serving_state.h"
 
 namespace grpc {
@@ -91,7 +92,10 @@ class GrpcService {
     // max_concurrent_per_client of its own.
     std::shared_ptr<ClientLimiter> limiter;
     int32_t max_unsent_outputs = 4096;  // per Generate stream
-    int32_t prompt_threads = 2;         // PromptWorkers
+    // The prompt workers (server/request_budget.h), shared with HTTP in the
+    // daemon; null: a pool of prompt_threads of its own.
+    std::shared_ptr<PromptWorkers> prompt_workers;
+    int32_t prompt_threads = 2;
     // PEM files; both set: TLS (grpc::SslServerCredentials), else plaintext.
     std::string tls_cert_file;
     std::string tls_key_file;

@@ -1,8 +1,6 @@
 #include "server/http/http_service.h"
 
 #include <atomic>
-#include <boost/asio/post.hpp>
-#include <boost/asio/thread_pool.hpp>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -195,7 +193,7 @@ HttpService::HttpService(ServingState* state, Options options)
 HttpService::~HttpService() { Stop(); }
 
 absl::Status HttpService::Start() {
-  workers_ = std::make_unique<boost::asio::thread_pool>(std::max(1, options_.threads));
+  workers_ = std::make_unique<PromptClient>(options_.prompt_workers, options_.threads);
   if (absl::Status s = server_->Start(); !s.ok()) return s;
   port_ = server_->port();
   return absl::OkStatus();
@@ -203,10 +201,9 @@ absl::Status HttpService::Start() {
 
 void HttpService::Stop() {
   server_->Stop();
-  if (workers_ != nullptr) {
-    workers_->stop();
-    workers_->join();
-  }
+  // Work already queued still runs (a request the server no longer
+  // answers ends at its first reply); the pool may be gRPC's too.
+  if (workers_ != nullptr) workers_->Drain();
 }
 
 std::optional<HttpResponse> HttpService::Authorize(const HttpRequest& head) const {
@@ -297,7 +294,7 @@ HttpResponse HttpService::Models() const {
 
 void HttpService::HandleTokenize(bool detokenize, std::shared_ptr<HttpExchange> ex) {
   // Tokenizing is work: off the io threads, as generation requests are.
-  boost::asio::post(*workers_, [this, detokenize, ex = std::move(ex)] {
+  workers_->Run([this, detokenize, ex = std::move(ex)] {
     HttpResponse r;
     try {
       const EngineGate::Lease lease = state_->gate().Enter();
@@ -332,7 +329,7 @@ void HttpService::HandleGenerate(bool chat, std::shared_ptr<HttpExchange> ex) {
   // Parsing tokenizes the prompt: off the io threads. No exception leaves
   // the worker (it would end the process): one that gets here is a bug,
   // answered with a 500 and logged, and the daemon goes on serving.
-  boost::asio::post(*workers_, [this, chat, ex = std::move(ex)] {
+  workers_->Run([this, chat, ex = std::move(ex)] {
     try {
       GenerateOnWorker(chat, ex);
     } catch (const std::exception& e) {

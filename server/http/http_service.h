@@ -44,11 +44,8 @@
 #include "server/auth.h"
 #include "server/client_limiter.h"
 #include "server/http/http_server.h"
+#include "server/request_budget.h"
 #include "server/serving_state.h"
-
-namespace boost::asio {
-class thread_pool;
-}  // namespace boost::asio
 
 namespace kvserve {
 
@@ -58,8 +55,12 @@ class HttpService {
     std::string host = "127.0.0.1";
     int port = 0;  // 0: any free port
     int64_t max_body_bytes = 8 << 20;
-    // io threads, and as many workers that parse and tokenize bodies.
+    // io threads, and as many workers that parse and tokenize bodies when
+    // prompt_workers is null.
     int threads = 4;
+    // The prompt workers (server/request_budget.h), shared with gRPC in the
+    // daemon; null: a pool of `threads` of its own.
+    std::shared_ptr<PromptWorkers> prompt_workers;
     // SO_REUSEPORT: let other processes bind the same port (off: a port in
     // use fails Start).
     bool reuse_port = false;
@@ -118,7 +119,7 @@ class HttpService {
   const int64_t created_;  // unix seconds, reported as the model's `created`
   std::shared_ptr<const ApiKeys> keys_;
   std::unique_ptr<HttpServer> server_;
-  std::unique_ptr<boost::asio::thread_pool> workers_;
+  std::unique_ptr<PromptClient> workers_;
   int port_ = 0;
 };
 

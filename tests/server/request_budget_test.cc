@@ -5,6 +5,9 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <memory>
+#include <stdexcept>
 #include <thread>
 #include <vector>
 
@@ -67,6 +70,57 @@ TEST_CASE("PromptWorkers after Stop runs work on the calling thread", "[server]"
   workers.Run([&] { ran_on = std::this_thread::get_id(); });
   REQUIRE(ran_on == std::this_thread::get_id());
   workers.Stop();  // idempotent
+}
+
+TEST_CASE("Two PromptClients on one pool: each drains its own work, the pool runs on", "[server]") {
+  auto pool = std::make_shared<PromptWorkers>(1);
+  PromptClient http(pool, 4);
+  PromptClient grpc(pool, 2);
+  REQUIRE(http.shared());
+  REQUIRE(grpc.shared());
+  absl::Notification release;
+  std::atomic<int> http_done{0};
+  std::atomic<bool> grpc_done{false};
+  // The pool's one thread is held by gRPC's work; HTTP's queues behind it.
+  grpc.Run([&] {
+    release.WaitForNotification();
+    grpc_done = true;
+  });
+  for (int i = 0; i < 3; ++i) http.Run([&] { ++http_done; });
+  // A throwing work still counts as done (the pool's loop catches it).
+  http.Run([] { throw std::runtime_error("a bug"); });
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    release.Notify();
+  });
+  http.Drain();
+  // HTTP's Drain waited for its four works, so for gRPC's ahead of them.
+  REQUIRE(http_done.load() == 3);
+  REQUIRE(grpc_done.load());
+  releaser.join();
+  grpc.Drain();
+  // Neither client stopped the shared pool: it still runs work on its thread.
+  std::thread::id ran_on;
+  absl::Notification ran;
+  pool->Run([&] {
+    ran_on = std::this_thread::get_id();
+    ran.Notify();
+  });
+  ran.WaitForNotification();
+  REQUIRE(ran_on != std::this_thread::get_id());
+}
+
+TEST_CASE("A PromptClient without a pool stops its own when drained", "[server]") {
+  PromptClient own(nullptr, 2);
+  REQUIRE_FALSE(own.shared());
+  std::atomic<int> done{0};
+  for (int i = 0; i < 10; ++i) own.Run([&] { ++done; });
+  own.Drain();
+  REQUIRE(done.load() == 10);
+  // Stopped: work runs on the caller.
+  std::thread::id ran_on;
+  own.Run([&] { ran_on = std::this_thread::get_id(); });
+  REQUIRE(ran_on == std::this_thread::get_id());
 }
 
 }  // namespace
