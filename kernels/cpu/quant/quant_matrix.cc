@@ -9,6 +9,7 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/kv_quant.h"
 #include "kernels/cpu/quant/quant_internal.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace kvserve::cpu {
 namespace {
@@ -235,7 +236,7 @@ std::string_view QuantKindName(QuantKind kind) {
 void QuantMatrix::FreeDeleter::operator()(uint8_t* p) const { std::free(p); }
 
 QuantMatrix QuantMatrix::Quantize(const float* w, int64_t out, int64_t in, QuantKind kind,
-                                  int group_size) {
+                                  int group_size, ThreadPool* pool) {
   QuantMatrix m;
   m.kind_ = kind;
   m.out_ = out;
@@ -261,42 +262,66 @@ QuantMatrix QuantMatrix::Quantize(const float* w, int64_t out, int64_t in, Quant
   const int64_t total = nb * m.block_stride_;
   m.data_.reset(static_cast<uint8_t*>(std::aligned_alloc(64, RoundUp(total, 64))));
   if (m.data_ == nullptr) std::abort();
-  // Padding: int8 q = 0; int4 nibble 8 (q = 0), scale and offset 0.
-  std::memset(m.data_.get(), kind == QuantKind::kInt8 ? 0 : 0x88, total);
-  if (kind != QuantKind::kInt8) {
-    for (int64_t b = 0; b < nb; ++b) {
-      std::memset(m.data_.get() + b * m.block_stride_ + m.scale_offset_, 0,
-                  m.block_stride_ - m.scale_offset_);
-    }
-  }
-
   if (kind == QuantKind::kInt8) {
     m.channel_scales_.assign(nb * kQuantBlock, 0.0f);
     m.channel_sums_.assign(nb * kQuantBlock, 0);
-    for (int64_t o = 0; o < out; ++o) {
-      const float* wr = w + o * in;
-      float amax = 0.0f;
-      for (int64_t k = 0; k < in; ++k) amax = std::max(amax, std::fabs(wr[k]));
-      // q = round(w / s), the textbook rounding (load time: no hurry).
-      const float scale = amax / 127.0f;
-      m.channel_scales_[o] = scale;
-      uint8_t* blk = m.data_.get() + (o / kQuantBlock) * m.block_stride_ + (o % kQuantBlock) * 4;
-      int32_t sum = 0;
-      for (int64_t k = 0; k < in; ++k) {
-        const int q = scale > 0.0f ? ClampQ(wr[k] / scale, 127) : 0;
-        blk[(k / 4) * 64 + (k % 4)] = static_cast<uint8_t>(static_cast<int8_t>(q));
-        sum += q;
-      }
-      m.channel_sums_[o] = sum;
-    }
-    return m;
   }
+  // Block b writes only its own bytes (and int8's per-channel entries), so
+  // the blocks may run in any order on any threads.
+  auto quantize_block = [&](int64_t b) {
+    if (kind == QuantKind::kInt8) {
+      QuantizeInt8Block(w, out, in, b, &m);
+    } else {
+      QuantizeInt4Block(w, out, in, b, &m);
+    }
+  };
+  if (pool == nullptr || pool->num_threads() == 1 || nb == 1) {
+    for (int64_t b = 0; b < nb; ++b) quantize_block(b);
+  } else {
+    // One block a chunk (milliseconds of work against one atomic claim), so
+    // a thread that loses its core to another process delays one block.
+    const int chunks = static_cast<int>(std::min<int64_t>(nb, ThreadPool::kMaxChunks));
+    pool->Run(chunks, [&](int c) {
+      int64_t b0 = 0, b1 = 0;
+      SplitRange(nb, chunks, c, &b0, &b1);
+      for (int64_t b = b0; b < b1; ++b) quantize_block(b);
+    });
+  }
+  return m;
+}
 
-  const int64_t g_size = m.group_;
-  const bool asym = kind == QuantKind::kInt4Asym;
-  for (int64_t o = 0; o < out; ++o) {
+void QuantMatrix::QuantizeInt8Block(const float* w, int64_t out, int64_t in, int64_t b,
+                                    QuantMatrix* m) {
+  uint8_t* blk = m->data_.get() + b * m->block_stride_;
+  std::memset(blk, 0, m->block_stride_);  // padding: q = 0
+  for (int64_t o = b * kQuantBlock; o < std::min(out, (b + 1) * kQuantBlock); ++o) {
     const float* wr = w + o * in;
-    uint8_t* blk = m.data_.get() + (o / kQuantBlock) * m.block_stride_;
+    float amax = 0.0f;
+    for (int64_t k = 0; k < in; ++k) amax = std::max(amax, std::fabs(wr[k]));
+    // q = round(w / s), the textbook rounding (load time: no hurry).
+    const float scale = amax / 127.0f;
+    m->channel_scales_[o] = scale;
+    uint8_t* lane = blk + (o % kQuantBlock) * 4;
+    int32_t sum = 0;
+    for (int64_t k = 0; k < in; ++k) {
+      const int q = scale > 0.0f ? ClampQ(wr[k] / scale, 127) : 0;
+      lane[(k / 4) * 64 + (k % 4)] = static_cast<uint8_t>(static_cast<int8_t>(q));
+      sum += q;
+    }
+    m->channel_sums_[o] = sum;
+  }
+}
+
+void QuantMatrix::QuantizeInt4Block(const float* w, int64_t out, int64_t in, int64_t b,
+                                    QuantMatrix* m) {
+  uint8_t* blk = m->data_.get() + b * m->block_stride_;
+  // Padding: nibble 8 (q = 0), scale and offset 0.
+  std::memset(blk, 0x88, m->scale_offset_);
+  std::memset(blk + m->scale_offset_, 0, m->block_stride_ - m->scale_offset_);
+  const int64_t g_size = m->group_;
+  const bool asym = m->kind_ == QuantKind::kInt4Asym;
+  for (int64_t o = b * kQuantBlock; o < std::min(out, (b + 1) * kQuantBlock); ++o) {
+    const float* wr = w + o * in;
     const int lane = static_cast<int>(o % kQuantBlock);
     for (int64_t g = 0; g * g_size < in; ++g) {
       const int64_t k0 = g * g_size, k1 = std::min(in, k0 + g_size);
@@ -304,8 +329,8 @@ QuantMatrix QuantMatrix::Quantize(const float* w, int64_t out, int64_t in, Quant
           asym ? Int4GroupScaleOffset(wr + k0, k1 - k0) : Int4GroupScale(wr + k0, k1 - k0);
       const float s = Fp16ToFloat(p.s16), o = Fp16ToFloat(p.o16);
       const float inv = s != 0.0f ? 1.0f / s : 0.0f;
-      std::memcpy(blk + m.scale_offset_ + (g * kQuantBlock + lane) * 2, &p.s16, 2);
-      if (asym) std::memcpy(blk + m.offset_offset() + (g * kQuantBlock + lane) * 2, &p.o16, 2);
+      std::memcpy(blk + m->scale_offset_ + (g * kQuantBlock + lane) * 2, &p.s16, 2);
+      if (asym) std::memcpy(blk + m->offset_offset() + (g * kQuantBlock + lane) * 2, &p.o16, 2);
       for (int64_t k = k0; k < k1; ++k) {
         const int q = s != 0.0f ? static_cast<int>(Int4LevelF(wr[k], inv, o)) : 0;
         const int64_t kk = k - k0;
@@ -316,7 +341,6 @@ QuantMatrix QuantMatrix::Quantize(const float* w, int64_t out, int64_t in, Quant
       }
     }
   }
-  return m;
 }
 
 int64_t QuantMatrix::bytes() const {

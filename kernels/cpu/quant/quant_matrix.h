@@ -54,6 +54,10 @@
 // the sign trick there for h (|q| times h with q's sign: at most 2 x 127 x
 // 127 per pair).
 //
+// Quantizing at load costs far more than a pass over the weights (int4
+// tries about 15 scales a group, int4_asym about 40 (scale, offset) pairs):
+// Quantize spreads the blocks over a ThreadPool when given one.
+//
 // Thread-safety: QuantMatrix is immutable after Quantize; QuantLinear is
 // reentrant (per-thread scratch) and concurrent calls on disjoint outputs
 // are safe.
@@ -65,6 +69,8 @@
 #include <vector>
 
 namespace kvserve::cpu {
+
+class ThreadPool;
 
 enum class QuantKind : uint8_t { kInt8, kInt4, kInt4Asym };
 std::string_view QuantKindName(QuantKind kind);
@@ -79,9 +85,12 @@ class QuantMatrix {
   QuantMatrix& operator=(QuantMatrix&&) = default;
 
   // w: [out][in] row-major fp32. group_size (int4 only) must be a positive
-  // multiple of 8; int8 ignores it.
+  // multiple of 8; int8 ignores it. With a pool, its threads quantize the
+  // blocks of kQuantBlock output channels (each a function of its own rows
+  // alone, written to its own bytes), so the result is the same bytes
+  // whatever the pool; null runs on the caller.
   static QuantMatrix Quantize(const float* w, int64_t out, int64_t in, QuantKind kind,
-                              int group_size = kDefaultInt4Group);
+                              int group_size = kDefaultInt4Group, ThreadPool* pool = nullptr);
 
   bool empty() const { return out_ == 0; }
   QuantKind kind() const { return kind_; }
@@ -123,6 +132,10 @@ class QuantMatrix {
   struct FreeDeleter {
     void operator()(uint8_t* p) const;
   };
+  // Block b of a matrix whose layout Quantize has set: its padding, its
+  // channels' values and scales (and int8's channel_scales_ / sums_).
+  static void QuantizeInt8Block(const float* w, int64_t out, int64_t in, int64_t b, QuantMatrix* m);
+  static void QuantizeInt4Block(const float* w, int64_t out, int64_t in, int64_t b, QuantMatrix* m);
   QuantKind kind_ = QuantKind::kInt8;
   int64_t out_ = 0, in_ = 0, k_padded_ = 0;
   int group_ = 0;
