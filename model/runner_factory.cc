@@ -50,7 +50,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(LlamaWeights weight
   KV_RETURN_IF_ERROR(mc.Validate());
   KV_ASSIGN_OR_RETURN(WeightQuantSpec quant,
                       ParseWeightQuant(o.weight_dtype, o.weight_dtype_head, o.weight_group_size));
-  KV_RETURN_IF_ERROR(QuantizeWeights(quant, &weights));
+  KV_RETURN_IF_ERROR(QuantizeWeights(quant, &weights, o.num_threads));
   // int4_kc layers also keep full-precision tails (TailBlocksFor), taken off
   // the budget first.
   KvLayerShape shape{mc.num_layers, mc.num_kv_heads,   mc.head_dim,

@@ -127,6 +127,14 @@ absl::StatusOr<BuiltEngine> BuildEngine(
     spdlog::info("CPU forward pass on {} threads (model.threads: {})", ro.num_threads,
                  config.model.threads > 0 ? "as set" : "0, what the cgroup and affinity allow");
   }
+  if (memory.quantized_weights > 0) {
+    spdlog::info(
+        "weights quantized to {} at load in {:.2f} s on {} threads ({} weights, {:.1f} ns "
+        "a weight)",
+        memory.weight_dtype, memory.quantize_seconds, memory.quantize_threads,
+        memory.quantized_weights,
+        memory.quantize_seconds * 1e9 / static_cast<double>(memory.quantized_weights));
+  }
   return out;
 }
 

@@ -71,6 +71,11 @@ CpuModelRunner::CpuModelRunner(std::unique_ptr<CpuForward> model,
   m.kv_pool_tokens = int64_t{num_blocks} * primary_.format().block_size();
   m.num_swap_blocks = num_swap_blocks;
   m.pool_sized_from = pool_sized_from;
+  if (const QuantizedLinears* q = model_->weights().quantized.get()) {
+    m.quantized_weights = q->num_weights;
+    m.quantize_seconds = q->seconds;
+    m.quantize_threads = q->threads;
+  }
 }
 
 absl::Status CpuModelRunner::Forward(const BatchInput& batch) {

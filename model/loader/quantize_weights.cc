@@ -1,10 +1,14 @@
 #include "model/loader/quantize_weights.h"
 
+#include <algorithm>
+#include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace kvserve {
 namespace {
@@ -20,8 +24,10 @@ cpu::QuantKind KindOf(WeightQuant q) {
   }
 }
 
-cpu::QuantMatrix Pack(const Tensor& t, WeightQuant q, int group) {
-  return cpu::QuantMatrix::Quantize(t.data, t.shape.at(0), t.shape.at(1), KindOf(q), group);
+cpu::QuantMatrix Pack(const Tensor& t, WeightQuant q, int group, cpu::ThreadPool* pool,
+                      int64_t* num_weights) {
+  *num_weights += t.shape.at(0) * t.shape.at(1);
+  return cpu::QuantMatrix::Quantize(t.data, t.shape.at(0), t.shape.at(1), KindOf(q), group, pool);
 }
 
 }  // namespace
@@ -35,7 +41,8 @@ int64_t QuantizedLinears::bytes() const {
   return n;
 }
 
-absl::Status QuantizeWeights(const WeightQuantSpec& requested, LlamaWeights* weights) {
+absl::Status QuantizeWeights(const WeightQuantSpec& requested, LlamaWeights* weights,
+                             int num_threads) {
   const WeightQuantSpec spec = requested.Resolve(weights->config.vocab_size);
   if (weights->quantized != nullptr || weights->weight_quant.any()) {
     if (weights->weight_quant == spec) return absl::OkStatus();
@@ -55,8 +62,7 @@ absl::Status QuantizeWeights(const WeightQuantSpec& requested, LlamaWeights* wei
     }
     return absl::OkStatus();
   };
-  auto q = std::make_shared<QuantizedLinears>();
-  const int g = spec.group_size;
+  // Every matrix is checked before the first is quantized (seconds each).
   if (spec.body != WeightQuant::kNone) {
     for (size_t l = 0; l < weights->layers.size(); ++l) {
       const LayerWeights& w = weights->layers[l];
@@ -70,21 +76,36 @@ absl::Status QuantizeWeights(const WeightQuantSpec& requested, LlamaWeights* wei
                                     {&w.w_down, "w_down"}}) {
         if (absl::Status s = check(*t, p + name); !s.ok()) return s;
       }
-      QuantizedLinears::Layer ql;
-      ql.wq = Pack(w.wq, spec.body, g);
-      ql.wk = Pack(w.wk, spec.body, g);
-      ql.wv = Pack(w.wv, spec.body, g);
-      ql.wo = Pack(w.wo, spec.body, g);
-      ql.w_gate = Pack(w.w_gate, spec.body, g);
-      ql.w_up = Pack(w.w_up, spec.body, g);
-      ql.w_down = Pack(w.w_down, spec.body, g);
-      q->layers.push_back(std::move(ql));
     }
   }
   if (spec.head != WeightQuant::kNone) {
     if (absl::Status s = check(weights->output, "output"); !s.ok()) return s;
-    q->output = Pack(weights->output, spec.head, g);
   }
+  const auto t0 = std::chrono::steady_clock::now();
+  if (num_threads <= 0)
+    num_threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // The pool lives for this call only: the forward pass makes its own,
+  // after the weights.
+  cpu::ThreadPool pool(num_threads);
+  auto q = std::make_shared<QuantizedLinears>();
+  const int g = spec.group_size;
+  int64_t* n = &q->num_weights;
+  if (spec.body != WeightQuant::kNone) {
+    for (const LayerWeights& w : weights->layers) {
+      QuantizedLinears::Layer ql;
+      ql.wq = Pack(w.wq, spec.body, g, &pool, n);
+      ql.wk = Pack(w.wk, spec.body, g, &pool, n);
+      ql.wv = Pack(w.wv, spec.body, g, &pool, n);
+      ql.wo = Pack(w.wo, spec.body, g, &pool, n);
+      ql.w_gate = Pack(w.w_gate, spec.body, g, &pool, n);
+      ql.w_up = Pack(w.w_up, spec.body, g, &pool, n);
+      ql.w_down = Pack(w.w_down, spec.body, g, &pool, n);
+      q->layers.push_back(std::move(ql));
+    }
+  }
+  if (spec.head != WeightQuant::kNone) q->output = Pack(weights->output, spec.head, g, &pool, n);
+  q->threads = pool.num_threads();
+  q->seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   weights->weight_quant = spec;
   weights->quantized = std::move(q);
   return absl::OkStatus();

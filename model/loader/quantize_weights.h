@@ -6,6 +6,12 @@
 // group of spec.group_size inputs). Embeddings and norms are not touched; a
 // tied head gets its own quantized copy while the embedding table stays fp32.
 //
+// The int4 and int4_asym scale searches cost about 45 and 100 ns a weight
+// on one core, minutes for an 8B model, so the blocks of each matrix are
+// spread over a cpu::ThreadPool of `num_threads` (the CPU runner's
+// model.threads) for the duration of the call; the packed bytes are the
+// same at every thread count (tests/kernels/cpu/quant_threads_test.cc).
+//
 // Thread-safety: a pure function of its input; the result is immutable and
 // shared read-only by the forward pass.
 #pragma once
@@ -26,13 +32,20 @@ struct QuantizedLinears {
   std::vector<Layer> layers;  // empty: the body stays in fp32
   cpu::QuantMatrix output;    // empty: the head stays in fp32
   int64_t bytes() const;
+  // What quantizing took, for the start-up log: weights packed, wall-clock
+  // seconds and threads.
+  int64_t num_weights = 0;
+  double seconds = 0;
+  int threads = 1;
 };
 
 // Sets weights->quantized and weights->weight_quant (the spec with its head
 // resolved for the model's vocabulary). No-op for a spec that quantizes
 // nothing. FailedPrecondition for weights already quantized
 // differently, or with no host data (a dummy model deferred to a device).
-absl::Status QuantizeWeights(const WeightQuantSpec& spec, LlamaWeights* weights);
+// num_threads <= 0: one per hardware thread, as the CPU forward pass.
+absl::Status QuantizeWeights(const WeightQuantSpec& spec, LlamaWeights* weights,
+                             int num_threads = 1);
 
 // The bytes of weights the CPU forward pass keeps reading per token and
 // holds: the fp32 tensors that are not quantized plus the packed ones (for

@@ -443,7 +443,7 @@ int RunEvalKv(int argc, char** argv) {
     LlamaWeights w = weights;
     for (size_t i = 0; i < opt.weight_dtype_names.size(); ++i) {
       if (opt.weight_dtype_names[i] != name) continue;
-      absl::Status s = QuantizeWeights(opt.weight_dtypes[i], &w);
+      absl::Status s = QuantizeWeights(opt.weight_dtypes[i], &w, opt.threads);
       if (!s.ok()) return s;
       break;
     }

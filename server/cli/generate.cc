@@ -203,6 +203,14 @@ int RunGenerate(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<ModelRunner>> runner =
       CreateModelRunner(std::move(loaded->weights), ro);
   if (!runner.ok()) return Fail(runner.status());
+  if (const RunnerMemoryInfo& m = (*runner)->memory_info(); m.quantized_weights > 0) {
+    std::fprintf(stderr,
+                 "kvserve generate: weights quantized to %s in %.2f s on %d thread(s) (%lld "
+                 "weights, %.1f ns a weight)\n",
+                 m.weight_dtype.c_str(), m.quantize_seconds, m.quantize_threads,
+                 static_cast<long long>(m.quantized_weights),
+                 m.quantize_seconds * 1e9 / static_cast<double>(m.quantized_weights));
+  }
 
   // One sequence, its prompt in one chunk, nothing shared with anyone.
   EngineConfig ec;
