@@ -17,12 +17,18 @@
 // --weight-dtype fp32,int8,int4 every weight dtype runs at every thread
 // count, in turns, and the table gives each against the first dtype.
 //
+// --mode quantize measures model.weight_dtype's cost at load: QuantizeWeights
+// of the whole model for each --weight-dtype (default int8,int4,int4_asym)
+// at each count in --threads, taking turns within each run as above, the
+// median seconds and ns a weight over --runs; it checks that every thread
+// count packed the same bytes.
+//
 // --write-llama2c FILE writes the model as a llama2.c checkpoint and exits,
 // so other engines can run the very same weights (llama.cpp's
 // llama-convert-llama2c-to-ggml reads it; bench/README.md).
 //
 //   decode_bench [MODEL] [--runs N] [--json FILE]
-//                [--mode all|single|batched|gemm|threads]
+//                [--mode all|single|batched|gemm|threads|quantize]
 //                [--threads 1,2] [--prefill-tokens N] [--decode-tokens N]
 //                [--write-llama2c FILE]
 // MODEL defaults to $KVSERVE_SHARED/models/stories260k/stories260K.bin, else
@@ -68,6 +74,12 @@ double Median(std::vector<double> v) {
 double ThreadCpuSeconds() {
   timespec ts;
   clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+double ProcessCpuSeconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return ts.tv_sec + 1e-9 * ts.tv_nsec;
 }
 
@@ -242,7 +254,10 @@ nlohmann::json BenchThreads(const LlamaWeights& w, const std::vector<std::string
       std::exit(2);
     }
     LlamaWeights qw = w;
-    if (absl::Status st = QuantizeWeights(*spec, &qw); !st.ok()) {
+    // Quantized once, on the most threads measured.
+    const int quantize_threads =
+        thread_counts.empty() ? 1 : *std::max_element(thread_counts.begin(), thread_counts.end());
+    if (absl::Status st = QuantizeWeights(*spec, &qw, quantize_threads); !st.ok()) {
       std::fprintf(stderr, "decode_bench: %s\n", std::string(st.message()).c_str());
       std::exit(1);
     }
@@ -374,6 +389,111 @@ nlohmann::json BenchLinear(const LlamaWeights& w, int runs) {
   return out;
 }
 
+// FNV-1a over every packed byte of the quantized linears, in model order.
+uint64_t PackedHash(const QuantizedLinears& q) {
+  uint64_t h = 1469598103934665603ull;
+  auto add = [&h](const void* p, int64_t n) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    for (int64_t i = 0; i < n; ++i) h = (h ^ b[i]) * 1099511628211ull;
+  };
+  auto matrix = [&](const cpu::QuantMatrix& m) {
+    if (m.empty()) return;
+    add(m.block(0), m.num_blocks() * m.block_stride());
+    if (m.kind() == cpu::QuantKind::kInt8) {
+      const int64_t n = m.num_blocks() * cpu::kQuantBlock;
+      add(m.channel_scales(), n * int64_t{sizeof(float)});
+      add(m.channel_sums(), n * int64_t{sizeof(int32_t)});
+    }
+  };
+  for (const QuantizedLinears::Layer& l : q.layers) {
+    for (const cpu::QuantMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      matrix(*m);
+    }
+  }
+  matrix(q.output);
+  return h;
+}
+
+// --mode quantize (see the top of the file).
+nlohmann::json BenchQuantize(const LlamaWeights& w, const std::vector<std::string>& weight_dtypes,
+                             const std::vector<int>& thread_counts, int runs) {
+  struct Config {
+    std::string weight_dtype;
+    WeightQuantSpec spec;
+    int threads = 1;
+    int64_t weights = 0;
+    std::vector<double> seconds, cpu_seconds;
+    uint64_t hash = 0;
+  };
+  std::vector<Config> per;
+  for (const std::string& wd : weight_dtypes) {
+    absl::StatusOr<WeightQuantSpec> spec = ParseWeightQuant(wd);
+    if (!spec.ok()) {
+      std::fprintf(stderr, "decode_bench: %s\n", std::string(spec.status().message()).c_str());
+      std::exit(2);
+    }
+    for (int threads : thread_counts) per.push_back({wd, *spec, std::max(1, threads)});
+  }
+  std::printf("%s: QuantizeWeights of the whole model; %d runs\n", w.config.name.c_str(), runs);
+  for (int r = 0; r < runs; ++r) {
+    for (Config& p : per) {
+      LlamaWeights qw = w;
+      const double cpu0 = ProcessCpuSeconds();
+      if (absl::Status st = QuantizeWeights(p.spec, &qw, p.threads); !st.ok()) {
+        std::fprintf(stderr, "decode_bench: %s\n", std::string(st.message()).c_str());
+        std::exit(1);
+      }
+      const QuantizedLinears& q = *qw.quantized;
+      p.weights = q.num_weights;
+      p.seconds.push_back(q.seconds);
+      p.cpu_seconds.push_back(ProcessCpuSeconds() - cpu0);
+      std::printf("run %d, %s, %d thread(s): %.3f s, %.1f ns a weight (%.3f CPU-s)\n", r + 1,
+                  p.weight_dtype.c_str(), p.threads, q.seconds,
+                  q.seconds * 1e9 / static_cast<double>(q.num_weights), p.cpu_seconds.back());
+      std::fflush(stdout);
+      const uint64_t h = PackedHash(q);
+      if (r == 0) p.hash = h;
+      if (h != p.hash) {
+        std::fprintf(stderr, "decode_bench: %s, %d thread(s) packed different bytes run to run\n",
+                     p.weight_dtype.c_str(), p.threads);
+        std::exit(1);
+      }
+    }
+  }
+  // CPU-s: the process's CPU seconds (all threads); on a shared machine the
+  // wall-clock speedup is bounded by the cores the others leave.
+  std::printf("\n%-10s %7s %12s %9s %10s %8s %9s %14s\n", "weights", "threads", "weights",
+              "median s", "ns/weight", "speedup", "CPU-s", "CPU-ns/weight");
+  nlohmann::json out = nlohmann::json::array();
+  bool same = true;
+  for (const Config& p : per) {
+    const double med = Median(p.seconds);
+    double base = med;  // the first thread count of the same dtype
+    for (const Config& q : per) {
+      if (q.weight_dtype != p.weight_dtype) continue;
+      base = Median(q.seconds);
+      same = same && q.hash == p.hash;
+      break;
+    }
+    const double ns = med * 1e9 / static_cast<double>(p.weights), cpu = Median(p.cpu_seconds);
+    std::printf("%-10s %7d %12lld %9.3f %10.1f %7.2fx %9.3f %14.1f\n", p.weight_dtype.c_str(),
+                p.threads, static_cast<long long>(p.weights), med, ns, base / med, cpu,
+                cpu * 1e9 / static_cast<double>(p.weights));
+    out.push_back({{"weight_dtype", p.weight_dtype},
+                   {"threads", p.threads},
+                   {"weights", p.weights},
+                   {"runs_seconds", p.seconds},
+                   {"median_seconds", med},
+                   {"median_ns_per_weight", ns},
+                   {"runs_cpu_seconds", p.cpu_seconds},
+                   {"median_cpu_seconds", cpu},
+                   {"speedup_vs_first_thread_count", base / med}});
+  }
+  std::printf("packed bytes identical across thread counts: %s\n", same ? "yes" : "NO");
+  if (!same) std::exit(1);
+  return out;
+}
+
 int Main(int argc, char** argv) {
   std::string model_path;
   std::string json_path = "bench-decode.json";
@@ -409,9 +529,10 @@ int Main(int argc, char** argv) {
     } else if (a == "--help" || a == "-h") {
       std::printf(
           "usage: decode_bench [MODEL] [--runs N] [--json FILE] [--mode "
-          "all|single|batched|gemm|threads]\n"
+          "all|single|batched|gemm|threads|quantize]\n"
           "                    [--threads 1,2] [--prefill-tokens 169] [--decode-tokens 64]\n"
-          "                    [--weight-dtype fp32,int8,int4,int4_asym] (--mode threads)\n"
+          "                    [--weight-dtype fp32,int8,int4,int4_asym] (--mode threads, "
+          "quantize)\n"
           "                    [--write-llama2c FILE]\n");
       return 0;
     } else if (!a.empty() && a[0] != '-') {
@@ -435,6 +556,16 @@ int Main(int argc, char** argv) {
       return 1;
     }
     std::printf("wrote %s\n", llama2c_out.c_str());
+    return 0;
+  }
+  if (mode == "quantize") {
+    if (weight_dtypes == std::vector<std::string>{"fp32"})
+      weight_dtypes = {"int8", "int4", "int4_asym"};
+    nlohmann::json out = {
+        {"model", c.name},
+        {"quantize", BenchQuantize(loaded->weights, weight_dtypes, thread_counts, runs)}};
+    std::ofstream(json_path) << out.dump(2) << "\n";
+    std::printf("wrote %s\n", json_path.c_str());
     return 0;
   }
   if (mode == "threads") {
