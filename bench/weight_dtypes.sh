@@ -7,8 +7,11 @@
 #      of RUNS runs (default 5); medians and ratios to fp32 at the same
 #      thread count (decode_bench --mode threads);
 #   2. quality: stories260K on the dev text, fp32 weights the reference
-#      (kvserve eval-kv --weight-dtype int8 --weight-dtype int4 ...).
-# JSON and tables go to the output folder. About 2 minutes on 2 quiet cores.
+#      (kvserve eval-kv --weight-dtype int8 --weight-dtype int4 ...);
+#   3. load: quantizing dummy:stories110m-shape at load, int8 / int4 /
+#      int4_asym on 1 and 2 threads in turns, LOAD_RUNS runs (default 3):
+#      median seconds and ns a weight (decode_bench --mode quantize).
+# JSON and tables go to the output folder. About 3 minutes on 2 quiet cores.
 # bench/README.md runs llama.cpp q8_0 / q4_0 on the same weights.
 #
 #   bash bench/weight_dtypes.sh [BUILD_DIR] [OUT_DIR]
@@ -39,4 +42,6 @@ done
   --weight-dtype int4_asym --weight-dtype "int8+head int8" --weight-dtype int4/g128 \
   --weight-dtype int4_asym/g128 --json "$out/quality.json" |
   tee "$out/quality.txt"
+"$decode_bench" dummy:stories110m-shape --mode quantize --threads 1,2 --runs "${LOAD_RUNS:-3}" \
+  --json "$out/load.json" | tee "$out/load.txt"
 echo "bench/weight_dtypes.sh: results in $out"
