@@ -34,7 +34,7 @@ struct ServeConfig {
     std::string tokenizer;       // "" = found beside the model
     std::string name;            // the served name (OpenAI `model`); "" = from the model
     std::string device = "cpu";  // cpu | cuda | cuda:N
-    int32_t threads = 0;         // CPU forward-pass threads; 0 = what the cgroup allows
+    int32_t threads = 0;  // CPU forward pass and quantizing at load; 0 = what the cgroup allows
     std::string dtype = "auto";  // auto | fp32 | fp16 | bf16 (auto: fp32 cpu, bf16 cuda)
     // Linear layers (CPU: int8 / int4 quantized at load; model/model_config.h).
     std::string weight_dtype = "auto";

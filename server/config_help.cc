@@ -37,7 +37,8 @@ std::string ServeConfigKeyHelp(const std::string& key) {
       {"model.name", "the served model name (OpenAI `model`); empty: from the model"},
       {"model.device", "cpu, cuda (device 0) or cuda:N"},
       {"model.threads",
-       "CPU forward-pass threads; 0: what the cgroup CPU quota and the affinity mask allow"},
+       "CPU forward-pass threads, also quantizing model.weight_dtype at load; 0: what the cgroup "
+       "CPU quota and the affinity mask allow"},
       {"model.dtype",
        "weights and activations: auto (fp32 on cpu, bf16 on cuda), fp32, fp16 or bf16; the CPU "
        "backend computes in fp32 only"},

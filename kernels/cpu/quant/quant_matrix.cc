@@ -278,7 +278,7 @@ QuantMatrix QuantMatrix::Quantize(const float* w, int64_t out, int64_t in, Quant
   if (pool == nullptr || pool->num_threads() == 1 || nb == 1) {
     for (int64_t b = 0; b < nb; ++b) quantize_block(b);
   } else {
-    // One block a chunk (milliseconds of work against one atomic claim), so
+    // One block a chunk (int4: milliseconds of work against one atomic claim), so
     // a thread that loses its core to another process delays one block.
     const int chunks = static_cast<int>(std::min<int64_t>(nb, ThreadPool::kMaxChunks));
     pool->Run(chunks, [&](int c) {
