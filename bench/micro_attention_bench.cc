@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "cache/kv_format.h"
-#include "cache/kv_pages.h"
+#include "cache/format/kv_format.h"
+#include "cache/format/kv_pages.h"
 #include "kernels/batch_input.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/paged_attention.h"

@@ -47,7 +47,7 @@
 // Tail blocks (int4_kc, KvCacheConfig::num_tail_blocks > 0): a sequence's
 // partial last block is not written into its block until it fills; its rows
 // live in full precision in a tail block from a separate tail pool
-// (cache/kv_layout.h has the kernels' contract). A resident or swapped
+// (cache/format/kv_layout.h has the kernels' contract). A resident or swapped
 // sequence holds a tail exactly when it has uncomputed tokens (a step may end
 // inside a block, whatever the chunking) or its computed or reserved token
 // count is not a multiple of block_size (the tail then holds, or may

@@ -13,7 +13,7 @@
 // positions[t] is the RoPE position of row t (its token's position in the
 // sequence; with eviction it exceeds the cache index, see
 // cache/eviction_policy.h). tail_ids[b] names sequence b's tail (int4_kc
-// keeps a partial last block there in full precision, cache/kv_layout.h), -1
+// keeps a partial last block there in full precision, cache/format/kv_layout.h), -1
 // when it has none; empty when the cache keeps no tails.
 #pragma once
 

@@ -24,8 +24,8 @@
 
 #include <cstdint>
 
-#include "cache/kv_layout.h"
-#include "cache/kv_pages.h"
+#include "cache/format/kv_layout.h"
+#include "cache/format/kv_pages.h"
 #include "kernels/batch_input.h"
 
 namespace kvserve {
@@ -35,7 +35,7 @@ struct PagedKvView {
   uint8_t* pages = nullptr;  // [num_blocks][layout.block_bytes]
   int32_t num_blocks = 0;
   KvPageLayout layout;
-  // int4_kc: [num_tails][layout.tail.block_bytes] (cache/kv_layout.h); null
+  // int4_kc: [num_tails][layout.tail.block_bytes] (cache/format/kv_layout.h); null
   // and 0 when the layout keeps no tails.
   uint8_t* tails = nullptr;
   int32_t num_tails = 0;

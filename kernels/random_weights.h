@@ -13,7 +13,7 @@
 
 #include <cstdint>
 
-#include "cache/kv_layout.h"  // KV_HOST_DEVICE
+#include "cache/format/kv_layout.h"  // KV_HOST_DEVICE
 
 namespace kvserve {
 

@@ -15,7 +15,7 @@ absl::Status BadBatch(const std::string& what) {
 }
 
 // int4_kc: a step that reads or writes a partial block needs its sequence's
-// tail (cache/kv_layout.h), and tails that are written are not shared.
+// tail (cache/format/kv_layout.h), and tails that are written are not shared.
 absl::Status ValidateTails(const BatchInput& batch, const BatchLimits& limits) {
   const int32_t B = batch.num_seqs(), bs = limits.block_size;
   if (static_cast<int32_t>(batch.tail_ids.size()) != B) {

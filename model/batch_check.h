@@ -11,7 +11,7 @@
 // max_positions), slots inside the pool (negative: not written), logits_rows
 // ascending inside [0, num_tokens), num_sinks and attention_stats empty or
 // one per sequence (num_sinks not negative); with an int4_kc cache
-// (num_tails > 0, cache/kv_layout.h) one tail id per sequence, inside the
+// (num_tails > 0, cache/format/kv_layout.h) one tail id per sequence, inside the
 // tail pool for every sequence whose step reads or writes a partial block,
 // and no two such sequences naming the same tail. InvalidArgument names the
 // field ("BatchInput: token_ids[3] = 600 is outside the vocabulary of 512").

@@ -41,7 +41,7 @@
 #include "absl/status/status.h"
 #include "cache/block_copy.h"
 #include "cache/block_pool.h"
-#include "cache/kv_format.h"
+#include "cache/format/kv_format.h"
 #include "kernels/batch_input.h"
 #include "model/model_config.h"
 #include "model/sampling/sampling_params.h"

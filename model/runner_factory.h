@@ -18,7 +18,7 @@
 //   KV_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> r,
 //                       CreateModelRunner(std::move(m.weights), opt));
 //
-// RunnerOptions names the KV format as a KvDtypeSpec (cache/kv_dtype_spec.h:
+// RunnerOptions names the KV format as a KvDtypeSpec (cache/format/kv_dtype_spec.h:
 // its parser, KvDtype and the dtype names); front ends reach those through
 // this header rather than including cache/.
 //
@@ -32,8 +32,8 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "cache/kv_dtype_spec.h"
-#include "cache/kv_format.h"
+#include "cache/format/kv_dtype_spec.h"
+#include "cache/format/kv_format.h"
 #include "model/llama_weights.h"
 #include "model/model_runner.h"
 

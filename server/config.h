@@ -51,7 +51,7 @@ struct ServeConfig {
     std::string tool_call_format = "auto";
   } model;
   struct Cache {
-    std::string kv_dtype = "fp32";  // one dtype or one per layer (cache/kv_dtype_spec.h)
+    std::string kv_dtype = "fp32";  // one dtype or one per layer (cache/format/kv_dtype_spec.h)
     int32_t block_size = 16;
     int32_t num_blocks = 0;    // 0: from memory_bytes / memory_fraction / a default
     int64_t memory_bytes = 0;  // KV budget in bytes (accepts KiB/MiB/GiB suffixes)

@@ -28,7 +28,7 @@ absl::StatusOr<RunnerOptions> RunnerOptionsFor(const ServeConfig& config) {
   ro.weight_group_size = config.model.weight_group_size;
   ro.cuda_graphs = config.model.cuda_graphs;
   ro.attention_kernel = config.model.attention_kernel;
-  // One dtype, or one per layer (cache/kv_dtype_spec.h); errors name cache.kv_dtype.
+  // One dtype, or one per layer (cache/format/kv_dtype_spec.h); errors name cache.kv_dtype.
   absl::StatusOr<KvDtypeSpec> kv_dtype = KvDtypeSpec::Parse(config.cache.kv_dtype);
   if (!kv_dtype.ok()) return kv_dtype.status();
   ro.kv_dtype = *kv_dtype;

@@ -32,8 +32,8 @@
 #include <string>
 #include <vector>
 
-#include "cache/kv_format.h"
-#include "cache/kv_pages.h"
+#include "cache/format/kv_format.h"
+#include "cache/format/kv_pages.h"
 #include "cache/sizing/block_count.h"
 #include "kernels/batch_input.h"
 #include "kernels/cpu/kv_quant.h"

@@ -37,7 +37,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "cache/kv_format.h"
+#include "cache/format/kv_format.h"
 #include "cache/sizing/block_count.h"
 #include "cache/sizing/capacity_plan.h"
 #include "kernels/cuda/read_bandwidth.h"

@@ -31,8 +31,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "cache/kv_dtype_spec.h"
-#include "cache/kv_format.h"
+#include "cache/format/kv_dtype_spec.h"
+#include "cache/format/kv_format.h"
 
 namespace kvserve {
 

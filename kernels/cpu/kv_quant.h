@@ -23,7 +23,7 @@
 // A row whose scale would be 0 (all zeros; for int4 a constant group) stores
 // q = 0 and scale 0, and decodes exactly to 0 (int4: to zero).
 //
-// int4_kc K (kInt4Channel; layout and decoding in cache/kv_layout.h) is
+// int4_kc K (kInt4Channel; layout and decoding in cache/format/kv_layout.h) is
 // quantized per block, one kv head at a time, once all block_size rows are
 // known: per channel d, min_d and max_d over the block's rows; the head's
 // lo = min_d min_d, hi = max_d max_d, unit = (hi - lo) / 3825 (fp32);
@@ -44,7 +44,7 @@
 
 #include <cstdint>
 
-#include "cache/kv_layout.h"
+#include "cache/format/kv_layout.h"
 #include "kernels/cpu/cpu_features.h"
 
 namespace kvserve::cpu {
@@ -83,7 +83,7 @@ void QuantizeBlockKChannel(const KvPartLayout& part, int head_dim, int block_siz
                            CpuIsa isa = CpuIsa::kAuto);
 
 // The per-channel scale_d and zero_d that a head's int4_kc K meta encodes
-// (cache/kv_layout.h), for d < head_dim.
+// (cache/format/kv_layout.h), for d < head_dim.
 void Int4ChannelAffine(const uint8_t* meta, int head_dim, float* scale, float* zero);
 
 }  // namespace kvserve::cpu

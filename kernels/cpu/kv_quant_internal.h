@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "cache/kv_layout.h"
+#include "cache/format/kv_layout.h"
 
 namespace kvserve::cpu::internal {
 
@@ -26,7 +26,7 @@ inline float RoundEven(float x) {
 }
 
 // int4_kc K: channel d's scale and zero from a head's block meta, exactly as
-// cache/kv_layout.h defines them.
+// cache/format/kv_layout.h defines them.
 inline void Int4ChannelAffineAt(const uint8_t* meta, int d, float* scale, float* zero) {
   float lo, unit;
   std::memcpy(&lo, meta, 4);

@@ -1,5 +1,5 @@
 // int4_kc K: per-channel quantization of a full block (kv_quant.h has the
-// encoding, cache/kv_layout.h the bytes). The per-channel range codes are
+// encoding, cache/format/kv_layout.h the bytes). The per-channel range codes are
 // chosen by one scalar routine on both paths; AVX2 only does the per-element
 // work (channel min/max over the block's rows, the codes), with the same IEEE
 // operations in the same order, so both paths write identical bytes.

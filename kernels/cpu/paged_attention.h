@@ -13,7 +13,7 @@
 // to 256 keys in a stack tile and merges tiles with an online softmax (running max, rescaled sums),
 // so long contexts need no heap buffer and short ones do one pass.
 //
-// int4_kc (a layout with tails, cache/kv_layout.h) writes in two calls
+// int4_kc (a layout with tails, cache/format/kv_layout.h) writes in two calls
 // around attention instead of WriteKv: FlushKvBlocks before it (quantizes
 // each block the step completes), WriteKvTails after it (the step's rows of
 // each sequence's final partial block into its tail); attention reads each

@@ -8,7 +8,7 @@
 
 #include <cstdint>
 
-#include "cache/kv_layout.h"
+#include "cache/format/kv_layout.h"
 #include "kernels/cpu/paged_attention.h"
 
 namespace kvserve::cpu::internal {

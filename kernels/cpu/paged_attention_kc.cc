@@ -1,6 +1,6 @@
 // int4_kc on the CPU: the block flush before attention, the tail write after
 // it, and the scalar reference attention (one decoded K or V row at a time,
-// exact two-pass softmax, as PagedAttentionScalar). cache/kv_layout.h states
+// exact two-pass softmax, as PagedAttentionScalar). cache/format/kv_layout.h states
 // which keys a row reads from where.
 #include "kernels/cpu/paged_attention_kc.h"
 

@@ -7,12 +7,12 @@
 
 #include <cstdint>
 
-#include "cache/kv_layout.h"
+#include "cache/format/kv_layout.h"
 #include "kernels/cpu/paged_attention.h"
 
 namespace kvserve::cpu::internal {
 
-// Where sequence b's keys live for one step (cache/kv_layout.h): blocks below
+// Where sequence b's keys live for one step (cache/format/kv_layout.h): blocks below
 // `own_block_of(i)` are quantized; the own block's index j is in the tail
 // when j < first, else row new_row0 + (j - first) of new_k/new_v.
 struct KcSeqView {

@@ -5,7 +5,7 @@
 // bytes are self-describing).
 //
 // Pools: [num_layers][num_blocks][block_bytes], the layout of
-// cache/kv_pages.h, one per side (src and dst may be the same pool). The
+// cache/format/kv_pages.h, one per side (src and dst may be the same pool). The
 // host swap pool has the same layout with its own num_blocks, in pinned
 // memory from cudaHostAlloc / cudaMallocHost; the kernel reads or writes it
 // directly through its mapped device address (MappedDevicePointer below).

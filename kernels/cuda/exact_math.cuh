@@ -11,7 +11,7 @@
 //
 // This header compiles as plain C++ too (no CUDA headers): the host versions
 // are ordinary operators, so host tests run the very code the kernels run.
-// KV_HOST_DEVICE comes from cache/kv_layout.h.
+// KV_HOST_DEVICE comes from cache/format/kv_layout.h.
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -19,7 +19,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "cache/kv_layout.h"
+#include "cache/format/kv_layout.h"
 
 namespace kvserve::cuda::exact {
 

@@ -1,4 +1,4 @@
-// Device-side decoding of KV page rows (cache/kv_layout.h, encodings in
+// Device-side decoding of KV page rows (cache/format/kv_layout.h, encodings in
 // kernels/cpu/kv_quant.h), in registers. Every decoder returns exactly the
 // floats kvserve::cpu::DequantizeRow returns for the same bytes (same
 // products, same rounding: no fused multiply-add where the CPU rounds twice),
@@ -28,7 +28,7 @@
 
 #include <cstdint>
 
-#include "cache/kv_layout.h"
+#include "cache/format/kv_layout.h"
 
 namespace kvserve::cuda::kv_decode {
 

@@ -36,7 +36,7 @@
 
 #include <cstdint>
 
-#include "cache/kv_layout.h"
+#include "cache/format/kv_layout.h"
 #include "kernels/cuda/exact_math.cuh"
 
 namespace kvserve::cuda::kv_encode {

@@ -1,4 +1,4 @@
-// int4_kc KV writes on the GPU (cache/kv_layout.h has the layout and the
+// int4_kc KV writes on the GPU (cache/format/kv_layout.h has the layout and the
 // per-step contract; kernels/cpu/paged_attention.h the CPU's two calls). Per
 // layer and step:
 //   SealKvBlocks -> PagedAttentionKc -> WriteKvTails

@@ -5,7 +5,7 @@
 // MoveSlots copies (model/cpu/cpu_model_runner.cc); nothing else of either block
 // changes. One launch for the whole list.
 //
-// Pool: [num_layers][num_blocks][layout.block_bytes] (cache/kv_pages.h).
+// Pool: [num_layers][num_blocks][layout.block_bytes] (cache/format/kv_pages.h).
 // Move list on the device: moves[2 * i] = src, moves[2 * i + 1] = dst, two
 // int64 per move, i.e. the bytes of a host std::vector<SlotMove> uploaded as
 // is (MoveListBytes(n)). Moves must be independent (no slot is the

@@ -1,5 +1,5 @@
 // Paged attention on the GPU over int4_kc layers (a layout with fp16
-// tails; cache/kv_layout.h states which keys a row reads from where): row
+// tails; cache/format/kv_layout.h states which keys a row reads from where): row
 // r at cache index i reads keys of earlier blocks (j / bs < i / bs) from
 // their sealed int4_kc blocks and the keys of its own block in full
 // precision, from its sequence's tail (j < first) or from this step's K/V

@@ -16,7 +16,7 @@
 
 #include <cstdint>
 
-#include "cache/kv_layout.h"
+#include "cache/format/kv_layout.h"
 
 namespace kvserve::cuda::philox {
 

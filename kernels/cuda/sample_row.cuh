@@ -56,7 +56,7 @@
 
 #include <cstdint>
 
-#include "cache/kv_layout.h"
+#include "cache/format/kv_layout.h"
 #include "kernels/cuda/act_dtype.h"
 #include "kernels/cuda/exact_math.cuh"
 #include "kernels/cuda/kv_encode.cuh"

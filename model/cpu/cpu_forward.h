@@ -62,7 +62,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "cache/kv_pages.h"
+#include "cache/format/kv_pages.h"
 #include "kernels/batch_input.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quant/quant_matrix.h"

@@ -22,9 +22,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "cache/kv_dtype_spec.h"
-#include "cache/kv_format.h"
-#include "cache/kv_pages.h"
+#include "cache/format/kv_dtype_spec.h"
+#include "cache/format/kv_format.h"
+#include "cache/format/kv_pages.h"
 #include "model/cpu/cpu_forward.h"
 #include "model/llama_weights.h"
 #include "model/model_runner.h"

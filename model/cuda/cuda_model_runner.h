@@ -16,7 +16,7 @@
 //               is what the KV pool may take (cache/sizing/kv_pool_plan.h);
 //   KV pool     one cudaMalloc (never managed memory), zeroed: each
 //               layer's [num_blocks][block_bytes of its format] (a block
-//               reads the same on the CPU; one format gives cache/kv_pages.h's
+//               reads the same on the CPU; one format gives cache/format/kv_pages.h's
 //               [num_layers][num_blocks][block_bytes]), then for int4_kc
 //               layers [num_tails][tail_block_bytes] of fp16 tails;
 //   swap pool   cache.num_swap_blocks blocks (and as many tails as the

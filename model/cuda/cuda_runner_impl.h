@@ -26,7 +26,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "cache/kv_format.h"
+#include "cache/format/kv_format.h"
 #include "kernels/cuda/act_dtype.h"
 #include "kernels/cuda/sample.h"
 #include "kernels/gpu_attention_plan.h"
@@ -153,7 +153,7 @@ struct CudaModelRunner::Impl {
   int64_t copies_capacity = 0;  // pairs
   // KV pools. Each pool is, layer after layer, [num_blocks][block_bytes of
   // the layer], then, for each layer that keeps tails, [num_tails][tail
-  // bytes] (PoolShape). With one format this is cache/kv_pages.h's
+  // bytes] (PoolShape). With one format this is cache/format/kv_pages.h's
   // [num_layers][num_blocks][block_bytes].
   DeviceBuffer kv_pool;
   int32_t num_blocks = 0;

@@ -40,7 +40,7 @@
 
 #include "absl/status/statusor.h"
 #include "cache/eviction_policy.h"
-#include "cache/kv_dtype_spec.h"
+#include "cache/format/kv_dtype_spec.h"
 #include "cache/learned_evictor.h"
 #include "model/model_runner.h"
 #include "model/tokenizer/tokenizer.h"

@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "cache/kv_dtype_spec.h"
+#include "cache/format/kv_dtype_spec.h"
 #include "model/model_config.h"
 
 namespace kvserve::cli {

@@ -9,7 +9,7 @@
 // ordering, not just bookkeeping errors.
 //
 // With tail blocks (int4_kc) the simulated backend follows that format's
-// contract (cache/kv_layout.h): a block is written only by the step that
+// contract (cache/format/kv_layout.h): a block is written only by the step that
 // completes it, from the rows its sequence's tail held before the step plus
 // the step's own; the rows of a partial block live in the tail. So a lost
 // or stale tail, a tail written while shared, or a bad tail copy shows up as

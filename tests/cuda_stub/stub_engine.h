@@ -10,7 +10,7 @@
 #include <memory>
 #include <string>
 
-#include "cache/kv_dtype_spec.h"
+#include "cache/format/kv_dtype_spec.h"
 #include "cache/learned_evictor.h"
 #include "model/cuda/cuda_model_runner.h"
 #include "model/runner_factory.h"

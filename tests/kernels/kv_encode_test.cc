@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "cache/kv_format.h"
+#include "cache/format/kv_format.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/kv_quant.h"
 

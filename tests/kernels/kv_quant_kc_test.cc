@@ -1,6 +1,6 @@
 // int4_kc: the page layout KvFormat builds, the per-channel K encoder
 // (round trips within the analytic bound of each channel, whatever the other
-// channels' magnitudes), its byte format as cache/kv_layout.h documents it,
+// channels' magnitudes), its byte format as cache/format/kv_layout.h documents it,
 // and the AVX2 encoder against the scalar one.
 #include <algorithm>
 #include <catch2/catch.hpp>
@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "cache/kv_format.h"
+#include "cache/format/kv_format.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/kv_quant.h"
 

@@ -6,7 +6,7 @@
 #include <random>
 #include <vector>
 
-#include "cache/kv_format.h"
+#include "cache/format/kv_format.h"
 #include "kernels/cpu/cpu_features.h"
 
 #if defined(__x86_64__)

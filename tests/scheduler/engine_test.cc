@@ -18,7 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "cache/kv_dtype_spec.h"
+#include "cache/format/kv_dtype_spec.h"
 #include "model/cpu/cpu_model_runner.h"
 #include "model/loader/model_loader.h"
 #include "scheduler/detokenizer.h"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "cache/kv_dtype_spec.h"
+#include "cache/format/kv_dtype_spec.h"
 #include "model/cpu/cpu_model_runner.h"
 #include "scheduler/engine.h"
 #include "tests/engine_harness.h"

@@ -3,7 +3,7 @@
 #include <catch2/catch.hpp>
 #include <string>
 
-#include "cache/kv_format.h"
+#include "cache/format/kv_format.h"
 
 namespace kvserve {
 namespace {

@@ -33,7 +33,7 @@ trap 'rm -rf "$work"' EXIT
 import re, sys
 
 ptx = open(sys.argv[1]).read()
-# KvElem values (cache/kv_layout.h): kBf16 2, kInt8 4, kInt4 5.
+# KvElem values (cache/format/kv_layout.h): kBf16 2, kInt8 4, kInt4 5.
 kernels = {
     "bf16": ("_ZN7kvserve4cuda16attention_detail18MmaAttentionKernelILNS_6KvElemE2ELS3_2ELi128EEEvNS1_10KernelArgsE", 512),
     "int8": ("_ZN7kvserve4cuda16attention_detail18MmaAttentionKernelILNS_6KvElemE4ELS3_4ELi128EEEvNS1_10KernelArgsE", 264),

@@ -16,7 +16,7 @@
 #include <random>
 #include <vector>
 
-#include "cache/kv_format.h"
+#include "cache/format/kv_format.h"
 #include "kernels/cpu/kv_quant.h"
 #include "kernels/cpu/paged_attention.h"
 #include "tests/kernels/cuda/device_buffer.h"

@@ -37,7 +37,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "cache/kv_format.h"
+#include "cache/format/kv_format.h"
 #include "kernels/gpu_attention_plan.h"
 #include "kernels/paged_view.h"
 #include "tests/kernels/attention_problem.h"

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "cache/block_copy.h"
-#include "cache/kv_pages.h"
+#include "cache/format/kv_pages.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/gpu_attention_plan.h"
 #include "tests/kernels/attention_problem.h"

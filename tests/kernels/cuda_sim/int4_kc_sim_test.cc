@@ -24,8 +24,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "cache/kv_format.h"
-#include "cache/kv_pages.h"
+#include "cache/format/kv_format.h"
+#include "cache/format/kv_pages.h"
 #include "kernels/batch_input.h"
 #include "kernels/cpu/kv_quant.h"
 #include "kernels/cpu/paged_attention.h"

@@ -23,7 +23,7 @@
 #include <random>
 #include <vector>
 
-#include "cache/kv_format.h"
+#include "cache/format/kv_format.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/paged_attention.h"

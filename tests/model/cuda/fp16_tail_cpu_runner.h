@@ -3,7 +3,7 @@
 // do: the reference the CUDA runner's int4_kc tokens are held to.
 //
 // Why not the CPU runner itself: it keeps int4_kc tails in fp32 (see
-// cache/kv_layout.h, "Tails"), the CUDA runner in fp16. That changes the
+// cache/format/kv_layout.h, "Tails"), the CUDA runner in fp16. That changes the
 // function computed, not just its rounding: a sequence's own block is read
 // at fp16 precision, and every full block is quantized from fp16-rounded
 // rows, so a channel's min/max and the codes differ from the fp32-tail
@@ -27,9 +27,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "cache/kv_dtype_spec.h"
-#include "cache/kv_format.h"
-#include "cache/kv_pages.h"
+#include "cache/format/kv_dtype_spec.h"
+#include "cache/format/kv_format.h"
+#include "cache/format/kv_pages.h"
 #include "model/cpu/cpu_forward.h"
 #include "model/model_runner.h"
 #include "model/sampling/host_sampling.h"

@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "cache/kv_dtype_spec.h"
+#include "cache/format/kv_dtype_spec.h"
 #include "model/cuda/cuda_model_runner.h"
 #include "model/runner_factory.h"
 #include "scheduler/engine.h"

@@ -1,4 +1,4 @@
-#include "cache/kv_format.h"
+#include "cache/format/kv_format.h"
 
 #include <algorithm>
 

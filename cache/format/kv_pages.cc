@@ -1,4 +1,4 @@
-#include "cache/kv_pages.h"
+#include "cache/format/kv_pages.h"
 
 #include <cstdio>
 #include <cstring>

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "cache/kv_format.h"
+#include "cache/format/kv_format.h"
 
 namespace kvserve {
 

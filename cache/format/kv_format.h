@@ -1,3 +1,10 @@
+// cache/format/: what a page of the paged KV cache holds, byte for byte:
+// the layout every backend shares (kv_layout.h), the format of each dtype
+// that builds and checks it (kv_format.h, this header), the dtype of every
+// layer (kv_dtype_spec.h) and the host memory in that layout (kv_pages.h).
+// Block ids and their lifetime are the cache manager's (cache/); this
+// folder only maps them to bytes.
+//
 // KvFormat: how one block of the paged KV cache is laid out in memory, for one
 // layer, given a storage dtype: builds and validates a KvPageLayout (see
 // kv_layout.h for the byte layout every backend shares) and names the dtypes.
@@ -18,7 +25,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
-#include "cache/kv_layout.h"
+#include "cache/format/kv_layout.h"
 
 namespace kvserve {
 

@@ -1,6 +1,6 @@
 // Per-layer KV precision as cache.kv_dtype and --kv-dtype write it: one
 // dtype, or a list with NAME*N and NAME* entries; errors name the field.
-#include "cache/kv_dtype_spec.h"
+#include "cache/format/kv_dtype_spec.h"
 
 #include <catch2/catch.hpp>
 #include <string>

@@ -16,7 +16,7 @@
 #include <memory>
 #include <vector>
 
-#include "cache/kv_format.h"
+#include "cache/format/kv_format.h"
 
 namespace kvserve {
 

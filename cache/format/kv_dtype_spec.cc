@@ -1,4 +1,4 @@
-#include "cache/kv_dtype_spec.h"
+#include "cache/format/kv_dtype_spec.h"
 
 #include <algorithm>
 
