@@ -61,7 +61,7 @@
 // tail (id - num_swap_blocks); the same pins and copy order apply. A partial
 // last block that copy-on-write moves is not copied (it holds nothing yet).
 //
-// Eviction (Evict; which entries is cache/eviction_policy.h's business): a
+// Eviction (Evict; which entries is cache/eviction/eviction_policy.h's business): a
 // sequence keeps a bounded number of entries by dropping some after a
 // forward pass. A hole below the new length is refilled by moving a later
 // surviving entry into it (a slot move, StepCopies::slot_moves): attention

@@ -12,7 +12,7 @@
 // i % block_size; slot_mapping[t] names where row t's K/V is written.
 // positions[t] is the RoPE position of row t (its token's position in the
 // sequence; with eviction it exceeds the cache index, see
-// cache/eviction_policy.h). tail_ids[b] names sequence b's tail (int4_kc
+// cache/eviction/eviction_policy.h). tail_ids[b] names sequence b's tail (int4_kc
 // keeps a partial last block there in full precision, cache/format/kv_layout.h), -1
 // when it has none; empty when the cache keeps no tails.
 #pragma once
@@ -32,7 +32,7 @@ struct BatchInput {
   int32_t max_blocks_per_seq = 0;
   std::vector<int32_t> logits_rows;  // rows of [T] whose logits are wanted, ascending
   std::vector<int32_t> tail_ids;     // [B] or empty (no tails)
-  // KV eviction (cache/eviction_policy.h); each is empty unless a sequence of
+  // KV eviction (cache/eviction/eviction_policy.h); each is empty unless a sequence of
   // the step needs it. num_sinks[b] > 0: streaming attention sinks, keys at
   // cache indices below it are scored with the row's query rotated at its
   // cache index (its in-cache position) instead of at positions[t].

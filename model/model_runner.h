@@ -133,7 +133,7 @@ class ModelRunner {
   // Batched block copies inside the primary pool (copy-on-write).
   virtual absl::Status CopyBlocks(std::span<const BlockCopy> copies) = 0;
 
-  // ---- KV eviction (cache/eviction_policy.h) --------------------------------
+  // ---- KV eviction (cache/eviction/eviction_policy.h) --------------------------------
   // Whether the backend implements MoveSlots, ReadAttentionStats and
   // BatchInput's num_sinks / attention_stats; the engine refuses eviction
   // policies otherwise. The CPU runner does for every format but int4_kc;

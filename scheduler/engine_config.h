@@ -1,6 +1,6 @@
 // EngineConfig: the scheduler and cache knobs of one engine (from YAML
 // `scheduler.*` and `cache.*`). Validate() names the bad key. Its eviction
-// defaults are EvictionParams (cache/eviction_params.h: the policy kinds,
+// defaults are EvictionParams (cache/eviction/eviction_params.h: the policy kinds,
 // their names and parser), which front ends reach through this header.
 #pragma once
 
@@ -10,7 +10,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "cache/eviction_params.h"
+#include "cache/eviction/eviction_params.h"
 #include "cache/tier/kv_tiers.h"
 #include "scheduler/request.h"
 #include "scheduler/request_validation.h"

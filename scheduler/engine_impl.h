@@ -34,7 +34,7 @@
 //     [-1, 20]; prompt (text + BOS, or prompt_token_ids as given) non-empty
 //     and inside the vocabulary; prompt + max_tokens <= max_model_len and
 //     within the whole KV pool; kv_policy valid (errors name kv_policy.*).
-//   * KV eviction (cache/eviction_policy.h), per request: an evicting
+//   * KV eviction (cache/eviction/eviction_policy.h), per request: an evicting
 //     sequence is stepped as Scheduler documents; after each step's forward
 //     pass its evictor observes the step (attention statistics when the
 //     policy ranks by them), and after sampling it drops what exceeds its
@@ -63,8 +63,8 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "cache/eviction/learned_evictor.h"
 #include "cache/kv_cache_manager.h"
-#include "cache/learned_evictor.h"
 #include "kernels/batch_input.h"
 #include "model/model_runner.h"
 #include "scheduler/engine.h"

@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <iterator>
 
-#include "cache/eviction_policy.h"
+#include "cache/eviction/eviction_policy.h"
 #include "cache/kv_cache_stats.h"
 #include "cache/tier/kv_tiers.h"
 

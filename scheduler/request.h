@@ -18,7 +18,7 @@ enum class FinishReason : uint8_t { kNone, kStop, kLength, kCancelled, kError };
 // "", "stop", "length", "cancelled", "error"
 std::string_view FinishReasonName(FinishReason r);
 
-// A request's KV eviction override (cache/eviction_policy.h): unset fields
+// A request's KV eviction override (cache/eviction/eviction_policy.h): unset fields
 // keep the engine's defaults (cache.eviction_policy, cache.eviction_budget,
 // cache.sink_tokens, cache.recent_tokens).
 struct KvPolicyOverride {

@@ -30,7 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "cache/eviction_params.h"
+#include "cache/eviction/eviction_params.h"
 #include "scheduler/request.h"
 
 namespace kvserve {

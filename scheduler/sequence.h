@@ -20,7 +20,7 @@
 // chunk reaches tokens.size(). The last sampled token gets its cache slot
 // (KvCacheManager::Append) when it is next scheduled.
 //
-// Eviction (cache/eviction_policy.h): a sequence whose request evicts has a
+// Eviction (cache/eviction/eviction_policy.h): a sequence whose request evicts has a
 // SequenceEvictor. Its cache then holds fewer entries than computed tokens:
 // a newly reserved token's cache index is its index minus cache_offset()
 // (the entries dropped so far), while its RoPE position stays its index.
@@ -35,9 +35,9 @@
 #include <vector>
 
 #include "absl/time/time.h"
-#include "cache/eviction_policy.h"
+#include "cache/eviction/eviction_policy.h"
+#include "cache/eviction/sequence_evictor.h"
 #include "cache/kv_cache_manager.h"
-#include "cache/sequence_evictor.h"
 #include "model/sampling/sampler.h"
 #include "scheduler/detokenizer.h"
 #include "scheduler/grammar_state.h"

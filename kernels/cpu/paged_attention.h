@@ -82,7 +82,7 @@ struct PagedAttentionParams {
   const float* new_k = nullptr;
   const float* new_v = nullptr;
 
-  // Optional, for KV eviction (cache/eviction_policy.h); null: off.
+  // Optional, for KV eviction (cache/eviction/eviction_policy.h); null: off.
   // Streaming attention sinks: a row of sequence b scores the keys at cache
   // indices below num_sinks[b] with its sink_q row (the query rotated at
   // the row's in-cache position) instead of q.

@@ -72,7 +72,7 @@ struct PagedAttentionParams {
   void* workspace = nullptr;
   int64_t workspace_bytes = 0;
 
-  // Optional, for KV eviction (cache/eviction_policy.h), with the contract
+  // Optional, for KV eviction (cache/eviction/eviction_policy.h), with the contract
   // of cpu::PagedAttentionParams; all null: off (the kernels then do no
   // extra work beyond a branch per CTA).
   // Sinks: a row of sequence b scores keys at cache indices below

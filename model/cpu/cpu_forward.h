@@ -34,7 +34,7 @@
 // sequence's tokens depend neither on what it is batched with, nor on the
 // thread count, nor on which split a step took.
 //
-// KV eviction (cache/eviction_policy.h): rows of sequences with
+// KV eviction (cache/eviction/eviction_policy.h): rows of sequences with
 // batch.num_sinks also get a sink query, rotated at the row's cache index,
 // for the attention kernel to score sink keys with; for sequences with
 // batch.attention_stats the kernel records each row's per-key attention

@@ -170,7 +170,7 @@ struct CudaModelRunner::Impl {
   // The last Forward.
   int32_t last_logits_rows = -1;  // real rows; -1: no valid logits
 
-  // ---- KV eviction (cache/eviction_policy.h) ----
+  // ---- KV eviction (cache/eviction/eviction_policy.h) ----
   // A step with sinks, recorded attention or a position past the RoPE table
   // runs eagerly (the decode graphs are captured without them; their device
   // metadata has varying sizes), with its eviction metadata in a second

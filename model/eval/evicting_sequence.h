@@ -28,9 +28,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "cache/eviction_policy.h"
+#include "cache/eviction/eviction_policy.h"
+#include "cache/eviction/sequence_evictor.h"
 #include "cache/kv_cache_manager.h"
-#include "cache/sequence_evictor.h"
 #include "kernels/batch_input.h"
 #include "model/model_runner.h"
 

@@ -39,9 +39,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "cache/eviction_policy.h"
+#include "cache/eviction/eviction_policy.h"
+#include "cache/eviction/learned_evictor.h"
 #include "cache/format/kv_dtype_spec.h"
-#include "cache/learned_evictor.h"
 #include "model/model_runner.h"
 #include "model/tokenizer/tokenizer.h"
 

@@ -1,4 +1,4 @@
-// Training the `learned` eviction policy's predictor (cache/learned_evictor.h)
+// Training the `learned` eviction policy's predictor (cache/eviction/learned_evictor.h)
 // on a model's own attention: `kvserve train-evictor`.
 //
 // Each stream (BOS first) is fed one token per step through the paged cache
@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "cache/learned_evictor.h"
+#include "cache/eviction/learned_evictor.h"
 #include "model/model_runner.h"
 
 namespace kvserve {

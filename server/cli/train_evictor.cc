@@ -1,5 +1,5 @@
 // `kvserve train-evictor`: trains the predictor of the `learned` KV eviction
-// policy (cache/learned_evictor.h) on a model's attention over real text
+// policy (cache/eviction/learned_evictor.h) on a model's attention over real text
 // (model/eval/evictor_training.h) and writes it for cache.evictor_model.
 #include <unistd.h>
 

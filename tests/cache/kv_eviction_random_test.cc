@@ -23,8 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "cache/eviction/sequence_evictor.h"
 #include "cache/kv_cache_manager.h"
-#include "cache/sequence_evictor.h"
 #include "tests/cache/kv_cache_checker.h"
 #include "tests/cache/kv_cache_sim.h"
 

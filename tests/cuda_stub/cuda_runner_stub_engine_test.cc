@@ -7,7 +7,7 @@
 //     write exactly as the CPU engine does, event by event; a greedy fork
 //     gives the CPU's tokens; a shared 100-token prefix is served from the
 //     prefix cache with the CPU's tokens;
-//   - every eviction policy (cache/eviction_params.h kAllEvictionPolicies)
+//   - every eviction policy (cache/eviction/eviction_params.h kAllEvictionPolicies)
 //     gives the CPU engine's greedy tokens, for fp32 and int8 KV;
 //   - prompts evicted from a small pool come back from the host tier
 //     (ExportBlocks/ImportBlocks on the CUDA runner) with their tokens;
@@ -31,7 +31,7 @@
 #include <string>
 #include <vector>
 
-#include "cache/eviction_params.h"
+#include "cache/eviction/eviction_params.h"
 #include "model/grammar/grammar_spec.h"
 #include "tests/cuda_stub/stub_engine.h"
 

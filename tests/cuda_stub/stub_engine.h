@@ -10,8 +10,8 @@
 #include <memory>
 #include <string>
 
+#include "cache/eviction/learned_evictor.h"
 #include "cache/format/kv_dtype_spec.h"
-#include "cache/learned_evictor.h"
 #include "model/cuda/cuda_model_runner.h"
 #include "model/runner_factory.h"
 #include "scheduler/engine.h"

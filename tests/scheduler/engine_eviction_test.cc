@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "cache/learned_evictor.h"
+#include "cache/eviction/learned_evictor.h"
 #include "model/cpu/cpu_model_runner.h"
 #include "model/eval/evicting_sequence.h"
 #include "model/loader/model_loader.h"

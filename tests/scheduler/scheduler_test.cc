@@ -18,8 +18,8 @@
 #include <utility>
 #include <vector>
 
-#include "cache/eviction_policy.h"
-#include "cache/sequence_evictor.h"
+#include "cache/eviction/eviction_policy.h"
+#include "cache/eviction/sequence_evictor.h"
 #include "model/tokenizer/tokenizer.h"
 
 namespace kvserve {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "cache/eviction_policy.h"
+#include "cache/eviction/eviction_policy.h"
 #include "tests/test_util.h"
 
 namespace kvserve {

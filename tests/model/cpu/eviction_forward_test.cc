@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "cache/eviction_policy.h"
+#include "cache/eviction/eviction_policy.h"
 #include "model/cpu/cpu_model_runner.h"
 #include "model/eval/evicting_sequence.h"
 #include "tests/model/random_weights.h"

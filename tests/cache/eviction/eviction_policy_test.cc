@@ -1,14 +1,14 @@
 // Eviction policies and SequenceEvictor on hand-made states: exact victims
 // for each policy, parameter validation messages, the step-size rule, and
 // how per-entry statistics follow compaction.
-#include "cache/eviction_policy.h"
+#include "cache/eviction/eviction_policy.h"
 
 #include <catch2/catch.hpp>
 #include <numeric>
 #include <string>
 #include <vector>
 
-#include "cache/sequence_evictor.h"
+#include "cache/eviction/sequence_evictor.h"
 #include "tests/cache/tiny_cache.h"
 
 namespace kvserve {

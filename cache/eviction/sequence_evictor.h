@@ -26,7 +26,7 @@
 #include <span>
 #include <vector>
 
-#include "cache/eviction_policy.h"
+#include "cache/eviction/eviction_policy.h"
 #include "cache/kv_cache_manager.h"
 
 namespace kvserve {

@@ -39,7 +39,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "cache/eviction_policy.h"
+#include "cache/eviction/eviction_policy.h"
 
 namespace kvserve {
 

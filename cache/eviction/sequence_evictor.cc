@@ -1,4 +1,4 @@
-#include "cache/sequence_evictor.h"
+#include "cache/eviction/sequence_evictor.h"
 
 #include <algorithm>
 #include <cstdio>

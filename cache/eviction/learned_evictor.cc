@@ -1,4 +1,4 @@
-#include "cache/learned_evictor.h"
+#include "cache/eviction/learned_evictor.h"
 
 #include <algorithm>
 #include <bit>

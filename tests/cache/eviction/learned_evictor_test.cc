@@ -1,7 +1,7 @@
 // The learned eviction policy's predictor: features, the versioned file
 // (round trip and every validation error), logistic regression on data with
 // a known answer, and the policy's choice of victims.
-#include "cache/learned_evictor.h"
+#include "cache/eviction/learned_evictor.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>

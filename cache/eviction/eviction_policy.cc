@@ -1,4 +1,4 @@
-#include "cache/eviction_policy.h"
+#include "cache/eviction/eviction_policy.h"
 
 #include <algorithm>
 #include <bit>

@@ -1,3 +1,11 @@
+// cache/eviction/: KV eviction, the choice of which entries a sequence drops
+// to stay within a budget: the settings (eviction_params.h), the policies
+// and the per-entry statistics they read (eviction_policy.h, this header),
+// the learned policy's predictor (learned_evictor.h) and the step-by-step
+// driver of one sequence (sequence_evictor.h). KvCacheManager::Evict (cache/)
+// carries the choices out; this folder uses cache/ (IndexMove, EvictResult)
+// and cache/ never includes it.
+//
 // KV eviction policies: which entries of a sequence's cache to drop so that
 // it keeps a fixed budget of entries and can generate past it. Decisions are
 // per sequence (shared by every layer and head), so one block table per
@@ -65,7 +73,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "cache/eviction_params.h"
+#include "cache/eviction/eviction_params.h"
 #include "cache/index_move.h"
 
 namespace kvserve {
