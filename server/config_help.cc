@@ -4,8 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "cache/eviction_params.h"
-#include "cache/kv_format.h"
+#include "cache/eviction/eviction_params.h"
+#include "cache/format/kv_format.h"
 #include "server/config.h"
 
 namespace kvserve {
