@@ -2,7 +2,9 @@
 # libFuzzer runs of the parsers in tests/fuzz (clang, ASan + UBSan).
 #
 #   scripts/fuzz.sh build [target...]      configure (once) and build the targets
-#   scripts/fuzz.sh smoke target           a few seconds from the seed corpus (make test)
+#   scripts/fuzz.sh smoke target           a few seconds from the seed corpus (make test
+#                                          replays the seeds without libFuzzer instead:
+#                                          tests/fuzz/replay_main.cc)
 #   scripts/fuzz.sh run [target...]        FUZZ_SECONDS (default 300) per target (make fuzz)
 #
 # Targets: openai_request serve_config safetensors llama2c_header tokenizer
