@@ -1,6 +1,7 @@
 // EngineImpl: the Engine (engine.h) behind Engine::Create. One thread runs
 // the loop below; Submit/GetStats/Drain talk to it through a mutex-guarded
-// inbox and a published stats snapshot.
+// inbox and a published stats snapshot. engine_impl.cc holds creation,
+// validation, submission and the loop; engine_step.cc the step (steps 3-6).
 //
 // One step of the loop:
 //   1. take new submissions, cancel requests whose stream was cancelled
