@@ -13,6 +13,7 @@
 #include "cache/sizing/kv_layers.h"
 #include "cache/sizing/kv_pool_plan.h"
 #include "model/cpu/cpu_model_runner.h"
+#include "model/cpu/cpu_threads.h"
 #include "model/loader/quantize_weights.h"
 #include "util/status_macros.h"
 #ifdef KVSERVE_HAVE_CUDA
@@ -50,7 +51,10 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(LlamaWeights weight
   KV_RETURN_IF_ERROR(mc.Validate());
   KV_ASSIGN_OR_RETURN(WeightQuantSpec quant,
                       ParseWeightQuant(o.weight_dtype, o.weight_dtype_head, o.weight_group_size));
-  KV_RETURN_IF_ERROR(QuantizeWeights(quant, &weights, o.num_threads));
+  // The quantizer's threads as the forward pass's (model.threads; 0: what
+  // the cgroup quota and the affinity mask allow).
+  KV_RETURN_IF_ERROR(
+      QuantizeWeights(quant, &weights, o.num_threads > 0 ? o.num_threads : DefaultCpuThreads()));
   // int4_kc layers also keep full-precision tails (TailBlocksFor), taken off
   // the budget first.
   KvLayerShape shape{mc.num_layers, mc.num_kv_heads,   mc.head_dim,

@@ -13,6 +13,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cpu/paged_attention.h"
 #include "model/batch_check.h"
+#include "model/cpu/cpu_threads.h"
 #include "model/loader/quantize_weights.h"
 #include "util/status_macros.h"
 
@@ -72,7 +73,7 @@ absl::Status CheckWeights(const LlamaWeights& w) {
 absl::StatusOr<std::unique_ptr<CpuForward>> CpuForward::Create(LlamaWeights weights,
                                                                int num_threads) {
   KV_RETURN_IF_ERROR(CheckWeights(weights));
-  if (num_threads <= 0) num_threads = std::max(1u, std::thread::hardware_concurrency());
+  if (num_threads <= 0) num_threads = DefaultCpuThreads();
   return std::unique_ptr<CpuForward>(new CpuForward(std::move(weights), num_threads));
 }
 

@@ -73,7 +73,8 @@ namespace kvserve {
 
 class CpuForward {
  public:
-  // num_threads counts the calling thread; <= 0 means one per hardware thread.
+  // num_threads counts the calling thread; <= 0 means DefaultCpuThreads()
+  // (what the cgroup CPU quota and the affinity mask allow).
   static absl::StatusOr<std::unique_ptr<CpuForward>> Create(LlamaWeights weights, int num_threads);
 
   const ModelConfig& config() const { return weights_.config; }

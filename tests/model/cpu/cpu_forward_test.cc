@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "model/cpu/cpu_model_runner.h"
+#include "model/cpu/cpu_threads.h"
 #include "tests/model/random_weights.h"
 
 namespace kvserve {
@@ -89,6 +90,16 @@ void Step(CpuModelRunner& runner, const std::vector<int>& seqs, const std::vecto
       out[{seqs[i], p}].assign(logits.begin() + row * vocab, logits.begin() + (row + 1) * vocab);
     }
   }
+}
+
+TEST_CASE("num_threads 0 takes what the cgroup quota and the affinity mask allow", "[model]") {
+  CpuRunnerOptions opt;
+  opt.block_size = kBlockSize;
+  opt.num_blocks = kMaxBlocks;
+  opt.num_threads = 0;
+  auto r = CpuModelRunner::Create(WideModel(), opt);
+  REQUIRE(r.ok());
+  REQUIRE((*r)->num_threads() == DefaultCpuThreads());
 }
 
 TEST_CASE("Splits over rows and over output features give one thread's bits", "[model]") {
