@@ -29,8 +29,8 @@ using cuda::CudaStatus;
 
 namespace {
 
-// Grows `buf` to at least `bytes` (and `capacity` with it); the stream must
-// be idle so that no queued work reads the old buffer.
+// Grows `buf` to at least `bytes` (and `capacity` with it), after waiting
+// for `stream` so that no queued work reads the old buffer.
 absl::Status Grow(DeviceBuffer& buf, int64_t& capacity, int64_t bytes, cudaStream_t stream,
                   const char* what) {
   if (bytes <= capacity) return absl::OkStatus();
