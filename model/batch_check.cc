@@ -1,6 +1,8 @@
 #include "model/batch_check.h"
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -135,6 +137,17 @@ absl::Status ValidateBatch(const BatchInput& batch, const BatchLimits& limits) {
   }
   if (limits.num_tails > 0) return ValidateTails(batch, limits);
   return absl::OkStatus();
+}
+
+void CheckSlotMoves(std::span<const SlotMove> moves, int64_t num_slots, const char* who) {
+  for (const SlotMove& m : moves) {
+    if (m.src < 0 || m.src >= num_slots || m.dst < 0 || m.dst >= num_slots) {
+      std::fprintf(stderr, "%s: slot move %lld -> %lld outside the pool (%lld slots)\n", who,
+                   static_cast<long long>(m.src), static_cast<long long>(m.dst),
+                   static_cast<long long>(num_slots));
+      std::abort();
+    }
+  }
 }
 
 }  // namespace kvserve

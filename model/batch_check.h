@@ -16,12 +16,17 @@
 // and no two such sequences naming the same tail. InvalidArgument names the
 // field ("BatchInput: token_ids[3] = 600 is outside the vocabulary of 512").
 //
-// Thread-safety: a pure function.
+// CheckSlotMoves: the backends' one check of MoveSlots' moves against the
+// pool, before any slot is moved.
+//
+// Thread-safety: pure functions.
 #pragma once
 
 #include <cstdint>
+#include <span>
 
 #include "absl/status/status.h"
+#include "cache/block_copy.h"
 #include "kernels/batch_input.h"
 
 namespace kvserve {
@@ -36,5 +41,10 @@ struct BatchLimits {
 };
 
 absl::Status ValidateBatch(const BatchInput& batch, const BatchLimits& limits);
+
+// Aborts, naming `who` ("CpuModelRunner::MoveSlots"), when a move's source
+// or destination is outside [0, num_slots): the scheduler computed it, so it
+// is a bug, and moving it would write outside the pool.
+void CheckSlotMoves(std::span<const SlotMove> moves, int64_t num_slots, const char* who);
 
 }  // namespace kvserve

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "cache/sizing/block_count.h"
 #include "cache/sizing/kv_layers.h"
+#include "model/batch_check.h"
 #include "model/loader/quantize_weights.h"
 #include "util/status_macros.h"
 
@@ -146,16 +147,8 @@ absl::Status CpuModelRunner::MoveSlots(std::span<const SlotMove> moves) {
     return absl::UnimplementedError("KV slot moves need a format without tails (not int4_kc)");
   }
   const int bs = primary_.format().block_size();
-  const int64_t num_slots = int64_t{primary_.num_blocks()} * bs;
+  CheckSlotMoves(moves, int64_t{primary_.num_blocks()} * bs, "CpuModelRunner::MoveSlots");
   for (const SlotMove& m : moves) {
-    if (m.src < 0 || m.src >= num_slots || m.dst < 0 || m.dst >= num_slots) {
-      std::fprintf(
-          stderr,
-          "CpuModelRunner::MoveSlots: slot move %lld -> %lld outside the pool (%lld slots)\n",
-          static_cast<long long>(m.src), static_cast<long long>(m.dst),
-          static_cast<long long>(num_slots));
-      std::abort();
-    }
     const int32_t sb = static_cast<int32_t>(m.src / bs), so = static_cast<int32_t>(m.src % bs);
     const int32_t db = static_cast<int32_t>(m.dst / bs), dof = static_cast<int32_t>(m.dst % bs);
     for (int l = 0; l < primary_.num_layers(); ++l) {

@@ -15,6 +15,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/move_slots.h"
 #include "kernels/paged_view.h"
+#include "model/batch_check.h"
 #include "model/cuda/cuda_runner_impl.h"
 #include "util/status_macros.h"
 
@@ -167,17 +168,7 @@ absl::Status CudaModelRunner::Impl::PlanEviction(const BatchInput& batch) {
 
 absl::Status CudaModelRunner::Impl::RunMoves(std::span<const SlotMove> moves) {
   if (moves.empty()) return absl::OkStatus();
-  const int64_t num_slots = int64_t{num_blocks} * format.block_size();
-  for (const SlotMove& mv : moves) {
-    if (mv.src < 0 || mv.src >= num_slots || mv.dst < 0 || mv.dst >= num_slots) {
-      std::fprintf(
-          stderr,
-          "CudaModelRunner::MoveSlots: slot move %lld -> %lld outside the pool (%lld slots)\n",
-          static_cast<long long>(mv.src), static_cast<long long>(mv.dst),
-          static_cast<long long>(num_slots));
-      std::abort();
-    }
-  }
+  CheckSlotMoves(moves, int64_t{num_blocks} * format.block_size(), "CudaModelRunner::MoveSlots");
   // The copy list buffers carry the moves: one move is two int32 pairs' bytes.
   const int64_t n = static_cast<int64_t>(moves.size());
   static_assert(sizeof(SlotMove) == 16);
