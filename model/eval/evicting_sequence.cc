@@ -14,6 +14,9 @@ KvCacheConfig ConfigFor(const ModelRunner& runner) {
   c.block_size = runner.kv_format().block_size();
   c.num_blocks = runner.num_blocks();
   c.enable_prefix_caching = false;
+  // Formats with tails (int4_kc) run dense: eviction needs a runner that
+  // supports it, which those do not.
+  c.num_tail_blocks = runner.num_tail_blocks();
   return c;
 }
 
@@ -81,6 +84,7 @@ absl::Status EvictingSequence::Step(std::span<const int32_t> stream, int32_t beg
   batch_.max_blocks_per_seq = table.num_blocks();
   batch_.block_table.assign(table.blocks().begin(), table.blocks().end());
   for (int32_t i = 0; i < n; ++i) batch_.logits_rows.push_back(i);
+  if (kv_.has_tails()) batch_.tail_ids.push_back(kv_.tail_id(kSeq));
   const bool stats = evictor_ && evictor_->needs_attention_stats();
   if (evictor_ && evictor_->num_sinks() > 0) batch_.num_sinks.push_back(evictor_->num_sinks());
   if (stats) batch_.attention_stats.push_back(1);

@@ -20,10 +20,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "cache/sizing/block_count.h"
+#include "cache/sizing/kv_layers.h"
 #include "model/cpu/cpu_model_runner.h"
 #include "model/eval/eviction_study.h"
 #include "model/eval/evictor_training.h"
 #include "model/eval/kv_eval.h"
+#include "model/eval/kv_frontier.h"
 #include "model/loader/model_loader.h"
 #include "model/loader/quantize_weights.h"
 #include "server/cli/commands.h"
@@ -79,7 +81,18 @@ constexpr char kUsage[] =
     "                         (10/20/30/50/70% budgets against none)\n"
     "  --evictor-model FILE   for learned (default: trained here on 8 streams of the text\n"
     "                         past what the study reads)\n"
-    "  --png FILE             also plot perplexity (gnuplot), one line per run\n";
+    "  --png FILE             also plot perplexity (gnuplot), one line per run\n"
+    "KV compression frontier (with --frontier): stories from --text (held out) through\n"
+    "every format, and eviction at 30/50/70% budgets (fp32, int8); bytes per token\n"
+    "against the change in perplexity from the fp32 dense cache, the Pareto front\n"
+    "marked (*). --json writes the points, --png plots them (gnuplot); --policy picks\n"
+    "the policies (default streaming,h2o,learned).\n"
+    "  --frontier             run the frontier\n"
+    "  --calibration-text FILE  what the frontier calibrates on (the learned evictor is\n"
+    "                         trained on it); required with --frontier\n"
+    "  --streams N            held-out streams, 0 = as many as --text holds (default 0): one\n"
+    "                         story each, its first --context tokens (default 256), from the\n"
+    "                         stories at least that long\n";
 
 struct Options {
   std::string model;
@@ -107,6 +120,10 @@ struct Options {
   int32_t sweep = 0;
   std::string evictor_model;
   std::string png;
+  // The frontier.
+  bool frontier = false;
+  std::string calibration_text;
+  int32_t streams = 0;
 };
 
 // 'all': every dtype, then int4_kc with int8 first and last layers.
@@ -124,7 +141,7 @@ int Fail(const absl::Status& s) {
 // Parses argv (after the subcommand name) into *o. Returns -1 to go on, or
 // the exit code (0 after --help, 2 on a bad flag).
 int ParseFlags(int argc, char** argv, Options* o) {
-  CliFlags flags("eval-kv", kUsage);
+  CliFlags flags("eval-kv", kUsage, {"--frontier"});
   if (int rc = flags.Split(argc, argv); rc >= 0) return rc;
   ModelFlags m;
   for (const CliFlag& flag : flags.flags()) {
@@ -208,6 +225,12 @@ int ParseFlags(int argc, char** argv, Options* o) {
       o->evictor_model = value;
     } else if (name == "--png") {
       o->png = value;
+    } else if (name == "--frontier") {
+      o->frontier = true;
+    } else if (name == "--calibration-text") {
+      o->calibration_text = value;
+    } else if (name == "--streams") {
+      if (!int_flag(0, 1 << 20, &o->streams)) return bad("an integer >= 0");
     } else {
       return flags.UsageError(absl::StrCat("unknown flag '", name, "'"));
     }
@@ -221,6 +244,11 @@ int ParseFlags(int argc, char** argv, Options* o) {
   if (o->sweep > 0 && o->policies.empty()) {
     return flags.UsageError("--sweep needs --policy (the policies to sweep)");
   }
+  if (o->frontier && o->calibration_text.empty()) {
+    return flags.UsageError("--frontier needs --calibration-text");
+  }
+  if (o->frontier && o->sweep > 0)
+    return flags.UsageError("--frontier and --sweep exclude each other");
   return -1;
 }
 
@@ -393,6 +421,136 @@ int RunStudy(const Options& opt, const LoadedModel& loaded, const std::string& t
   return 0;
 }
 
+// Streams of `length` tokens, one story each (BOS and the story's first
+// length - 1 tokens), from the stories of `text` at least that long; at most
+// max_count (0: all). One story a stream, so that eviction is measured on a
+// context that hangs together, not on the end of one story and the start of
+// the next (evicting an earlier story helps there).
+std::vector<std::vector<int32_t>> StoryStreams(const std::string& text, const Tokenizer& tok,
+                                               int32_t length, int32_t max_count) {
+  std::vector<std::vector<int32_t>> out;
+  for (std::vector<int32_t>& s : TokenizeStories(text, tok, length)) {
+    if (max_count > 0 && static_cast<int32_t>(out.size()) == max_count) break;
+    if (static_cast<int32_t>(s.size()) == length) out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// The compression frontier (--frontier).
+constexpr int32_t kFrontierStreamTokens = 256;
+
+int RunFrontierCommand(const Options& opt, const LoadedModel& loaded, const std::string& text) {
+  const ModelConfig& config = loaded.weights.config;
+  std::ifstream cin(opt.calibration_text, std::ios::binary);
+  if (!cin) {
+    return Fail(
+        absl::NotFoundError(absl::StrCat("cannot read --calibration-text ", opt.calibration_text)));
+  }
+  std::stringstream calibration;
+  calibration << cin.rdbuf();
+  const int32_t length = std::min(opt.context > 0 ? opt.context : kFrontierStreamTokens,
+                                  config.max_position_embeddings);
+  const std::vector<std::vector<int32_t>> streams =
+      StoryStreams(text, *loaded.tokenizer, length, opt.streams);
+  if (streams.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        absl::StrCat("--text has no story of ", length, " tokens (--context)")));
+  }
+  std::vector<EvictionPolicyKind> policies = opt.policies;
+  if (policies.empty()) {
+    policies = {EvictionPolicyKind::kStreaming, EvictionPolicyKind::kH2o,
+                EvictionPolicyKind::kLearned};
+  }
+  policies.erase(std::remove(policies.begin(), policies.end(), EvictionPolicyKind::kNone),
+                 policies.end());
+
+  FrontierRunnerFactory make_runner =
+      [&](const FrontierCombo& combo,
+          int32_t num_blocks) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
+    if (combo.low_rank > 0 || combo.cross_layer >= 0) {
+      return absl::UnimplementedError(
+          absl::StrCat(combo.name, ": low-rank and cross-layer runners are not built here"));
+    }
+    CpuRunnerOptions ro;
+    ro.kv_dtype = combo.kv_dtype;
+    ro.block_size = opt.block_size;
+    ro.int4_group_size = opt.int4_group_size;
+    ro.num_threads = opt.threads;
+    ro.num_blocks = num_blocks;
+    absl::StatusOr<std::unique_ptr<CpuModelRunner>> r = CpuModelRunner::Create(loaded.weights, ro);
+    if (!r.ok()) return r.status();
+    return std::unique_ptr<ModelRunner>(std::move(*r));
+  };
+
+  FrontierOptions fo;
+  fo.policies = policies;
+  if (std::find(policies.begin(), policies.end(), EvictionPolicyKind::kLearned) != policies.end()) {
+    if (!opt.evictor_model.empty()) {
+      absl::StatusOr<EvictorModel> m = EvictorModel::Load(opt.evictor_model);
+      if (!m.ok()) return Fail(m.status());
+      fo.learned = std::make_shared<const EvictorModel>(*m);
+    } else {
+      const std::vector<std::vector<int32_t>> train =
+          StoryStreams(calibration.str(), *loaded.tokenizer, length, 0);
+      if (train.empty()) {
+        return Fail(absl::InvalidArgumentError(
+            absl::StrCat("--calibration-text has no story of ", length,
+                         " tokens (the learned evictor trains on its stories)")));
+      }
+      std::fprintf(stderr,
+                   "kvserve eval-kv: training the learned evictor on %zu streams of %s...\n",
+                   train.size(), opt.calibration_text.c_str());
+      FrontierCombo fp32{"fp32"};
+      absl::StatusOr<std::unique_ptr<ModelRunner>> r =
+          make_runner(fp32, BlocksForTokens(length, opt.block_size) + 1);
+      if (!r.ok()) return Fail(r.status());
+      absl::StatusOr<EvictorTrainingResult> t = TrainEvictor(train, **r, {});
+      if (!t.ok()) return Fail(t.status());
+      fo.learned = std::make_shared<const EvictorModel>(t->model);
+    }
+  }
+  // Every format; eviction on the formats without tails that the study
+  // already reports (fp32 and int8); low-rank and cross-layer points when
+  // the runners have them.
+  std::vector<KvDtypeSpec> formats = opt.dtypes.empty() ? AllFormats() : opt.dtypes;
+  fo.combos.push_back({"fp32", KvDtype::kFp32, 0, -1, true});
+  for (const KvDtypeSpec& d : formats) {
+    const std::string name = d.ToString();
+    if (name == "fp32") continue;
+    fo.combos.push_back({name, d, 0, -1, name == "int8"});
+  }
+  KvLayerShape shape;
+  shape.num_layers = config.num_layers;
+  shape.num_kv_heads = config.num_kv_heads;
+  shape.head_dim = config.head_dim;
+  shape.block_size = opt.block_size;
+  shape.int4_group_size = opt.int4_group_size;
+  absl::StatusOr<KvLayers> fp16 = ResolveKvLayers(KvDtype::kFp16, shape);
+  if (!fp16.ok()) return Fail(fp16.status());
+  fo.fp16_bytes_per_token = static_cast<double>(fp16->bytes_per_block) / opt.block_size;
+  ProgressBar bar;
+  if (isatty(STDERR_FILENO)) {
+    fo.progress = [&bar](int64_t done, int64_t total) { bar.Update(done, total); };
+  }
+  absl::StatusOr<FrontierReport> report = RunFrontier(streams, make_runner, fo);
+  bar.Finish();
+  if (!report.ok()) return Fail(report.status());
+  report->model = opt.model;
+  report->text = opt.text;
+  report->calibration_text = opt.calibration_text;
+  std::printf(
+      "KV compression frontier: %s on %s (held out; calibration: %s)\n"
+      "%d streams of %d tokens (BOS first), block size %d; reference: fp32 dense, ppl %.4f\n\n",
+      opt.model.c_str(), opt.text.c_str(), opt.calibration_text.c_str(), report->num_streams,
+      report->stream_tokens, report->block_size, report->reference_ppl);
+  std::fputs(FrontierTable(*report).c_str(), stdout);
+  std::printf("\n%.1f s\n", report->seconds);
+  std::fflush(stdout);
+  if (!opt.json.empty() && !WriteFile(opt.json, FrontierJson(*report), "--json")) return 1;
+  if (!opt.png.empty() && !Plot(FrontierGnuplot(*report, opt.png))) return 1;
+  return 0;
+}
+
 }  // namespace
 
 int RunEvalKv(int argc, char** argv) {
@@ -406,6 +564,7 @@ int RunEvalKv(int argc, char** argv) {
 
   absl::StatusOr<LoadedModel> loaded = LoadModel(opt.model, opt.tokenizer);
   if (!loaded.ok()) return Fail(loaded.status());
+  if (opt.frontier) return RunFrontierCommand(opt, *loaded, text.str());
   if (!opt.policies.empty()) return RunStudy(opt, *loaded, text.str());
   const ModelConfig& config = loaded->weights.config;
   const int32_t max_len = opt.context > 0 ? std::min(opt.context, config.max_position_embeddings)

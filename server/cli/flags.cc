@@ -1,5 +1,6 @@
 #include "server/cli/flags.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/numbers.h"
@@ -16,7 +17,10 @@ int CliFlags::Split(int argc, char** argv) {
     }
     if (arg.rfind("--", 0) != 0) return UsageError("unexpected argument '" + arg + "'");
     CliFlag flag;
-    if (size_t eq = arg.find('='); eq != std::string::npos) {
+    if (std::find(switches_.begin(), switches_.end(), arg) != switches_.end()) {
+      flag.name = arg;
+      flag.value = "yes";
+    } else if (size_t eq = arg.find('='); eq != std::string::npos) {
       flag.name = arg.substr(0, eq);
       flag.value = arg.substr(eq + 1);
     } else if (i + 1 < argc) {

@@ -1,6 +1,7 @@
 // CliFlags: the "--name value" / "--name=value" arguments of one kvserve
 // subcommand, split once so that every subcommand reads and reports them the
-// same way. Every flag takes a value; "--help" / "-h" prints the usage.
+// same way. Every flag takes a value except the switches a command names
+// (given bare, their value is "yes"); "--help" / "-h" prints the usage.
 //
 // Example:
 //   CliFlags flags("plan", kUsage);
@@ -26,7 +27,8 @@ struct CliFlag {
 
 class CliFlags {
  public:
-  CliFlags(std::string command, const char* usage) : command_(std::move(command)), usage_(usage) {}
+  CliFlags(std::string command, const char* usage, std::vector<std::string> switches = {})
+      : command_(std::move(command)), usage_(usage), switches_(std::move(switches)) {}
 
   // Splits argv (argv[0] is the subcommand). Returns -1 to go on, or the exit
   // code: 0 after printing the usage for --help, 2 for a malformed argument.
@@ -45,6 +47,7 @@ class CliFlags {
  private:
   std::string command_;
   const char* usage_;
+  std::vector<std::string> switches_;  // flags without a value
   std::vector<CliFlag> flags_;
 };
 

@@ -7,6 +7,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -250,6 +251,61 @@ TEST_CASE("kvserve eval-kv --policy runs the eviction study: table, JSON and PNG
     bad = RunKvserve(absl::StrCat(BaseArgs(), " --sweep 4"), true);
     REQUIRE(bad.exit_code == 2);
     REQUIRE(bad.out.find("--sweep needs --policy") != std::string::npos);
+  }
+}
+
+TEST_CASE("kvserve eval-kv --frontier: held-out points, the front, JSON and PNG",
+          "[integration][frontier]") {
+  // Calibration: the dev text's first 40 stories; held out: the rest.
+  const std::string dir = testing::MakeTempDir("eval-kv-frontier");
+  const std::string text = testing::ReadFileOrDie(DevText());
+  size_t cut = 0;
+  for (int k = 0; k < 40; ++k) cut = text.find("<|endoftext|>", cut) + 1;
+  cut = text.find('\n', cut) + 1;
+  std::ofstream(dir + "/calibration.txt", std::ios::binary) << text.substr(0, cut);
+  std::ofstream(dir + "/heldout.txt", std::ios::binary) << text.substr(cut);
+  const std::string args =
+      absl::StrCat("eval-kv --model ", Quote(testing::Stories260kCheckpoint()), " --frontier",
+                   " --calibration-text ", Quote(dir + "/calibration.txt"), " --text ",
+                   Quote(dir + "/heldout.txt"));
+  RunResult r = RunKvserve(absl::StrCat(args, " --streams 3 --kv-dtype int8 --kv-dtype int4_kc",
+                                        " --policy streaming,learned --json ",
+                                        Quote(dir + "/f.json"), " --png ", Quote(dir + "/f.png")),
+                           /*both_streams=*/true);
+  INFO(r.out);
+  REQUIRE(r.exit_code == 0);
+  REQUIRE(r.out.find("3 streams of 256 tokens") != std::string::npos);
+  REQUIRE(r.out.find("training the learned evictor on") != std::string::npos);
+  const nlohmann::json j = nlohmann::json::parse(testing::ReadFileOrDie(dir + "/f.json"));
+  // fp32 and int8, each dense and 2 policies x 3 budgets; int4_kc dense.
+  REQUIRE(j["points"].size() == 15);
+  REQUIRE(j["reference"]["kv_dtype"] == "fp32");
+  REQUIRE(j["fp16_bytes_per_token"] == 640);
+  REQUIRE(j["stream_tokens"] == 256);
+  int front = 0;
+  for (const auto& p : j["points"]) {
+    for (const char* key : {"name", "kv_dtype", "low_rank", "cross_layer", "policy", "budget",
+                            "bytes_per_token", "ppl", "delta_ppl_pct"}) {
+      REQUIRE(p.contains(key));
+    }
+    front += p["pareto"].get<bool>() ? 1 : 0;
+  }
+  REQUIRE(front >= 2);
+  REQUIRE(j["points"][0]["name"] == "fp32");
+  REQUIRE(j["points"][0]["delta_ppl_pct"] == 0);
+  REQUIRE(j["points"][1]["name"] == "fp32 @ streaming 30%");
+  REQUIRE(j["points"][1]["budget"] == 77);
+  REQUIRE(j["points"][14]["kv_dtype"] == "int4_kc");
+  REQUIRE(j["points"][14]["bytes_per_token"] == 280);
+  REQUIRE(testing::ReadFileOrDie(dir + "/f.png").substr(1, 3) == "PNG");
+
+  SECTION("--frontier needs --calibration-text") {
+    RunResult bad =
+        RunKvserve(absl::StrCat("eval-kv --model ", Quote(testing::Stories260kCheckpoint()),
+                                " --frontier --text ", Quote(DevText())),
+                   true);
+    REQUIRE(bad.exit_code == 2);
+    REQUIRE(bad.out.find("--frontier needs --calibration-text") != std::string::npos);
   }
 }
 
