@@ -1,25 +1,29 @@
-#include "server/http/http_server.h"
-
-#include <sys/socket.h>
+// HttpServer: one connection's state machine, from the accept (and the TLS
+// handshake) to the close (server/http/http_server_internal.h).
 
 #include <algorithm>
+#include <chrono>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+// After <utility>: Boost 1.74's asio/awaitable.hpp uses std::exchange without
+// including it.
 #include <boost/asio.hpp>
 #include <boost/asio/ssl.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
-#include <chrono>
-#include <future>
-#include <limits>
-#include <nlohmann/json.hpp>
-#include <thread>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/strings/ascii.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/http/http_message.h"
+#include "server/http/http_server_internal.h"
 #include "server/logging.h"
 
 namespace kvserve {
@@ -30,6 +34,7 @@ namespace http = beast::http;
 using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
+namespace http_internal {
 namespace {
 
 constexpr uint32_t kHeaderLimit = 64 * 1024;
@@ -39,16 +44,6 @@ constexpr auto kLinger = std::chrono::seconds(2);
 // ... and at most this much of it (a client pushing a refused body at full
 // speed must not keep an io thread busy).
 constexpr size_t kLingerBytes = 64 << 20;
-// Connections over the cap still get their 503; beyond this many at once
-// they are closed without one.
-constexpr int kMaxRefusing = 1024;
-constexpr auto kAcceptRetry = std::chrono::milliseconds(50);
-
-// (Debian's Abseil has its own string_view: compare std ones here.)
-bool IEquals(std::string_view a, std::string_view b) {
-  return a.size() == b.size() && beast::iequals(beast::string_view(a.data(), a.size()),
-                                                beast::string_view(b.data(), b.size()));
-}
 
 Clock::duration ToClock(absl::Duration d) { return absl::ToChronoNanoseconds(d); }
 
@@ -56,95 +51,7 @@ std::string SecondsText(absl::Duration d) {
   return absl::StrFormat("%g s", absl::ToDoubleSeconds(d));
 }
 
-// The transport's own refusals (framing, limits, timeouts) in the error
-// object every JSON API client here reads: {"error": {"message", "type",
-// "param": null, "code"}}. The transport knows nothing else of the protocol
-// the routes speak.
-HttpResponse ErrorResponse(int status, std::string message, std::string code,
-                           std::string type = "invalid_request_error") {
-  nlohmann::json e = {{"message", std::move(message)},
-                      {"type", std::move(type)},
-                      {"param", nullptr},
-                      {"code", nullptr}};
-  if (!code.empty()) e["code"] = std::move(code);
-  HttpResponse r;
-  r.status = status;
-  r.body = nlohmann::json{{"error", std::move(e)}}.dump(-1, ' ', false,
-                                                        nlohmann::json::error_handler_t::replace);
-  return r;
-}
-
-// The response head: status line and headers, up to the blank line.
-std::string Head(const HttpResponse& r, bool keep_alive, int request_version,
-                 std::optional<size_t> content_length, bool chunked) {
-  std::string h =
-      absl::StrCat("HTTP/1.1 ", r.status, " ", std::string(HttpReason(r.status)), "\r\n");
-  if (!r.content_type.empty()) absl::StrAppend(&h, "Content-Type: ", r.content_type, "\r\n");
-  for (const auto& [name, value] : r.headers) absl::StrAppend(&h, name, ": ", value, "\r\n");
-  if (content_length) absl::StrAppend(&h, "Content-Length: ", *content_length, "\r\n");
-  if (chunked) h += "Transfer-Encoding: chunked\r\n";
-  if (!keep_alive) {
-    h += "Connection: close\r\n";
-  } else if (request_version == 10) {
-    h += "Connection: keep-alive\r\n";
-  }
-  h += "\r\n";
-  return h;
-}
-
-// RFC 9112 6.1: the only transfer coding we decode is chunked, once, last.
-std::optional<HttpResponse> CheckTransferEncoding(
-    const http::request_parser<http::string_body>& p) {
-  const auto& fields = p.get();
-  if (fields.count(http::field::transfer_encoding) == 0) return std::nullopt;
-  std::vector<std::string> codings;
-  std::string all;
-  for (auto it = fields.find(http::field::transfer_encoding);
-       it != fields.end() && it->name() == http::field::transfer_encoding; ++it) {
-    const std::string value(it->value());
-    absl::StrAppend(&all, all.empty() ? "" : ", ", value);
-    for (absl::string_view c : absl::StrSplit(value, ',')) {
-      codings.push_back(absl::AsciiStrToLower(absl::StripAsciiWhitespace(c)));
-    }
-  }
-  if (fields.count(http::field::content_length) > 0) {
-    return ErrorResponse(400,
-                         absl::StrCat("ambiguous framing: the request has both Content-Length and "
-                                      "Transfer-Encoding ('",
-                                      all, "')"),
-                         "ambiguous_framing");
-  }
-  for (const std::string& c : codings) {
-    if (c != "chunked") {
-      return ErrorResponse(501,
-                           absl::StrCat("Transfer-Encoding '", all,
-                                        "' is not supported: the only transfer coding "
-                                        "accepted is chunked"),
-                           "unsupported_transfer_encoding");
-    }
-  }
-  if (codings.size() != 1) {
-    return ErrorResponse(
-        400, absl::StrCat("Transfer-Encoding '", all, "' applies chunked more than once"),
-        "bad_transfer_encoding");
-  }
-  return std::nullopt;
-}
-
-class ExchangeImpl;
-
-// What an exchange needs of its connection (whatever its stream type).
-class ConnectionBase {
- public:
-  virtual ~ConnectionBase() = default;
-  virtual void PostFor(std::shared_ptr<ExchangeImpl> ex, std::function<void()> fn) = 0;
-  virtual void Respond(ExchangeImpl* ex, HttpResponse r) = 0;
-  virtual void StartStream(ExchangeImpl* ex, HttpResponse head) = 0;
-  virtual void Write(ExchangeImpl* ex, std::string_view data) = 0;
-  virtual void EndStream(ExchangeImpl* ex) = 0;
-  // Server stop: ends the exchange and closes the socket (posted to the strand).
-  virtual void Shutdown() = 0;
-};
+}  // namespace
 
 class ExchangeImpl final : public HttpExchange, public std::enable_shared_from_this<ExchangeImpl> {
  public:
@@ -185,39 +92,6 @@ class ExchangeImpl final : public HttpExchange, public std::enable_shared_from_t
   HttpRequest request_;
   std::shared_ptr<void> state_;
   bool ended_ = false;
-};
-
-}  // namespace
-
-struct HttpServer::Core {
-  Core(Options o, Authorize a, Handler h, Observer obs)
-      : options(std::move(o)),
-        authorize(std::move(a)),
-        handler(std::move(h)),
-        observer(std::move(obs)),
-        acceptor(asio::make_strand(ioc)),
-        accept_retry(acceptor.get_executor()) {}
-
-  const Options options;
-  const Authorize authorize;
-  const Handler handler;
-  const Observer observer;
-  asio::io_context ioc;
-  std::optional<asio::executor_work_guard<asio::io_context::executor_type>> work;
-  tcp::acceptor acceptor;
-  asio::steady_timer accept_retry;
-  std::unique_ptr<asio::ssl::context> tls;
-  std::vector<std::thread> threads;
-
-  // Posting from outside the io threads stops with Stop().
-  absl::Mutex mu;
-  bool stopped ABSL_GUARDED_BY(mu) = false;
-  // Live connections, for Stop().
-  absl::Mutex conns_mu;
-  uint64_t next_id ABSL_GUARDED_BY(conns_mu) = 0;
-  absl::flat_hash_map<uint64_t, std::weak_ptr<ConnectionBase>> conns ABSL_GUARDED_BY(conns_mu);
-  std::atomic<int> connections{0};
-  std::atomic<int> refusing{0};
 };
 
 namespace {
@@ -775,155 +649,15 @@ class Connection final : public ConnectionBase,
 using PlainConnection = Connection<tcp::socket>;
 using TlsConnection = Connection<asio::ssl::stream<tcp::socket>>;
 
-void Accept(std::shared_ptr<HttpServer::Core> core) {
-  HttpServer::Core* c = core.get();
-  c->acceptor.async_accept(asio::make_strand(c->ioc), [core = std::move(core)](beast::error_code ec,
-                                                                               tcp::socket socket) {
-    if (!core->acceptor.is_open()) return;
-    if (ec) {
-      // Out of descriptors (or a transient error): try again shortly
-      // rather than spin.
-      spdlog::warn("http: accept failed: {}", ec.message());
-      core->accept_retry.expires_after(kAcceptRetry);
-      core->accept_retry.async_wait([core](beast::error_code e) {
-        if (!e) Accept(core);
-      });
-      return;
-    }
-    const bool refuse = core->connections.load() >= core->options.max_connections;
-    if (refuse && core->refusing.load() >= kMaxRefusing) {
-      beast::error_code ignored;
-      socket.close(ignored);
-    } else if (core->tls) {
-      std::make_shared<TlsConnection>(core, std::move(socket), refuse)->Start();
-    } else {
-      std::make_shared<PlainConnection>(core, std::move(socket), refuse)->Start();
-    }
-    Accept(core);
-  });
-}
-
 }  // namespace
 
-std::string_view HttpRequest::Header(std::string_view name) const {
-  for (const auto& [n, v] : headers) {
-    if (IEquals(n, name)) return v;
-  }
-  return {};
-}
-
-std::string_view HttpReason(int status) {
-  beast::string_view r = http::obsolete_reason(static_cast<http::status>(status));
-  return std::string_view(r.data(), r.size());
-}
-
-HttpServer::HttpServer(Options options, Authorize authorize, Handler handler, Observer observer)
-    : options_(options),
-      core_(std::make_shared<Core>(std::move(options), std::move(authorize), std::move(handler),
-                                   std::move(observer))) {}
-
-HttpServer::~HttpServer() { Stop(); }
-
-int HttpServer::connections() const { return core_->connections.load(); }
-
-absl::Status HttpServer::Start() {
-  Core& c = *core_;
-  if (options_.tls_cert_file.empty() != options_.tls_key_file.empty()) {
-    return absl::InvalidArgumentError(
-        "server.tls.cert_file and server.tls.key_file: set both (HTTPS) or neither");
-  }
-  if (!options_.tls_cert_file.empty()) {
-    c.tls = std::make_unique<asio::ssl::context>(asio::ssl::context::tls_server);
-    c.tls->set_options(asio::ssl::context::default_workarounds | asio::ssl::context::no_sslv2 |
-                       asio::ssl::context::no_sslv3 | asio::ssl::context::no_tlsv1 |
-                       asio::ssl::context::no_tlsv1_1 | asio::ssl::context::single_dh_use);
-    // TLS 1.2 suites of Mozilla's "intermediate" profile less its DHE ones:
-    // ECDHE (forward secret) with AES-GCM or ChaCha20-Poly1305 only; no CBC,
-    // no SHA-1 MAC, no static RSA. TLS 1.3 has only such suites already.
-    static constexpr char kTls12Ciphers[] =
-        "ECDHE-ECDSA-AES128-GCM-SHA256:ECDHE-RSA-AES128-GCM-SHA256:"
-        "ECDHE-ECDSA-AES256-GCM-SHA384:ECDHE-RSA-AES256-GCM-SHA384:"
-        "ECDHE-ECDSA-CHACHA20-POLY1305:ECDHE-RSA-CHACHA20-POLY1305";
-    if (SSL_CTX_set_cipher_list(c.tls->native_handle(), kTls12Ciphers) != 1) {
-      return absl::InternalError("HTTPS: the TLS 1.2 cipher suites are not available");
-    }
-    beast::error_code ec;
-    c.tls->use_certificate_chain_file(options_.tls_cert_file, ec);
-    if (ec) {
-      return absl::InvalidArgumentError(absl::StrCat("server.tls.cert_file: cannot use '",
-                                                     options_.tls_cert_file, "': ", ec.message()));
-    }
-    c.tls->use_private_key_file(options_.tls_key_file, asio::ssl::context::pem, ec);
-    if (ec) {
-      return absl::InvalidArgumentError(absl::StrCat("server.tls.key_file: cannot use '",
-                                                     options_.tls_key_file, "': ", ec.message()));
-    }
-  }
-
-  const std::string where = absl::StrCat("server.http_port: cannot listen on ", options_.host, ":",
-                                         options_.port, " (in use, or a bad host?)");
-  beast::error_code ec;
-  tcp::endpoint endpoint;
-  asio::ip::address address = asio::ip::make_address(options_.host, ec);
-  if (!ec) {
-    endpoint = tcp::endpoint(address, static_cast<uint16_t>(options_.port));
+void StartConnection(std::shared_ptr<HttpServer::Core> core, tcp::socket socket, bool refuse) {
+  if (core->tls) {
+    std::make_shared<TlsConnection>(std::move(core), std::move(socket), refuse)->Start();
   } else {
-    tcp::resolver resolver(c.ioc);
-    auto results = resolver.resolve(options_.host, std::to_string(options_.port), ec);
-    if (ec || results.empty()) return absl::UnavailableError(where);
-    endpoint = results.begin()->endpoint();
+    std::make_shared<PlainConnection>(std::move(core), std::move(socket), refuse)->Start();
   }
-  c.acceptor.open(endpoint.protocol(), ec);
-  if (ec) return absl::UnavailableError(where);
-  c.acceptor.set_option(asio::socket_base::reuse_address(true), ec);
-  if (options_.reuse_port) {
-    int yes = 1;
-    ::setsockopt(c.acceptor.native_handle(), SOL_SOCKET, SO_REUSEPORT, &yes, sizeof(yes));
-  }
-  c.acceptor.bind(endpoint, ec);
-  if (ec) return absl::UnavailableError(where);
-  c.acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) return absl::UnavailableError(where);
-  port_ = c.acceptor.local_endpoint().port();
-
-  c.work.emplace(c.ioc.get_executor());
-  Accept(core_);
-  const int threads = std::max(1, options_.io_threads);
-  for (int i = 0; i < threads; ++i) {
-    c.threads.emplace_back([core = core_.get()] { core->ioc.run(); });
-  }
-  return absl::OkStatus();
 }
 
-void HttpServer::Stop() {
-  Core& c = *core_;
-  if (c.threads.empty()) return;
-  {
-    absl::MutexLock lock(&c.mu);
-    c.stopped = true;
-  }
-  // Close the listener first (on its strand) so no connection starts after
-  // the ones below are told to close.
-  std::promise<void> closed;
-  asio::post(c.acceptor.get_executor(), [core = core_, &closed] {
-    beast::error_code ec;
-    core->acceptor.close(ec);
-    core->accept_retry.cancel();
-    closed.set_value();
-  });
-  closed.get_future().wait();
-  std::vector<std::shared_ptr<ConnectionBase>> open;
-  {
-    absl::MutexLock lock(&c.conns_mu);
-    for (auto& [id, weak] : c.conns) {
-      if (auto conn = weak.lock()) open.push_back(std::move(conn));
-    }
-  }
-  for (auto& conn : open) conn->Shutdown();
-  open.clear();
-  c.work.reset();
-  for (std::thread& t : c.threads) t.join();
-  c.threads.clear();
-}
-
+}  // namespace http_internal
 }  // namespace kvserve
