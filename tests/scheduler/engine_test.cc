@@ -246,7 +246,9 @@ TEST_CASE("int4_kc: preemption (recompute and swap), forks and prefix hits keep 
       GenerateRequest r;
       r.sampling.temperature = 0.0f;
       r.prompt_token_ids = prefix;
-      std::vector<int32_t> more = Stories().tokenizer->Encode(" " + RandomSnippet(rng, 60), false);
+      std::string text = " ";  // not " " + snippet: gcc 12's -Wrestrict false positive
+      text += RandomSnippet(rng, 60);
+      std::vector<int32_t> more = Stories().tokenizer->Encode(text, false);
       r.prompt_token_ids.insert(r.prompt_token_ids.end(), more.begin(), more.end());
       r.max_tokens = 30;
       reqs.push_back(r);
