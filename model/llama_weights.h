@@ -11,7 +11,9 @@
 // (model/loader/quantize_weights.h) adds packed copies of the linear layers
 // in `quantized` and records the choice in weight_quant; the fp32 tensors
 // stay valid (embeddings and norms are read from them). A runner that
-// cannot use them (CUDA) refuses weights with weight_quant.any().
+// cannot use them refuses them: CUDA takes only fp8_e4m3 (quantized at load
+// the same way, or shipped so by an HF checkpoint, whose linear tensors then
+// have shapes but no data), the CPU everything but fp8_e4m3.
 //
 // Thread-safety: immutable after loading; shared read-only by kernels.
 #pragma once

@@ -20,6 +20,8 @@ std::string_view WeightQuantName(WeightQuant q) {
       return "int4";
     case WeightQuant::kInt4Asym:
       return "int4_asym";
+    case WeightQuant::kFp8E4m3:
+      return "fp8_e4m3";
   }
   return "?";
 }
@@ -27,8 +29,9 @@ std::string_view WeightQuantName(WeightQuant q) {
 WeightQuantSpec WeightQuantSpec::Resolve(int vocab_size) const {
   WeightQuantSpec r = *this;
   if (head_auto) {
-    r.head = body != WeightQuant::kNone && vocab_size >= kInt8HeadMinVocab ? WeightQuant::kInt8
-                                                                           : WeightQuant::kNone;
+    const WeightQuant big = body == WeightQuant::kFp8E4m3 ? body : WeightQuant::kInt8;
+    r.head =
+        body != WeightQuant::kNone && vocab_size >= kInt8HeadMinVocab ? big : WeightQuant::kNone;
   }
   r.head_auto = false;
   return r;
@@ -62,15 +65,10 @@ absl::StatusOr<WeightQuantSpec> ParseWeightQuant(std::string_view body, std::str
     if (t == "int8") return std::optional<WeightQuant>(WeightQuant::kInt8);
     if (t == "int4") return std::optional<WeightQuant>(WeightQuant::kInt4);
     if (t == "int4_asym") return std::optional<WeightQuant>(WeightQuant::kInt4Asym);
-    if (t == "fp8_e4m3" || t == "fp8") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          key,
-          ": fp8_e4m3 weights are not supported yet; use fp32, int8, int4 or int4_asym "
-          "(model.device: "
-          "cpu)"));
-    }
+    if (t == "fp8_e4m3" || t == "fp8") return std::optional<WeightQuant>(WeightQuant::kFp8E4m3);
     return absl::InvalidArgumentError(absl::StrCat(
-        key, ": expected auto, fp32, fp16, bf16, int8, int4 or int4_asym, got '", t, "'"));
+        key, ": expected auto, fp32, fp16, bf16, int8, int4, int4_asym or fp8_e4m3, got '", t,
+        "'"));
   };
   WeightQuantSpec spec;
   KV_ASSIGN_OR_RETURN(std::optional<WeightQuant> b,
@@ -80,6 +78,14 @@ absl::StatusOr<WeightQuantSpec> ParseWeightQuant(std::string_view body, std::str
                       parse(lower(head), "model.weight_dtype_head", true));
   spec.head_auto = !h.has_value();
   spec.head = h ? *h : WeightQuant::kNone;
+  const bool cpu_dtype = spec.body == WeightQuant::kInt8 || IsInt4(spec.body) ||
+                         spec.head == WeightQuant::kInt8 || IsInt4(spec.head);
+  if (spec.fp8() && cpu_dtype) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model.weight_dtype_head: ", std::string(WeightQuantName(spec.head)),
+        " beside model.weight_dtype: ", std::string(WeightQuantName(spec.body)),
+        ": fp8_e4m3 runs on the CUDA runner, int8 and int4 on the CPU runner; pick one kind"));
+  }
   if (group_size < 8 || group_size > 4096 || group_size % 8 != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model.weight_group_size: expected a multiple of 8 in [8, 4096] (32 or 128), got ",

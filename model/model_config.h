@@ -56,13 +56,19 @@ struct RopeScaling {
 // parts from fp32's after 61 tokens instead of agreeing for all 200), and
 // makes it int8 for larger ones (Llama 3's 128k x 4096 head is 2 GiB in fp32).
 //
+// fp8_e4m3 (the CUDA runner only, kernels/cuda/gemm.h): e4m3 codes with one
+// fp32 scale per output channel (absmax / 448), multiplied by cuBLASLt's fp8
+// GEMMs against activations quantized per token at run time; its head rule
+// is int8's with fp8 in int8's place. It does not mix with the CPU dtypes.
+//
 // The int4 group defaults to 32 (llama.cpp's q4_0 group, 4.5 bits a
 // weight with the fp16 scales): stories260K's rows have only 64 or 172
 // inputs, and a group of 128 would spread one scale over a whole row
 // there; 128 (4.1 bits) is the choice for big models where bandwidth counts
 // more.
-enum class WeightQuant : uint8_t { kNone, kInt8, kInt4, kInt4Asym };
-std::string_view WeightQuantName(WeightQuant q);  // "fp32", "int8", "int4", "int4_asym"
+enum class WeightQuant : uint8_t { kNone, kInt8, kInt4, kInt4Asym, kFp8E4m3 };
+// "fp32", "int8", "int4", "int4_asym", "fp8_e4m3"
+std::string_view WeightQuantName(WeightQuant q);
 inline bool IsInt4(WeightQuant q) { return q == WeightQuant::kInt4 || q == WeightQuant::kInt4Asym; }
 
 inline constexpr int kInt8HeadMinVocab = 32768;
@@ -78,6 +84,8 @@ struct WeightQuantSpec {
            (head_auto && body != WeightQuant::kNone);
   }
   bool operator==(const WeightQuantSpec&) const = default;
+  // Whether the body or the head is fp8_e4m3 (the CUDA runner's dtype).
+  bool fp8() const { return body == WeightQuant::kFp8E4m3 || head == WeightQuant::kFp8E4m3; }
   // The head decided for a vocabulary (head_auto cleared).
   WeightQuantSpec Resolve(int vocab_size) const;
   // The body's dtype ("fp32", "int8", "int4", "int4_asym"), "+head <dtype>" where the
@@ -85,10 +93,10 @@ struct WeightQuantSpec {
   std::string ToString() const;
 };
 
-// model.weight_dtype (auto, fp32, fp16, bf16: no quantization; int8, int4, int4_asym),
-// model.weight_dtype_head (auto: the rule above; fp32, int8, int4, int4_asym) and
-// model.weight_group_size (a
-// multiple of 8 in [8, 4096]). Errors name the key; fp8_e4m3 is refused as not yet supported.
+// model.weight_dtype (auto, fp32, fp16, bf16: no quantization; int8, int4, int4_asym,
+// fp8_e4m3), model.weight_dtype_head (auto: the rule above; fp32, int8, int4, int4_asym,
+// fp8_e4m3) and model.weight_group_size (a multiple of 8 in [8, 4096]). Errors name the
+// key; fp8_e4m3 beside an int8 / int4 body or head is refused (the runners are others).
 absl::StatusOr<WeightQuantSpec> ParseWeightQuant(std::string_view body,
                                                  std::string_view head = "auto",
                                                  int group_size = 32);

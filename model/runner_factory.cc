@@ -35,6 +35,44 @@ int64_t HostMemAvailable() {
   return 0;
 }
 
+// The weight_dtype keys, checked whatever the device: int8 / int4 only on
+// the CPU, fp8_e4m3 only on CUDA and with bf16 / fp16 activations; with
+// weights, what they already are (a checkpoint shipped in fp8, weights an
+// earlier runner quantized) counts where the keys ask for nothing.
+absl::Status CheckWeightQuant(const RunnerOptions& options, const DeviceSpec& device,
+                              const LlamaWeights* weights) {
+  KV_ASSIGN_OR_RETURN(
+      WeightQuantSpec quant,
+      ParseWeightQuant(options.weight_dtype, options.weight_dtype_head, options.weight_group_size));
+  const bool shipped_fp8 = weights != nullptr && weights->weight_quant.fp8();
+  if (device.kind == DeviceSpec::Kind::kCpu) {
+    if (quant.fp8() || shipped_fp8) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model.weight_dtype: ", shipped_fp8 && !quant.fp8() ? "the checkpoint's " : "",
+          "fp8_e4m3 weights run on CUDA only (model.device: cuda); the CPU runner takes fp32, "
+          "int8, int4 or int4_asym"));
+    }
+    return absl::OkStatus();
+  }
+  if (weights != nullptr && weights->weight_quant.any() && !quant.any()) {
+    quant = weights->weight_quant;
+  }
+  if (!quant.any()) return absl::OkStatus();
+  if (quant.fp8()) {
+    KV_ASSIGN_OR_RETURN(WeightDtype act, ResolveWeightDtype(options.dtype, device));
+    if (act == WeightDtype::kFp32) {
+      return absl::InvalidArgumentError(
+          "model.weight_dtype: fp8_e4m3 weights need bf16 or fp16 activations (model.dtype: bf16, "
+          "fp16 or auto); cuBLASLt's fp8 GEMMs take no fp32 activations");
+    }
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("model.weight_dtype: ", quant.ToString(),
+                   " weights run on the CPU only (model.device: cpu); ", options.device,
+                   " takes fp32, fp16 or bf16 weights (model.dtype) or fp8_e4m3"));
+}
+
 absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(LlamaWeights weights,
                                                              const RunnerOptions& o) {
   KV_ASSIGN_OR_RETURN(WeightDtype dtype, ResolveWeightDtype(o.dtype, DeviceSpec{}));
@@ -49,6 +87,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(LlamaWeights weight
   }
   const ModelConfig& mc = weights.config;
   KV_RETURN_IF_ERROR(mc.Validate());
+  KV_RETURN_IF_ERROR(CheckWeightQuant(o, DeviceSpec{}, &weights));
   KV_ASSIGN_OR_RETURN(WeightQuantSpec quant,
                       ParseWeightQuant(o.weight_dtype, o.weight_dtype_head, o.weight_group_size));
   // The quantizer's threads as the forward pass's (model.threads; 0: what
@@ -138,30 +177,14 @@ absl::StatusOr<WeightDtype> ResolveWeightDtype(std::string_view text, const Devi
 bool RunnerDefersDummyWeights(const RunnerOptions& options) {
 #ifdef KVSERVE_HAVE_CUDA
   absl::StatusOr<DeviceSpec> d = ParseDevice(options.device);
-  return d.ok() && d->kind == DeviceSpec::Kind::kCuda;
+  // fp8_e4m3 is quantized on the host (model/loader/quantize_weights.h).
+  absl::StatusOr<WeightQuantSpec> q =
+      ParseWeightQuant(options.weight_dtype, options.weight_dtype_head, options.weight_group_size);
+  return d.ok() && d->kind == DeviceSpec::Kind::kCuda && !(q.ok() && q->fp8());
 #else
   return false;
 #endif
 }
-
-namespace {
-
-// The weight_dtype keys, checked whatever the device; int8 / int4 only on the CPU.
-absl::Status CheckWeightQuant(const RunnerOptions& options, const DeviceSpec& device,
-                              const LlamaWeights* weights) {
-  KV_ASSIGN_OR_RETURN(
-      WeightQuantSpec quant,
-      ParseWeightQuant(options.weight_dtype, options.weight_dtype_head, options.weight_group_size));
-  if (device.kind == DeviceSpec::Kind::kCpu) return absl::OkStatus();
-  if (weights != nullptr && weights->weight_quant.any()) quant = weights->weight_quant;
-  if (!quant.any()) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat("model.weight_dtype: ", quant.ToString(),
-                   " weights run on the CPU only (model.device: cpu); ", options.device,
-                   " takes fp32, fp16 or bf16 weights (model.dtype)"));
-}
-
-}  // namespace
 
 absl::Status CheckRunnerDevice(const RunnerOptions& options) {
   KV_ASSIGN_OR_RETURN(DeviceSpec device, ParseDevice(options.device));
@@ -185,6 +208,13 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(LlamaWeights weig
   KV_RETURN_IF_ERROR(CheckRunnerDevice(options));
 #ifdef KVSERVE_HAVE_CUDA
   KV_ASSIGN_OR_RETURN(WeightDtype dtype, ResolveWeightDtype(options.dtype, device));
+  KV_ASSIGN_OR_RETURN(
+      WeightQuantSpec quant,
+      ParseWeightQuant(options.weight_dtype, options.weight_dtype_head, options.weight_group_size));
+  if (quant.fp8()) {
+    KV_RETURN_IF_ERROR(QuantizeWeights(
+        quant, &weights, options.num_threads > 0 ? options.num_threads : DefaultCpuThreads()));
+  }
   KV_ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> runner,
                       CudaModelRunner::Create(std::move(weights), options, device, dtype));
   return std::unique_ptr<ModelRunner>(std::move(runner));

@@ -45,10 +45,13 @@ std::string ServeConfigKeyHelp(const std::string& key) {
       {"model.weight_dtype",
        "linear layers: auto (as model.dtype), fp32, int8 (per channel), int4 (per group, "
        "model.weight_group_size; llama.cpp's q4_0) or int4_asym (int4 with a per-group offset: "
-       "q4_1, 0.5 bits a weight more at group 32, less error), quantized at load; CPU only"},
+       "q4_1, 0.5 bits a weight more at group 32, less error), quantized at load on the CPU; "
+       "fp8_e4m3 (per channel, fp8 GEMMs; CUDA with bf16 / fp16 activations; an fp8 checkpoint "
+       "loads as shipped)"},
       {"model.weight_dtype_head",
        "the output head: auto (fp32 for vocabularies under 32768 tokens, else int8 when "
-       "model.weight_dtype quantizes), fp32, int8, int4 or int4_asym"},
+       "model.weight_dtype quantizes, fp8_e4m3 for fp8_e4m3), fp32, int8, int4, int4_asym or "
+       "fp8_e4m3"},
       {"model.weight_group_size", "int4 / int4_asym inputs per scale: 32 (default) or 128"},
       {"model.mmap",
        "mmap the weight files instead of reading them into memory (false): faster start, shared "

@@ -37,6 +37,20 @@ cudaDataType_t CudaType(ActDtype d) {
   }
 }
 
+// The fp8 path's A and B type, and the scale mode of both.
+constexpr cudaDataType_t kFp8Type = CUDA_R_8F_E4M3;
+constexpr int32_t kFp8ScaleMode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+
+// Sets the scale pointers of an fp8 descriptor (attributes, read at each
+// call like the bias pointer).
+absl::Status SetScales(cublasLtMatmulDesc_t op, const float* w_scale, const float* x_scale) {
+  KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                       &w_scale, sizeof(w_scale)));
+  KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                       &x_scale, sizeof(x_scale)));
+  return absl::OkStatus();
+}
+
 // Largest power of two <= 256 that divides the address.
 int AlignmentOf(const void* p) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
@@ -97,16 +111,16 @@ Gemm::~Gemm() {
   cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
-absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(const Key& key, const void* bias) {
+absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(const Key& key, const GemmParams& params) {
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
   absl::StatusOr<std::unique_ptr<Plan>> plan;
-  if (dtype_ == ActDtype::kFp32) {
+  if (dtype_ == ActDtype::kFp32 && !std::get<10>(key)) {
     // Pedantic fp32 where cuBLASLt offers it; plain CUBLAS_COMPUTE_32F is
     // fp32 too (TF32 only ever comes with the _FAST_TF32 compute type).
-    plan = MakePlan(key, CUBLAS_COMPUTE_32F_PEDANTIC, bias);
-    if (!plan.ok()) plan = MakePlan(key, CUBLAS_COMPUTE_32F, bias);
+    plan = MakePlan(key, CUBLAS_COMPUTE_32F_PEDANTIC, params);
+    if (!plan.ok()) plan = MakePlan(key, CUBLAS_COMPUTE_32F, params);
   } else {
-    plan = MakePlan(key, CUBLAS_COMPUTE_32F, bias);
+    plan = MakePlan(key, CUBLAS_COMPUTE_32F, params);
   }
   if (!plan.ok()) return plan.status();
   Plan* p = plan->get();
@@ -115,9 +129,10 @@ absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(const Key& key, const void* bias) {
 }
 
 absl::StatusOr<std::unique_ptr<Gemm::Plan>> Gemm::MakePlan(const Key& key, int compute_type,
-                                                           const void* bias) {
-  const auto [in, out, ldx, ldy, y_dtype_int, has_bias, align_x, align_w, align_y, align_bias] =
-      key;
+                                                           const GemmParams& p) {
+  const void* bias = p.bias;
+  const auto [in, out, ldx, ldy, y_dtype_int, has_bias, align_x, align_w, align_y, align_bias,
+              fp8] = key;
   (void)align_bias;  // the bias pointer itself is set for the heuristic
   const int64_t rows = kPlanRows;
   const ActDtype y_dtype = static_cast<ActDtype>(y_dtype_int);
@@ -140,7 +155,14 @@ absl::StatusOr<std::unique_ptr<Gemm::Plan>> Gemm::MakePlan(const Key& key, int c
     KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
   }
-  const cudaDataType_t ab = CudaType(dtype_);
+  if (fp8) {
+    for (auto attr : {CUBLASLT_MATMUL_DESC_A_SCALE_MODE, CUBLASLT_MATMUL_DESC_B_SCALE_MODE}) {
+      KV_LT_RETURN_IF_ERROR(
+          cublasLtMatmulDescSetAttribute(plan->op, attr, &kFp8ScaleMode, sizeof(kFp8ScaleMode)));
+    }
+    KV_RETURN_IF_ERROR(SetScales(plan->op, p.w_scale, p.x_scale));
+  }
+  const cudaDataType_t ab = fp8 ? kFp8Type : CudaType(dtype_);
   // A = W: column-major [in x out], ld in (transposed to out x in).
   KV_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->a, ab, in, out, in));
   // B = x: column-major [in x rows], ld ldx; C = D = y: column-major
@@ -204,11 +226,12 @@ absl::StatusOr<std::unique_ptr<Gemm::Plan>> Gemm::MakePlan(const Key& key, int c
 
 absl::StatusOr<const Gemm::PlanRows*> Gemm::RowsFor(Plan& plan, const Key& key, int64_t rows) {
   if (auto it = plan.rows.find(rows); it != plan.rows.end()) return &it->second;
-  const auto [in, out, ldx, ldy, y_dtype_int, has_bias, align_x, align_w, align_y, align_bias] =
-      key;
+  const auto [in, out, ldx, ldy, y_dtype_int, has_bias, align_x, align_w, align_y, align_bias,
+              fp8] = key;
   PlanRows r;
   absl::Status s =
-      LtStatus(cublasLtMatrixLayoutCreate(&r.b, CudaType(dtype_), in, rows, ldx), "layout of x");
+      LtStatus(cublasLtMatrixLayoutCreate(&r.b, fp8 ? kFp8Type : CudaType(dtype_), in, rows, ldx),
+               "layout of x");
   if (s.ok()) {
     s = LtStatus(cublasLtMatrixLayoutCreate(&r.c, CudaType(static_cast<ActDtype>(y_dtype_int)), out,
                                             rows, ldy),
@@ -278,6 +301,21 @@ absl::Status Gemm::Linear(const GemmParams& params, cudaStream_t stream) {
   if (p.y_dtype != dtype_ && p.y_dtype != ActDtype::kFp32) {
     return Bad("y_dtype", "the Gemm's dtype or fp32", static_cast<int64_t>(p.y_dtype));
   }
+  const bool fp8 = p.w_scale != nullptr;
+  if (fp8) {
+    if (dtype_ == ActDtype::kFp32) {
+      return absl::InvalidArgumentError(
+          "Gemm: fp8 weights need a bf16 or fp16 Gemm (cuBLASLt's fp8 GEMMs take no fp32 "
+          "activations)");
+    }
+    if (p.in % 16 != 0) return Bad("in (fp8)", "a multiple of 16", p.in);
+    if (p.ldx % 16 != 0) return Bad("ldx (fp8)", "a multiple of 16", p.ldx);
+    if (p.rows > 0 && p.x_scale == nullptr) {
+      return absl::InvalidArgumentError("Gemm: x_scale is null (fp8 weights)");
+    }
+  } else if (p.x_scale != nullptr) {
+    return absl::InvalidArgumentError("Gemm: x_scale without w_scale");
+  }
   if (p.rows == 0) return absl::OkStatus();
   if (p.x == nullptr) return absl::InvalidArgumentError("Gemm: x is null");
   if (p.w == nullptr) return absl::InvalidArgumentError("Gemm: w is null");
@@ -291,14 +329,16 @@ absl::Status Gemm::Linear(const GemmParams& params, cudaStream_t stream) {
                 AlignmentOf(p.x),
                 AlignmentOf(p.w),
                 AlignmentOf(p.y),
-                p.bias != nullptr ? AlignmentOf(p.bias) : 0};
-  KV_ASSIGN_OR_RETURN(Plan * plan, PlanFor(key, p.bias));
+                p.bias != nullptr ? AlignmentOf(p.bias) : 0,
+                fp8};
+  KV_ASSIGN_OR_RETURN(Plan * plan, PlanFor(key, p));
   KV_ASSIGN_OR_RETURN(const PlanRows* r, RowsFor(*plan, key, p.rows));
   if (p.bias != nullptr) {
     // The pointer is an attribute of the (cached) descriptor; set per call.
     KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
   }
+  if (fp8) KV_RETURN_IF_ERROR(SetScales(plan->op, p.w_scale, p.x_scale));
   const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
   return LtStatus(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan->op, &alpha, p.w,
                                  plan->a, p.x, r->b, &beta, p.y, r->c, p.y, r->c, &r->algo,

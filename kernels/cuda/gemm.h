@@ -13,6 +13,23 @@
 // biases, Llama's attention_bias) is added in the epilogue too:
 // y = x W^T (+ y) + bias, rounded once.
 //
+// fp8 weights (w_scale set, model.weight_dtype fp8_e4m3): W is e4m3 codes
+// with one fp32 dequantization scale per output channel and x is e4m3 with
+// one per row (QuantizeRowsFp8, kernels/cuda/fp8_rows.h, writes both), so
+//   y[r][o] = round(x_scale[r] * w_scale[o] * sum_k x[r][k] W[o][k] (+ y) + bias)
+// on fp8 tensor cores with fp32 accumulation, y in the Gemm's dtype (bf16 or
+// fp16; an fp32 Gemm takes no fp8) or fp32. Both scales are cuBLASLt's
+// outer-vector scaling (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F on A and
+// B: a vector of m = out and n = rows scales, Hopper since cuBLAS 12.9), so
+// the per-channel weight and per-token activation scales cost no extra pass
+// and a row's y depends on that row alone (batch invariance, below). The
+// fp8 kernels' requirements (cuBLASLt documentation, cublasLtMatmul, "FP8"):
+// A transposed and B not ("TN", the only layout on compute capability 8.9
+// and 9.0, which is this layout), compute type 32F with scale type 32F, and
+// 16-byte alignment of the pointers and the matrices' leading dimensions: in
+// and ldx multiples of 16 (pad the inputs with zero codes), y's rows 16-byte
+// aligned.
+//
 // cuBLASLt in row-major terms: y^T = W x^T in column-major, i.e. D (out x
 // rows, ld ldy) = op(A) B with A = W seen as column-major [in x out] (lda =
 // in, transposed) and B = x seen as column-major [in x rows] (ldb = ldx).
@@ -65,6 +82,10 @@ struct GemmParams {
   bool accumulate = false;
   const void* bias = nullptr;          // [out], y_dtype, device; null: none
   ActDtype y_dtype = ActDtype::kFp32;  // the Gemm's dtype, or fp32
+  // fp8 weights (see the top): set, w is e4m3 [out][in] and x e4m3
+  // [rows][ldx] (bytes), each with its scales; null, both are the Gemm's dtype.
+  const float* w_scale = nullptr;  // [out], device
+  const float* x_scale = nullptr;  // [rows], device; needed with w_scale
 };
 
 class Gemm {
@@ -97,15 +118,17 @@ class Gemm {
  private:
   struct Plan;
   // in, out, ldx, ldy, y dtype, bias, alignment of x, w, y and of the bias
-  // (0: none); not the row count.
-  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int, bool, int, int, int, int>;
+  // (0: none), fp8 weights; not the row count.
+  using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int, bool, int, int, int, int, bool>;
 
   Gemm(ActDtype dtype, void* handle, void* workspace, int64_t workspace_bytes);
-  absl::StatusOr<Plan*> PlanFor(const Key& key, const void* bias);
+  // `p`'s bias and fp8 scale pointers are the descriptor's while the
+  // heuristic is asked (it may read their alignment).
+  absl::StatusOr<Plan*> PlanFor(const Key& key, const GemmParams& p);
   // Descriptors and the heuristic's algorithm for one compute type
-  // (cublasComputeType_t), asked with `bias` as the descriptor's pointer.
+  // (cublasComputeType_t).
   absl::StatusOr<std::unique_ptr<Plan>> MakePlan(const Key& key, int compute_type,
-                                                 const void* bias);
+                                                 const GemmParams& p);
   // The x/y layouts of `rows` rows and the algorithm they run with.
   struct PlanRows;
   absl::StatusOr<const PlanRows*> RowsFor(Plan& plan, const Key& key, int64_t rows);

@@ -190,7 +190,19 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   // (graph_buckets.h), never by the batch's size.
   m.eager_options.fixed_partition_keys = kAttentionPartitionKeys;
   m.info.device = absl::StrCat("cuda:", device.ordinal, " (", prop.name, ")");
-  m.info.weight_dtype = std::string(WeightDtypeName(dtype));
+  m.weight_quant = weights.weight_quant.Resolve(c.vocab_size);
+  if (m.weight_quant.fp8()) {
+    // "fp8_e4m3" when the head is too, else which of the two is fp8.
+    auto name = [&](WeightQuant q) {
+      return std::string(q == WeightQuant::kFp8E4m3 ? WeightQuantName(q) : WeightDtypeName(dtype));
+    };
+    m.info.weight_dtype = name(m.weight_quant.body);
+    if (m.weight_quant.head != m.weight_quant.body) {
+      m.info.weight_dtype += "+head " + name(m.weight_quant.head);
+    }
+  } else {
+    m.info.weight_dtype = std::string(WeightDtypeName(dtype));
+  }
   m.info.num_swap_blocks = options.num_swap_blocks;
 
   KV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&m.stream, cudaStreamNonBlocking));
@@ -266,6 +278,14 @@ absl::Status CudaModelRunner::Impl::AllocateActivations() {
                       DeviceAlloc(int64_t{max_logits_rows} * c.dim * elem, "activations (final)"));
   KV_ASSIGN_OR_RETURN(logits,
                       DeviceAlloc(int64_t{max_logits_rows} * c.vocab_size * 4, "the logits"));
+  if (weight_quant.fp8()) {
+    int64_t widest = wl.lm_head.ld;
+    for (const DeviceLayerWeights& lw : wl.layers) {
+      widest = std::max({widest, lw.wqkv.ld, lw.wo.ld, lw.w_gate_up.ld, lw.w_down.ld});
+    }
+    KV_ASSIGN_OR_RETURN(act_q, DeviceAlloc(T * widest, "activations (fp8 GEMM inputs)"));
+    KV_ASSIGN_OR_RETURN(act_scale, DeviceAlloc(T * 4, "activations (fp8 GEMM scales)"));
+  }
 
   // Attention workspace and the staging capacity: the largest of the eager
   // plan's bounds and every graph bucket's.

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/embedding.h"
+#include "kernels/cuda/fp8_rows.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/kv_write.h"
 #include "kernels/cuda/kv_write_kc.h"
@@ -145,15 +146,15 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
     kcw.kv = kv;
 
     KV_RETURN_IF_ERROR(rms_norm(x.get(), Weight(w.attn_norm), h.get(), T, dim));
-    KV_RETURN_IF_ERROR(gemm->Linear({.x = h.get(),
-                                     .w = Weight(w.wqkv),
-                                     .y = qkv.get(),
-                                     .rows = T,
-                                     .in = dim,
-                                     .out = qkv_dim,
-                                     .bias = c.qkv_bias ? Weight(w.bqkv) : nullptr,
-                                     .y_dtype = act},
-                                    stream));
+    KV_RETURN_IF_ERROR(Linear({.x = h.get(),
+                               .w = Weight(w.wqkv),
+                               .y = qkv.get(),
+                               .rows = T,
+                               .in = dim,
+                               .out = qkv_dim,
+                               .bias = c.qkv_bias ? Weight(w.bqkv) : nullptr,
+                               .y_dtype = act},
+                              w.wqkv));
 
     if (c.qk_norm) {
       // Every q and k head of every row is one RMSNorm row of head_dim
@@ -255,25 +256,25 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
       }
     }
 
-    KV_RETURN_IF_ERROR(gemm->Linear({.x = attn.get(),
-                                     .w = Weight(w.wo),
-                                     .y = x.get(),
-                                     .rows = T,
-                                     .in = q_dim,
-                                     .out = dim,
-                                     .accumulate = true,
-                                     .bias = c.o_bias ? Weight(w.bo) : nullptr,
-                                     .y_dtype = act},
-                                    stream));
+    KV_RETURN_IF_ERROR(Linear({.x = attn.get(),
+                               .w = Weight(w.wo),
+                               .y = x.get(),
+                               .rows = T,
+                               .in = q_dim,
+                               .out = dim,
+                               .accumulate = true,
+                               .bias = c.o_bias ? Weight(w.bo) : nullptr,
+                               .y_dtype = act},
+                              w.wo));
     KV_RETURN_IF_ERROR(rms_norm(x.get(), Weight(w.ffn_norm), h.get(), T, dim));
-    KV_RETURN_IF_ERROR(gemm->Linear({.x = h.get(),
-                                     .w = Weight(w.w_gate_up),
-                                     .y = gate_up.get(),
-                                     .rows = T,
-                                     .in = dim,
-                                     .out = 2 * hid,
-                                     .y_dtype = act},
-                                    stream));
+    KV_RETURN_IF_ERROR(Linear({.x = h.get(),
+                               .w = Weight(w.w_gate_up),
+                               .y = gate_up.get(),
+                               .rows = T,
+                               .in = dim,
+                               .out = 2 * hid,
+                               .y_dtype = act},
+                              w.w_gate_up));
 
     cuda::SwiGluParams sw;
     sw.gate_up = gate_up.get();
@@ -285,16 +286,16 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
     sw.dtype = act;
     KV_RETURN_IF_ERROR(cuda::SwiGlu(sw, stream));
 
-    KV_RETURN_IF_ERROR(gemm->Linear({.x = gate_up.get(),
-                                     .w = Weight(w.w_down),
-                                     .y = x.get(),
-                                     .rows = T,
-                                     .in = hid,
-                                     .out = dim,
-                                     .ldx = 2 * hid,
-                                     .accumulate = true,
-                                     .y_dtype = act},
-                                    stream));
+    KV_RETURN_IF_ERROR(Linear({.x = gate_up.get(),
+                               .w = Weight(w.w_down),
+                               .y = x.get(),
+                               .rows = T,
+                               .in = hid,
+                               .out = dim,
+                               .ldx = 2 * hid,
+                               .accumulate = true,
+                               .y_dtype = act},
+                              w.w_down));
   }
 
   if (R == 0) return absl::OkStatus();
@@ -302,14 +303,34 @@ absl::Status CudaModelRunner::Impl::RunForward(const StagingLayout& l,
   // whose table is x), normed and multiplied by the head.
   KV_RETURN_IF_ERROR(embedding(x.get(), view.logits_rows, final_rows.get(), T, R));
   KV_RETURN_IF_ERROR(rms_norm(final_rows.get(), Weight(wl.final_norm), final_rows.get(), R, dim));
-  return gemm->Linear({.x = final_rows.get(),
-                       .w = Weight(wl.lm_head),
-                       .y = logits.get(),
-                       .rows = R,
-                       .in = dim,
-                       .out = c.vocab_size,
-                       .y_dtype = ActDtype::kFp32},
-                      stream);
+  return Linear({.x = final_rows.get(),
+                 .w = Weight(wl.lm_head),
+                 .y = logits.get(),
+                 .rows = R,
+                 .in = dim,
+                 .out = c.vocab_size,
+                 .y_dtype = ActDtype::kFp32},
+                wl.lm_head);
+}
+
+absl::Status CudaModelRunner::Impl::Linear(cuda::GemmParams p, const DeviceMatrix& w) {
+  if (w.fp8()) {
+    KV_RETURN_IF_ERROR(cuda::QuantizeRowsFp8({.x = p.x,
+                                              .q = act_q.get(),
+                                              .scale = reinterpret_cast<float*>(act_scale.get()),
+                                              .rows = p.rows,
+                                              .cols = p.in,
+                                              .ldx = p.ldx,
+                                              .ldq = w.ld,
+                                              .dtype = act},
+                                             stream));
+    p.x = act_q.get();
+    p.in = w.ld;
+    p.ldx = w.ld;
+    p.w_scale = reinterpret_cast<const float*>(weights.get() + w.scale_offset);
+    p.x_scale = reinterpret_cast<const float*>(act_scale.get());
+  }
+  return gemm->Linear(p, stream);
 }
 
 absl::Status CudaModelRunner::Impl::ForwardBatch(const BatchInput& batch) {

@@ -38,6 +38,7 @@ namespace kvserve {
 
 namespace cuda {
 class Gemm;
+struct GemmParams;
 }  // namespace cuda
 class SamplingBatch;
 
@@ -93,6 +94,9 @@ struct CudaModelRunner::Impl {
   std::vector<KvFormat> formats;  // one per layer (per-layer cache.kv_dtype lists)
   bool has_tails = false;         // some layer is int4_kc (fp16 tails)
   WeightDtype weight_dtype = WeightDtype::kBf16;
+  // fp8_e4m3 linear layers (resolved; the weights' own): PlanDeviceWeights
+  // makes them e4m3, Linear quantizes their inputs per token first.
+  WeightQuantSpec weight_quant;
   cuda::ActDtype act = cuda::ActDtype::kBf16;
   int64_t elem = 2;
   RunnerOptions options;
@@ -129,6 +133,9 @@ struct CudaModelRunner::Impl {
   DeviceBuffer gate_up;     // [max_tokens][2 hidden]; SwiGLU writes the first half in place
   DeviceBuffer final_rows;  // [max_logits_rows][dim]
   DeviceBuffer logits;      // [max_logits_rows][vocab] fp32
+  // fp8 weights: a GEMM's input as e4m3 codes and its per-row scales.
+  DeviceBuffer act_q;      // [max_tokens][largest padded in] bytes
+  DeviceBuffer act_scale;  // [max_tokens] fp32
   DeviceBuffer attn_workspace;
   int64_t attn_workspace_bytes = 0;
   // Staging of the batch.
@@ -219,6 +226,9 @@ struct CudaModelRunner::Impl {
   absl::Status Upload(const BatchInput& batch, std::span<const int32_t> words,
                       const StagingLayout& layout);
   absl::Status RunForward(const StagingLayout& layout, const GpuAttentionLaunch& launch);
+  // y = x W^T through gemm for the weight matrix `w`: an fp8 one first has
+  // its input rows quantized (act_q, act_scale) and runs the fp8 GEMM.
+  absl::Status Linear(cuda::GemmParams p, const DeviceMatrix& w);
   absl::Status RunCopies(std::span<const BlockCopy> copies, const uint8_t* src,
                          const PoolShape& src_shape, uint8_t* dst, const PoolShape& dst_shape,
                          const char* what);

@@ -54,16 +54,18 @@ class Progress {
 // ---- Weights -----------------------------------------------------------------
 
 absl::Status CudaModelRunner::Impl::UploadWeights(const LlamaWeights& w) {
-  wl = PlanDeviceWeights(config, elem);
+  wl = PlanDeviceWeights(config, elem, weight_quant);
   KV_ASSIGN_OR_RETURN(std::vector<WeightPiece> pieces, PlanWeightPieces(w, wl));
   KV_ASSIGN_OR_RETURN(weights, DeviceAlloc(wl.total_bytes, "the weights"));
   info.weight_bytes = wl.total_bytes;
   // Padding between matrices is zeroed so the arena's bytes are defined.
   KV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(weights.get(), 0, wl.total_bytes, stream));
 
-  int64_t host_floats = 0, generated_bytes = 0;
+  int64_t host_floats = 0, generated_bytes = 0, code_bytes = 0;
   for (const WeightPiece& p : pieces) {
-    if (p.host != nullptr) {
+    if (p.codes != nullptr) {
+      code_bytes += p.numel;
+    } else if (p.host != nullptr) {
       host_floats += p.numel;
     } else {
       generated_bytes += p.numel * elem;
@@ -72,13 +74,14 @@ absl::Status CudaModelRunner::Impl::UploadWeights(const LlamaWeights& w) {
   const bool generated = w.dummy_seed.has_value();
   const uint64_t key = generated ? DummyStreamKey(*w.dummy_seed) : 0;
   Progress progress(generated ? "generating weights" : "uploading weights",
-                    host_floats * 4 + generated_bytes);
+                    host_floats * 4 + generated_bytes + code_bytes);
 
   HostBuffer pinned[2];
   DeviceBuffer scratch[2];
   cudaEvent_t done[2] = {nullptr, nullptr};
-  const int64_t chunk = std::min<int64_t>(kUploadChunkFloats, std::max<int64_t>(host_floats, 1));
-  if (host_floats > 0) {
+  const int64_t chunk = std::min<int64_t>(
+      kUploadChunkFloats, std::max<int64_t>(std::max(host_floats, (code_bytes + 3) / 4), 1));
+  if (host_floats > 0 || code_bytes > 0) {
     for (int i = 0; i < 2; ++i) {
       KV_ASSIGN_OR_RETURN(pinned[i], PinnedAlloc(chunk * 4, "the weight upload"));
       KV_ASSIGN_OR_RETURN(scratch[i], DeviceAlloc(chunk * 4, "the weight upload"));
@@ -96,6 +99,25 @@ absl::Status CudaModelRunner::Impl::UploadWeights(const LlamaWeights& w) {
   for (const WeightPiece& p : pieces) {
     if (!status.ok()) break;
     uint8_t* dst = weights.get() + p.dst_offset;
+    if (p.codes != nullptr) {
+      // fp8 codes: whole rows through the pinned buffer, each stored
+      // dst_ld bytes apart (the padding stays zero from the memset).
+      const int64_t rows = p.numel / p.cols;
+      const int64_t chunk_rows = std::max<int64_t>(chunk * 4 / p.cols, 1);
+      for (int64_t r = 0; r < rows && status.ok(); r += chunk_rows) {
+        const int64_t n = std::min(chunk_rows, rows - r);
+        status = CudaStatus(cudaEventSynchronize(done[slot]), "weight upload");
+        if (!status.ok()) break;
+        std::memcpy(pinned[slot].get(), p.codes + r * p.cols, n * p.cols);
+        status = CudaStatus(cudaMemcpy2DAsync(dst + r * p.dst_ld, p.dst_ld, pinned[slot].get(),
+                                              p.cols, p.cols, n, cudaMemcpyHostToDevice, stream),
+                            "weight upload");
+        if (status.ok()) status = CudaStatus(cudaEventRecord(done[slot], stream), "weight upload");
+        slot ^= 1;
+        progress.Add(n * p.cols);
+      }
+      continue;
+    }
     if (p.host == nullptr) {
       cuda::WeightFillParams f;
       f.dst = dst;
@@ -119,9 +141,9 @@ absl::Status CudaModelRunner::Impl::UploadWeights(const LlamaWeights& w) {
                           "weight upload");
       if (!status.ok()) break;
       cuda::WeightFillParams f;
-      f.dst = dst + off * elem;
+      f.dst = dst + off * (p.keep_fp32 ? 4 : elem);
       f.n = n;
-      f.dtype = act;
+      f.dtype = p.keep_fp32 ? cuda::ActDtype::kFp32 : act;
       f.source = cuda::WeightSource::kFp32;
       f.src = reinterpret_cast<const float*>(scratch[slot].get());
       status = cuda::FillWeights(f, stream);

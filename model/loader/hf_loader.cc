@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "model/loader/generation_config.h"
+#include "model/loader/quantize_weights.h"
 #include "model/loader/safetensors.h"
 #include "model/loader/weight_check.h"
 #include "util/json_file.h"
@@ -145,8 +146,8 @@ class TensorSource {
     return src;
   }
 
-  // The tensor `name` as fp32, after checking it has shape `expected`.
-  absl::StatusOr<Tensor> Get(const std::string& name, const std::vector<int64_t>& expected) {
+  // The file holding `name` (NotFound naming what was searched).
+  absl::StatusOr<const SafetensorsFile*> FileOf(const std::string& name) const {
     const SafetensorsFile* file;
     if (!index_path_.empty()) {
       auto it = weight_map_.find(name);
@@ -165,6 +166,68 @@ class TensorSource {
         return absl::NotFoundError(absl::StrCat("tensor '", name, "' not found in ", file->path()));
       }
     }
+    return file;
+  }
+
+  // The dtype of `name` as stored ("" when absent).
+  std::string DtypeOf(const std::string& name) const {
+    absl::StatusOr<const SafetensorsFile*> file = FileOf(name);
+    return file.ok() ? (*file)->Find(name)->dtype : std::string();
+  }
+
+  // An fp8 checkpoint's matrix `name` ([rows][cols] F8_E4M3) with its
+  // `name`_scale: one value (per tensor: every row gets it) or one a row
+  // ([rows] or [rows, 1], per channel), in any float dtype.
+  absl::StatusOr<Fp8Matrix> GetFp8(const std::string& name, int64_t rows, int64_t cols) {
+    KV_ASSIGN_OR_RETURN(const SafetensorsFile* file, FileOf(name));
+    const SafetensorsEntry& e = *file->Find(name);
+    if (e.shape != std::vector<int64_t>{rows, cols}) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file->path(), ": tensor '", name, "' has shape ", ShapeString(e.shape),
+                       " but config.json implies ", ShapeString({rows, cols})));
+    }
+    KV_ASSIGN_OR_RETURN(std::span<const uint8_t> codes, file->ReadRaw(name, "F8_E4M3"));
+    const std::string scale_name = name + "_scale";
+    if (DtypeOf(scale_name).empty() && !DtypeOf(name + "_scale_inv").empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name,
+                       "_scale_inv': block-wise fp8 scales are not supported (per-tensor "
+                       "and per-channel weight_scale are)"));
+    }
+    KV_ASSIGN_OR_RETURN(const SafetensorsFile* sfile, FileOf(scale_name));
+    const SafetensorsEntry& se = *sfile->Find(scale_name);
+    int64_t n = 1;
+    for (int64_t d : se.shape) n *= d;
+    const bool per_row = n == rows && (se.shape == std::vector<int64_t>{rows} ||
+                                       se.shape == std::vector<int64_t>{rows, 1});
+    if (n != 1 && !per_row) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          sfile->path(), ": tensor '", scale_name, "' has shape ", ShapeString(se.shape),
+          "; expected one scale ([] or [1]) or one per output channel ([", rows, "] or [", rows,
+          ", 1])"));
+    }
+    std::vector<float> converted;
+    KV_ASSIGN_OR_RETURN(Tensor st, sfile->ReadFp32(scale_name, &converted));
+    KV_RETURN_IF_ERROR(CheckFinite(st.data, st.numel(), scale_name, sfile->path()));
+    Fp8Matrix m;
+    m.rows = rows;
+    m.cols = cols;
+    m.codes.assign(codes.begin(), codes.end());
+    m.scales.resize(static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) {
+      const float v = st.data[per_row ? r : 0];
+      if (!(v >= 0.0f)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(sfile->path(), ": tensor '", scale_name, "' holds a negative scale: ", v));
+      }
+      m.scales[static_cast<size_t>(r)] = v;
+    }
+    return m;
+  }
+
+  // The tensor `name` as fp32, after checking it has shape `expected`.
+  absl::StatusOr<Tensor> Get(const std::string& name, const std::vector<int64_t>& expected) {
+    KV_ASSIGN_OR_RETURN(const SafetensorsFile* file, FileOf(name));
     const SafetensorsEntry& e = *file->Find(name);
     if (e.shape != expected) {
       return absl::InvalidArgumentError(
@@ -236,6 +299,71 @@ absl::StatusOr<RopeScaling> ParseRopeScaling(const ConfigReader& r, const json& 
     return r.Bad("rope_scaling.original_max_position_embeddings", "is missing (llama3 needs it)");
   }
   return s;
+}
+
+// config.json "quantization_config": absent, false; an fp8_e4m3 checkpoint
+// kvserve loads as shipped (per-tensor or per-channel weight scales), true;
+// anything else an error naming the field. Two kinds:
+//   {"quant_method": "fp8", "activation_scheme": ..., "fmt": "e4m3"} with no
+//       weight_block_size (vLLM's and AutoFP8's serialization);
+//   {"quant_method": "compressed-tensors", "format": "float-quantized" or
+//       "naive-quantized", "config_groups": {NAME: {"weights": {"num_bits":
+//       8, "type": "float", "strategy": "tensor" or "channel"}, ...}}}
+//       (llm-compressor's FP8 and FP8_DYNAMIC schemes).
+// The activation settings (static input_scale, dynamic per token) are not
+// read: the CUDA runner quantizes every GEMM input per token at run time.
+absl::StatusOr<bool> ParseFp8QuantizationConfig(const ConfigReader& r) {
+  const json* q = r.Get("quantization_config");
+  if (q == nullptr) return false;
+  const std::string f = "quantization_config";
+  if (!q->is_object()) return r.Bad(f, absl::StrCat("is not an object: ", q->dump()));
+  auto it = q->find("quant_method");
+  if (it == q->end() || !it->is_string()) return r.Bad(f + ".quant_method", "is missing");
+  const std::string method = it->get<std::string>();
+  if (method == "fp8") {
+    if (auto b = q->find("weight_block_size"); b != q->end() && !b->is_null()) {
+      return r.Bad(f + ".weight_block_size",
+                   absl::StrCat("is ", b->dump(),
+                                "; block-wise fp8 scales are not supported (per-tensor and "
+                                "per-channel weight_scale are)"));
+    }
+    if (auto fmt = q->find("fmt"); fmt != q->end() && *fmt != "e4m3") {
+      return r.Bad(f + ".fmt", absl::StrCat("is ", fmt->dump(), "; only \"e4m3\" is supported"));
+    }
+    return true;
+  }
+  if (method != "compressed-tensors") {
+    return r.Bad(f + ".quant_method",
+                 absl::StrCat("is '", method,
+                              "'; supported: fp8 and compressed-tensors (fp8_e4m3 weights)"));
+  }
+  if (auto fmt = q->find("format");
+      fmt != q->end() && *fmt != "float-quantized" && *fmt != "naive-quantized") {
+    return r.Bad(f + ".format",
+                 absl::StrCat("is ", fmt->dump(),
+                              "; supported: \"float-quantized\" and \"naive-quantized\" (fp8)"));
+  }
+  auto groups = q->find("config_groups");
+  if (groups == q->end() || !groups->is_object() || groups->empty()) {
+    return r.Bad(f + ".config_groups", "is missing or not an object of schemes");
+  }
+  for (const auto& [name, group] : groups->items()) {
+    const std::string g = absl::StrCat(f, ".config_groups.", name, ".weights");
+    const json* w = group.is_object() && group.contains("weights") ? &group["weights"] : nullptr;
+    if (w == nullptr || !w->is_object()) return r.Bad(g, "is missing or not an object");
+    auto field = [&](const char* key) { return w->contains(key) ? (*w)[key] : json(); };
+    if (field("num_bits") != 8 || field("type") != "float") {
+      return r.Bad(
+          g, absl::StrCat("is num_bits ", field("num_bits").dump(), ", type ", field("type").dump(),
+                          "; only fp8 weights (num_bits 8, type \"float\") are supported"));
+    }
+    if (field("strategy") != "tensor" && field("strategy") != "channel") {
+      return r.Bad(g + ".strategy",
+                   absl::StrCat("is ", field("strategy").dump(),
+                                "; supported: \"tensor\" and \"channel\" (not block or group)"));
+    }
+  }
+  return true;
 }
 
 }  // namespace
@@ -344,6 +472,7 @@ absl::StatusOr<ModelConfig> ParseHfConfig(const std::string& config_path) {
   if (absl::Status s = c.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(config_path, ": ", s.message()));
   }
+  KV_RETURN_IF_ERROR(ParseFp8QuantizationConfig(r).status());
   return c;
 }
 
@@ -374,14 +503,48 @@ absl::StatusOr<LlamaWeights> LoadHfDirectory(const std::string& dir, FileAccess 
                                                {hid, dim},    {hid, dim},   {dim, hid}};
   static_assert(std::size(kHfLayerTensors) == std::size(layer_shapes));
 
+  bool fp8 = false;
+  {
+    KV_ASSIGN_OR_RETURN(json j, ReadJsonFile(config_path));
+    KV_ASSIGN_OR_RETURN(fp8, ParseFp8QuantizationConfig(ConfigReader(config_path, j)));
+  }
+  // An fp8 checkpoint's linear layers stay e4m3 (shapes only in `w`, their
+  // codes and scales in w.quantized); the norms and embeddings are read as usual.
+  auto q = fp8 ? std::make_shared<QuantizedLinears>() : nullptr;
+  auto is_linear = [](size_t i) { return i != 0 && i != 5; };  // not the two norms
+  static constexpr Fp8Matrix QuantizedLinears::Fp8Layer::*kFp8Members[] = {
+      nullptr,
+      &QuantizedLinears::Fp8Layer::wq,
+      &QuantizedLinears::Fp8Layer::wk,
+      &QuantizedLinears::Fp8Layer::wv,
+      &QuantizedLinears::Fp8Layer::wo,
+      nullptr,
+      &QuantizedLinears::Fp8Layer::w_gate,
+      &QuantizedLinears::Fp8Layer::w_up,
+      &QuantizedLinears::Fp8Layer::w_down};
+  static_assert(std::size(kFp8Members) == std::size(kHfLayerTensors));
+
   KV_ASSIGN_OR_RETURN(w.tok_embeddings, src.Get(kHfEmbeddings, {vocab, dim}));
   w.layers.resize(c.num_layers);
+  if (q != nullptr) q->fp8_layers.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
     LayerWeights& lw = w.layers[l];
     for (size_t i = 0; i < std::size(kHfLayerTensors); ++i) {
-      KV_ASSIGN_OR_RETURN(
-          lw.*kHfLayerTensors[i].member,
-          src.Get(HfLayerTensorName(l, kHfLayerTensors[i].suffix), layer_shapes[i]));
+      const std::string name = HfLayerTensorName(l, kHfLayerTensors[i].suffix);
+      if (q != nullptr && is_linear(i)) {
+        if (const std::string dt = src.DtypeOf(name); !dt.empty() && dt != "F8_E4M3") {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "tensor '", name, "' is ", dt,
+              " in an fp8 checkpoint (config.json quantization_config): every linear layer "
+              "must be F8_E4M3 (only the head may stay in full precision)"));
+        }
+        KV_ASSIGN_OR_RETURN(q->fp8_layers[l].*kFp8Members[i],
+                            src.GetFp8(name, layer_shapes[i].at(0), layer_shapes[i].at(1)));
+        (lw.*kHfLayerTensors[i].member).shape = layer_shapes[i];
+        q->num_weights += layer_shapes[i].at(0) * layer_shapes[i].at(1);
+        continue;
+      }
+      KV_ASSIGN_OR_RETURN(lw.*kHfLayerTensors[i].member, src.Get(name, layer_shapes[i]));
     }
     if (c.qkv_bias) {
       const int64_t sizes[] = {q_dim, kv_dim, kv_dim};
@@ -405,8 +568,17 @@ absl::StatusOr<LlamaWeights> LoadHfDirectory(const std::string& dir, FileAccess 
   if (c.tie_word_embeddings) {
     // Some tied checkpoints still carry lm_head.weight; the config decides.
     w.output = w.tok_embeddings;
+  } else if (q != nullptr && src.DtypeOf(kHfLmHead) == "F8_E4M3") {
+    KV_ASSIGN_OR_RETURN(q->fp8_output, src.GetFp8(kHfLmHead, vocab, dim));
+    w.output.shape = {vocab, dim};
   } else {
     KV_ASSIGN_OR_RETURN(w.output, src.Get(kHfLmHead, {vocab, dim}));
+  }
+  if (q != nullptr) {
+    w.weight_quant.body = WeightQuant::kFp8E4m3;
+    w.weight_quant.head = q->fp8_output.empty() ? WeightQuant::kNone : WeightQuant::kFp8E4m3;
+    w.weight_quant.head_auto = false;
+    w.quantized = std::move(q);
   }
   // One file: its fingerprint; shards: the fingerprint of theirs, in order.
   std::vector<uint64_t> shard_prints;

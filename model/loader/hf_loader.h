@@ -11,7 +11,13 @@
 //                                    (generation_config.h)
 //   tokenizer.json / tokenizer.model (resolved by LoadModel, not here)
 // Tensors may be F32, F16 or BF16; all become fp32 (F32 in place from the
-// mmap). Every tensor's shape is checked against config.json.
+// mmap). Every tensor's shape is checked against config.json. A checkpoint
+// shipped in fp8 (config.json quantization_config of the "fp8" or
+// compressed-tensors kind, per-tensor or per-channel, see hf_loader.cc)
+// keeps its F8_E4M3 linear layers as shipped: their codes and weight_scale
+// go to weights.quantized (fp8_layers, and fp8_output for an F8_E4M3 head),
+// the LayerWeights tensors of those layers carry shapes only, and
+// weight_quant says fp8_e4m3 (the CUDA runner's; the CPU runner refuses it).
 //
 // HF checkpoints store wq/wk rows permuted for rotate-half RoPE, so the
 // config says RopeStyle::kNeox. `"kvserve_bos_is_stop": true` in config.json

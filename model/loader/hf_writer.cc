@@ -1,5 +1,6 @@
 #include "model/loader/hf_writer.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -12,7 +13,9 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/cpu/kv_quant.h"
 #include "model/loader/hf_loader.h"
+#include "model/loader/quantize_weights.h"
 #include "util/status_macros.h"
 
 namespace kvserve {
@@ -270,6 +273,109 @@ absl::Status WriteHfDirectory(const LlamaWeights& w, const std::string& tokenize
         absl::StrCat("copying ", tokenizer_path, " to ", tok.string(), ": ", ec.message()));
   }
   return absl::OkStatus();
+}
+
+absl::Status WriteSafetensorsRaw(const std::string& path, std::span<const RawTensor> tensors) {
+  ordered_json header;
+  header["__metadata__"] = {{"format", "pt"}};
+  uint64_t offset = 0;
+  for (const RawTensor& t : tensors) {
+    header[t.name] = {{"dtype", t.dtype},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + t.bytes.size()}}};
+    offset += t.bytes.size();
+  }
+  std::string text = header.dump();
+  text.append((8 - (8 + text.size()) % 8) % 8, ' ');
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot write"));
+  const uint64_t header_len = text.size();
+  out.write(reinterpret_cast<const char*>(&header_len), 8);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (const RawTensor& t : tensors) {
+    out.write(reinterpret_cast<const char*>(t.bytes.data()),
+              static_cast<std::streamsize>(t.bytes.size()));
+  }
+  out.close();
+  if (!out) return absl::DataLossError(absl::StrCat(path, ": write failed"));
+  return absl::OkStatus();
+}
+
+absl::Status WriteHfFp8Directory(const LlamaWeights& w, const std::string& tokenizer_path,
+                                 const std::string& out_dir, const Fp8CheckpointOptions& options) {
+  // The fp32 directory first, read back: its tensors are the HF ones
+  // (wq / wk rows permuted for rotate-half RoPE), which are then rewritten.
+  KV_RETURN_IF_ERROR(WriteHfDirectory(w, tokenizer_path, out_dir, SafetensorsDtype::kF32));
+  const fs::path dir(out_dir);
+  KV_ASSIGN_OR_RETURN(LlamaWeights hf, LoadHfDirectory(out_dir));
+  const ModelConfig& c = hf.config;
+  std::vector<RawTensor> tensors;
+  auto fp32 = [&](const std::string& name, const Tensor& t) {
+    RawTensor r{name, "F32", t.shape, {}};
+    r.bytes.resize(static_cast<size_t>(t.numel()) * 4);
+    std::memcpy(r.bytes.data(), t.data, r.bytes.size());
+    tensors.push_back(std::move(r));
+  };
+  auto fp8 = [&](const std::string& name, const Tensor& t) {
+    const int64_t rows = t.shape.at(0), cols = t.shape.at(1);
+    Fp8Matrix m = Fp8Matrix::Quantize(t.data, rows, cols);
+    if (options.per_tensor) {
+      const float scale = *std::max_element(m.scales.begin(), m.scales.end());
+      for (int64_t i = 0; i < rows * cols; ++i) {
+        m.codes[static_cast<size_t>(i)] =
+            scale > 0.0f ? cpu::FloatToFp8E4m3(t.data[i] / scale) : uint8_t{0};
+      }
+      m.scales.assign(1, scale);
+    }
+    tensors.push_back({name, "F8_E4M3", t.shape, m.codes});
+    RawTensor s{name + "_scale", "F32", {}, {}};
+    if (!options.per_tensor) s.shape = {rows, 1};
+    s.bytes.resize(m.scales.size() * 4);
+    std::memcpy(s.bytes.data(), m.scales.data(), s.bytes.size());
+    tensors.push_back(std::move(s));
+  };
+  fp32(kHfEmbeddings, hf.tok_embeddings);
+  for (int l = 0; l < c.num_layers; ++l) {
+    for (size_t i = 0; i < std::size(kHfLayerTensors); ++i) {
+      const Tensor& t = hf.layers[l].*kHfLayerTensors[i].member;
+      const std::string name = HfLayerTensorName(l, kHfLayerTensors[i].suffix);
+      if (t.shape.size() == 2) {
+        fp8(name, t);
+      } else {
+        fp32(name, t);
+      }
+    }
+  }
+  fp32(kHfFinalNorm, hf.final_norm);
+  if (!c.tie_word_embeddings && options.fp8_head) fp8(kHfLmHead, hf.output);
+  if (!c.tie_word_embeddings && !options.fp8_head) fp32(kHfLmHead, hf.output);
+  if (c.qkv_bias || c.o_bias || c.qk_norm) {
+    return absl::UnimplementedError("WriteHfFp8Directory: biases and q/k norms are not written");
+  }
+  KV_RETURN_IF_ERROR(WriteSafetensorsRaw((dir / "model.safetensors").string(), tensors));
+
+  const std::string config_path = (dir / "config.json").string();
+  std::ifstream in(config_path);
+  ordered_json config = ordered_json::parse(in);
+  if (options.per_tensor) {
+    config["quantization_config"] = {
+        {"quant_method", "fp8"}, {"activation_scheme", "dynamic"}, {"fmt", "e4m3"}};
+  } else {
+    ordered_json ignore = ordered_json::array();
+    if (!options.fp8_head) ignore.push_back("lm_head");
+    config["quantization_config"] = {
+        {"quant_method", "compressed-tensors"},
+        {"format", "float-quantized"},
+        {"ignore", ignore},
+        {"config_groups",
+         {{"group_0",
+           {{"targets", {"Linear"}},
+            {"weights",
+             {{"num_bits", 8}, {"type", "float"}, {"strategy", "channel"}, {"symmetric", true}}},
+            {"input_activations",
+             {{"num_bits", 8}, {"type", "float"}, {"strategy", "token"}, {"dynamic", true}}}}}}}};
+  }
+  return WriteText(config_path, config.dump(2) + "\n");
 }
 
 }  // namespace kvserve

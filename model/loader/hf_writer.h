@@ -41,6 +41,15 @@ absl::Status WriteSafetensors(const std::string& path, std::span<const NamedTens
                               SafetensorsDtype dtype,
                               const std::map<std::string, std::string>& metadata = {});
 
+// A tensor of any safetensors dtype, as bytes (an F8_E4M3 matrix, say).
+struct RawTensor {
+  std::string name;
+  std::string dtype;  // "F8_E4M3", "F32", ...
+  std::vector<int64_t> shape;
+  std::vector<uint8_t> bytes;
+};
+absl::Status WriteSafetensorsRaw(const std::string& path, std::span<const RawTensor> tensors);
+
 // Writes `w` into `out_dir` (created if needed) as config.json,
 // model.safetensors, generation_config.json and tokenizer.model (a copy of
 // `tokenizer_path`). Interleaved-RoPE weights (llama2.c) get their wq/wk rows
@@ -48,5 +57,19 @@ absl::Status WriteSafetensors(const std::string& path, std::span<const NamedTens
 absl::Status WriteHfDirectory(const LlamaWeights& w, const std::string& tokenizer_path,
                               const std::string& out_dir,
                               SafetensorsDtype dtype = SafetensorsDtype::kF32);
+
+// The same directory as an fp8_e4m3 checkpoint shipped on the hub: every
+// linear layer (and an untied head when `fp8_head`) F8_E4M3 with its
+// weight_scale (model/loader/quantize_weights.h's rule: per output channel,
+// [out, 1] in F32, as compressed-tensors' "channel" strategy writes it; with
+// per_tensor, one scale [] for the whole matrix and the codes of w / that
+// scale, as quant_method "fp8" writes it), the rest F32, and config.json's
+// quantization_config saying so. For tests of the loader (hf_loader.h).
+struct Fp8CheckpointOptions {
+  bool per_tensor = false;  // quant_method "fp8" (else compressed-tensors, per channel)
+  bool fp8_head = false;
+};
+absl::Status WriteHfFp8Directory(const LlamaWeights& w, const std::string& tokenizer_path,
+                                 const std::string& out_dir, const Fp8CheckpointOptions& options);
 
 }  // namespace kvserve

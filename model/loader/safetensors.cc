@@ -256,4 +256,17 @@ absl::StatusOr<Tensor> SafetensorsFile::ReadFp32(const std::string& name,
   return t;
 }
 
+absl::StatusOr<std::span<const uint8_t>> SafetensorsFile::ReadRaw(const std::string& name,
+                                                                  const std::string& dtype) const {
+  const SafetensorsEntry* e = Find(name);
+  if (e == nullptr) {
+    return absl::NotFoundError(absl::StrCat(path(), ": no tensor '", name, "'"));
+  }
+  if (e->dtype != dtype) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path(), ": tensor '", name, "' has dtype '", e->dtype, "', expected ", dtype));
+  }
+  return std::span<const uint8_t>(file_->data() + e->begin, e->end - e->begin);
+}
+
 }  // namespace kvserve

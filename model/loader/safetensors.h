@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -69,6 +70,10 @@ class SafetensorsFile {
   // vector's buffer: keep the vector alive and do not resize it (moving it is
   // fine). In-place views stay valid as long as this file is alive.
   absl::StatusOr<Tensor> ReadFp32(const std::string& name, std::vector<float>* converted) const;
+  // The bytes of a tensor stored as `dtype` (e.g. "F8_E4M3", read as shipped);
+  // InvalidArgument naming the tensor when it is another dtype.
+  absl::StatusOr<std::span<const uint8_t>> ReadRaw(const std::string& name,
+                                                   const std::string& dtype) const;
 
  private:
   SafetensorsFile() = default;

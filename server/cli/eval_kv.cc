@@ -154,6 +154,11 @@ int ParseFlags(int argc, char** argv, Options* o) {
                                            kThreadsFlag | kWeightDtypeFlag)) {
       if (*rc >= 0) return *rc;
       if (flag.name == "--weight-dtype") {
+        if (m.weight_dtypes.back().fp8()) {
+          return flags.UsageError(
+              "--weight-dtype: model.weight_dtype: fp8_e4m3 weights run on CUDA only; eval-kv "
+              "runs the CPU runner (int8, int4, int4_asym)");
+        }
         o->weight_dtype_names.push_back(m.weight_dtype_names.back());
         o->weight_dtypes.push_back(m.weight_dtypes.back());
       }

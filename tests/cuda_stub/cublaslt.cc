@@ -16,6 +16,41 @@
 //     leading dimension below the rows: CUBLAS_STATUS_INVALID_VALUE;
 //   - a minimum alignment preference below the element size: zero
 //     algorithms (found == 0), as no kernel loads a split element.
+// fp8 (A and B CUDA_R_8F_E4M3; the library's other fp8 pairs, with E5M2,
+// are not modelled and answer NOT_SUPPORTED), by the documentation's FP8
+// requirements (cublasLtMatmul, "FP8" and its datatypes table):
+//   - "A must be transposed and B non-transposed (the TN format)", the only
+//     layout on compute capability 8.9 and 9.0: else NOT_SUPPORTED;
+//   - compute type CUBLAS_COMPUTE_32F (not _PEDANTIC, not _FAST_TF32) and
+//     scale type 32F; C = D in 16BF, 16F or 32F (the table's rows for E4M3
+//     inputs; an fp8 D, which needs a D scale and amax, is not modelled);
+//     the bias in 16BF for a 16BF or 32F D, in 16F for a 16F D: else
+//     NOT_SUPPORTED;
+//   - "all matrix dimensions must meet the optimal requirements listed in
+//     Tensor Core Usage (pointers and matrix dimensions must support
+//     16-byte alignment)": every leading dimension times its element size,
+//     k (the contiguous dimension of A and B in TN) and m times D's
+//     element size multiples of 16 bytes, else NOT_SUPPORTED; a minimum
+//     alignment preference below 16 bytes gives no algorithm; a pointer
+//     below 16 bytes' alignment is INVALID_VALUE at the call;
+//   - scale modes (CUBLASLT_MATMUL_DESC_A/B_SCALE_MODE): both SCALAR_32F
+//     (one scale each, a device float; a null pointer means 1, as
+//     documented) or both OUTER_VEC_32F (cuBLAS 12.9's channel-wise scaling
+//     on Hopper: m floats for A, n for B, "each (i, j)-th element of the
+//     product of A and B is multiplied by i-th element of A scale and j-th
+//     element of B scale", cublasLt.h); the block modes (VEC128_32F,
+//     BLK128x128_32F) and mixed pairs are not modelled: NOT_SUPPORTED. An
+//     outer-vector scale pointer that is null or outside device memory is
+//     INVALID_VALUE at the call (stricter than the library, which would
+//     read garbage);
+//   - "If set for an unsupported matrix data, scale, and compute type
+//     combination" (a scale pointer on a non-fp8 GEMM) "cublasLtMatmul()
+//     will return CUBLAS_INVALID_VALUE".
+// The fp8 product is computed as defined: each e4m3 code decoded exactly
+// (cuda_fp8.h's conversion), products and sums in fp32 in the algorithm's
+// order below, then alpha * acc * scale_a[i] * scale_b[j] (+ beta C + bias),
+// rounded once to D's type.
+//
 // The algorithm the heuristic returns records the alignment it assumes per
 // matrix: the smallest of 16 bytes, the declared minimum (256 when not
 // declared, the library's default) and the power of two dividing
@@ -41,6 +76,7 @@
 #include <cublasLt.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -58,7 +94,10 @@ struct Desc {
   cublasOperation_t trans_a = CUBLAS_OP_N, trans_b = CUBLAS_OP_N;
   cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_DEFAULT;
   const void* bias = nullptr;
-  int bias_type = -1;  // -1: D's type
+  int bias_type = -1;                             // -1: D's type
+  const void* scale_ptr[2] = {nullptr, nullptr};  // A, B
+  int32_t scale_mode[2] = {CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F,
+                           CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F};
 };
 struct Layout {
   cudaDataType_t type;
@@ -85,12 +124,19 @@ int Size(cudaDataType_t t) {
     case CUDA_R_16F:
     case CUDA_R_16BF:
       return 2;
+    case CUDA_R_8F_E4M3:
+      return 1;
     default:
       return 0;
   }
 }
+bool IsFp8(cudaDataType_t t) { return t == CUDA_R_8F_E4M3; }
 float Load(cudaDataType_t t, const void* base, int64_t i) {
   switch (t) {
+    case CUDA_R_8F_E4M3: {
+      const __nv_fp8_storage_t b = static_cast<const uint8_t*>(base)[i];
+      return __half2float(__half(__nv_cvt_fp8_to_halfraw(b, __NV_E4M3)));
+    }
     case CUDA_R_16F:
       return __half2float(static_cast<const __half*>(base)[i]);
     case CUDA_R_16BF:
@@ -122,9 +168,45 @@ bool Spans(const Layout& l, const void* p) {
   return p != nullptr && cuda_stub::IsDeviceRange(p, elems * Size(l.type));
 }
 
+// The fp8 rules of the top (types, TN, alignment, scale modes).
+cublasStatus_t CheckFp8(const Desc& op, const Layout& a, const Layout& b, const Layout& c,
+                        const Layout& d) {
+  if (!IsFp8(a.type) || !IsFp8(b.type)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (op.compute != CUBLAS_COMPUTE_32F || op.scale != CUDA_R_32F) {
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (c.type != d.type || (d.type != CUDA_R_16BF && d.type != CUDA_R_16F && d.type != CUDA_R_32F)) {
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (op.trans_a != CUBLAS_OP_T || op.trans_b != CUBLAS_OP_N) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (op.epilogue == CUBLASLT_EPILOGUE_BIAS && op.bias_type != -1) {
+    const int want = d.type == CUDA_R_16F ? CUDA_R_16F : CUDA_R_16BF;
+    if (op.bias_type != want) return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+  if (op.epilogue == CUBLASLT_EPILOGUE_BIAS && op.bias_type == -1 && d.type == CUDA_R_32F) {
+    return CUBLAS_STATUS_NOT_SUPPORTED;  // the default (D's type) is not the table's 16BF
+  }
+  const int32_t ma = op.scale_mode[0], mb = op.scale_mode[1];
+  const bool scalar = ma == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F && mb == ma;
+  const bool outer = ma == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F && mb == ma;
+  if (!scalar && !outer) return CUBLAS_STATUS_NOT_SUPPORTED;
+  const uint64_t k = a.rows, m = d.rows;  // TN: A is k x m
+  if (k % 16 != 0 || (m * Size(d.type)) % 16 != 0) return CUBLAS_STATUS_NOT_SUPPORTED;
+  for (const Layout* l : {&a, &b, &c, &d}) {
+    if ((static_cast<uint64_t>(l->ld) * Size(l->type)) % 16 != 0) {
+      return CUBLAS_STATUS_NOT_SUPPORTED;
+    }
+  }
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 // The shapes chain and the types are in the supported table.
 cublasStatus_t Check(const Desc& op, const Layout& a, const Layout& b, const Layout& c,
                      const Layout& d) {
+  if (IsFp8(a.type) || IsFp8(b.type)) {
+    if (cublasStatus_t s = CheckFp8(op, a, b, c, d); s != CUBLAS_STATUS_SUCCESS) return s;
+  }
+  const bool fp8 = IsFp8(a.type);
   const bool compute_ok = op.compute == CUBLAS_COMPUTE_32F ||
                           op.compute == CUBLAS_COMPUTE_32F_PEDANTIC ||
                           op.compute == CUBLAS_COMPUTE_32F_FAST_TF32;
@@ -132,14 +214,15 @@ cublasStatus_t Check(const Desc& op, const Layout& a, const Layout& b, const Lay
   if (a.type != b.type || c.type != d.type || Size(a.type) == 0 || Size(c.type) == 0) {
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
-  if (c.type != CUDA_R_32F && c.type != a.type) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (!fp8 && c.type != CUDA_R_32F && c.type != a.type) return CUBLAS_STATUS_NOT_SUPPORTED;
   if (op.compute == CUBLAS_COMPUTE_32F_FAST_TF32 && a.type != CUDA_R_32F) {
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   if (op.epilogue != CUBLASLT_EPILOGUE_DEFAULT && op.epilogue != CUBLASLT_EPILOGUE_BIAS) {
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
-  if (op.epilogue == CUBLASLT_EPILOGUE_BIAS && op.bias_type != -1 && op.bias_type != d.type) {
+  if (!fp8 && op.epilogue == CUBLASLT_EPILOGUE_BIAS && op.bias_type != -1 &&
+      op.bias_type != d.type) {
     return CUBLAS_STATUS_NOT_SUPPORTED;
   }
   const bool ta = op.trans_a != CUBLAS_OP_N, tb = op.trans_b != CUBLAS_OP_N;
@@ -218,6 +301,14 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t desc,
       return SetField(&d->bias, buf, size);
     case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
       return SetField(&d->bias_type, buf, size);
+    case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER:
+      return SetField(&d->scale_ptr[0], buf, size);
+    case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER:
+      return SetField(&d->scale_ptr[1], buf, size);
+    case CUBLASLT_MATMUL_DESC_A_SCALE_MODE:
+      return SetField(&d->scale_mode[0], buf, size);
+    case CUBLASLT_MATMUL_DESC_B_SCALE_MODE:
+      return SetField(&d->scale_mode[1], buf, size);
     default:
       return CUBLAS_STATUS_NOT_SUPPORTED;  // not one gemm.cc sets
   }
@@ -282,6 +373,7 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
     const uint32_t declared = P(pref)->align[i];
     const int es = Size(layouts[i]->type);
     if (declared < static_cast<uint32_t>(es)) return CUBLAS_STATUS_SUCCESS;  // no algorithm
+    if (IsFp8(L(a)->type) && declared < 16) return CUBLAS_STATUS_SUCCESS;    // fp8: 16 bytes
     const uint32_t align = std::min({16u, declared, Pow2Dividing(layouts[i]->ld * es)});
     r.algo.data[i] = align;
   }
@@ -357,8 +449,33 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op_desc, co
     return CUBLAS_STATUS_INVALID_VALUE;
   }
   const bool bias = op.epilogue == CUBLASLT_EPILOGUE_BIAS;
-  if (bias && (op.bias == nullptr || !cuda_stub::IsDeviceRange(op.bias, m * Size(d.type)))) {
+  // fp8 bias is 16BF unless D is 16F (CheckFp8).
+  const cudaDataType_t bias_type =
+      IsFp8(a.type) && d.type == CUDA_R_32F
+          ? CUDA_R_16BF
+          : (op.bias_type == -1 ? d.type : cudaDataType_t(op.bias_type));
+  if (bias && (op.bias == nullptr || !cuda_stub::IsDeviceRange(op.bias, m * Size(bias_type)))) {
     return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  const bool fp8 = IsFp8(a.type);
+  if (fp8) {
+    for (const void* ptr : {a_ptr, b_ptr, static_cast<const void*>(d_ptr)}) {
+      if (AlignOf(ptr) < 16) return CUBLAS_STATUS_INVALID_VALUE;  // 16 bytes, with or without algo
+    }
+    if (be != 0.0f && AlignOf(c_ptr) < 16) return CUBLAS_STATUS_INVALID_VALUE;
+  }
+  if (!fp8 && (op.scale_ptr[0] != nullptr || op.scale_ptr[1] != nullptr)) {
+    return CUBLAS_STATUS_INVALID_VALUE;  // a scale on a type that takes none (see the top)
+  }
+  const bool outer = fp8 && op.scale_mode[0] == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+  const float* scale_a = static_cast<const float*>(op.scale_ptr[0]);
+  const float* scale_b = static_cast<const float*>(op.scale_ptr[1]);
+  for (int i = 0; i < 2; ++i) {
+    const void* sp = op.scale_ptr[i];
+    const int64_t count = outer ? (i == 0 ? m : n) : 1;
+    if (sp == nullptr ? outer : !cuda_stub::IsDeviceRange(sp, size_t(count) * 4)) {
+      return CUBLAS_STATUS_INVALID_VALUE;
+    }
   }
   auto run = [=] {
     std::vector<float> out(static_cast<size_t>(m));
@@ -382,8 +499,10 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t, cublasLtMatmulDesc_t op_desc, co
           acc += part;
         }
         float v = al * acc;
+        if (scale_a != nullptr) v *= scale_a[outer ? i : 0];
+        if (scale_b != nullptr) v *= scale_b[outer ? j : 0];
         if (be != 0.0f) v += be * Load(c.type, c_ptr, j * c.ld + i);  // C unread when beta is 0
-        if (bias) v += Load(d.type, op.bias, i);
+        if (bias) v += Load(bias_type, op.bias, i);
         out[static_cast<size_t>(i)] = v;
       }
       // Written after the column is computed: D may be C (in place).

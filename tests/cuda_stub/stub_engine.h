@@ -31,6 +31,8 @@ struct StubSetup : EngineSetup {
   // with the CUDA runner's fp16 int4_kc tails).
   std::string device = "cuda";
   std::string kv_dtype = "fp32";
+  std::string dtype = "fp32";         // model.dtype of the CUDA runner
+  std::string weight_dtype = "auto";  // model.weight_dtype
   bool cuda_graphs = true;
   bool eviction = false;  // the engine gets the learned policy's model file
 };
@@ -72,7 +74,8 @@ inline std::unique_ptr<ModelRunner> MakeStubRunner(const StubSetup& s) {
     return std::move(*r);
   }
   o.device = s.device;
-  o.dtype = "fp32";
+  o.dtype = s.device == "cuda" ? s.dtype : "fp32";
+  if (s.device == "cuda") o.weight_dtype = s.weight_dtype;
   o.kv_dtype = spec;
   o.cuda_graphs = s.cuda_graphs;
   absl::StatusOr<std::unique_ptr<ModelRunner>> r = CreateModelRunner(Stories().weights, o);

@@ -141,8 +141,8 @@ TEST_CASE("kvserve eval-kv --weight-dtype: one row per weight dtype against fp32
   REQUIRE(std::abs(rows[1]["delta_ppl_percent"].get<double>()) < 0.5);
   RunResult bad = RunKvserve(absl::StrCat(BaseArgs(), " --weight-dtype fp8_e4m3"), true);
   REQUIRE(bad.exit_code == 2);
-  REQUIRE(bad.out.find("--weight-dtype: model.weight_dtype: fp8_e4m3 weights are not supported "
-                       "yet") != std::string::npos);
+  REQUIRE(bad.out.find("--weight-dtype: model.weight_dtype: fp8_e4m3 weights run on CUDA only; "
+                       "eval-kv runs the CPU runner") != std::string::npos);
 }
 
 TEST_CASE("kvserve eval-kv takes int4_kc and per-layer lists, one format per --kv-dtype",

@@ -196,7 +196,7 @@ TEST_CASE("kvserve generate --weight-dtype int8 keeps the greedy text and refuse
   RunResult bad = RunKvserve(args + " --weight-dtype int9", Capture::kStderr);
   REQUIRE(bad.exit_code == 2);
   REQUIRE(bad.out.find("--weight-dtype: model.weight_dtype: expected auto, fp32, fp16, bf16, int8, "
-                       "int4 or int4_asym, got 'int9'") != std::string::npos);
+                       "int4, int4_asym or fp8_e4m3, got 'int9'") != std::string::npos);
   RunResult cuda = RunKvserve(args + " --weight-dtype int4 --device cuda", Capture::kStderr);
   REQUIRE(cuda.exit_code != 0);
   REQUIRE(cuda.out.find("model.weight_dtype: int4 weights run on the CPU only") !=

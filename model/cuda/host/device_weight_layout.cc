@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "model/loader/dummy_model.h"
+#include "model/loader/quantize_weights.h"
 
 namespace kvserve {
 namespace {
@@ -10,14 +11,28 @@ int64_t AlignUp(int64_t n) { return (n + kWeightAlign - 1) / kWeightAlign * kWei
 
 }  // namespace
 
-DeviceWeightLayout PlanDeviceWeights(const ModelConfig& c, int64_t elem_bytes) {
+DeviceWeightLayout PlanDeviceWeights(const ModelConfig& c, int64_t elem_bytes,
+                                     const WeightQuantSpec& quant) {
   DeviceWeightLayout l;
   l.elem_bytes = elem_bytes;
   int64_t cursor = 0;
-  auto take = [&](int64_t rows, int64_t cols) {
+  auto take_dtype = [&](int64_t rows, int64_t cols) {
     DeviceMatrix m{AlignUp(cursor), rows, cols};
     cursor = m.offset + rows * cols * elem_bytes;
     return m;
+  };
+  auto take_fp8 = [&](int64_t rows, int64_t cols) {
+    DeviceMatrix m{AlignUp(cursor), rows, cols};
+    m.ld = (cols + kFp8InAlign - 1) / kFp8InAlign * kFp8InAlign;
+    m.scale_offset = AlignUp(m.offset + rows * m.ld);
+    cursor = m.scale_offset + rows * int64_t{sizeof(float)};
+    return m;
+  };
+  const bool fp8_body = quant.body == WeightQuant::kFp8E4m3;
+  const bool fp8_head = quant.head == WeightQuant::kFp8E4m3;
+  auto take = [&](int64_t rows, int64_t cols) { return take_dtype(rows, cols); };
+  auto take_linear = [&](int64_t rows, int64_t cols) {
+    return fp8_body ? take_fp8(rows, cols) : take_dtype(rows, cols);
   };
   const int64_t dim = c.dim, hid = c.hidden_dim;
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
@@ -26,18 +41,22 @@ DeviceWeightLayout PlanDeviceWeights(const ModelConfig& c, int64_t elem_bytes) {
   l.layers.resize(c.num_layers);
   for (DeviceLayerWeights& lw : l.layers) {
     lw.attn_norm = take(1, dim);
-    lw.wqkv = take(q_dim + 2 * kv_dim, dim);
-    lw.wo = take(dim, q_dim);
+    lw.wqkv = take_linear(q_dim + 2 * kv_dim, dim);
+    lw.wo = take_linear(dim, q_dim);
     lw.ffn_norm = take(1, dim);
-    lw.w_gate_up = take(2 * hid, dim);
-    lw.w_down = take(dim, hid);
+    lw.w_gate_up = take_linear(2 * hid, dim);
+    lw.w_down = take_linear(dim, hid);
     lw.bqkv = take(c.qkv_bias ? 1 : 0, q_dim + 2 * kv_dim);
     lw.bo = take(c.o_bias ? 1 : 0, dim);
     lw.q_norm = take(c.qk_norm ? 1 : 0, c.head_dim);
     lw.k_norm = take(c.qk_norm ? 1 : 0, c.head_dim);
   }
   l.final_norm = take(1, dim);
-  l.lm_head = c.tie_word_embeddings ? l.embeddings : take(c.vocab_size, dim);
+  if (fp8_head) {
+    l.lm_head = take_fp8(c.vocab_size, dim);  // tied: its own copy
+  } else {
+    l.lm_head = c.tie_word_embeddings ? l.embeddings : take(c.vocab_size, dim);
+  }
   l.total_bytes = AlignUp(cursor);
   return l;
 }
@@ -54,6 +73,15 @@ absl::StatusOr<std::vector<WeightPiece>> PlanWeightPieces(const LlamaWeights& w,
   if (generated && (c.qkv_bias || c.o_bias || c.qk_norm)) {
     return absl::InvalidArgumentError(
         "weights: generated dummy weights have no biases or q/k norms");
+  }
+  const bool any_fp8 = l.layers.empty() ? false : l.layers[0].wqkv.fp8();
+  const bool head_fp8 = l.lm_head.fp8();
+  const QuantizedLinears* q = w.quantized.get();
+  if ((any_fp8 && (q == nullptr || q->fp8_layers.size() != l.layers.size())) ||
+      (head_fp8 && (q == nullptr || q->fp8_output.empty()))) {
+    return absl::FailedPreconditionError(
+        "weights: the layout has fp8_e4m3 matrices the weights do not carry (QuantizeWeights "
+        "packs them on the host)");
   }
   DummyOffsets dummy;
   if (generated) dummy = DummyTensorOffsets(c);
@@ -102,6 +130,34 @@ absl::StatusOr<std::vector<WeightPiece>> PlanWeightPieces(const LlamaWeights& w,
     p.host = t.data;
     pieces.push_back(std::move(p));
   };
+  // fp8 matrix f goes to `m` from row `row`: its codes, then its scales.
+  auto add_fp8 = [&](const std::string& name, const Fp8Matrix& f, const DeviceMatrix& m,
+                     int64_t row, int64_t rows) {
+    if (!status.ok()) return;
+    if (f.rows != rows || f.cols != m.cols ||
+        static_cast<int64_t>(f.codes.size()) != rows * m.cols ||
+        static_cast<int64_t>(f.scales.size()) != rows) {
+      status = absl::InvalidArgumentError(absl::StrCat("weights: ", name, " (fp8) is ", f.rows,
+                                                       " x ", f.cols, ", the config needs ", rows,
+                                                       " x ", m.cols));
+      return;
+    }
+    WeightPiece p;
+    p.name = name;
+    p.numel = rows * m.cols;
+    p.dst_offset = m.offset + row * m.ld;
+    p.codes = f.codes.data();
+    p.cols = m.cols;
+    p.dst_ld = m.ld;
+    pieces.push_back(p);
+    WeightPiece s;
+    s.name = name + ".scale";
+    s.numel = rows;
+    s.dst_offset = m.scale_offset + row * int64_t{sizeof(float)};
+    s.host = f.scales.data();
+    s.keep_fp32 = true;
+    pieces.push_back(std::move(s));
+  };
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
   const int64_t hid = c.hidden_dim;
@@ -114,14 +170,24 @@ absl::StatusOr<std::vector<WeightPiece>> PlanWeightPieces(const LlamaWeights& w,
     const DummyLayerOffsets& d = generated ? dummy.layers[i] : no_layer;
     const std::string p = absl::StrCat("layers.", i, ".");
     add(p + "attn_norm", lw.attn_norm, dl.attn_norm, 0, 1, d.attn_norm, true);
-    add(p + "wq", lw.wq, dl.wqkv, 0, q_dim, d.wq, false);
-    add(p + "wk", lw.wk, dl.wqkv, q_dim, kv_dim, d.wk, false);
-    add(p + "wv", lw.wv, dl.wqkv, q_dim + kv_dim, kv_dim, d.wv, false);
-    add(p + "wo", lw.wo, dl.wo, 0, c.dim, d.wo, false);
+    // A matrix of the body: its fp8 codes and scales, or its host values.
+    auto linear = [&](const char* n, const Tensor& t, Fp8Matrix QuantizedLinears::Fp8Layer::*f,
+                      const DeviceMatrix& m, int64_t row, int64_t rows, int64_t dummy_index) {
+      if (any_fp8) {
+        add_fp8(p + n, q->fp8_layers[i].*f, m, row, rows);
+      } else {
+        add(p + n, t, m, row, rows, dummy_index, false);
+      }
+    };
+    using F = QuantizedLinears::Fp8Layer;
+    linear("wq", lw.wq, &F::wq, dl.wqkv, 0, q_dim, d.wq);
+    linear("wk", lw.wk, &F::wk, dl.wqkv, q_dim, kv_dim, d.wk);
+    linear("wv", lw.wv, &F::wv, dl.wqkv, q_dim + kv_dim, kv_dim, d.wv);
+    linear("wo", lw.wo, &F::wo, dl.wo, 0, c.dim, d.wo);
     add(p + "ffn_norm", lw.ffn_norm, dl.ffn_norm, 0, 1, d.ffn_norm, true);
-    add(p + "w_gate", lw.w_gate, dl.w_gate_up, 0, hid, d.w_gate, false);
-    add(p + "w_up", lw.w_up, dl.w_gate_up, hid, hid, d.w_up, false);
-    add(p + "w_down", lw.w_down, dl.w_down, 0, c.dim, d.w_down, false);
+    linear("w_gate", lw.w_gate, &F::w_gate, dl.w_gate_up, 0, hid, d.w_gate);
+    linear("w_up", lw.w_up, &F::w_up, dl.w_gate_up, hid, hid, d.w_up);
+    linear("w_down", lw.w_down, &F::w_down, dl.w_down, 0, c.dim, d.w_down);
     if (c.qkv_bias) {
       // The bias rows are one row of [q | k | v]: place each as a "row" of
       // the matching width by offsetting in elements.
@@ -136,7 +202,9 @@ absl::StatusOr<std::vector<WeightPiece>> PlanWeightPieces(const LlamaWeights& w,
     }
   }
   add("final_norm", w.final_norm, l.final_norm, 0, 1, dummy.final_norm, true);
-  if (!c.tie_word_embeddings) {
+  if (head_fp8) {
+    add_fp8("output", q->fp8_output, l.lm_head, 0, c.vocab_size);
+  } else if (!c.tie_word_embeddings) {
     add("output", w.output, l.lm_head, 0, c.vocab_size, dummy.output, false);
   }
   if (!status.ok()) return status;

@@ -11,6 +11,12 @@
 // bqkv = [bq; bk; bv] (qkv_bias), bo (o_bias) and q_norm / k_norm
 // (qk_norm); absent ones have zero rows.
 //
+// fp8_e4m3 weights (model.weight_dtype, kernels/cuda/gemm.h): each linear
+// matrix (and the head, per weight_dtype_head; a tied one then gets its own
+// copy beside the embeddings) is e4m3 codes [rows][ld] with ld = cols
+// rounded up to kFp8InAlign (zero codes in the padding, as the fp8 GEMM's
+// 16-byte rule needs), then its scales [rows] fp32 at scale_offset.
+//
 // Pieces: one WeightPiece per host tensor, naming its range of the arena and
 // its source: fp32 host values, or (a dummy model loaded as shapes only) the
 // generator stream index of its first element, or all ones (dummy norms).
@@ -33,6 +39,11 @@ struct DeviceMatrix {
   int64_t offset = 0;  // bytes from the arena start
   int64_t rows = 0;
   int64_t cols = 0;
+  // fp8_e4m3: bytes from a row to the next (0: a matrix in the dtype), and
+  // where the rows' fp32 scales start.
+  int64_t ld = 0;
+  int64_t scale_offset = -1;
+  bool fp8() const { return ld > 0; }
   int64_t numel() const { return rows * cols; }
 };
 
@@ -58,7 +69,10 @@ struct DeviceWeightLayout {
   int64_t total_bytes = 0;
 };
 
-DeviceWeightLayout PlanDeviceWeights(const ModelConfig& config, int64_t elem_bytes);
+// `quant` (resolved; kNone or kFp8E4m3 for the body and the head) decides
+// which matrices are fp8.
+DeviceWeightLayout PlanDeviceWeights(const ModelConfig& config, int64_t elem_bytes,
+                                     const WeightQuantSpec& quant = {});
 
 struct WeightPiece {
   std::string name;  // "layers.3.wk"
@@ -67,12 +81,20 @@ struct WeightPiece {
   const float* host = nullptr;  // fp32 values; null when generated
   int64_t dummy_index = -1;     // generated: stream element of the first value
   bool ones = false;            // generated: all 1 (dummy norm weights)
+  bool keep_fp32 = false;       // host values stored as fp32 (fp8 scales), not the dtype
+  // fp8 codes instead of host: numel / cols rows of cols bytes, stored
+  // dst_ld bytes apart.
+  const uint8_t* codes = nullptr;
+  int64_t cols = 0;
+  int64_t dst_ld = 0;
 };
 
 // Every piece of `weights` in upload order (each arena byte is written by
 // exactly one piece; a tied head adds none). InvalidArgument names a tensor
 // whose element count disagrees with the config, or one with no data when
 // the weights are not a dummy model's shapes (which have no variants).
+// Matrices the layout makes fp8 come from weights.quantized's fp8 ones
+// (codes and scales), which must be there (FailedPrecondition).
 absl::StatusOr<std::vector<WeightPiece>> PlanWeightPieces(const LlamaWeights& weights,
                                                           const DeviceWeightLayout& layout);
 

@@ -216,15 +216,13 @@ TEST_CASE("Quantized weights load from llama2.c, HF safetensors and dummy checkp
 }
 
 TEST_CASE("model.weight_dtype errors name the key", "[model]") {
-  REQUIRE(
-      Message(ParseWeightQuant("int5").status()) ==
-      "model.weight_dtype: expected auto, fp32, fp16, bf16, int8, int4 or int4_asym, got 'int5'");
-  REQUIRE(Message(ParseWeightQuant("fp8_e4m3").status()) ==
-          "model.weight_dtype: fp8_e4m3 weights are not supported yet; use fp32, int8, int4 or "
-          "int4_asym (model.device: cpu)");
+  REQUIRE(Message(ParseWeightQuant("int5").status()) ==
+          "model.weight_dtype: expected auto, fp32, fp16, bf16, int8, int4, int4_asym or fp8_e4m3, "
+          "got 'int5'");
+  REQUIRE(ParseWeightQuant("fp8_e4m3")->body == WeightQuant::kFp8E4m3);
   REQUIRE(Message(ParseWeightQuant("int8", "int2").status()) ==
-          "model.weight_dtype_head: expected auto, fp32, fp16, bf16, int8, int4 or int4_asym, got "
-          "'int2'");
+          "model.weight_dtype_head: expected auto, fp32, fp16, bf16, int8, int4, int4_asym or "
+          "fp8_e4m3, got 'int2'");
   REQUIRE(Message(ParseWeightQuant("int4", "auto", 12).status()) ==
           "model.weight_group_size: expected a multiple of 8 in [8, 4096] (32 or 128), got 12");
   REQUIRE(ParseWeightQuant("INT4")->body == WeightQuant::kInt4);
@@ -244,14 +242,14 @@ TEST_CASE("model.weight_dtype errors name the key", "[model]") {
   o.weight_dtype = "int4";
   const std::string want =
       "model.weight_dtype: int4 weights run on the CPU only (model.device: cpu); cuda takes fp32, "
-      "fp16 or bf16 weights (model.dtype)";
+      "fp16 or bf16 weights (model.dtype) or fp8_e4m3";
   REQUIRE(Message(CheckRunnerDevice(o)) == want);
   REQUIRE(Message(CreateModelRunner(Stories260k(), o).status()) == want);
   o.device = "cpu";
   o.weight_dtype = "int3";
-  REQUIRE(
-      Message(CreateModelRunner(Stories260k(), o).status()) ==
-      "model.weight_dtype: expected auto, fp32, fp16, bf16, int8, int4 or int4_asym, got 'int3'");
+  REQUIRE(Message(CreateModelRunner(Stories260k(), o).status()) ==
+          "model.weight_dtype: expected auto, fp32, fp16, bf16, int8, int4, int4_asym or fp8_e4m3, "
+          "got 'int3'");
   // Weights quantized already (by an earlier runner's options) go nowhere else.
   LlamaWeights w = Stories260k();
   WeightQuantSpec spec = *ParseWeightQuant("int8");
@@ -263,7 +261,7 @@ TEST_CASE("model.weight_dtype errors name the key", "[model]") {
   o.weight_dtype = "auto";
   REQUIRE(Message(CreateModelRunner(w, o).status()) ==
           "model.weight_dtype: int8+head fp32 weights run on the CPU only (model.device: cpu); "
-          "cuda takes fp32, fp16 or bf16 weights (model.dtype)");
+          "cuda takes fp32, fp16 or bf16 weights (model.dtype) or fp8_e4m3");
 }
 
 }  // namespace

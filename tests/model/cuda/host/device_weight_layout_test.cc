@@ -10,6 +10,7 @@
 
 #include "kernels/random_weights.h"
 #include "model/loader/dummy_model.h"
+#include "model/loader/quantize_weights.h"
 
 namespace kvserve {
 namespace {
@@ -112,6 +113,51 @@ TEST_CASE("A dummy model as shapes: each piece names the stream offset of its va
       REQUIRE(std::memcmp(&want, &got, 4) == 0);
     }
   }
+}
+
+}  // namespace
+}  // namespace kvserve
+
+namespace kvserve {
+namespace {
+
+TEST_CASE("Device weights in fp8_e4m3: padded rows, scales after, a tied head of its own",
+          "[model]") {
+  absl::StatusOr<LlamaWeights> w = LoadDummyModel("tiny", uint64_t{1} << 30);
+  REQUIRE(w.ok());
+  const ModelConfig& c = w->config;  // tied, hidden 352 (a multiple of 16), vocab 512
+  const WeightQuantSpec spec = *ParseWeightQuant("fp8_e4m3", "fp8_e4m3");
+  const DeviceWeightLayout l = PlanDeviceWeights(c, 2, spec.Resolve(c.vocab_size));
+  const DeviceLayerWeights& l0 = l.layers[0];
+  for (const DeviceMatrix* m : {&l0.wqkv, &l0.wo, &l0.w_gate_up, &l0.w_down, &l.lm_head}) {
+    REQUIRE(m->fp8());
+    REQUIRE(m->ld == (m->cols + 15) / 16 * 16);
+    REQUIRE(m->scale_offset % kWeightAlign == 0);
+    REQUIRE(m->scale_offset >= m->offset + m->rows * m->ld);
+  }
+  REQUIRE_FALSE(l0.attn_norm.fp8());
+  REQUIRE(l.lm_head.offset != l.embeddings.offset);  // the table stays bf16
+  // The bytes kvserve plan counts, plus each matrix's 256-byte alignment.
+  const int64_t counted = DeviceFp8WeightBytesFor(c, spec);
+  REQUIRE(l.total_bytes >= counted);
+  // (per layer 6 matrices, 4 scale vectors and 4 empty variants).
+  REQUIRE(l.total_bytes < counted + 256 * (3 + 4 * 14 + 2));
+
+  // The pieces: codes (rows of cols bytes, ld apart) and fp32 scales.
+  LlamaWeights q = *w;
+  REQUIRE(QuantizeWeights(spec, &q).ok());
+  absl::StatusOr<std::vector<WeightPiece>> pieces = PlanWeightPieces(q, l);
+  REQUIRE(pieces.ok());
+  const WeightPiece& wk = (*pieces)[4];  // embeddings, attn_norm, wq codes, wq scales, wk
+  REQUIRE(wk.name == "layers.0.wk");
+  REQUIRE(wk.codes == q.quantized->fp8_layers[0].wk.codes.data());
+  REQUIRE(wk.dst_offset == l0.wqkv.offset + 128 * l0.wqkv.ld);
+  const WeightPiece& wk_scale = (*pieces)[5];
+  REQUIRE(wk_scale.keep_fp32);
+  REQUIRE(wk_scale.host == q.quantized->fp8_layers[0].wk.scales.data());
+  REQUIRE(wk_scale.dst_offset == l0.wqkv.scale_offset + 128 * 4);
+  // Without the packed matrices the layout cannot be filled.
+  REQUIRE(PlanWeightPieces(*w, l).status().code() == absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace
