@@ -16,7 +16,11 @@
 //    that batch) next to `kvserve plan`'s prediction (cache/sizing/capacity_plan.h,
 //    which counts weights but not activations).
 //
-//   e2e_bench [--json PATH] [--model dummy:llama-3-8b] [--dtype bf16]
+// --weight-dtype fp8_e4m3 (model.weight_dtype) times the fp8 GEMMs: the
+// weights, dummy ones too, are then made on the host and quantized there
+// once (model/loader/quantize_weights.h) before the runners are built.
+//
+//   e2e_bench [--json PATH] [--model dummy:llama-3-8b] [--dtype bf16] [--weight-dtype auto]
 //             [--kv bf16,int8,k8v4,int4] [--batches 1,32,64,128]
 //             [--contexts 1024,4096] [--steps 20] [--capacity-context 4096]
 //             [--capacity-fraction 0.8] [--no-capacity]
@@ -41,8 +45,10 @@
 #include "cache/sizing/block_count.h"
 #include "cache/sizing/capacity_plan.h"
 #include "kernels/cuda/read_bandwidth.h"
+#include "model/cpu/cpu_threads.h"
 #include "model/cuda/cuda_model_runner.h"
 #include "model/loader/model_loader.h"
+#include "model/loader/quantize_weights.h"
 #include "model/runner_factory.h"
 #include "nlohmann/json.hpp"
 
@@ -56,6 +62,7 @@ struct Flags {
   std::string json_path;
   std::string model = "dummy:llama-3-8b";
   std::string dtype = "bf16";
+  std::string weight_dtype = "auto";
   std::vector<KvDtype> kv = {KvDtype::kBf16, KvDtype::kInt8, KvDtype::kK8V4, KvDtype::kInt4};
   std::vector<int32_t> batches = {1, 32, 64, 128};
   std::vector<int32_t> contexts = {1024, 4096};
@@ -94,6 +101,10 @@ Flags ParseFlags(int argc, char** argv) {
       f.model = value();
     } else if (a == "--dtype") {
       f.dtype = value();
+    } else if (a == "--weight-dtype") {
+      f.weight_dtype = value();
+      absl::StatusOr<WeightQuantSpec> q = ParseWeightQuant(f.weight_dtype);
+      if (!q.ok()) Die(std::string(q.status().message()));
     } else if (a == "--kv") {
       f.kv.clear();
       for (absl::string_view name : absl::StrSplit(value(), ',')) {
@@ -187,6 +198,7 @@ RunnerOptions BaseOptions(const Flags& f, KvDtype kv) {
   RunnerOptions o;
   o.device = "cuda";
   o.dtype = f.dtype;
+  o.weight_dtype = f.weight_dtype;
   o.kv_dtype = kv;
   o.block_size = 16;
   o.max_num_batched_tokens = 512;
@@ -215,19 +227,27 @@ int main(int argc, char** argv) {
   cudaSetDevice(0);
   absl::StatusOr<double> bandwidth = cuda::MeasureReadBandwidth(int64_t{4} << 30, 10, nullptr);
   if (!bandwidth.ok()) Die(std::string(bandwidth.status().message()));
-  absl::StatusOr<LoadedModel> loaded = LoadModel(f.model, "", /*defer_dummy_weights=*/true);
+  const WeightQuantSpec quant = *ParseWeightQuant(f.weight_dtype);
+  absl::StatusOr<LoadedModel> loaded = LoadModel(f.model, "", /*defer_dummy_weights=*/!quant.fp8());
   if (!loaded.ok()) Die(std::string(loaded.status().message()));
+  if (quant.fp8()) {
+    // Once for every runner below (each would otherwise quantize its copy).
+    if (absl::Status s = QuantizeWeights(quant, &loaded->weights, DefaultCpuThreads()); !s.ok()) {
+      Die(std::string(s.message()));
+    }
+  }
   const LlamaWeights& shapes = loaded->weights;
   const ModelConfig& c = shapes.config;
-  std::printf("e2e_bench: %s on %s (%.1f GiB), %s weights; read bandwidth %.0f GB/s\n",
+  std::printf("e2e_bench: %s on %s (%.1f GiB), %s weights (%s); read bandwidth %.0f GB/s\n",
               f.model.c_str(), prop.name, prop.totalGlobalMem / double(1 << 30), f.dtype.c_str(),
-              *bandwidth);
+              f.weight_dtype.c_str(), *bandwidth);
 
   json out;
   out["device"] = prop.name;
   out["device_memory_bytes"] = static_cast<int64_t>(prop.totalGlobalMem);
   out["model"] = f.model;
   out["dtype"] = f.dtype;
+  out["weight_dtype"] = f.weight_dtype;
   out["read_bandwidth_gbps"] = *bandwidth;
   out["decode"] = json::array();
   std::mt19937 rng(1);

@@ -42,9 +42,10 @@ constexpr char kUsage[] =
     "  --context N         tokens per sequence (required)\n"
     "  --block-size B      KV block size in tokens (default 16)\n"
     "  --batch N           also show what N sequences of --context tokens need (default 0)\n"
-    "  --weight-dtype D    weight storage: fp32, fp16, bf16, fp8, int8, int4, int4_asym\n"
-    "                      (default fp16; int8 / int4 / int4_asym count the CPU runner's\n"
-    "                      model.weight_dtype layout)\n"
+    "  --weight-dtype D    weight storage: fp32, fp16, bf16, fp8_e4m3 (or fp8), int8, int4,\n"
+    "                      int4_asym (default fp16; int8 / int4 / int4_asym count the CPU\n"
+    "                      runner's model.weight_dtype layout, fp8_e4m3 the CUDA runner's:\n"
+    "                      e4m3 linear layers with a scale a row, the rest in bf16)\n"
     "  --int4-group-size G channels per int4 scale group (default 64)\n"
     "  --kv-dtype D        also plan D: a dtype or one per layer (int8,int4_kc*,int8: NAME*N\n"
     "                      is N layers, NAME* the layers left); repeatable\n"
@@ -83,7 +84,7 @@ bool WeightBytesPerParam(const std::string& dtype, double* bytes) {
     *bytes = 4;
   } else if (dtype == "fp16" || dtype == "bf16" || dtype == "float16" || dtype == "bfloat16") {
     *bytes = 2;
-  } else if (dtype == "fp8" || dtype == "int8") {
+  } else if (dtype == "fp8" || dtype == "fp8_e4m3" || dtype == "int8") {
     *bytes = 1;
   } else if (dtype == "int4") {
     *bytes = 0.5;
@@ -122,7 +123,7 @@ int ParseFlags(int argc, char** argv, Options* o) {
       o->batch = n;
     } else if (name == "--weight-dtype") {
       if (!WeightBytesPerParam(value, &o->weight_bytes_per_param)) {
-        return bad("one of fp32, fp16, bf16, fp8, int8, int4, int4_asym");
+        return bad("one of fp32, fp16, bf16, fp8_e4m3, int8, int4, int4_asym");
       }
       o->weight_dtype = value;
     } else if (name == "--int4-group-size") {
@@ -207,6 +208,8 @@ int RunPlan(int argc, char** argv) {
     // What the CPU runner holds (model.weight_dtype): packed linear layers
     // with their scales, embeddings and norms in fp32, the head per the rule.
     req.weight_bytes = ForwardWeightBytesFor(c, *ParseWeightQuant(o.weight_dtype));
+  } else if (o.weight_dtype == "fp8" || o.weight_dtype == "fp8_e4m3") {
+    req.weight_bytes = DeviceFp8WeightBytesFor(c, *ParseWeightQuant(o.weight_dtype));
   }
   req.memory_bytes = o.memory_bytes;
   req.context_tokens = o.context;

@@ -57,6 +57,15 @@ TEST_CASE("kvserve plan: sizes need a unit, and the exit status says whether any
     REQUIRE(out.find("int8                            54,800                      544,672") !=
             std::string::npos);
   }
+  SECTION("fp8_e4m3 weights: the CUDA runner's bytes") {
+    // Linear layers 1 byte a weight (32 x 218,103,808) with a 4-byte scale a
+    // row (32 x 43,008), the 128k head too (auto: fp8 above 32768 tokens),
+    // the embeddings and norms in bf16: 8,561,882,112 bytes.
+    REQUIRE(RunPlan("--model llama-3-8b --memory 80GiB --context 4096 --weight-dtype fp8_e4m3",
+                    &out) == 0);
+    INFO(out);
+    REQUIRE(out.find("weights 7.97 GiB (8.56 GB) (fp8_e4m3)") != std::string::npos);
+  }
   SECTION("--help names every preset") {
     REQUIRE(RunPlan("--help", &out) == 0);
     for (const std::string& preset : DummyPresetNames()) {
