@@ -177,10 +177,7 @@ absl::StatusOr<WeightDtype> ResolveWeightDtype(std::string_view text, const Devi
 bool RunnerDefersDummyWeights(const RunnerOptions& options) {
 #ifdef KVSERVE_HAVE_CUDA
   absl::StatusOr<DeviceSpec> d = ParseDevice(options.device);
-  // fp8_e4m3 is quantized on the host (model/loader/quantize_weights.h).
-  absl::StatusOr<WeightQuantSpec> q =
-      ParseWeightQuant(options.weight_dtype, options.weight_dtype_head, options.weight_group_size);
-  return d.ok() && d->kind == DeviceSpec::Kind::kCuda && !(q.ok() && q->fp8());
+  return d.ok() && d->kind == DeviceSpec::Kind::kCuda;
 #else
   return false;
 #endif
@@ -211,7 +208,15 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(LlamaWeights weig
   KV_ASSIGN_OR_RETURN(
       WeightQuantSpec quant,
       ParseWeightQuant(options.weight_dtype, options.weight_dtype_head, options.weight_group_size));
-  if (quant.fp8()) {
+  if (quant.fp8() && weights.dummy_seed.has_value() && weights.tok_embeddings.data == nullptr) {
+    // A dummy model's shapes: generated and quantized on the device.
+    if (weights.weight_quant.any() &&
+        !(weights.weight_quant == quant.Resolve(weights.config.vocab_size))) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "model.weight_dtype: the weights are already ", weights.weight_quant.ToString()));
+    }
+    weights.weight_quant = quant.Resolve(weights.config.vocab_size);
+  } else if (quant.fp8()) {
     KV_RETURN_IF_ERROR(QuantizeWeights(
         quant, &weights, options.num_threads > 0 ? options.num_threads : DefaultCpuThreads()));
   }

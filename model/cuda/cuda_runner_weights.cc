@@ -11,6 +11,7 @@
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/fp8_rows.h"
 #include "kernels/cuda/weight_init.h"
 #include "kernels/random_weights.h"
 #include "model/cuda/cuda_runner_impl.h"
@@ -61,8 +62,9 @@ absl::Status CudaModelRunner::Impl::UploadWeights(const LlamaWeights& w) {
   // Padding between matrices is zeroed so the arena's bytes are defined.
   KV_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(weights.get(), 0, wl.total_bytes, stream));
 
-  int64_t host_floats = 0, generated_bytes = 0, code_bytes = 0;
+  int64_t host_floats = 0, generated_bytes = 0, code_bytes = 0, generated_fp8 = 0;
   for (const WeightPiece& p : pieces) {
+    if (p.scale_dst >= 0) generated_fp8 = std::max(generated_fp8, p.numel);
     if (p.codes != nullptr) {
       code_bytes += p.numel;
     } else if (p.host != nullptr) {
@@ -87,6 +89,12 @@ absl::Status CudaModelRunner::Impl::UploadWeights(const LlamaWeights& w) {
       KV_ASSIGN_OR_RETURN(scratch[i], DeviceAlloc(chunk * 4, "the weight upload"));
       KV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done[i], cudaEventDisableTiming));
     }
+  }
+  // Generated fp8 matrices: rows in the dtype here, then quantized.
+  DeviceBuffer fp8_rows;
+  const int64_t fp8_rows_elems = std::min<int64_t>(kUploadChunkFloats, generated_fp8);
+  if (generated_fp8 > 0) {
+    KV_ASSIGN_OR_RETURN(fp8_rows, DeviceAlloc(fp8_rows_elems * elem, "the fp8 weight generation"));
   }
   auto destroy_events = [&done] {
     for (cudaEvent_t& e : done) {
@@ -115,6 +123,35 @@ absl::Status CudaModelRunner::Impl::UploadWeights(const LlamaWeights& w) {
         if (status.ok()) status = CudaStatus(cudaEventRecord(done[slot], stream), "weight upload");
         slot ^= 1;
         progress.Add(n * p.cols);
+      }
+      continue;
+    }
+    if (p.scale_dst >= 0) {
+      // Whole rows at a time: a row's scale needs all of it (stream order
+      // keeps the one scratch buffer safe).
+      const int64_t rows = p.numel / p.cols;
+      const int64_t chunk_rows = std::max<int64_t>(fp8_rows_elems / p.cols, 1);
+      for (int64_t r = 0; r < rows && status.ok(); r += chunk_rows) {
+        const int64_t n = std::min(chunk_rows, rows - r);
+        cuda::WeightFillParams f;
+        f.dst = fp8_rows.get();
+        f.n = n * p.cols;
+        f.dtype = act;
+        f.source = cuda::WeightSource::kDummy;
+        f.dummy_key = key;
+        f.dummy_index = p.dummy_index + r * p.cols;
+        status = cuda::FillWeights(f, stream);
+        if (!status.ok()) break;
+        status = cuda::QuantizeRowsFp8(
+            {.x = fp8_rows.get(),
+             .q = dst + r * p.dst_ld,
+             .scale = reinterpret_cast<float*>(weights.get() + p.scale_dst) + r,
+             .rows = n,
+             .cols = p.cols,
+             .ldq = p.dst_ld,
+             .dtype = act},
+            stream);
+        progress.Add(n * p.cols * elem);
       }
       continue;
     }

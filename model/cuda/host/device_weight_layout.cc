@@ -77,8 +77,8 @@ absl::StatusOr<std::vector<WeightPiece>> PlanWeightPieces(const LlamaWeights& w,
   const bool any_fp8 = l.layers.empty() ? false : l.layers[0].wqkv.fp8();
   const bool head_fp8 = l.lm_head.fp8();
   const QuantizedLinears* q = w.quantized.get();
-  if ((any_fp8 && (q == nullptr || q->fp8_layers.size() != l.layers.size())) ||
-      (head_fp8 && (q == nullptr || q->fp8_output.empty()))) {
+  if (!generated && ((any_fp8 && (q == nullptr || q->fp8_layers.size() != l.layers.size())) ||
+                     (head_fp8 && (q == nullptr || q->fp8_output.empty())))) {
     return absl::FailedPreconditionError(
         "weights: the layout has fp8_e4m3 matrices the weights do not carry (QuantizeWeights "
         "packs them on the host)");
@@ -158,6 +158,25 @@ absl::StatusOr<std::vector<WeightPiece>> PlanWeightPieces(const LlamaWeights& w,
     s.keep_fp32 = true;
     pieces.push_back(std::move(s));
   };
+  // A generated matrix into an fp8 `m` from row `row` (scale_dst set).
+  auto add_generated_fp8 = [&](const std::string& name, const Tensor& t, const DeviceMatrix& m,
+                               int64_t row, int64_t rows, int64_t dummy_index) {
+    if (!status.ok()) return;
+    if (t.numel() != rows * m.cols) {
+      status = absl::InvalidArgumentError(absl::StrCat(
+          "weights: ", name, " has ", t.numel(), " elements, the config needs ", rows * m.cols));
+      return;
+    }
+    WeightPiece p;
+    p.name = name;
+    p.numel = rows * m.cols;
+    p.dst_offset = m.offset + row * m.ld;
+    p.dummy_index = dummy_index;
+    p.cols = m.cols;
+    p.dst_ld = m.ld;
+    p.scale_dst = m.scale_offset + row * int64_t{sizeof(float)};
+    pieces.push_back(std::move(p));
+  };
   const int64_t q_dim = int64_t{c.num_heads} * c.head_dim;
   const int64_t kv_dim = int64_t{c.num_kv_heads} * c.head_dim;
   const int64_t hid = c.hidden_dim;
@@ -173,7 +192,9 @@ absl::StatusOr<std::vector<WeightPiece>> PlanWeightPieces(const LlamaWeights& w,
     // A matrix of the body: its fp8 codes and scales, or its host values.
     auto linear = [&](const char* n, const Tensor& t, Fp8Matrix QuantizedLinears::Fp8Layer::*f,
                       const DeviceMatrix& m, int64_t row, int64_t rows, int64_t dummy_index) {
-      if (any_fp8) {
+      if (any_fp8 && generated) {
+        add_generated_fp8(p + n, t, m, row, rows, dummy_index);
+      } else if (any_fp8) {
         add_fp8(p + n, q->fp8_layers[i].*f, m, row, rows);
       } else {
         add(p + n, t, m, row, rows, dummy_index, false);
@@ -202,7 +223,11 @@ absl::StatusOr<std::vector<WeightPiece>> PlanWeightPieces(const LlamaWeights& w,
     }
   }
   add("final_norm", w.final_norm, l.final_norm, 0, 1, dummy.final_norm, true);
-  if (head_fp8) {
+  if (head_fp8 && generated) {
+    // A tied dummy head is the embedding table's stream.
+    add_generated_fp8("output", c.tie_word_embeddings ? w.tok_embeddings : w.output, l.lm_head, 0,
+                      c.vocab_size, c.tie_word_embeddings ? dummy.tok_embeddings : dummy.output);
+  } else if (head_fp8) {
     add_fp8("output", q->fp8_output, l.lm_head, 0, c.vocab_size);
   } else if (!c.tie_word_embeddings) {
     add("output", w.output, l.lm_head, 0, c.vocab_size, dummy.output, false);

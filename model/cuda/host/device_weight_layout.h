@@ -87,6 +87,10 @@ struct WeightPiece {
   const uint8_t* codes = nullptr;
   int64_t cols = 0;
   int64_t dst_ld = 0;
+  // A generated matrix the layout makes fp8 (scale_dst >= 0): the device
+  // generates its rows in the dtype and quantizes them (QuantizeRowsFp8),
+  // codes at dst_offset, dst_ld apart, and the rows' scales at scale_dst.
+  int64_t scale_dst = -1;
 };
 
 // Every piece of `weights` in upload order (each arena byte is written by
@@ -94,7 +98,8 @@ struct WeightPiece {
 // whose element count disagrees with the config, or one with no data when
 // the weights are not a dummy model's shapes (which have no variants).
 // Matrices the layout makes fp8 come from weights.quantized's fp8 ones
-// (codes and scales), which must be there (FailedPrecondition).
+// (codes and scales), which must be there (FailedPrecondition), unless the
+// weights are a dummy model's shapes (generated, then quantized on the device).
 absl::StatusOr<std::vector<WeightPiece>> PlanWeightPieces(const LlamaWeights& weights,
                                                           const DeviceWeightLayout& layout);
 
