@@ -94,8 +94,11 @@ absl::Status QuantizeWeights(const WeightQuantSpec& requested, LlamaWeights* wei
                              int num_threads) {
   const WeightQuantSpec spec = requested.Resolve(weights->config.vocab_size);
   if (weights->quantized != nullptr || weights->weight_quant.any()) {
-    // A checkpoint shipped in fp8 stays so under a spec of kNone (as loaded).
-    if (weights->weight_quant == spec || (!spec.any() && weights->weight_quant.fp8())) {
+    // A checkpoint shipped in fp8 stays so under a spec of kNone (as loaded),
+    // and under fp8_e4m3 with the head left to auto (its head as shipped).
+    const WeightQuantSpec& have = weights->weight_quant;
+    if (have == spec || (!spec.any() && have.fp8()) ||
+        (have.fp8() && requested.head_auto && requested.body == have.body)) {
       return absl::OkStatus();
     }
     return absl::FailedPreconditionError(

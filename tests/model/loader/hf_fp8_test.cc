@@ -87,6 +87,25 @@ void SetQuantizationConfig(const std::string& dir, const nlohmann::json& q) {
   std::ofstream(dir + "/config.json") << c.dump(2);
 }
 
+// A shipped fp8 checkpoint keeps its head as shipped under weight_dtype
+// fp8_e4m3 with the head on auto, even where auto would make a large
+// vocabulary's head fp8 (compressed-tensors checkpoints ignore lm_head).
+TEST_CASE("shipped fp8 weights under model.weight_dtype: fp8_e4m3", "[model][loader]") {
+  LlamaWeights w;
+  w.config.vocab_size = 128256;
+  w.weight_quant = {.body = WeightQuant::kFp8E4m3, .head = WeightQuant::kNone, .head_auto = false};
+  w.quantized = std::make_shared<QuantizedLinears>();
+  REQUIRE(QuantizeWeights(*ParseWeightQuant("fp8_e4m3"), &w).ok());
+  REQUIRE(QuantizeWeights(*ParseWeightQuant("auto"), &w).ok());
+  REQUIRE(w.weight_quant.head == WeightQuant::kNone);
+  REQUIRE(Message(QuantizeWeights(*ParseWeightQuant("fp8_e4m3", "fp8_e4m3"), &w)) ==
+          "model.weight_dtype: the weights are already quantized as fp8_e4m3+head fp32, not "
+          "fp8_e4m3");
+  REQUIRE(Message(QuantizeWeights(*ParseWeightQuant("int8"), &w)) ==
+          "model.weight_dtype: the weights are already quantized as fp8_e4m3+head fp32, not "
+          "int8");
+}
+
 TEST_CASE("a malformed or unsupported quantization_config names the field", "[model][loader]") {
   const Fp8Dirs d = WriteDirs({}, "bad");
   const std::string cfg = d.fp8 + "/config.json";
