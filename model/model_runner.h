@@ -92,8 +92,8 @@ struct RunnerMemoryInfo {
   int64_t kv_pool_tokens = 0;  // num_blocks * block_size
   int32_t num_swap_blocks = 0;
   std::string pool_sized_from;  // "cache.num_blocks", "cache.memory_fraction", ...
-  // model.weight_dtype int8 / int4 / int4_asym: what quantizing at load took
-  // (0 weights: nothing was quantized).
+  // model.weight_dtype int8 / int4 / int4_asym (CPU) or fp8_e4m3 (CUDA, on
+  // the host): what quantizing at load took (0 weights: nothing was quantized).
   int64_t quantized_weights = 0;
   double quantize_seconds = 0;
   int quantize_threads = 0;

@@ -25,6 +25,7 @@
 #include "model/cuda/cuda_runner_impl.h"
 #include "model/cuda/host/batch_staging.h"
 #include "model/cuda/host/graph_buckets.h"
+#include "model/loader/quantize_weights.h"
 #include "model/runner_factory.h"
 #include "util/status_macros.h"
 
@@ -199,6 +200,13 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
     m.info.weight_dtype = name(m.weight_quant.body);
     if (m.weight_quant.head != m.weight_quant.body) {
       m.info.weight_dtype += "+head " + name(m.weight_quant.head);
+    }
+    // What quantizing at load took (on the host; none for a checkpoint
+    // shipped in fp8, whose seconds are 0, or a dummy model made on the device).
+    if (const QuantizedLinears* q = weights.quantized.get(); q != nullptr && q->seconds > 0) {
+      m.info.quantized_weights = q->num_weights;
+      m.info.quantize_seconds = q->seconds;
+      m.info.quantize_threads = q->threads;
     }
   } else {
     m.info.weight_dtype = std::string(WeightDtypeName(dtype));

@@ -215,6 +215,9 @@ TEST_CASE("stub runner: a shipped fp8 checkpoint gives the logits of quantizing 
   INFO(at_load.status().ToString() << " / " << as_shipped.status().ToString());
   REQUIRE((at_load.ok() && as_shipped.ok()));
   REQUIRE((*as_shipped)->memory_info().weight_dtype == "fp8_e4m3+head bf16");
+  // Quantized on the host at load (5 layers of 38,400 weights), shipped as is.
+  REQUIRE((*at_load)->memory_info().quantized_weights == 5 * (128 * 64 + 64 * 64 + 3 * 172 * 64));
+  REQUIRE((*as_shipped)->memory_info().quantized_weights == 0);
   std::mt19937 rng(4);
   std::vector<int32_t> prompt(20), tokens(12);
   for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % 500) + 3;
