@@ -15,6 +15,7 @@
 #include "model/cpu/cpu_model_runner.h"
 #include "model/cpu/cpu_threads.h"
 #include "model/loader/quantize_weights.h"
+#include "model/lowrank/low_rank_kv.h"
 #include "util/status_macros.h"
 #ifdef KVSERVE_HAVE_CUDA
 #include "model/cuda/cuda_model_runner.h"
@@ -88,6 +89,16 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(LlamaWeights weight
   const ModelConfig& mc = weights.config;
   KV_RETURN_IF_ERROR(mc.Validate());
   KV_RETURN_IF_ERROR(CheckWeightQuant(o, DeviceSpec{}, &weights));
+  std::shared_ptr<const LowRankKv> low_rank;
+  if (!o.low_rank.empty()) {
+    // Before quantizing: the fingerprint hashes the fp32 K/V projections.
+    absl::StatusOr<LowRankKv> lr = LoadLowRankKvFor(o.low_rank, weights);
+    if (!lr.ok()) {
+      return absl::Status(lr.status().code(),
+                          absl::StrCat("cache.low_rank: ", std::string(lr.status().message())));
+    }
+    low_rank = std::make_shared<const LowRankKv>(*std::move(lr));
+  }
   KV_ASSIGN_OR_RETURN(WeightQuantSpec quant,
                       ParseWeightQuant(o.weight_dtype, o.weight_dtype_head, o.weight_group_size));
   // The quantizer's threads as the forward pass's (model.threads; 0: what
@@ -98,7 +109,9 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(LlamaWeights weight
   // the budget first.
   KvLayerShape shape{mc.num_layers, mc.num_kv_heads,   mc.head_dim,
                      o.block_size,  o.int4_group_size, KvElem::kFp32};
-  KV_ASSIGN_OR_RETURN(KvLayers layers, ResolveKvLayers(o.kv_dtype, shape));
+  const std::vector<KvLayerDims> dims =
+      low_rank ? LowRankLayerDims(*low_rank) : std::vector<KvLayerDims>{};
+  KV_ASSIGN_OR_RETURN(KvLayers layers, ResolveKvLayers(o.kv_dtype, shape, "cache.kv_dtype", dims));
   const int32_t num_tails = TailBlocksFor(layers, o.max_num_seqs);
   KvPoolRequest pool;
   pool.num_blocks = o.num_blocks;
@@ -123,6 +136,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(LlamaWeights weight
   ro.num_threads = o.num_threads;
   ro.pool_sized_from = plan.sized_from;
   ro.num_tail_blocks = num_tails;
+  ro.low_rank = std::move(low_rank);
   absl::StatusOr<std::unique_ptr<CpuModelRunner>> runner =
       CpuModelRunner::Create(std::move(weights), ro);
   if (!runner.ok()) {
@@ -187,6 +201,12 @@ absl::Status CheckRunnerDevice(const RunnerOptions& options) {
   KV_ASSIGN_OR_RETURN(DeviceSpec device, ParseDevice(options.device));
   KV_RETURN_IF_ERROR(CheckWeightQuant(options, device, nullptr));
   if (device.kind == DeviceSpec::Kind::kCpu) return absl::OkStatus();
+  if (!options.low_rank.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache.low_rank: low-rank KV latents run on the CPU runner only "
+                     "(model.device: cpu); ",
+                     options.device, " takes a cache without cache.low_rank"));
+  }
 #ifdef KVSERVE_HAVE_CUDA
   return CudaModelRunner::CheckDevice(options, device);
 #else
@@ -202,7 +222,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(LlamaWeights weig
   KV_ASSIGN_OR_RETURN(DeviceSpec device, ParseDevice(options.device));
   if (device.kind == DeviceSpec::Kind::kCpu) return CreateCpuRunner(std::move(weights), options);
   KV_RETURN_IF_ERROR(CheckWeightQuant(options, device, &weights));
-  KV_RETURN_IF_ERROR(CheckRunnerDevice(options));
+  KV_RETURN_IF_ERROR(CheckRunnerDevice(options));  // refuses cache.low_rank first
 #ifdef KVSERVE_HAVE_CUDA
   KV_ASSIGN_OR_RETURN(WeightDtype dtype, ResolveWeightDtype(options.dtype, device));
   KV_ASSIGN_OR_RETURN(

@@ -80,6 +80,9 @@ struct RunnerOptions {
   double memory_fraction = 0.0;  // 0: the backend's default
   int32_t num_swap_blocks = 0;
   int32_t int4_group_size = 64;
+  // cache.low_rank: a `kvserve calibrate-kv` file; the CPU runner caches
+  // rank-R latents (model/lowrank/low_rank_kv.h), CUDA refuses it. "": off.
+  std::string low_rank;
   // scheduler.* (the largest step the runner must take)
   int32_t max_num_seqs = 64;
   int32_t max_num_batched_tokens = 512;

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
 #include <vector>
 
@@ -32,6 +33,13 @@ struct KvLayerShape {
   KvElem tail_elem = KvElem::kFp32;
 };
 
+// One layer's page shape where it is not the model's: low-rank latents
+// (model/lowrank/low_rank_kv.h) store groups of kv heads at their rank.
+struct KvLayerDims {
+  int32_t num_heads = 0;
+  int32_t head_dim = 0;
+};
+
 struct KvLayers {
   std::vector<KvFormat> formats;  // one per layer
   int64_t bytes_per_block = 0;    // one block id, every layer
@@ -45,9 +53,12 @@ struct KvLayers {
 };
 
 // The formats of spec over shape. InvalidArgument from spec.Resolve (naming
-// `what`) or from KvFormat::Create (naming the cache.* setting).
+// `what`) or from KvFormat::Create (naming the cache.* setting). layer_dims,
+// when not empty, gives every layer's page shape instead of shape's
+// num_kv_heads and head_dim.
 absl::StatusOr<KvLayers> ResolveKvLayers(const KvDtypeSpec& spec, const KvLayerShape& shape,
-                                         std::string_view what = "cache.kv_dtype");
+                                         std::string_view what = "cache.kv_dtype",
+                                         std::span<const KvLayerDims> layer_dims = {});
 
 // Tail blocks a pool of layers keeps for max_seqs running sequences: two
 // each (a tail freed while a pending copy still reads it is reused a step

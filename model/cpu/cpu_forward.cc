@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/attention_plan.h"
 #include "kernels/cpu/gemm.h"
+#include "kernels/cpu/low_rank_attention.h"
 #include "kernels/cpu/paged_attention.h"
 #include "model/batch_check.h"
 #include "model/cpu/cpu_threads.h"
@@ -70,18 +71,36 @@ absl::Status CheckWeights(const LlamaWeights& w) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<CpuForward>> CpuForward::Create(LlamaWeights weights,
-                                                               int num_threads) {
+absl::StatusOr<std::unique_ptr<CpuForward>> CpuForward::Create(
+    LlamaWeights weights, int num_threads, std::shared_ptr<const LowRankKv> low_rank) {
   KV_RETURN_IF_ERROR(CheckWeights(weights));
+  if (low_rank != nullptr) {
+    KV_RETURN_IF_ERROR(ValidateLowRankKv(*low_rank, "cache.low_rank"));
+    const ModelConfig& c = weights.config;
+    if (low_rank->num_layers != c.num_layers || low_rank->dim != c.dim ||
+        low_rank->num_heads != c.num_heads || low_rank->num_kv_heads != c.num_kv_heads ||
+        low_rank->head_dim != c.head_dim) {
+      return absl::InvalidArgumentError("cache.low_rank: the bases are of another model's shape");
+    }
+    for (const LayerWeights& l : weights.layers) {
+      if (l.wo.data == nullptr) {
+        return absl::InvalidArgumentError(
+            "cache.low_rank: folding V's basis into the output projection needs its fp32 weights");
+      }
+    }
+  }
   if (num_threads <= 0) num_threads = DefaultCpuThreads();
-  return std::unique_ptr<CpuForward>(new CpuForward(std::move(weights), num_threads));
+  return std::unique_ptr<CpuForward>(
+      new CpuForward(std::move(weights), num_threads, std::move(low_rank)));
 }
 
-CpuForward::CpuForward(LlamaWeights weights, int num_threads)
+CpuForward::CpuForward(LlamaWeights weights, int num_threads,
+                       std::shared_ptr<const LowRankKv> low_rank)
     : weights_(std::move(weights)),
       rope_(weights_.config.max_position_embeddings, weights_.config.RopeInvFreq()),
       inv_freq_(weights_.config.RopeInvFreq()),
-      pool_(num_threads) {
+      pool_(num_threads),
+      low_rank_(std::move(low_rank)) {
   const ModelConfig& c = weights_.config;
   q_dim_ = c.num_heads * c.head_dim;
   kv_dim_ = c.num_kv_heads * c.head_dim;
@@ -117,6 +136,75 @@ CpuForward::CpuForward(LlamaWeights weights, int num_threads)
     granule_ = cpu::kQuantBlock;
   }
   RepackIfMisaligned();
+  att_width_ = q_dim_;
+  if (low_rank_) FoldLowRank();
+}
+
+void CpuForward::FoldLowRank() {
+  // V of kv head kvh is sum_r z_r B_v[g][r][o + e] (o: the head's offset in
+  // its group), so head h's share of the output projection,
+  // sum_e Wo[d][h * hd + e] v[e], is sum_r z_r W_o'[d][h * rank_v + r] with
+  // W_o'[d][h * rank_v + r] = sum_e Wo[d][h * hd + e] B_v[g][r][o + e].
+  const ModelConfig& c = weights_.config;
+  const LowRankKv& lr = *low_rank_;
+  const int hd = c.head_dim, q_per_kv = c.num_heads / c.num_kv_heads, gw = lr.group_width();
+  att_width_ = 0;
+  latent_width_ = 0;
+  wo_low_rank_.resize(c.num_layers);
+  for (int l = 0; l < c.num_layers; ++l) {
+    const LowRankLayer& layer = lr.layers[l];
+    const int rv = layer.rank_v;
+    const int64_t in = int64_t{c.num_heads} * rv;
+    att_width_ = std::max(att_width_, in);
+    latent_width_ =
+        std::max<int64_t>(latent_width_, int64_t{lr.num_groups()} * layer.stored_width());
+    std::vector<float>& w = wo_low_rank_[l];
+    w.assign(static_cast<size_t>(c.dim) * in, 0.0f);
+    const float* wo = weights_.layers[l].wo.data;  // [dim][q_dim]
+    for (int h = 0; h < c.num_heads; ++h) {
+      const int kvh = h / q_per_kv, g = kvh / lr.group_heads, o = (kvh % lr.group_heads) * hd;
+      for (int r = 0; r < rv; ++r) {
+        const float* basis = layer.v_basis.data() + (static_cast<size_t>(g) * rv + r) * gw + o;
+        for (int d = 0; d < c.dim; ++d) {
+          const float* wrow = wo + static_cast<size_t>(d) * q_dim_ + h * hd;
+          double acc = 0;
+          for (int e = 0; e < hd; ++e) acc += double{wrow[e]} * basis[e];
+          w[static_cast<size_t>(d) * in + h * rv + r] = static_cast<float>(acc);
+        }
+      }
+    }
+    mats_[l].wo = Matrix{w.data(), nullptr};
+  }
+}
+
+void CpuForward::ProjectLatents(int layer, int64_t r0, int64_t r1) {
+  const LowRankKv& lr = *low_rank_;
+  const LowRankLayer& l = lr.layers[layer];
+  const int groups = lr.num_groups(), gw = lr.group_width(), width = l.stored_width();
+  const int64_t row_width = int64_t{groups} * width;
+  for (int64_t r = r0; r < r1; ++r) {
+    std::fill(k_lat_.data() + r * row_width, k_lat_.data() + (r + 1) * row_width, 0.0f);
+    std::fill(v_lat_.data() + r * row_width, v_lat_.data() + (r + 1) * row_width, 0.0f);
+    for (int g = 0; g < groups; ++g) {
+      // Latent value i of the group's [z_k | z_v] goes to the K row at
+      // i < width, to the V row at i - width after (low_rank_kv.h).
+      auto out = [&](int i) -> float& {
+        return i < width ? k_lat_[r * row_width + g * width + i]
+                         : v_lat_[r * row_width + g * width + i - width];
+      };
+      for (int part = 0; part < 2; ++part) {
+        const float* x = (part == 0 ? k_ : v_).data() + r * kv_dim_ + int64_t{g} * gw;
+        const int rank = part == 0 ? l.rank_k : l.rank_v;
+        const float* basis = (part == 0 ? l.k_basis : l.v_basis).data();
+        for (int c = 0; c < rank; ++c) {
+          const float* b = basis + (static_cast<size_t>(g) * rank + c) * gw;
+          float acc = 0;
+          for (int e = 0; e < gw; ++e) acc += b[e] * x[e];
+          out(part == 0 ? c : l.rank_k + c) = acc;
+        }
+      }
+    }
+  }
 }
 
 void CpuForward::MatMul(const float* x, int64_t rows, int64_t in, const Matrix& m, int64_t c0,
@@ -173,8 +261,8 @@ absl::Status CpuForward::Validate(const BatchInput& batch, const HostKvPages& kv
                                   std::span<float> logits) const {
   const ModelConfig& c = weights_.config;
   const KvFormat& f = kv.format();
-  if (kv.num_layers() != c.num_layers || f.num_kv_heads() != c.num_kv_heads ||
-      f.head_dim() != c.head_dim) {
+  if (!low_rank_ && (kv.num_layers() != c.num_layers || f.num_kv_heads() != c.num_kv_heads ||
+                     f.head_dim() != c.head_dim)) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV pages (", kv.num_layers(), " layers, ", f.num_kv_heads(),
                      " kv heads, head_dim ", f.head_dim(), ") do not match the model (",
@@ -188,10 +276,48 @@ absl::Status CpuForward::Validate(const BatchInput& batch, const HostKvPages& kv
   limits.sliding_window = c.sliding_window;
   limits.num_tails = kv.has_tails() ? kv.num_tails() : 0;
   KV_RETURN_IF_ERROR(ValidateBatch(batch, limits));
+  if (low_rank_) KV_RETURN_IF_ERROR(ValidateLowRank(batch, kv));
   const size_t want = batch.logits_rows.size() * static_cast<size_t>(c.vocab_size);
   if (logits.size() < want) {
     return absl::InvalidArgumentError(
         absl::StrCat("logits buffer has ", logits.size(), " floats, the batch needs ", want));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuForward::ValidateLowRank(const BatchInput& batch, const HostKvPages& kv) const {
+  const LowRankKv& lr = *low_rank_;
+  if (kv.num_layers() != lr.num_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("cache.low_rank: KV pages of ", kv.num_layers(),
+                                                   " layers for ", lr.num_layers));
+  }
+  for (int l = 0; l < lr.num_layers; ++l) {
+    const KvFormat& f = kv.format(l);
+    if (f.num_kv_heads() != lr.num_groups() || f.head_dim() != lr.layers[l].stored_width() ||
+        f.has_tails()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cache.low_rank: layer ", l, "'s KV pages (", f.num_kv_heads(), " heads of ",
+                       f.head_dim(), f.has_tails() ? ", with tails" : "", ") are not its latents (",
+                       lr.num_groups(), " groups of ", lr.layers[l].stored_width(), ")"));
+    }
+  }
+  for (int32_t n : batch.num_sinks) {
+    if (n > 0) return absl::InvalidArgumentError("cache.low_rank: KV eviction (sinks) is refused");
+  }
+  for (auto a : batch.attention_stats) {
+    if (a) return absl::InvalidArgumentError("cache.low_rank: attention statistics are refused");
+  }
+  // Keys are rotated at their cache index: a row's position must be it.
+  const int32_t B = batch.num_seqs();
+  for (int32_t b = 0; b < B; ++b) {
+    const int32_t first = batch.context_len[b] - (batch.query_start[b + 1] - batch.query_start[b]);
+    for (int32_t r = batch.query_start[b]; r < batch.query_start[b + 1]; ++r) {
+      if (batch.positions[r] != first + (r - batch.query_start[b])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "cache.low_rank: row ", r, " has position ", batch.positions[r], " at cache index ",
+            first + (r - batch.query_start[b]), "; low-rank keys sit at their cache index"));
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -205,7 +331,9 @@ void CpuForward::EnsureCapacity(int64_t rows, int64_t logit_rows) {
     q_.resize(capacity_ * q_dim_);
     k_.resize(capacity_ * kv_dim_);
     v_.resize(capacity_ * kv_dim_);
-    att_.resize(capacity_ * q_dim_);
+    att_.resize(capacity_ * att_width_);
+    k_lat_.resize(capacity_ * latent_width_);
+    v_lat_.resize(capacity_ * latent_width_);
     gate_.resize(capacity_ * c.hidden_dim);
     up_.resize(capacity_ * c.hidden_dim);
   }
@@ -376,6 +504,8 @@ void CpuForward::FinishQkv(int layer, const BatchInput& batch, HostKvPages& kv, 
     cpu::RmsNorm(q, w.q_norm.data, q, n * c.num_heads, c.head_dim, c.rms_norm_eps);
     cpu::RmsNorm(k, w.k_norm.data, k, n * c.num_kv_heads, c.head_dim, c.rms_norm_eps);
   }
+  if (kv_observer_) kv_observer_(layer, r0, n, k, v);
+  if (low_rank_) ProjectLatents(layer, r0, r1);
   const bool interleaved = c.rope_style == RopeStyle::kInterleaved;
   thread_local std::vector<float> rope_scratch;
   rope_scratch.resize(c.head_dim);
@@ -391,12 +521,19 @@ void CpuForward::FinishQkv(int layer, const BatchInput& batch, HostKvPages& kv, 
     }
     RopeAt(batch.positions[r0 + i], rope_scratch.data(), &cs, &sn);
     cpu::ApplyRope(q + i * q_dim_, c.num_heads, c.head_dim, cs, sn, interleaved);
-    cpu::ApplyRope(k + i * kv_dim_, c.num_kv_heads, c.head_dim, cs, sn, interleaved);
+    // Low rank: the latents are of unrotated keys (attention rotates them).
+    if (!low_rank_)
+      cpu::ApplyRope(k + i * kv_dim_, c.num_kv_heads, c.head_dim, cs, sn, interleaved);
   }
   if (kv.format(layer).has_tails()) return;  // int4_kc: FlushKvBlocks / WriteKvTails
   cpu::KvWriteParams wp;
   wp.k = k;
   wp.v = v;
+  if (low_rank_) {
+    const int64_t w = int64_t{low_rank_->num_groups()} * low_rank_->layers[layer].stored_width();
+    wp.k = k_lat_.data() + r0 * w;
+    wp.v = v_lat_.data() + r0 * w;
+  }
   wp.slot_mapping = batch.slot_mapping.data() + r0;
   wp.num_tokens = static_cast<int32_t>(n);
   wp.kv = LayerView(kv, layer);
@@ -404,9 +541,9 @@ void CpuForward::FinishQkv(int layer, const BatchInput& batch, HostKvPages& kv, 
 }
 
 void CpuForward::AttentionOutput(int layer, int64_t r0, int64_t r1, int64_t c0, int64_t c1) {
-  const int64_t dim = weights_.config.dim;
+  const int64_t dim = weights_.config.dim, in = AttentionWidth(layer);
   float* x = x_.data() + r0 * dim;
-  MatMul(att_.data() + r0 * q_dim_, r1 - r0, q_dim_, mats_[layer].wo, c0, c1, x + c0, dim,
+  MatMul(att_.data() + r0 * in, r1 - r0, in, mats_[layer].wo, c0, c1, x + c0, dim,
          /*accumulate=*/true);
   if (weights_.config.o_bias) {
     const float* bo = weights_.layers[layer].bo.data;
@@ -494,6 +631,21 @@ absl::Status CpuForward::Forward(const BatchInput& batch, HostKvPages& kv,
     ap.key_mass = row_mass_.data();
     ap.key_mass_offset = mass_offset_.data();
   }
+  cpu::LowRankAttentionParams lp;
+  if (low_rank_) {
+    lp.q = q_.data();
+    lp.out = att_.data();
+    lp.batch = ap.batch;
+    lp.num_heads = c.num_heads;
+    lp.num_kv_heads = c.num_kv_heads;
+    lp.head_dim = c.head_dim;
+    lp.group_heads = low_rank_->group_heads;
+    lp.scale = attn_scale_;
+    lp.sliding_window = c.sliding_window;
+    lp.rope = &rope_;
+    lp.inv_freq = inv_freq_.data();
+    lp.interleaved = c.rope_style == RopeStyle::kInterleaved;
+  }
 
   // Phase boundaries are the only synchronisation: K/V of every row must be
   // written before any row attends, and attention ranges are split by cost,
@@ -538,8 +690,18 @@ absl::Status CpuForward::Forward(const BatchInput& batch, HostKvPages& kv,
         cpu::FlushKvBlocks(tp, static_cast<int32_t>(b0), static_cast<int32_t>(b1));
       });
     }
+    if (low_rank_) {
+      const LowRankLayer& lrl = low_rank_->layers[l];
+      lp.kv = ap.kv;
+      lp.rank_k = lrl.rank_k;
+      lp.rank_v = lrl.rank_v;
+      lp.k_basis = lrl.k_basis.data();
+    }
     pool_.Run(attn_chunks, [&](int ch) {
-      if (attn_split_[ch] < attn_split_[ch + 1]) {
+      if (attn_split_[ch] >= attn_split_[ch + 1]) return;
+      if (low_rank_) {
+        cpu::LowRankAttention(lp, attn_split_[ch], attn_split_[ch + 1]);
+      } else {
         cpu::PagedAttention(ap, attn_split_[ch], attn_split_[ch + 1]);
       }
     });

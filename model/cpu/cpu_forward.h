@@ -52,10 +52,21 @@
 // small enough (kMaxRepackBytes); the aligned loads make decode of tiny
 // models about a fifth faster.
 //
+// Low-rank KV (cache.low_rank; model/lowrank/low_rank_kv.h): the pages of
+// layer l hold, per group of kv heads, rank-R latents of the pre-RoPE K and
+// of V (format: the groups as kv heads, the stored width as head_dim).
+// FinishQkv projects K and V onto the bases before RoPE and writes the
+// latents; cpu::LowRankAttention reconstructs and rotates the keys and
+// returns each head's V latent, which the output projection takes through
+// W_o' = B_v^T W_o (per head, computed at Create). Eviction (sinks, key
+// mass) is refused for these pages, and a row's position must be its cache
+// index (keys are rotated at their index).
+//
 // Thread-safety: none; one engine thread calls Forward.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -68,6 +79,7 @@
 #include "kernels/cpu/quant/quant_matrix.h"
 #include "kernels/cpu/thread_pool.h"
 #include "model/llama_weights.h"
+#include "model/lowrank/low_rank_kv.h"
 
 namespace kvserve {
 
@@ -75,7 +87,19 @@ class CpuForward {
  public:
   // num_threads counts the calling thread; <= 0 means DefaultCpuThreads()
   // (what the cgroup CPU quota and the affinity mask allow).
-  static absl::StatusOr<std::unique_ptr<CpuForward>> Create(LlamaWeights weights, int num_threads);
+  // low_rank (optional): latents instead of K/V; its shape must be the
+  // model's (CheckLowRankMatches is the caller's, at load).
+  static absl::StatusOr<std::unique_ptr<CpuForward>> Create(
+      LlamaWeights weights, int num_threads, std::shared_ptr<const LowRankKv> low_rank = nullptr);
+
+  // Sees every row's K and V after biases and q/k norms, before RoPE
+  // (layer, first row, rows, k [rows][kv_dim], v [rows][kv_dim]): the
+  // low-rank calibration's activations. Called from the pool's threads on
+  // disjoint row ranges of a layer, so it must be thread-safe.
+  using KvObserver =
+      std::function<void(int layer, int64_t row0, int64_t rows, const float* k, const float* v)>;
+  void set_kv_observer(KvObserver observer) { kv_observer_ = std::move(observer); }
+  const LowRankKv* low_rank() const { return low_rank_.get(); }
 
   const ModelConfig& config() const { return weights_.config; }
   const LlamaWeights& weights() const { return weights_; }
@@ -115,11 +139,22 @@ class CpuForward {
   static constexpr int64_t kMaxRepackBytes = int64_t{256} << 20;
 
  private:
-  CpuForward(LlamaWeights weights, int num_threads);
+  CpuForward(LlamaWeights weights, int num_threads, std::shared_ptr<const LowRankKv> low_rank);
   void RepackIfMisaligned();
+  // W_o' per layer and the latent widths (low rank only).
+  void FoldLowRank();
+  // Projects rows [r0, r1) of k_ / v_ (pre-RoPE) onto layer l's bases.
+  void ProjectLatents(int layer, int64_t r0, int64_t r1);
+  // Input width of layer l's output projection.
+  int64_t AttentionWidth(int layer) const {
+    return low_rank_ ? int64_t{weights_.config.num_heads} * low_rank_->layers[layer].rank_v
+                     : q_dim_;
+  }
 
   absl::Status Validate(const BatchInput& batch, const HostKvPages& kv,
                         std::span<float> logits) const;
+  // The low-rank pages' shapes and what the batch may ask of them.
+  absl::Status ValidateLowRank(const BatchInput& batch, const HostKvPages& kv) const;
   void EnsureCapacity(int64_t rows, int64_t logit_rows);
   // Decides how the step splits work (split_rows_, row_chunks_,
   // col_chunks_) and splits the attention rows into ranges of about equal
@@ -195,6 +230,15 @@ class CpuForward {
   int row_chunks_ = 1;               // row ranges of the projections / MLP
   int col_chunks_ = 1;               // output-feature ranges of a matrix
   std::vector<int32_t> attn_split_;  // [attention ranges + 1] row boundaries
+
+  // Low rank (null / empty without).
+  std::shared_ptr<const LowRankKv> low_rank_;
+  std::vector<std::vector<float>> wo_low_rank_;  // [layer][dim][num_heads * rank_v]
+  int64_t att_width_ = 0;                        // max AttentionWidth
+  int64_t latent_width_ = 0;                     // max groups * stored width
+  std::vector<float> k_lat_;                     // [T][groups][stored width]
+  std::vector<float> v_lat_;                     // [T][groups][stored width]
+  KvObserver kv_observer_;
 
   // Eviction, per step (empty unless the batch asks).
   std::vector<int32_t> sink_pos_;      // [T]: cache index for a sink query, or -1

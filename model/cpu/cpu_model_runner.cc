@@ -34,11 +34,19 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
   if (options.num_tail_blocks < 0 || options.num_swap_tail_blocks < 0) {
     return absl::InvalidArgumentError("cache tail blocks must be >= 0");
   }
+  const std::vector<KvLayerDims> dims =
+      options.low_rank ? LowRankLayerDims(*options.low_rank) : std::vector<KvLayerDims>{};
   KV_ASSIGN_OR_RETURN(KvLayers layers,
                       ResolveKvLayers(options.kv_dtype,
                                       {c.num_layers, c.num_kv_heads, c.head_dim, options.block_size,
-                                       options.int4_group_size, KvElem::kFp32}));
+                                       options.int4_group_size, KvElem::kFp32},
+                                      "cache.kv_dtype", dims));
   const bool tails = layers.has_tails();
+  if (tails && options.low_rank) {
+    return absl::InvalidArgumentError(
+        "cache.low_rank: int4_kc layers (per-block K ranges, full-precision tails) do not take "
+        "low-rank latents; use a per-token cache.kv_dtype");
+  }
   const int32_t num_tails = !tails                        ? 0
                             : options.num_tail_blocks > 0 ? options.num_tail_blocks
                                                           : kDefaultTailBlocks;
@@ -48,8 +56,9 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
   const int32_t num_blocks = options.num_blocks > 0
                                  ? options.num_blocks
                                  : BlocksForTokens(c.max_position_embeddings, options.block_size);
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<CpuForward> model,
-                      CpuForward::Create(std::move(weights), options.num_threads));
+  KV_ASSIGN_OR_RETURN(
+      std::unique_ptr<CpuForward> model,
+      CpuForward::Create(std::move(weights), options.num_threads, options.low_rank));
   return std::unique_ptr<CpuModelRunner>(
       new CpuModelRunner(std::move(model), layers.formats, num_blocks, options.num_swap_blocks,
                          num_tails, num_swap_tails, options.pool_sized_from));
@@ -145,6 +154,10 @@ absl::Status CpuModelRunner::SwapIn(std::span<const BlockCopy> copies) {
 absl::Status CpuModelRunner::MoveSlots(std::span<const SlotMove> moves) {
   if (primary_.has_tails()) {
     return absl::UnimplementedError("KV slot moves need a format without tails (not int4_kc)");
+  }
+  if (low_rank()) {
+    return absl::UnimplementedError(
+        "cache.low_rank: KV slot moves are refused (low-rank keys sit at their cache index)");
   }
   const int bs = primary_.format().block_size();
   CheckSlotMoves(moves, int64_t{primary_.num_blocks()} * bs, "CpuModelRunner::MoveSlots");

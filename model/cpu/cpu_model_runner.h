@@ -49,6 +49,10 @@ struct CpuRunnerOptions {
   int num_threads = 0;
   // For memory_info(): which setting the pool size came from.
   std::string pool_sized_from = "cache.num_blocks";
+  // cache.low_rank: pages of rank-R latents (model/lowrank/low_rank_kv.h),
+  // checked against the weights by the caller (LoadLowRankKvFor). Not with
+  // int4_kc layers; no eviction and no KV tiers with it.
+  std::shared_ptr<const LowRankKv> low_rank;
 };
 
 class CpuModelRunner final : public ModelRunner {
@@ -80,13 +84,15 @@ class CpuModelRunner final : public ModelRunner {
   absl::Status SwapOut(std::span<const BlockCopy> copies) override;
   absl::Status SwapIn(std::span<const BlockCopy> copies) override;
   // Eviction moves single token rows: not with int4_kc's per-block K scales.
-  bool supports_eviction() const override { return !primary_.has_tails(); }
+  // Nor with low-rank pages (keys sit at their cache index).
+  bool supports_eviction() const override { return !primary_.has_tails() && !low_rank(); }
   // Host memcpy of each token's rows; aborts on a slot outside the pool.
   absl::Status MoveSlots(std::span<const SlotMove> moves) override;
   absl::Status ReadAttentionStats(std::span<float> out) override;
   // Tiers: host memcpy of whole blocks, every layer; aborts on a block id
   // outside the pool or a buffer of the wrong size.
-  bool supports_kv_tiers() const override { return true; }
+  // Not with low-rank pages: a tier's identity does not carry the bases.
+  bool supports_kv_tiers() const override { return !low_rank(); }
   bool supports_token_masks() const override { return true; }
   int64_t tier_block_bytes() const override { return primary_.bytes_per_block(); }
   absl::Status ExportBlocks(std::span<const BlockId> blocks, std::span<uint8_t> out) override;
@@ -97,6 +103,7 @@ class CpuModelRunner final : public ModelRunner {
   const HostKvPages& primary_pages() const { return primary_; }
   const HostKvPages& swap_pages() const { return swap_; }
   int num_threads() const { return model_->num_threads(); }
+  const LowRankKv* low_rank() const { return model_->low_rank(); }
 
  private:
   CpuModelRunner(std::unique_ptr<CpuForward> model, const std::vector<KvFormat>& formats,

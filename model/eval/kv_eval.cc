@@ -215,11 +215,23 @@ absl::StatusOr<KvQualityReport> EvaluateKvQuality(const std::vector<std::vector<
     }
     weight_names.resize(dtypes.size(), "fp32");
   }
+  std::vector<std::string> low_rank(dtypes.size());
+  for (const std::string& file : options.low_rank) {
+    std::vector<KvDtypeSpec> formats = options.dtypes;
+    if (formats.empty()) formats.push_back(KvDtype::kFp32);
+    for (const KvDtypeSpec& d : formats) {
+      dtypes.push_back(d);
+      weight_names.push_back("fp32");
+      low_rank.push_back(file);
+    }
+  }
   std::vector<std::unique_ptr<ModelRunner>> runners;
   for (size_t i = 0; i < dtypes.size(); ++i) {
     const KvDtypeSpec& d = dtypes[i];
     KV_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> r,
-                        by_weights ? options.make_weight_runner(weight_names[i]) : make_runner(d));
+                        !low_rank[i].empty() ? options.make_low_rank_runner(d, low_rank[i])
+                        : by_weights         ? options.make_weight_runner(weight_names[i])
+                                             : make_runner(d));
     if (d.is_uniform() && r->kv_format().dtype() != d.first_dtype()) {
       return absl::InternalError(absl::StrCat("the runner made for ", d.ToString(), " stores ",
                                               std::string(KvDtypeName(r->kv_format().dtype()))));
@@ -356,11 +368,18 @@ absl::StatusOr<KvQualityReport> EvaluateKvQuality(const std::vector<std::vector<
     KvFormatQuality q;
     q.dtype = dtypes[f];
     q.weight_dtype = weight_names[f];
+    q.low_rank = low_rank[f];
     KV_ASSIGN_OR_RETURN(KvLayers layers, ResolveKvLayers(dtypes[f], shape));
     for (const KvFormat& fmt : layers.formats) {
-      if (fmt.v().elem == KvElem::kInt4) report.int4_group_size = fmt.v().group_size;
+      if (fmt.v().elem == KvElem::kInt4 && q.low_rank.empty()) {
+        report.int4_group_size = fmt.v().group_size;
+      }
     }
     q.bytes_per_token = layers.bytes_per_token();
+    if (!q.low_rank.empty()) {  // narrower pages: what the runner's pool allocates
+      const int64_t per_block = runners[f]->memory_info().kv_bytes_per_block;
+      q.bytes_per_token = (per_block + report.block_size - 1) / report.block_size;
+    }
     q.bytes_vs_fp16 = q.bytes_per_token / fp16_bytes;
     q.perplexity = std::exp(acc.nll / static_cast<double>(predictions));
     q.mean_kl = acc.kl / static_cast<double>(predictions);
@@ -389,8 +408,12 @@ std::string KvQualityTable(const KvQualityReport& report) {
     by_weights |= q.weight_dtype != "fp32";
   }
   auto name = [&](const KvFormatQuality& q) {
+    if (!q.low_rank.empty()) return absl::StrCat(q.dtype.ToString(), " + ", q.low_rank);
     return by_weights ? q.weight_dtype : q.dtype.ToString();
   };
+  for (const KvFormatQuality& q : report.formats) {
+    width = std::max(width, static_cast<int>(name(q).size()));
+  }
   if (by_weights) {
     for (const KvFormatQuality& q : report.formats) {
       width = std::max(width, static_cast<int>(q.weight_dtype.size()));
@@ -423,18 +446,20 @@ std::string KvQualityJson(const KvQualityReport& report) {
   j["seconds"] = report.seconds;
   nlohmann::json formats = nlohmann::json::array();
   for (const KvFormatQuality& q : report.formats) {
-    formats.push_back({{"kv_dtype", q.dtype.ToString()},
-                       {"weight_dtype", q.weight_dtype},
-                       {"ppl", q.perplexity},
-                       {"bytes_per_token", q.bytes_per_token},
-                       {"bytes_vs_fp16", q.bytes_vs_fp16},
-                       {"perplexity", q.perplexity},
-                       {"delta_ppl_percent", q.delta_ppl_percent},
-                       {"mean_kl", q.mean_kl},
-                       {"max_kl", q.max_kl},
-                       {"top1_agreement", q.top1_agreement},
-                       {"mean_greedy_agreement", q.mean_greedy_agreement},
-                       {"greedy_full_match", q.greedy_full_match}});
+    formats.push_back(
+        {{"kv_dtype", q.dtype.ToString()},
+         {"weight_dtype", q.weight_dtype},
+         {"low_rank", q.low_rank.empty() ? nlohmann::json() : nlohmann::json(q.low_rank)},
+         {"ppl", q.perplexity},
+         {"bytes_per_token", q.bytes_per_token},
+         {"bytes_vs_fp16", q.bytes_vs_fp16},
+         {"perplexity", q.perplexity},
+         {"delta_ppl_percent", q.delta_ppl_percent},
+         {"mean_kl", q.mean_kl},
+         {"max_kl", q.max_kl},
+         {"top1_agreement", q.top1_agreement},
+         {"mean_greedy_agreement", q.mean_greedy_agreement},
+         {"greedy_full_match", q.greedy_full_match}});
   }
   j["formats"] = std::move(formats);
   return j.dump(2) + "\n";

@@ -81,11 +81,19 @@ struct KvQualityOptions {
   std::vector<std::string> weight_dtypes;
   std::function<absl::StatusOr<std::unique_ptr<ModelRunner>>(const std::string&)>
       make_weight_runner;
+  // Low-rank KV rows (eval-kv --low-rank FILE): after the formats, for each
+  // file one row per format of `dtypes` (fp32 alone when it is empty), each
+  // a runner from make_low_rank_runner(format, file).
+  std::vector<std::string> low_rank;
+  std::function<absl::StatusOr<std::unique_ptr<ModelRunner>>(const KvDtypeSpec&,
+                                                             const std::string&)>
+      make_low_rank_runner;
 };
 
 struct KvFormatQuality {
   KvDtypeSpec dtype = KvDtype::kFp32;  // one dtype or one per layer
   std::string weight_dtype = "fp32";   // the runner's model.weight_dtype
+  std::string low_rank;                // the low-rank file of the row; "": none
   int64_t bytes_per_token = 0;         // all layers, as allocated (kv_layers.h)
   double bytes_vs_fp16 = 0;            // bytes_per_token / fp16's
   double perplexity = 0;

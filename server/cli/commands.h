@@ -10,5 +10,6 @@ int RunServe(int argc, char** argv);         // server/cli/serve.cc
 int RunEvalKv(int argc, char** argv);        // server/cli/eval_kv.cc
 int RunPlan(int argc, char** argv);          // server/cli/plan.cc
 int RunTrainEvictor(int argc, char** argv);  // server/cli/train_evictor.cc
+int RunCalibrateKv(int argc, char** argv);   // server/cli/calibrate_kv.cc
 
 }  // namespace kvserve::cli

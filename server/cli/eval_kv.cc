@@ -28,6 +28,7 @@
 #include "model/eval/kv_frontier.h"
 #include "model/loader/model_loader.h"
 #include "model/loader/quantize_weights.h"
+#include "model/lowrank/low_rank_kv.h"
 #include "server/cli/commands.h"
 #include "server/cli/flags.h"
 #include "util/status_macros.h"
@@ -57,7 +58,11 @@ constexpr char kUsage[] =
     "  --block-size B         KV block size in tokens (default 16)\n"
     "  --int4-group-size G    int4 channels per scale group: 32, 64 or 128, clamped to\n"
     "                         head_dim (default 64)\n"
+    "  --low-rank FILE        also rows with low-rank KV latents (kvserve calibrate-kv's\n"
+    "                         file), one per --kv-dtype given (fp32 alone when none);\n"
+    "                         repeatable\n"
     "  --max-stories N        use the first N stories, 0 = all (default 0)\n"
+    "  --skip-stories N       skip the first N stories (e.g. those calibrate-kv saw)\n"
     "  --context N            truncate stories to N tokens (default: the model's context)\n"
     "  --chunk N              prefill rows per step of the teacher-forced pass (default 64)\n"
     "  --prompts N            greedy prompts: the first tokens of N stories (default 16)\n"
@@ -105,6 +110,8 @@ struct Options {
   int block_size = 16;
   int int4_group_size = 64;
   int32_t max_stories = 0;
+  int32_t skip_stories = 0;
+  std::vector<std::string> low_rank;  // --low-rank files
   int32_t context = 0;
   int threads = 0;
   std::string json;
@@ -187,6 +194,10 @@ int ParseFlags(int argc, char** argv, Options* o) {
       }
     } else if (name == "--max-stories") {
       if (!int_flag(0, 1 << 30, &o->max_stories)) return bad("an integer >= 0");
+    } else if (name == "--skip-stories") {
+      if (!int_flag(0, 1 << 30, &o->skip_stories)) return bad("an integer >= 0");
+    } else if (name == "--low-rank") {
+      o->low_rank.push_back(value);
     } else if (name == "--context") {
       if (!int_flag(2, 1 << 30, &o->context)) return bad("an integer >= 2");
     } else if (name == "--chunk") {
@@ -574,8 +585,11 @@ int RunEvalKv(int argc, char** argv) {
   const ModelConfig& config = loaded->weights.config;
   const int32_t max_len = opt.context > 0 ? std::min(opt.context, config.max_position_embeddings)
                                           : config.max_position_embeddings;
-  const std::vector<std::vector<int32_t>> stories =
-      TokenizeStories(text.str(), *loaded->tokenizer, max_len, opt.max_stories);
+  std::vector<std::vector<int32_t>> stories =
+      TokenizeStories(text.str(), *loaded->tokenizer, max_len,
+                      opt.max_stories > 0 ? opt.max_stories + opt.skip_stories : 0);
+  stories.erase(stories.begin(),
+                stories.begin() + std::min<size_t>(stories.size(), opt.skip_stories));
 
   for (const KvDtypeSpec& d : opt.dtypes) {
     if (absl::Status s = d.Resolve(config.num_layers, "--kv-dtype").status(); !s.ok()) {
@@ -600,7 +614,29 @@ int RunEvalKv(int argc, char** argv) {
   if (isatty(STDERR_FILENO)) {
     opt.eval.progress = [&bar](int64_t done, int64_t total) { bar.Update(done, total); };
   }
-  opt.eval.dtypes = opt.dtypes.empty() ? AllFormats() : opt.dtypes;
+  // With --low-rank alone: the fp32 reference and the low-rank rows.
+  opt.eval.dtypes = !opt.dtypes.empty()    ? opt.dtypes
+                    : opt.low_rank.empty() ? AllFormats()
+                                           : std::vector<KvDtypeSpec>{};
+  opt.eval.low_rank = opt.low_rank;
+  opt.eval.make_low_rank_runner =
+      [&](const KvDtypeSpec& dtype,
+          const std::string& file) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
+    absl::StatusOr<LowRankKv> lr = LoadLowRankKvFor(file, weights);
+    if (!lr.ok()) {
+      return absl::Status(lr.status().code(),
+                          absl::StrCat("--low-rank: ", std::string(lr.status().message())));
+    }
+    CpuRunnerOptions ro;
+    ro.kv_dtype = dtype;
+    ro.block_size = opt.block_size;
+    ro.int4_group_size = opt.int4_group_size;
+    ro.num_threads = opt.threads;
+    ro.low_rank = std::make_shared<const LowRankKv>(*std::move(lr));
+    absl::StatusOr<std::unique_ptr<CpuModelRunner>> r = CpuModelRunner::Create(weights, ro);
+    if (!r.ok()) return r.status();
+    return std::unique_ptr<ModelRunner>(std::move(*r));
+  };
   opt.eval.weight_dtypes = opt.weight_dtype_names;
   opt.eval.make_weight_runner =
       [&](const std::string& name) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {

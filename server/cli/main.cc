@@ -17,6 +17,7 @@ constexpr char kUsage[] =
     "  eval-kv   KV cache quality report per format                kvserve eval-kv --model PATH\n"
     "            (or KV eviction study)                            kvserve eval-kv --policy all\n"
     "  train-evictor  train the learned KV eviction policy        kvserve train-evictor --out F\n"
+    "  calibrate-kv  low-rank KV bases from text (cache.low_rank) kvserve calibrate-kv --model P\n"
     "  plan      KV capacity planner                               kvserve plan --model PRESET\n"
     "Run 'kvserve <command> --help' for the options of a command.\n";
 
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
   if (cmd == "generate") return kvserve::cli::RunGenerate(argc - 1, argv + 1);
   if (cmd == "convert") return kvserve::cli::RunConvert(argc - 1, argv + 1);
   if (cmd == "eval-kv") return kvserve::cli::RunEvalKv(argc - 1, argv + 1);
+  if (cmd == "calibrate-kv") return kvserve::cli::RunCalibrateKv(argc - 1, argv + 1);
   if (cmd == "plan") return kvserve::cli::RunPlan(argc - 1, argv + 1);
   if (cmd == "train-evictor") return kvserve::cli::RunTrainEvictor(argc - 1, argv + 1);
   if (cmd == "--help" || cmd == "-h" || cmd == "help") {
