@@ -334,6 +334,8 @@ const std::vector<Field>& Fields() {
                   }),
               Path("cache.evictor_model",
                    [](ServeConfig& c, std::string v) { c.cache.evictor_model = std::move(v); }),
+              Path("cache.low_rank",
+                   [](ServeConfig& c, std::string v) { c.cache.low_rank = std::move(v); }),
               {"cache.host_tier_bytes",
                [](ServeConfig& c, const std::string& text, Source, const std::string&) {
                  KV_ASSIGN_OR_RETURN(c.cache.host_tier_bytes,
@@ -633,6 +635,21 @@ absl::Status CheckWhole(const ServeConfig& c) {
   if (c.scheduler.preemption_mode == "swap" && c.cache.num_swap_blocks == 0) {
     return absl::InvalidArgumentError(
         "cache.num_swap_blocks: must be > 0 when scheduler.preemption_mode is swap");
+  }
+  if (!c.cache.low_rank.empty()) {
+    // Low-rank keys sit at their cache index (no slot moves), and a tier's
+    // identity does not carry the bases.
+    if (c.cache.eviction_policy != "none") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cache.low_rank: KV eviction is refused with low-rank latents (cache.eviction_policy ",
+          c.cache.eviction_policy, ")"));
+    }
+    if (c.cache.host_tier_bytes > 0 || !c.cache.disk_tier_path.empty() ||
+        !c.cache.remote_tier_url.empty()) {
+      return absl::InvalidArgumentError(
+          "cache.low_rank: KV tiers (cache.host_tier_bytes, cache.disk_tier_path, "
+          "cache.remote_tier_url) are refused with low-rank latents");
+    }
   }
   // The eviction settings as the engine will check them (sliding_window
   // without a budget waits for the model's window).

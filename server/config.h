@@ -68,6 +68,9 @@ struct ServeConfig {
     int32_t recent_tokens = 0;      // 0: derived (streaming: budget - sinks; others: budget / 2)
     int32_t eviction_history = 16;  // scissorhands
     std::string evictor_model;      // policy learned: the file `kvserve train-evictor` wrote
+    // Low-rank KV latents: the file `kvserve calibrate-kv` wrote (CPU only;
+    // docs/kv-low-rank.md); "": off.
+    std::string low_rank;
     // Tiers below the device pool (cache/tier/, docs/kv-tiers.md); 0 / "": off.
     int64_t host_tier_bytes = 0;
     std::string disk_tier_path;

@@ -88,6 +88,9 @@ std::string ServeConfigKeyHelp(const std::string& key) {
        "recent tokens always kept; 0: budget - sink_tokens (streaming), budget / 2 (others)"},
       {"cache.eviction_history", "scissorhands: steps of attention history, 1..64 (16)"},
       {"cache.evictor_model", "learned: the predictor `kvserve train-evictor` wrote"},
+      {"cache.low_rank",
+       "low-rank KV latents: the file `kvserve calibrate-kv` wrote (CPU only; no eviction, no "
+       "tiers, no int4_kc; docs/kv-low-rank.md)"},
       {"cache.host_tier_bytes",
        "host-memory tier for prefix blocks leaving the device pool (e.g. 8GiB); 0: none"},
       {"cache.disk_tier_path", "disk tier: one preallocated file, kept across restarts"},

@@ -38,6 +38,7 @@ absl::StatusOr<RunnerOptions> RunnerOptionsFor(const ServeConfig& config) {
   ro.memory_fraction = config.cache.memory_fraction;
   ro.num_swap_blocks = config.cache.num_swap_blocks;
   ro.int4_group_size = config.cache.int4_group_size;
+  ro.low_rank = config.cache.low_rank;
   ro.num_threads = config.model.threads > 0 ? config.model.threads : DefaultCpuThreads();
   ro.max_num_seqs = config.scheduler.max_num_seqs;
   ro.max_num_batched_tokens = config.scheduler.max_num_batched_tokens;
@@ -59,6 +60,10 @@ absl::Status CheckBeforeLoad(const ServeConfig& config) {
   std::error_code ec;
   if (!std::filesystem::exists(path, ec)) {
     return absl::NotFoundError(absl::StrCat("model.path: ", path, " does not exist"));
+  }
+  if (!config.cache.low_rank.empty() && !std::filesystem::exists(config.cache.low_rank, ec)) {
+    return absl::NotFoundError(
+        absl::StrCat("cache.low_rank: ", config.cache.low_rank, " does not exist"));
   }
   if (!config.model.tokenizer.empty() && !std::filesystem::exists(config.model.tokenizer, ec)) {
     return absl::NotFoundError(

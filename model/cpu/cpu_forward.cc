@@ -195,7 +195,7 @@ void CpuForward::ProjectLatents(int layer, int64_t r0, int64_t r1) {
       for (int part = 0; part < 2; ++part) {
         const float* x = (part == 0 ? k_ : v_).data() + r * kv_dim_ + int64_t{g} * gw;
         const int rank = part == 0 ? l.rank_k : l.rank_v;
-        const float* basis = (part == 0 ? l.k_basis : l.v_basis).data();
+        const float* basis = (part == 0 ? l.k_encoder : l.v_encoder).data();
         for (int c = 0; c < rank; ++c) {
           const float* b = basis + (static_cast<size_t>(g) * rank + c) * gw;
           float acc = 0;
@@ -504,7 +504,7 @@ void CpuForward::FinishQkv(int layer, const BatchInput& batch, HostKvPages& kv, 
     cpu::RmsNorm(q, w.q_norm.data, q, n * c.num_heads, c.head_dim, c.rms_norm_eps);
     cpu::RmsNorm(k, w.k_norm.data, k, n * c.num_kv_heads, c.head_dim, c.rms_norm_eps);
   }
-  if (kv_observer_) kv_observer_(layer, r0, n, k, v);
+  if (kv_observer_) kv_observer_(layer, r0, n, q, k, v);
   if (low_rank_) ProjectLatents(layer, r0, r1);
   const bool interleaved = c.rope_style == RopeStyle::kInterleaved;
   thread_local std::vector<float> rope_scratch;

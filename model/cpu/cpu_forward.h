@@ -92,12 +92,12 @@ class CpuForward {
   static absl::StatusOr<std::unique_ptr<CpuForward>> Create(
       LlamaWeights weights, int num_threads, std::shared_ptr<const LowRankKv> low_rank = nullptr);
 
-  // Sees every row's K and V after biases and q/k norms, before RoPE
-  // (layer, first row, rows, k [rows][kv_dim], v [rows][kv_dim]): the
+  // Sees every row's Q, K and V after biases and q/k norms, before RoPE
+  // (layer, first row, rows, q [rows][q_dim], k, v [rows][kv_dim]): the
   // low-rank calibration's activations. Called from the pool's threads on
   // disjoint row ranges of a layer, so it must be thread-safe.
-  using KvObserver =
-      std::function<void(int layer, int64_t row0, int64_t rows, const float* k, const float* v)>;
+  using KvObserver = std::function<void(int layer, int64_t row0, int64_t rows, const float* q,
+                                        const float* k, const float* v)>;
   void set_kv_observer(KvObserver observer) { kv_observer_ = std::move(observer); }
   const LowRankKv* low_rank() const { return low_rank_.get(); }
 

@@ -118,7 +118,9 @@ absl::Status ValidateLowRankKv(const LowRankKv& kv, const std::string& what) {
       }
     }
     if (static_cast<int64_t>(lr.k_basis.size()) != g * lr.rank_k * w ||
-        static_cast<int64_t>(lr.v_basis.size()) != g * lr.rank_v * w) {
+        lr.k_encoder.size() != lr.k_basis.size() ||
+        static_cast<int64_t>(lr.v_basis.size()) != g * lr.rank_v * w ||
+        lr.v_encoder.size() != lr.v_basis.size()) {
       return bad(absl::StrCat("layer ", l, ": the bases do not have the ranks' sizes"));
     }
   }
@@ -161,8 +163,9 @@ absl::Status SaveLowRankKv(const LowRankKv& kv, const std::string& path) {
     PutU32(out, static_cast<uint32_t>(l.rank_v));
   }
   for (const LowRankLayer& l : kv.layers) {
-    PutFloats(out, l.k_basis);
-    PutFloats(out, l.v_basis);
+    for (const std::vector<float>* v : {&l.k_basis, &l.k_encoder, &l.v_basis, &l.v_encoder}) {
+      PutFloats(out, *v);
+    }
   }
   PutU64(out, Fnv1a64({reinterpret_cast<const uint8_t*>(out.data()), out.size()}));
   std::ofstream f(path, std::ios::binary | std::ios::trunc);
@@ -227,8 +230,10 @@ absl::StatusOr<LowRankKv> LoadLowRankKv(const std::string& path) {
   }
   section = "bases";
   for (LowRankLayer& l : kv.layers) {
-    if (!r.Floats(static_cast<size_t>(g * l.rank_k * w), &l.k_basis) ||
-        !r.Floats(static_cast<size_t>(g * l.rank_v * w), &l.v_basis)) {
+    const size_t nk = static_cast<size_t>(g * l.rank_k * w);
+    const size_t nv = static_cast<size_t>(g * l.rank_v * w);
+    if (!r.Floats(nk, &l.k_basis) || !r.Floats(nk, &l.k_encoder) || !r.Floats(nv, &l.v_basis) ||
+        !r.Floats(nv, &l.v_encoder)) {
       return truncated();
     }
   }

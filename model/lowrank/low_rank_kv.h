@@ -7,10 +7,12 @@
 //
 // Shapes: a group is group_heads consecutive kv heads, group_width =
 // group_heads * head_dim values per token; num_groups = num_kv_heads /
-// group_heads. Layer l keeps, per group g,
-//   k_basis[g][r][e]  (r < rank_k, e < group_width): latent z_r = sum_e B[r][e] k[e]
-//   v_basis[g][r][e]  (r < rank_v)                   and k ~ sum_r z_r B[r]
-// with orthonormal rows (B B^T = I), so one matrix both encodes and decodes.
+// group_heads. Layer l keeps, per group g, for K (r < rank_k) and V
+// (r < rank_v), e < group_width:
+//   encoder E[g][r][e]: latent z_r = sum_e E[r][e] x[e]
+//   basis   D[g][r][e]: reconstruction x ~ sum_r z_r D[r]
+// (E = D with orthonormal rows for plain PCA; the calibration's weighted
+// PCA makes them differ, model/lowrank/calibrate/calibrate.h).
 // The cache stores, per group and token, the latent c = [z_k | z_v | 0 pad]
 // of rank_k + rank_v values split in two halves of stored_width() =
 // ceil((rank_k + rank_v) / 2) rounded up to even: the page's K row holds
@@ -24,7 +26,8 @@
 //   u32 num_layers, dim, num_heads, num_kv_heads, head_dim, group_heads
 //   u64 the K/V projection weights' hash (KvProjectionHash)
 //   u32 rank_k, rank_v                       per layer
-//   f32 k_basis [G][rank_k][W], f32 v_basis [G][rank_v][W]   per layer
+//   f32 k_basis, k_encoder [G][rank_k][W], v_basis, v_encoder [G][rank_v][W]
+//                                            per layer
 //   u64 FNV-1a 64 of every byte before it
 // Loading refuses a file of another model (shape or weights hash), a
 // truncated one and one whose checksum does not match, naming the file and
@@ -47,8 +50,10 @@ namespace kvserve {
 struct LowRankLayer {
   int32_t rank_k = 0;
   int32_t rank_v = 0;
-  std::vector<float> k_basis;  // [num_groups][rank_k][group_width]
-  std::vector<float> v_basis;  // [num_groups][rank_v][group_width]
+  std::vector<float> k_basis;    // [num_groups][rank_k][group_width], decodes
+  std::vector<float> k_encoder;  // [num_groups][rank_k][group_width]
+  std::vector<float> v_basis;    // [num_groups][rank_v][group_width], decodes
+  std::vector<float> v_encoder;  // [num_groups][rank_v][group_width]
 
   // Values per group and token in each of the page's K and V rows: half
   // of rank_k + rank_v, rounded up to even (every KV format takes even

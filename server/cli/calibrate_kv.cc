@@ -37,6 +37,8 @@ constexpr char kUsage[] =
     "                       share of the activations' energy (e.g. 0.02); --rank-k and\n"
     "                       --rank-v then cap them\n"
     "  --group-heads G      kv heads per latent group (default: all of a layer's)\n"
+    "  --weighting W        pca: plain PCA of K and V (default); attention: K's error\n"
+    "                       weighted by the queries, V's by the output projection\n"
     "  --max-stories N      calibrate on the first N stories, 0 = all (default 0)\n"
     "  --threads N          CPU threads, 0 = all (default 0)\n";
 
@@ -74,6 +76,10 @@ int RunCalibrateKv(int argc, char** argv) {
         return flags.BadValue(flag, "a share in (0, 1)");
       }
       co.error_budget = e;
+    } else if (flag.name == "--weighting") {
+      if (flag.value != "attention" && flag.value != "pca")
+        return flags.BadValue(flag, "attention or pca");
+      co.weighted = flag.value == "attention";
     } else if (flag.name == "--group-heads") {
       if (!CliFlags::ParseInt(flag.value, 1, 1 << 16, &n))
         return flags.BadValue(flag, "an integer >= 1");

@@ -1,6 +1,7 @@
 #include "model/lowrank/calibrate/calibrate.h"
 
 #include <algorithm>
+#include <cmath>
 #include <mutex>
 #include <span>
 
@@ -16,6 +17,10 @@
 namespace kvserve {
 namespace {
 
+// The metrics' ridge, as a share of their mean diagonal: keeps M^-1/2
+// bounded where a direction never reaches the output.
+constexpr double kMetricRidge = 1e-3;
+
 // Sum of x x^T per layer, group and part (K, V), in double.
 class Moments {
  public:
@@ -25,9 +30,17 @@ class Moments {
         sums_(static_cast<size_t>(layers) * groups * 2,
               std::vector<double>(static_cast<size_t>(width) * width, 0.0)) {}
 
-  void Add(int layer, int64_t rows, const float* k, const float* v) {
+  // q_moments: [layers][q_dim], the sum of every query channel's square.
+  void Add(int layer, int64_t rows, const float* q, int q_dim, const float* k, const float* v) {
     const int64_t row_width = int64_t{groups_} * width_;
     std::lock_guard<std::mutex> lock(mu_);
+    if (q_sums_.empty()) q_sums_.assign(sums_.size() / (2 * groups_), std::vector<double>(q_dim));
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int c = 0; c < q_dim; ++c) {
+        const double x = q[r * q_dim + c];
+        q_sums_[layer][c] += x * x;
+      }
+    }
     for (int part = 0; part < 2; ++part) {
       const float* x = part == 0 ? k : v;
       for (int g = 0; g < groups_; ++g) {
@@ -46,13 +59,97 @@ class Moments {
   std::vector<double>& sum(int layer, int group, int part) {
     return sums_[(static_cast<size_t>(layer) * groups_ + group) * 2 + part];
   }
+  const std::vector<double>& q_sum(int layer) const { return q_sums_[layer]; }
 
  private:
   int groups_;
   int width_;
   std::mutex mu_;
   std::vector<std::vector<double>> sums_;
+  std::vector<std::vector<double>> q_sums_;
 };
+
+// f(M) = sum_i f(lambda_i) m_i m_i^T for a symmetric M [n][n].
+std::vector<double> MatrixFunction(int n, const std::vector<double>& m, double (*f)(double)) {
+  const SymmetricEigenResult e = SymmetricEigen(n, m);
+  std::vector<double> out(static_cast<size_t>(n) * n, 0.0);
+  for (int i = 0; i < n; ++i) {
+    const double fl = f(std::max(e.values[i], 0.0));
+    const double* v = e.vectors.data() + static_cast<size_t>(i) * n;
+    for (int a = 0; a < n; ++a) {
+      for (int b = 0; b < n; ++b) out[static_cast<size_t>(a) * n + b] += fl * v[a] * v[b];
+    }
+  }
+  return out;
+}
+
+// a b for [n][n] matrices.
+std::vector<double> MatMul(int n, const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> out(static_cast<size_t>(n) * n, 0.0);
+  for (int i = 0; i < n; ++i) {
+    for (int k = 0; k < n; ++k) {
+      const double x = a[static_cast<size_t>(i) * n + k];
+      for (int j = 0; j < n; ++j)
+        out[static_cast<size_t>(i) * n + j] += x * b[static_cast<size_t>(k) * n + j];
+    }
+  }
+  return out;
+}
+
+// Adds ridge * mean diagonal to the diagonal (the metric must be invertible).
+void Ridge(int n, std::vector<double>& m, double ridge) {
+  double trace = 0;
+  for (int i = 0; i < n; ++i) trace += m[static_cast<size_t>(i) * n + i];
+  const double add = ridge * std::max(trace / n, 1e-30);
+  for (int i = 0; i < n; ++i) m[static_cast<size_t>(i) * n + i] += add;
+}
+
+// The metric of a group's K error: the attention logit error of a pre-RoPE
+// key error e is q_rot . R(j) e; averaged over the rotation angles, RoPE
+// mixes each channel pair evenly, so the metric is diagonal with channel
+// c's weight the mean of E[q_c^2] and E[q_pair(c)^2], summed over the query
+// heads that read the kv head.
+std::vector<double> KeyMetric(const ModelConfig& c, const std::vector<double>& q_sum, int group,
+                              int group_heads) {
+  const int hd = c.head_dim, gw = group_heads * hd, q_per_kv = c.num_heads / c.num_kv_heads;
+  std::vector<double> m(static_cast<size_t>(gw) * gw, 0.0);
+  const bool interleaved = c.rope_style == RopeStyle::kInterleaved;
+  for (int i = 0; i < group_heads; ++i) {
+    const int kvh = group * group_heads + i;
+    for (int e = 0; e < hd; ++e) {
+      const int pair = interleaved ? (e ^ 1) : (e < hd / 2 ? e + hd / 2 : e - hd / 2);
+      double w = 0;
+      for (int h = kvh * q_per_kv; h < (kvh + 1) * q_per_kv; ++h) {
+        w += 0.5 *
+             (q_sum[static_cast<size_t>(h) * hd + e] + q_sum[static_cast<size_t>(h) * hd + pair]);
+      }
+      m[static_cast<size_t>(i * hd + e) * gw + i * hd + e] = w;
+    }
+  }
+  return m;
+}
+
+// The metric of a group's V error: what it does to the output, sum over the
+// query heads h of kv head kvh of Wo_h^T Wo_h (block diagonal over kv heads).
+std::vector<double> ValueMetric(const ModelConfig& c, const float* wo, int group, int group_heads) {
+  const int hd = c.head_dim, gw = group_heads * hd, q_per_kv = c.num_heads / c.num_kv_heads;
+  const int64_t q_dim = int64_t{c.num_heads} * hd;
+  std::vector<double> m(static_cast<size_t>(gw) * gw, 0.0);
+  for (int i = 0; i < group_heads; ++i) {
+    const int kvh = group * group_heads + i;
+    for (int h = kvh * q_per_kv; h < (kvh + 1) * q_per_kv; ++h) {
+      for (int d = 0; d < c.dim; ++d) {
+        const float* row = wo + d * q_dim + int64_t{h} * hd;
+        for (int a = 0; a < hd; ++a) {
+          for (int b = 0; b < hd; ++b) {
+            m[static_cast<size_t>(i * hd + a) * gw + i * hd + b] += double{row[a]} * row[b];
+          }
+        }
+      }
+    }
+  }
+  return m;
+}
 
 // The share of the energy the top `rank` eigenvalues hold.
 double Kept(const std::vector<double>& values, int rank) {
@@ -99,9 +196,9 @@ absl::StatusOr<LowRankCalibration> CalibrateLowRankKv(
   KV_ASSIGN_OR_RETURN(std::unique_ptr<CpuForward> forward,
                       CpuForward::Create(weights, options.num_threads));
   Moments moments(c.num_layers, groups, gw);
-  forward->set_kv_observer([&](int layer, int64_t, int64_t rows, const float* k, const float* v) {
-    moments.Add(layer, rows, k, v);
-  });
+  const int q_dim = c.num_heads * c.head_dim;
+  forward->set_kv_observer([&](int layer, int64_t, int64_t rows, const float* q, const float* k,
+                               const float* v) { moments.Add(layer, rows, q, q_dim, k, v); });
   constexpr int kBlockSize = 16;
   const int32_t max_len = c.max_position_embeddings;
   const int32_t blocks = BlocksForTokens(max_len, kBlockSize);
@@ -144,8 +241,30 @@ absl::StatusOr<LowRankCalibration> CalibrateLowRankKv(
   for (int l = 0; l < c.num_layers; ++l) {
     LowRankLayer& layer = kv.layers[l];
     for (int part = 0; part < 2; ++part) {
+      // Weighted PCA: with the metric M, the eigenvectors u of
+      // M^1/2 C M^1/2 give the encoder rows u^T M^1/2 and the basis rows
+      // M^-1/2 u, which minimize the mean M-norm of the reconstruction
+      // error; M = I is plain PCA (orthonormal, encoder = basis).
       std::vector<SymmetricEigenResult> eig;
-      for (int g = 0; g < groups; ++g) eig.push_back(SymmetricEigen(gw, moments.sum(l, g, part)));
+      std::vector<std::vector<double>> sqrt_m, inv_sqrt_m;
+      for (int g = 0; g < groups; ++g) {
+        std::vector<double> cov = moments.sum(l, g, part);
+        for (int i = 0; i < gw; ++i) {  // both triangles, for the products
+          for (int j = i + 1; j < gw; ++j)
+            cov[static_cast<size_t>(i) * gw + j] = cov[static_cast<size_t>(j) * gw + i];
+        }
+        if (options.weighted) {
+          std::vector<double> m = part == 0
+                                      ? KeyMetric(c, moments.q_sum(l), g, group_heads)
+                                      : ValueMetric(c, weights.layers[l].wo.data, g, group_heads);
+          Ridge(gw, m, kMetricRidge);
+          sqrt_m.push_back(MatrixFunction(gw, m, [](double x) { return std::sqrt(x); }));
+          inv_sqrt_m.push_back(
+              MatrixFunction(gw, m, [](double x) { return x > 0 ? 1 / std::sqrt(x) : 0.0; }));
+          cov = MatMul(gw, MatMul(gw, sqrt_m.back(), cov), sqrt_m.back());
+        }
+        eig.push_back(SymmetricEigen(gw, cov));
+      }
       const int32_t cap = part == 0 ? options.rank_k : options.rank_v;
       int32_t rank = cap > 0 ? cap : gw;
       if (options.error_budget > 0) {
@@ -161,13 +280,25 @@ absl::StatusOr<LowRankCalibration> CalibrateLowRankKv(
       }
       double kept = 1.0;
       std::vector<float>& basis = part == 0 ? layer.k_basis : layer.v_basis;
+      std::vector<float>& encoder = part == 0 ? layer.k_encoder : layer.v_encoder;
       basis.assign(static_cast<size_t>(groups) * rank * gw, 0.0f);
+      encoder.assign(basis.size(), 0.0f);
       for (int g = 0; g < groups; ++g) {
         kept = std::min(kept, Kept(eig[g].values, rank));
         for (int r = 0; r < rank; ++r) {
+          const double* u = eig[g].vectors.data() + static_cast<size_t>(r) * gw;
           for (int e = 0; e < gw; ++e) {
-            basis[(static_cast<size_t>(g) * rank + r) * gw + e] =
-                static_cast<float>(eig[g].vectors[static_cast<size_t>(r) * gw + e]);
+            double enc = u[e], dec = u[e];
+            if (options.weighted) {
+              enc = dec = 0;
+              for (int a = 0; a < gw; ++a) {
+                enc += sqrt_m[g][static_cast<size_t>(e) * gw + a] * u[a];
+                dec += inv_sqrt_m[g][static_cast<size_t>(e) * gw + a] * u[a];
+              }
+            }
+            const size_t at = (static_cast<size_t>(g) * rank + r) * gw + e;
+            encoder[at] = static_cast<float>(enc);
+            basis[at] = static_cast<float>(dec);
           }
         }
       }

@@ -44,6 +44,10 @@ struct LowRankCalibrationOptions {
   // kv heads per latent group; 0: every kv head of a layer in one group
   // (Palu's joint decomposition, the most accurate at a given width).
   int32_t group_heads = 0;
+  // Weighted PCA: K's error weighted by the queries that read it (averaged
+  // over RoPE's angles), V's by the output projection. Off by default: on
+  // stories260K it measured no better than plain PCA (docs/kv-low-rank.md).
+  bool weighted = false;
   int32_t chunk_tokens = 128;  // rows per forward step
   int num_threads = 0;         // <= 0: DefaultCpuThreads()
 };
