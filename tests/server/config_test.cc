@@ -252,6 +252,22 @@ TEST_CASE("Bad values stop with the key path and the reason", "[server]") {
           "model.threads: expected an integer in [0, 4096] (0: what the cgroup allows), got '-1'");
 }
 
+TEST_CASE("cache.low_rank: a file path, refused with eviction and tiers", "[server]") {
+  auto parse = [](const std::string& body) {
+    return ParseServeConfig("model:\n  path: dummy:tiny\ncache:\n  low_rank: m.lowrank\n" + body,
+                            "/etc/kvserve");
+  };
+  absl::StatusOr<ServeConfig> c = parse("");
+  REQUIRE(c.ok());
+  REQUIRE(c->cache.low_rank == "/etc/kvserve/m.lowrank");
+  REQUIRE(Error(parse("  eviction_policy: streaming\n")) ==
+          "cache.low_rank: KV eviction is refused with low-rank latents (cache.eviction_policy "
+          "streaming)");
+  REQUIRE(Error(parse("  host_tier_bytes: 1GiB\n")) ==
+          "cache.low_rank: KV tiers (cache.host_tier_bytes, cache.disk_tier_path, "
+          "cache.remote_tier_url) are refused with low-rank latents");
+}
+
 TEST_CASE("Every key has one line of --help", "[server]") {
   for (const std::string& key : ServeConfigKeys()) {
     INFO(key);
