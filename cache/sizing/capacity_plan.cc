@@ -58,7 +58,8 @@ absl::StatusOr<std::vector<KvFormatCapacity>> PlanCapacity(const CapacityPlanReq
                         ResolveKvLayers(spec,
                                         {req.num_layers, req.num_kv_heads, req.head_dim,
                                          req.block_size, req.int4_group_size, KvElem::kFp16},
-                                        "kv_dtype"));
+                                        "kv_dtype", req.layer_dims));
+    if (!req.layer_dims.empty() && layers.has_tails()) continue;
     KvFormatCapacity c;
     c.spec = spec;
     c.dtype = layers.formats.front().dtype();

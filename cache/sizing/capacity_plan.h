@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "cache/format/kv_dtype_spec.h"
 #include "cache/format/kv_format.h"
+#include "cache/sizing/kv_layers.h"
 
 namespace kvserve {
 
@@ -50,6 +51,10 @@ struct CapacityPlanRequest {
   std::vector<KvDtypeSpec> dtypes;
   // Running sequences whose int4_kc tails are reserved (twice over).
   int64_t max_seqs = 64;
+  // Low-rank latents (model/lowrank/low_rank_kv.h): every layer's page
+  // shape; formats with tails (int4_kc), which refuse latents, are left
+  // out. Empty: the model's shape.
+  std::vector<KvLayerDims> layer_dims;
 };
 
 struct KvFormatCapacity {

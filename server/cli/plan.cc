@@ -18,6 +18,7 @@
 #include "model/loader/hf_loader.h"
 #include "model/loader/model_loader.h"
 #include "model/loader/quantize_weights.h"
+#include "model/lowrank/low_rank_kv.h"
 #include "model/model_config.h"
 #include "server/cli/commands.h"
 #include "server/cli/flags.h"
@@ -55,6 +56,8 @@ constexpr char kUsage[] =
     "  --disk-tier SIZE    ... a disk tier of SIZE (4 KiB slots and their index)\n"
     "  --remote-tier SIZE  ... a Redis of SIZE (one value per block)\n"
     "  --json FILE         also write the plan as JSON\n"
+    "  --low-rank FILE     plan the narrower pages of low-rank KV latents (kvserve\n"
+    "                      calibrate-kv's file; int4_kc rows are left out)\n"
     "exit status: 0 when at least one KV format holds a sequence of --context tokens,\n"
     "3 when none does, 1 on other errors, 2 on bad flags.\n";
 
@@ -75,6 +78,7 @@ struct Options {
   double weight_bytes_per_param = 2.0;
   int int4_group_size = 64;
   std::vector<KvDtypeSpec> extra_dtypes;
+  std::string low_rank;  // --low-rank FILE
   int64_t max_seqs = 64;
   std::string json_path;
 };
@@ -139,6 +143,8 @@ int ParseFlags(int argc, char** argv, Options* o) {
       o->tier_bytes[name == "--host-tier" ? 0 : name == "--disk-tier" ? 1 : 2] = *bytes;
     } else if (name == "--json") {
       o->json_path = value;
+    } else if (name == "--low-rank") {
+      o->low_rank = value;
     } else {
       return flags.UsageError(absl::StrCat("unknown flag '", name, "'"));
     }
@@ -222,6 +228,22 @@ int RunPlan(int argc, char** argv) {
     if (std::find(req.dtypes.begin(), req.dtypes.end(), d) == req.dtypes.end()) {
       req.dtypes.push_back(d);
     }
+  }
+  if (!o.low_rank.empty()) {
+    absl::StatusOr<LowRankKv> lr = LoadLowRankKv(o.low_rank);
+    if (lr.ok() && (lr->num_layers != c.num_layers || lr->num_kv_heads != c.num_kv_heads ||
+                    lr->head_dim != c.head_dim)) {
+      lr = absl::FailedPreconditionError(
+          absl::StrCat("low-rank file ", o.low_rank, ": calibrated for another model's shape"));
+    }
+    if (!lr.ok()) {
+      std::fprintf(stderr, "kvserve plan: --low-rank: %s\n",
+                   std::string(lr.status().message()).c_str());
+      return 1;
+    }
+    req.layer_dims = LowRankLayerDims(*lr);
+    std::printf("low-rank KV latents from %s: pages of %d group(s) x %d values in layer 0\n",
+                o.low_rank.c_str(), req.layer_dims[0].num_heads, req.layer_dims[0].head_dim);
   }
   absl::StatusOr<std::vector<KvFormatCapacity>> plan = PlanCapacity(req);
   if (!plan.ok()) {

@@ -70,6 +70,20 @@ TEST_CASE("Llama-2-70B at 4096 tokens x 32 sequences needs 40 GiB of fp16 KV", "
   }
 }
 
+TEST_CASE("low-rank latents: the plan counts their narrower pages, without int4_kc", "[model]") {
+  CapacityPlanRequest req = Llama2_70b();
+  req.memory_bytes = 80 * kGiB;
+  // One group of the 8 kv heads per layer, 512 values (half the kv width
+  // of 1024) in each of a page's K and V rows.
+  req.layer_dims.assign(80, KvLayerDims{1, 512});
+  req.dtypes = {KvDtype::kFp16, KvDtype::kInt8, KvDtype::kInt4Kc};
+  const auto plan = ByDtype(*PlanCapacity(req));
+  REQUIRE(plan.size() == 2);
+  REQUIRE(plan.at(KvDtype::kFp16).bytes_per_token == 80 * 2 * 512 * 2);
+  // int8: one fp32 scale per row of the group, not per head.
+  REQUIRE(plan.at(KvDtype::kInt8).bytes_per_token == 80 * 2 * (512 + 4));
+}
+
 TEST_CASE("the weights come off the budget first", "[model]") {
   CapacityPlanRequest req = Llama2_70b();
   req.memory_bytes = 80 * kGiB;
