@@ -79,7 +79,11 @@ void LowRankAttention(const LowRankAttentionParams& p, int32_t row_begin, int32_
         DequantizeRow(f.v, width, block + f.RowOffset(f.v, g, j % bs),
                       block + f.MetaOffset(f.v, g, j % bs), latent.data() + width);
         float* kg = key + g * gw;
-        std::fill(kg, kg + gw, 0.0f);
+        if (p.k_mean != nullptr) {
+          std::copy(p.k_mean + g * gw, p.k_mean + (g + 1) * gw, kg);
+        } else {
+          std::fill(kg, kg + gw, 0.0f);
+        }
         const float* basis = p.k_basis + static_cast<size_t>(g) * rk * gw;
         for (int c = 0; c < rk; ++c) {
           const float z = latent[c];

@@ -7,7 +7,7 @@
 //
 // Algorithm, per run of rows of one sequence: every key the rows attend is
 // decoded once (DequantizeRow), reconstructed from its latent
-// (k_group = sum_r z_r B_k[g][r]), rotated at its cache index (RoPE after
+// (k_group = mean + sum_r z_r B_k[g][r]), rotated at its cache index (RoPE after
 // reconstruction; the latents are of unrotated keys) and scored against the
 // rows' queries; V stays latent: row r's output for query head h is
 // a = sum_j p_j z_v[j][group of h] (rank_v values), which the caller's
@@ -38,6 +38,7 @@ struct LowRankAttentionParams {
   int32_t rank_k = 0;              // rank_k + rank_v <= 2 * stored width
   int32_t rank_v = 0;              //   (kv.layout.head_dim)
   const float* k_basis = nullptr;  // [groups][rank_k][group_heads * head_dim]
+  const float* k_mean = nullptr;   // [groups][group_heads * head_dim]; null: 0
   float scale = 0.0f;              // usually 1 / sqrt(head_dim)
   int32_t sliding_window = 0;      // 0: full causal attention
   // RoPE of keys at their cache index: the table, and past it the same

@@ -151,6 +151,7 @@ void CpuForward::FoldLowRank() {
   att_width_ = 0;
   latent_width_ = 0;
   wo_low_rank_.resize(c.num_layers);
+  bo_low_rank_.assign(c.num_layers, std::vector<float>(c.dim, 0.0f));
   for (int l = 0; l < c.num_layers; ++l) {
     const LowRankLayer& layer = lr.layers[l];
     const int rv = layer.rank_v;
@@ -174,6 +175,18 @@ void CpuForward::FoldLowRank() {
       }
     }
     mats_[l].wo = Matrix{w.data(), nullptr};
+    // V's mean: the attention weights sum to 1, so every head's output
+    // carries it whole; its share of the output projection is a bias.
+    for (int d = 0; d < c.dim; ++d) {
+      double acc = 0;
+      for (int h = 0; h < c.num_heads; ++h) {
+        const int kvh = h / q_per_kv, g = kvh / lr.group_heads, o = (kvh % lr.group_heads) * hd;
+        const float* mean = layer.v_mean.data() + static_cast<size_t>(g) * gw + o;
+        const float* wrow = wo + static_cast<size_t>(d) * q_dim_ + h * hd;
+        for (int e = 0; e < hd; ++e) acc += double{wrow[e]} * mean[e];
+      }
+      bo_low_rank_[l][d] = static_cast<float>(acc);
+    }
   }
 }
 
@@ -196,10 +209,11 @@ void CpuForward::ProjectLatents(int layer, int64_t r0, int64_t r1) {
         const float* x = (part == 0 ? k_ : v_).data() + r * kv_dim_ + int64_t{g} * gw;
         const int rank = part == 0 ? l.rank_k : l.rank_v;
         const float* basis = (part == 0 ? l.k_encoder : l.v_encoder).data();
+        const float* mean = (part == 0 ? l.k_mean : l.v_mean).data() + int64_t{g} * gw;
         for (int c = 0; c < rank; ++c) {
           const float* b = basis + (static_cast<size_t>(g) * rank + c) * gw;
           float acc = 0;
-          for (int e = 0; e < gw; ++e) acc += b[e] * x[e];
+          for (int e = 0; e < gw; ++e) acc += b[e] * (x[e] - mean[e]);
           out(part == 0 ? c : l.rank_k + c) = acc;
         }
       }
@@ -545,6 +559,12 @@ void CpuForward::AttentionOutput(int layer, int64_t r0, int64_t r1, int64_t c0, 
   float* x = x_.data() + r0 * dim;
   MatMul(att_.data() + r0 * in, r1 - r0, in, mats_[layer].wo, c0, c1, x + c0, dim,
          /*accumulate=*/true);
+  if (low_rank_) {
+    const float* bv = bo_low_rank_[layer].data();
+    for (int64_t r = 0; r < r1 - r0; ++r) {
+      for (int64_t i = c0; i < c1; ++i) x[r * dim + i] += bv[i];
+    }
+  }
   if (weights_.config.o_bias) {
     const float* bo = weights_.layers[layer].bo.data;
     for (int64_t r = 0; r < r1 - r0; ++r) {
@@ -696,6 +716,7 @@ absl::Status CpuForward::Forward(const BatchInput& batch, HostKvPages& kv,
       lp.rank_k = lrl.rank_k;
       lp.rank_v = lrl.rank_v;
       lp.k_basis = lrl.k_basis.data();
+      lp.k_mean = lrl.k_mean.data();
     }
     pool_.Run(attn_chunks, [&](int ch) {
       if (attn_split_[ch] >= attn_split_[ch + 1]) return;

@@ -58,7 +58,7 @@
 // FinishQkv projects K and V onto the bases before RoPE and writes the
 // latents; cpu::LowRankAttention reconstructs and rotates the keys and
 // returns each head's V latent, which the output projection takes through
-// W_o' = B_v^T W_o (per head, computed at Create). Eviction (sinks, key
+// W_o' = B_v^T W_o (per head, computed at Create), plus W_o times V's mean. Eviction (sinks, key
 // mass) is refused for these pages, and a row's position must be its cache
 // index (keys are rotated at their index).
 //
@@ -234,6 +234,7 @@ class CpuForward {
   // Low rank (null / empty without).
   std::shared_ptr<const LowRankKv> low_rank_;
   std::vector<std::vector<float>> wo_low_rank_;  // [layer][dim][num_heads * rank_v]
+  std::vector<std::vector<float>> bo_low_rank_;  // [layer][dim]: W_o times V's mean
   int64_t att_width_ = 0;                        // max AttentionWidth
   int64_t latent_width_ = 0;                     // max groups * stored width
   std::vector<float> k_lat_;                     // [T][groups][stored width]

@@ -120,7 +120,9 @@ absl::Status ValidateLowRankKv(const LowRankKv& kv, const std::string& what) {
     if (static_cast<int64_t>(lr.k_basis.size()) != g * lr.rank_k * w ||
         lr.k_encoder.size() != lr.k_basis.size() ||
         static_cast<int64_t>(lr.v_basis.size()) != g * lr.rank_v * w ||
-        lr.v_encoder.size() != lr.v_basis.size()) {
+        lr.v_encoder.size() != lr.v_basis.size() ||
+        static_cast<int64_t>(lr.k_mean.size()) != g * w ||
+        static_cast<int64_t>(lr.v_mean.size()) != g * w) {
       return bad(absl::StrCat("layer ", l, ": the bases do not have the ranks' sizes"));
     }
   }
@@ -163,7 +165,8 @@ absl::Status SaveLowRankKv(const LowRankKv& kv, const std::string& path) {
     PutU32(out, static_cast<uint32_t>(l.rank_v));
   }
   for (const LowRankLayer& l : kv.layers) {
-    for (const std::vector<float>* v : {&l.k_basis, &l.k_encoder, &l.v_basis, &l.v_encoder}) {
+    for (const std::vector<float>* v :
+         {&l.k_basis, &l.k_encoder, &l.v_basis, &l.v_encoder, &l.k_mean, &l.v_mean}) {
       PutFloats(out, *v);
     }
   }
@@ -233,7 +236,8 @@ absl::StatusOr<LowRankKv> LoadLowRankKv(const std::string& path) {
     const size_t nk = static_cast<size_t>(g * l.rank_k * w);
     const size_t nv = static_cast<size_t>(g * l.rank_v * w);
     if (!r.Floats(nk, &l.k_basis) || !r.Floats(nk, &l.k_encoder) || !r.Floats(nv, &l.v_basis) ||
-        !r.Floats(nv, &l.v_encoder)) {
+        !r.Floats(nv, &l.v_encoder) || !r.Floats(static_cast<size_t>(g * w), &l.k_mean) ||
+        !r.Floats(static_cast<size_t>(g * w), &l.v_mean)) {
       return truncated();
     }
   }

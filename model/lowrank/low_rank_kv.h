@@ -9,8 +9,9 @@
 // group_heads * head_dim values per token; num_groups = num_kv_heads /
 // group_heads. Layer l keeps, per group g, for K (r < rank_k) and V
 // (r < rank_v), e < group_width:
-//   encoder E[g][r][e]: latent z_r = sum_e E[r][e] x[e]
-//   basis   D[g][r][e]: reconstruction x ~ sum_r z_r D[r]
+//   mean    m[g][e]
+//   encoder E[g][r][e]: latent z_r = sum_e E[r][e] (x[e] - m[e])
+//   basis   D[g][r][e]: reconstruction x ~ m + sum_r z_r D[r]
 // (E = D with orthonormal rows for plain PCA; the calibration's weighted
 // PCA makes them differ, model/lowrank/calibrate/calibrate.h).
 // The cache stores, per group and token, the latent c = [z_k | z_v | 0 pad]
@@ -26,8 +27,8 @@
 //   u32 num_layers, dim, num_heads, num_kv_heads, head_dim, group_heads
 //   u64 the K/V projection weights' hash (KvProjectionHash)
 //   u32 rank_k, rank_v                       per layer
-//   f32 k_basis, k_encoder [G][rank_k][W], v_basis, v_encoder [G][rank_v][W]
-//                                            per layer
+//   f32 k_basis, k_encoder [G][rank_k][W], v_basis, v_encoder [G][rank_v][W],
+//       k_mean, v_mean [G][W]                per layer
 //   u64 FNV-1a 64 of every byte before it
 // Loading refuses a file of another model (shape or weights hash), a
 // truncated one and one whose checksum does not match, naming the file and
@@ -54,6 +55,8 @@ struct LowRankLayer {
   std::vector<float> k_encoder;  // [num_groups][rank_k][group_width]
   std::vector<float> v_basis;    // [num_groups][rank_v][group_width], decodes
   std::vector<float> v_encoder;  // [num_groups][rank_v][group_width]
+  std::vector<float> k_mean;     // [num_groups][group_width] (zeros: uncentered)
+  std::vector<float> v_mean;     // [num_groups][group_width]
 
   // Values per group and token in each of the page's K and V rows: half
   // of rank_k + rank_v, rounded up to even (every KV format takes even

@@ -37,6 +37,8 @@ constexpr char kUsage[] =
     "                       share of the activations' energy (e.g. 0.02); --rank-k and\n"
     "                       --rank-v then cap them\n"
     "  --group-heads G      kv heads per latent group (default: all of a layer's)\n"
+    "  --center yes|no      subtract the activations' mean before the PCA and keep it in\n"
+    "                       the file (default yes)\n"
     "  --weighting W        pca: plain PCA of K and V (default); attention: K's error\n"
     "                       weighted by the queries, V's by the output projection\n"
     "  --max-stories N      calibrate on the first N stories, 0 = all (default 0)\n"
@@ -80,6 +82,9 @@ int RunCalibrateKv(int argc, char** argv) {
       if (flag.value != "attention" && flag.value != "pca")
         return flags.BadValue(flag, "attention or pca");
       co.weighted = flag.value == "attention";
+    } else if (flag.name == "--center") {
+      if (flag.value != "yes" && flag.value != "no") return flags.BadValue(flag, "yes or no");
+      co.center = flag.value == "yes";
     } else if (flag.name == "--group-heads") {
       if (!CliFlags::ParseInt(flag.value, 1, 1 << 16, &n))
         return flags.BadValue(flag, "an integer >= 1");

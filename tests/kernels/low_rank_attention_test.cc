@@ -40,6 +40,8 @@ TEST_CASE("LowRankAttention against a naive reference: odd lengths, page sizes, 
   const int W = pr.width(), G = pr.groups(), gw = pr.gw();
   std::vector<float> k_basis(static_cast<size_t>(G) * pr.rank_k * gw);
   for (float& x : k_basis) x = u(rng);
+  std::vector<float> k_mean(static_cast<size_t>(G) * gw);
+  for (float& x : k_mean) x = u(rng);
   auto fmt = KvFormat::Create(KvDtype::kFp32, G, W, bs);
   REQUIRE(fmt.ok());
   int32_t blocks_per_seq = 0;
@@ -109,6 +111,7 @@ TEST_CASE("LowRankAttention against a naive reference: odd lengths, page sizes, 
   p.rank_k = pr.rank_k;
   p.rank_v = pr.rank_v;
   p.k_basis = k_basis.data();
+  p.k_mean = k_mean.data();
   p.scale = 0.35f;
   p.sliding_window = window;
   p.rope = &rope;
@@ -130,6 +133,7 @@ TEST_CASE("LowRankAttention against a naive reference: odd lengths, page sizes, 
           const float* c = latents[s].data() + (static_cast<size_t>(j) * G + g) * 2 * W;
           std::vector<double> k(hd, 0.0);
           for (int e = 0; e < hd; ++e) {
+            k[e] = k_mean[static_cast<size_t>(g) * gw + off + e];
             for (int t = 0; t < pr.rank_k; ++t) {
               k[e] +=
                   double{c[t]} * k_basis[(static_cast<size_t>(g) * pr.rank_k + t) * gw + off + e];

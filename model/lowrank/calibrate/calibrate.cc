@@ -28,7 +28,9 @@ class Moments {
       : groups_(groups),
         width_(width),
         sums_(static_cast<size_t>(layers) * groups * 2,
-              std::vector<double>(static_cast<size_t>(width) * width, 0.0)) {}
+              std::vector<double>(static_cast<size_t>(width) * width, 0.0)),
+        lin_(sums_.size(), std::vector<double>(width, 0.0)),
+        count_(layers, 0) {}
 
   // q_moments: [layers][q_dim], the sum of every query channel's square.
   void Add(int layer, int64_t rows, const float* q, int q_dim, const float* k, const float* v) {
@@ -41,12 +43,15 @@ class Moments {
         q_sums_[layer][c] += x * x;
       }
     }
+    count_[layer] += rows;
     for (int part = 0; part < 2; ++part) {
       const float* x = part == 0 ? k : v;
       for (int g = 0; g < groups_; ++g) {
         std::vector<double>& s = sum(layer, g, part);
+        std::vector<double>& lin = lin_[(static_cast<size_t>(layer) * groups_ + g) * 2 + part];
         for (int64_t r = 0; r < rows; ++r) {
           const float* xr = x + r * row_width + int64_t{g} * width_;
+          for (int i = 0; i < width_; ++i) lin[i] += xr[i];
           for (int i = 0; i < width_; ++i) {  // lower triangle
             const double xi = xr[i];
             double* row = s.data() + static_cast<size_t>(i) * width_;
@@ -60,6 +65,13 @@ class Moments {
     return sums_[(static_cast<size_t>(layer) * groups_ + group) * 2 + part];
   }
   const std::vector<double>& q_sum(int layer) const { return q_sums_[layer]; }
+  // The mean of a group's K (part 0) or V over the tokens seen.
+  std::vector<double> mean(int layer, int group, int part) const {
+    std::vector<double> m = lin_[(static_cast<size_t>(layer) * groups_ + group) * 2 + part];
+    for (double& x : m) x /= std::max<int64_t>(count_[layer], 1);
+    return m;
+  }
+  int64_t count(int layer) const { return count_[layer]; }
 
  private:
   int groups_;
@@ -67,6 +79,8 @@ class Moments {
   std::mutex mu_;
   std::vector<std::vector<double>> sums_;
   std::vector<std::vector<double>> q_sums_;
+  std::vector<std::vector<double>> lin_;  // sum of x per layer, group, part
+  std::vector<int64_t> count_;            // tokens per layer
 };
 
 // f(M) = sum_i f(lambda_i) m_i m_i^T for a symmetric M [n][n].
@@ -249,6 +263,13 @@ absl::StatusOr<LowRankCalibration> CalibrateLowRankKv(
       std::vector<std::vector<double>> sqrt_m, inv_sqrt_m;
       for (int g = 0; g < groups; ++g) {
         std::vector<double> cov = moments.sum(l, g, part);
+        if (options.center) {  // the covariance: S - N mu mu^T
+          const std::vector<double> mu = moments.mean(l, g, part);
+          const double n = static_cast<double>(moments.count(l));
+          for (int i = 0; i < gw; ++i) {
+            for (int j = 0; j <= i; ++j) cov[static_cast<size_t>(i) * gw + j] -= n * mu[i] * mu[j];
+          }
+        }
         for (int i = 0; i < gw; ++i) {  // both triangles, for the products
           for (int j = i + 1; j < gw; ++j)
             cov[static_cast<size_t>(i) * gw + j] = cov[static_cast<size_t>(j) * gw + i];
@@ -303,6 +324,13 @@ absl::StatusOr<LowRankCalibration> CalibrateLowRankKv(
         }
       }
       (part == 0 ? layer.rank_k : layer.rank_v) = rank;
+      std::vector<float>& mean = part == 0 ? layer.k_mean : layer.v_mean;
+      mean.assign(static_cast<size_t>(groups) * gw, 0.0f);
+      for (int g = 0; g < groups && options.center; ++g) {
+        const std::vector<double> mu = moments.mean(l, g, part);
+        for (int e = 0; e < gw; ++e)
+          mean[static_cast<size_t>(g) * gw + e] = static_cast<float>(mu[e]);
+      }
       (part == 0 ? out.k_energy_kept : out.v_energy_kept).push_back(kept);
     }
   }

@@ -1,11 +1,11 @@
 // Low-rank KV calibration (`kvserve calibrate-kv`): the bases of
 // model/lowrank/low_rank_kv.h from a model's own activations on text.
 //
-// Method: the eigenvectors of each kv-head group's uncentered second moment
-// of its activations, C = sum_t x_t x_t^T over every calibration token, for
-// x = the group's pre-RoPE K (after biases and k_norm) and, separately, its
-// V; the top R are the basis (PCA without centering: the latents stay
-// linear in x, so attention and the folded output projection need no bias).
+// Method: the eigenvectors of each kv-head group's activation covariance
+// C over every calibration token, for x = the group's pre-RoPE K (after
+// biases and k_norm) and, separately, its V; the top R are the basis and
+// the mean is kept (centered PCA; `center` off: the uncentered second
+// moment, and a zero mean).
 // Why this and not the SVD of the projection weights whitened by the
 // input activations (Palu's and SVD-LLM's W S^{1/2}): for a linear
 // projection the two give the same subspace (the left singular vectors of
@@ -15,7 +15,7 @@
 // where K is not linear in the input (a k_norm after the projection, as in
 // Qwen3). It minimizes the mean squared reconstruction error of K and V
 // themselves on the calibration text; the dropped eigenvalues' share of the
-// trace is that error's share of the activations' energy, which the
+// trace is that error's share of the activations' variance, which the
 // --error-budget rank choice uses.
 //
 // The model runs through CpuForward over an fp32 cache (teacher forcing,
@@ -48,6 +48,10 @@ struct LowRankCalibrationOptions {
   // over RoPE's angles), V's by the output projection. Off by default: on
   // stories260K it measured no better than plain PCA (docs/kv-low-rank.md).
   bool weighted = false;
+  // Centered PCA (the default): the bases span the activations' covariance
+  // and the file keeps their mean, which K's reconstruction adds back and
+  // V's folds into an output bias; false: the uncentered second moment.
+  bool center = true;
   int32_t chunk_tokens = 128;  // rows per forward step
   int num_threads = 0;         // <= 0: DefaultCpuThreads()
 };

@@ -161,8 +161,8 @@ TEST_CASE("low-rank file: round trip, and refused for another model or when corr
   REQUIRE(SaveLowRankKv(*lr, path).ok());
   const std::string bytes = testing::ReadFileOrDie(path);
   // Header 44 bytes, ranks 5 x 8, per layer a basis and an encoder of
-  // (12 + 20) x 32 floats (one group), checksum 8.
-  CHECK(bytes.size() == 44 + 5 * 8 + 5 * (12 + 20) * 32 * 2 * 4 + 8);
+  // (12 + 20) x 32 floats and two means of 32 (one group), checksum 8.
+  CHECK(bytes.size() == 44 + 5 * 8 + 5 * ((12 + 20) * 32 * 2 + 2 * 32) * 4 + 8);
 
   SECTION("it loads back as written and matches its model") {
     auto back = LoadLowRankKvFor(path, testing::Stories260k());
@@ -172,6 +172,7 @@ TEST_CASE("low-rank file: round trip, and refused for another model or when corr
     CHECK(back->layers[3].stored_width() == 16);
     CHECK(back->layers[4].v_basis == lr->layers[4].v_basis);
     CHECK(back->layers[4].k_encoder == lr->layers[4].k_encoder);
+    CHECK(back->layers[1].v_mean == lr->layers[1].v_mean);
   }
   SECTION("another model's file is refused") {
     LlamaWeights other = testing::Stories260k();
