@@ -11,7 +11,9 @@
 // Loads: a block found below the device gets a fresh device block at
 // Allocate; its bytes (already checked by the tier) are imported with the
 // swap-ins, before the forward pass that reads them. The block is filed at
-// Allocate, as SwapIn files what it copies in.
+// Allocate, as SwapIn files what it copies in. A spill may be copied out
+// asynchronously (into the host tier's pinned arena on CUDA): the engine
+// finishes it (EngineTiers::FinishSpills) before the next step's lookups.
 //
 // Thread-safety: engine thread only.
 #pragma once
@@ -36,12 +38,14 @@ struct TierBlockKey {
   std::span<const int32_t> tokens;
 };
 
-// A checked value from a lower tier: the payload starts at payload_offset.
+// A checked value from a lower tier: its payload (the block's bytes as
+// stored), kept alive and unchanged by `owner` (a staged value, or a pin on
+// a host-arena slot) until the load that reads it is done.
 struct TierHit {
-  std::shared_ptr<const std::string> value;
-  int64_t payload_offset = 0;
+  std::shared_ptr<const void> owner;
+  const uint8_t* payload = nullptr;
   uint8_t tier = 0;  // TierKind (cache/tier/kv_tiers.h)
-  explicit operator bool() const { return value != nullptr; }
+  explicit operator bool() const { return payload != nullptr; }
 };
 
 class KvTierSource {

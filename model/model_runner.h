@@ -173,7 +173,35 @@ class ModelRunner {
   virtual absl::Status ExportBlocks(std::span<const BlockId> blocks, std::span<uint8_t> out);
   virtual absl::Status ImportBlocks(std::span<const BlockId> blocks,
                                     std::span<const uint8_t* const> in);
+  // Host memory for the host tier's slots that this runner copies to and
+  // from without staging (CUDA: one pinned arena), owned by the runner until
+  // it is destroyed; empty when it has none (the tier allocates its own).
+  // Once, before any transfer.
+  virtual absl::StatusOr<std::span<uint8_t>> AllocateTierArena(int64_t bytes) {
+    (void)bytes;
+    return std::span<uint8_t>();
+  }
+  // ExportBlocks to one payload address per block. When every address lies
+  // in the tier arena it may return before the copies are done (the device
+  // work enqueued after it, which may overwrite the blocks, is ordered after
+  // them) and FinishExports waits for them; otherwise they are done at return.
+  // ImportBlocks from the arena may likewise run asynchronously, ordered
+  // before the next forward pass; its payloads must stay unchanged until
+  // then (the host tier pins the slots it hands out).
+  virtual absl::Status ExportBlocksTo(std::span<const BlockId> blocks,
+                                      std::span<uint8_t* const> out);
+  virtual absl::Status FinishExports() { return absl::OkStatus(); }
 };
+
+inline absl::Status ModelRunner::ExportBlocksTo(std::span<const BlockId> blocks,
+                                                std::span<uint8_t* const> out) {
+  const size_t per = static_cast<size_t>(tier_block_bytes());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    absl::Status s = ExportBlocks(blocks.subspan(i, 1), std::span<uint8_t>(out[i], per));
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
 
 inline absl::Status ModelRunner::ExportBlocks(std::span<const BlockId>, std::span<uint8_t>) {
   return absl::UnimplementedError("this backend does not support KV tiers");

@@ -137,7 +137,9 @@ EngineImpl::EngineImpl(const EngineConfig& config, int32_t max_model_len,
   if (tiers_ != nullptr) {
     KvTiers& t = tiers_->tiers();
     kv_.set_tier_source(&t, /*write_through=*/t.remote() != nullptr);
-    if (t.remote() != nullptr) {
+    if (t.remote() != nullptr || t.disk() != nullptr) {
+      // Disk and remote loads in the background (tier_prefetch.h).
+      t.set_background_loads(true);
       prefetch_ = std::make_unique<TierPrefetch>(&t, &kv_, config.tiers.load_timeout_ms);
     }
   }
@@ -298,7 +300,7 @@ void EngineImpl::Loop() {
         idle_ = true;
         auto wake = [this]()
                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !inbox_.empty() || stop_; };
-        if (prefetch_ != nullptr) {
+        if (tiers_ != nullptr && tiers_->tiers().remote() != nullptr) {
           // The remote tier's worker still counts write-throughs: publish them.
           mu_.AwaitWithTimeout(absl::Condition(&wake), absl::Milliseconds(100));
         } else {
@@ -309,6 +311,17 @@ void EngineImpl::Loop() {
       incoming_.swap(inbox_);
       stop = stop_;
       cancel_all = draining_.load(std::memory_order_acquire) && clock_->Now() >= drain_deadline_;
+    }
+    // The last step's spills into the host tier are listed before any
+    // lookup (admission's walk, the scheduler's Allocate).
+    if (tiers_ != nullptr) {
+      if (absl::Status s = tiers_->FinishSpills(*runner_); !s.ok()) {
+        std::vector<const Sequence*> holders;
+        for (const std::unique_ptr<RequestState>& r : live_) {
+          if (!r->done) holders.push_back(r->samples.front().get());
+        }
+        FailRequests(holders, absl::StrCat("KV tier spill failed: ", std::string(s.message())));
+      }
     }
     for (std::unique_ptr<RequestState>& req : incoming_) Admit(std::move(req));
     incoming_.clear();
@@ -321,7 +334,7 @@ void EngineImpl::Loop() {
     if (!stop && !scheduler_.idle()) {
       Step();
     } else if (!stop && prefetch_ != nullptr) {
-      prefetch_->Wait(1);  // only remote loads are pending
+      prefetch_->Wait(1);  // only tier loads are pending
     }
     PublishStats();
     FlushEvents();
@@ -339,7 +352,7 @@ void EngineImpl::Admit(std::unique_ptr<RequestState> req) {
   req->num_live = 1;
   req->forked = req->params.n == 1;
   if (config_.fair_clients) req->client_rank = live_per_client_[req->params.client]++;
-  // Its prompt's remote blocks first, if any (tier_prefetch.h).
+  // Its prompt's disk and remote blocks first, if any (tier_prefetch.h).
   if (prefetch_ == nullptr || !prefetch_->MaybeHold(seq.get())) scheduler_.AddWaiting(seq.get());
   req->samples.push_back(std::move(seq));
   live_.push_back(std::move(req));

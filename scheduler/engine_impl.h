@@ -152,7 +152,7 @@ class EngineImpl final : public Engine {
   // Engine thread only.
   std::unique_ptr<EngineTiers> tiers_;  // null: no tier below the device
   KvCacheManager kv_;
-  std::unique_ptr<TierPrefetch> prefetch_;  // with a remote tier
+  std::unique_ptr<TierPrefetch> prefetch_;  // with a disk or remote tier
   std::vector<Sequence*> ready_;            // scratch: prefetched this iteration
   Scheduler scheduler_;
   BatchInput batch_;
@@ -184,7 +184,7 @@ class EngineImpl final : public Engine {
   bool idle_ ABSL_GUARDED_BY(mu_) = true;
   uint64_t next_arrival_ ABSL_GUARDED_BY(mu_) = 0;
   std::mt19937_64 seed_rng_ ABSL_GUARDED_BY(mu_);
-  std::atomic<int64_t> num_waiting_{0};  // scheduler's waiting queue, per step
+  std::atomic<int64_t> num_waiting_{0};  // waiting queue and tier loads, per step
   std::atomic<int64_t> rejected_{0};
   std::atomic<bool> draining_{false};
 

@@ -25,9 +25,10 @@ inline constexpr int kNumEvictionPolicies = static_cast<int>(std::size(kAllEvict
 
 struct EngineStats {
   // Scheduler gauges.
-  int64_t num_waiting = 0;  // queued, not yet admitted (incl. preempted)
-  int64_t num_running = 0;  // sequences in the running batch
-  int64_t num_swapped = 0;  // sequences swapped to host
+  int64_t num_waiting = 0;       // queued, not yet admitted (incl. preempted and tier loading)
+  int64_t num_tier_loading = 0;  // of which waiting for disk or remote KV (tier_prefetch.h)
+  int64_t num_running = 0;       // sequences in the running batch
+  int64_t num_swapped = 0;       // sequences swapped to host
 
   // The KV cache after the last step: pool gauges, prefix-cache, copy-on-write
   // and swap counters, eviction totals.

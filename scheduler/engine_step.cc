@@ -363,7 +363,7 @@ void EngineImpl::FinishSample(Sequence* seq, FinishReason reason, bool flush_tex
   if (!error.empty()) seq->out.error = error;
   seq->has_out = true;
   Touch(req);
-  // Frees its blocks (one waiting for a remote load holds none).
+  // Frees its blocks (one waiting for a tier load holds none).
   if (prefetch_ == nullptr || !prefetch_->Cancel(seq)) scheduler_.Remove(seq);
   req->finish_reason = reason;
   if (!error.empty()) req->error = error;
@@ -472,7 +472,9 @@ void EngineImpl::FlushEvents() {
 }
 
 void EngineImpl::PublishStats() {
-  stats_.num_waiting = scheduler_.num_waiting();
+  const int64_t loading = prefetch_ != nullptr ? prefetch_->size() : 0;
+  stats_.num_waiting = scheduler_.num_waiting() + loading;
+  stats_.num_tier_loading = loading;
   stats_.num_running = scheduler_.num_running();
   stats_.num_swapped = scheduler_.num_swapped();
   stats_.kv = kv_.Stats();
@@ -484,7 +486,7 @@ void EngineImpl::PublishStats() {
       spdlog::warn("engine: {}", notice);
     }
   }
-  num_waiting_.store(scheduler_.num_waiting(), std::memory_order_relaxed);
+  num_waiting_.store(stats_.num_waiting, std::memory_order_relaxed);
   absl::MutexLock lock(&stats_mu_);
   published_ = stats_;
 }

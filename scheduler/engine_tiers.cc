@@ -60,7 +60,7 @@ TierIdentity TierIdentityOf(const ModelRunner& runner, const std::string& weight
 }
 
 absl::StatusOr<std::unique_ptr<EngineTiers>> EngineTiers::Create(
-    const KvTierConfig& config, const ModelRunner& runner, const std::string& weights_fingerprint) {
+    const KvTierConfig& config, ModelRunner& runner, const std::string& weights_fingerprint) {
   KV_RETURN_IF_ERROR(config.Validate());
   if (!runner.supports_kv_tiers()) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -68,8 +68,12 @@ absl::StatusOr<std::unique_ptr<EngineTiers>> EngineTiers::Create(
         "runner with KV tiers (the CPU runner; ",
         runner.memory_info().device, " has none)"));
   }
+  std::span<uint8_t> arena;
+  if (config.host_bytes > 0) {
+    KV_ASSIGN_OR_RETURN(arena, runner.AllocateTierArena(config.host_bytes));
+  }
   KV_ASSIGN_OR_RETURN(std::unique_ptr<KvTiers> tiers,
-                      KvTiers::Create(config, TierIdentityOf(runner, weights_fingerprint)));
+                      KvTiers::Create(config, TierIdentityOf(runner, weights_fingerprint), arena));
   return std::unique_ptr<EngineTiers>(new EngineTiers(std::move(tiers)));
 }
 
@@ -82,26 +86,58 @@ uint64_t EngineTiers::hash_seed() const {
 absl::Status EngineTiers::RunSpills(const TierTransfers& t, ModelRunner& runner,
                                     int32_t block_size) {
   if (t.spills.empty() && t.writes.empty()) return absl::OkStatus();
-  const int64_t per_block = runner.tier_block_bytes();
-  ids_.clear();
-  for (const TierSpill& s : t.spills) ids_.push_back(s.block);
-  for (const TierSpill& s : t.writes) ids_.push_back(s.block);
-  bytes_.resize(ids_.size() * static_cast<size_t>(per_block));
-  KV_RETURN_IF_ERROR(runner.ExportBlocks(ids_, bytes_));
+  const int64_t per = runner.tier_block_bytes();
   auto key_of = [&](const TierSpill& s, const std::vector<int32_t>& tokens, size_t i) {
     return TierBlockKey{
         s.hash, s.parent, s.extra_key,
         std::span<const int32_t>(tokens).subspan(i * static_cast<size_t>(block_size), block_size)};
   };
-  auto payload = [&](size_t i) {
-    return std::span<const uint8_t>(bytes_).subspan(i * per_block, per_block);
-  };
+  // Spills with a host tier: straight into its slots (asynchronously where
+  // the slots are the runner's pinned arena). The rest (no host tier, and
+  // write-throughs) through bytes_, done at return.
+  ids_.clear();
+  outputs_.clear();
+  copied_.clear();
+  const bool host = tiers_->host() != nullptr;
   for (size_t i = 0; i < t.spills.size(); ++i) {
-    tiers_->Store(key_of(t.spills[i], t.spill_tokens, i), payload(i));
+    if (!host) {
+      copied_.push_back(i);
+      continue;
+    }
+    if (uint8_t* p = tiers_->BeginStore(key_of(t.spills[i], t.spill_tokens, i))) {
+      ids_.push_back(t.spills[i].block);
+      outputs_.push_back(p);
+    }
   }
-  for (size_t i = 0; i < t.writes.size(); ++i) {
-    tiers_->WriteThrough(key_of(t.writes[i], t.write_tokens, i), payload(t.spills.size() + i));
+  for (size_t i = 0; i < t.writes.size(); ++i) copied_.push_back(t.spills.size() + i);
+  if (!ids_.empty()) KV_RETURN_IF_ERROR(runner.ExportBlocksTo(ids_, outputs_));
+  if (copied_.empty()) return absl::OkStatus();
+  ids_.clear();
+  outputs_.clear();
+  bytes_.resize(copied_.size() * static_cast<size_t>(per));
+  for (size_t k = 0; k < copied_.size(); ++k) {
+    const size_t i = copied_[k];
+    ids_.push_back(i < t.spills.size() ? t.spills[i].block : t.writes[i - t.spills.size()].block);
+    outputs_.push_back(bytes_.data() + k * per);
   }
+  KV_RETURN_IF_ERROR(runner.ExportBlocksTo(ids_, outputs_));
+  for (size_t k = 0; k < copied_.size(); ++k) {
+    const size_t i = copied_[k];
+    const std::span<const uint8_t> payload(outputs_[k], static_cast<size_t>(per));
+    if (i < t.spills.size()) {
+      tiers_->Store(key_of(t.spills[i], t.spill_tokens, i), payload);
+    } else {
+      const size_t w = i - t.spills.size();
+      tiers_->WriteThrough(key_of(t.writes[w], t.write_tokens, w), payload);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EngineTiers::FinishSpills(ModelRunner& runner) {
+  if (!tiers_->stores_pending()) return absl::OkStatus();
+  KV_RETURN_IF_ERROR(runner.FinishExports());
+  tiers_->FinishStores();
   return absl::OkStatus();
 }
 
@@ -111,7 +147,7 @@ absl::Status EngineTiers::RunLoads(const TierTransfers& t, ModelRunner& runner) 
   inputs_.clear();
   for (const TierLoad& l : t.loads) {
     ids_.push_back(l.block);
-    inputs_.push_back(reinterpret_cast<const uint8_t*>(l.hit.value->data()) + l.hit.payload_offset);
+    inputs_.push_back(l.hit.payload);
   }
   return runner.ImportBlocks(ids_, inputs_);
 }

@@ -37,6 +37,9 @@ TierMetrics::TierMetrics(prometheus::Registry& r) {
       Counters(r, "kvserve_kv_tier_stored_bytes_total", "Bytes of KV values stored in each tier.");
   auto& drops = Counters(r, "kvserve_kv_tier_write_drops_total",
                          "Values a tier did not take (full queue, Redis down, full disk).");
+  auto& timeouts = Counters(r, "kvserve_kv_tier_load_timeouts_total",
+                            "Background loads past cache.tier_load_timeout_ms (the prompt was "
+                            "recomputed).");
   auto& rejects = Counters(r, "kvserve_kv_tier_rejected_blocks_total",
                            "Values refused on load, by cause (truncated, corrupt, foreign, "
                            "mismatch).");
@@ -61,6 +64,7 @@ TierMetrics::TierMetrics(prometheus::Registry& r) {
     p.stored_tokens = &stored_tokens.Add(label);
     p.stored_bytes = &stored_bytes.Add(label);
     p.drops = &drops.Add(label);
+    p.timeouts = &timeouts.Add(label);
     for (int c = 1; c < kNumTierRejects; ++c) {
       std::map<std::string, std::string> l = label;
       l["cause"] = std::string(TierRejectName(static_cast<TierReject>(c)));
@@ -84,6 +88,7 @@ void TierMetrics::Update(const TierStats& now, const TierStats& before) {
     Advance(*p.stored_tokens, n.stored_tokens, b.stored_tokens);
     Advance(*p.stored_bytes, n.stored_bytes, b.stored_bytes);
     Advance(*p.drops, n.write_drops, b.write_drops);
+    Advance(*p.timeouts, n.load_timeouts, b.load_timeouts);
     for (int c = 1; c < kNumTierRejects; ++c) Advance(*p.rejects[c], n.rejects[c], b.rejects[c]);
     p.bytes_used->Set(static_cast<double>(n.bytes_used));
     if (n.load_count > b.load_count) {

@@ -1,6 +1,6 @@
 // TierMetrics: the KV tiers' Prometheus series (cache/tier/kv_tiers.h),
 // labelled tier="device"|"host"|"disk"|"remote": hit and miss blocks,
-// tokens and bytes loaded and stored, bytes used, write-through drops,
+// tokens and bytes loaded and stored, bytes used, write-through drops, load timeouts,
 // rejected values by cause, and the load latency histogram. Registered by
 // ServerMetrics at the first scrape whose engine has tiers; refreshed, like
 // the rest, by the growth since the previous scrape.
@@ -35,6 +35,7 @@ class TierMetrics {
     prometheus::Counter* stored_tokens;
     prometheus::Counter* stored_bytes;
     prometheus::Counter* drops;
+    prometheus::Counter* timeouts;
     std::array<prometheus::Counter*, kNumTierRejects> rejects;
     prometheus::Gauge* bytes_used;
     prometheus::Histogram* load_seconds;

@@ -107,27 +107,43 @@ std::string TierStoreKey(std::string_view prefix, const TierIdentity& id, BlockH
 
 std::string EncodeBlockValue(const TierIdentity& id, const TierBlockKey& key,
                              std::span<const uint8_t> payload) {
-  if (static_cast<int64_t>(payload.size()) != id.payload_bytes ||
-      static_cast<int32_t>(key.tokens.size()) != id.block_size) {
-    std::fprintf(stderr, "EncodeBlockValue: %zu payload bytes and %zu tokens for %lld and %d\n",
-                 payload.size(), key.tokens.size(), static_cast<long long>(id.payload_bytes),
-                 id.block_size);
+  if (static_cast<int64_t>(payload.size()) != id.payload_bytes) {
+    std::fprintf(stderr, "EncodeBlockValue: %zu payload bytes for %lld\n", payload.size(),
+                 static_cast<long long>(id.payload_bytes));
     std::abort();
   }
   std::string out(static_cast<size_t>(TierValueBytes(id)), '\0');
-  std::memcpy(out.data(), kMagic, 4);
-  Put<uint32_t>(out, kOffVersion, kTierLayoutVersion);
-  Put<uint64_t>(out, kOffModel, id.model_fingerprint);
-  Put<uint64_t>(out, kOffFormat, id.kv_format);
-  Put<uint32_t>(out, kOffBlockSize, static_cast<uint32_t>(id.block_size));
-  Put<uint64_t>(out, kOffPayloadBytes, static_cast<uint64_t>(id.payload_bytes));
-  Put<uint64_t>(out, kOffHash, key.hash);
-  Put<uint64_t>(out, kOffParent, key.parent);
-  Put<uint64_t>(out, kOffExtra, key.extra_key);
-  std::memcpy(out.data() + kFixedBytes, key.tokens.data(), key.tokens.size() * 4);
-  std::memcpy(out.data() + TierHeaderBytes(id.block_size), payload.data(), payload.size());
-  Put<uint64_t>(out, kOffChecksum, ValueChecksum(out));
+  auto* v = reinterpret_cast<uint8_t*>(out.data());
+  EncodeBlockHeader(id, key, v);
+  std::memcpy(v + TierHeaderBytes(id.block_size), payload.data(), payload.size());
+  SealBlockValue(v, static_cast<int64_t>(out.size()));
   return out;
+}
+
+void EncodeBlockHeader(const TierIdentity& id, const TierBlockKey& key, uint8_t* value) {
+  if (static_cast<int32_t>(key.tokens.size()) != id.block_size) {
+    std::fprintf(stderr, "EncodeBlockHeader: %zu tokens for blocks of %d\n", key.tokens.size(),
+                 id.block_size);
+    std::abort();
+  }
+  std::string head(kFixedBytes, '\0');
+  std::memcpy(head.data(), kMagic, 4);
+  Put<uint32_t>(head, kOffVersion, kTierLayoutVersion);
+  Put<uint64_t>(head, kOffModel, id.model_fingerprint);
+  Put<uint64_t>(head, kOffFormat, id.kv_format);
+  Put<uint32_t>(head, kOffBlockSize, static_cast<uint32_t>(id.block_size));
+  Put<uint64_t>(head, kOffPayloadBytes, static_cast<uint64_t>(id.payload_bytes));
+  Put<uint64_t>(head, kOffHash, key.hash);
+  Put<uint64_t>(head, kOffParent, key.parent);
+  Put<uint64_t>(head, kOffExtra, key.extra_key);
+  std::memcpy(value, head.data(), kFixedBytes);
+  std::memcpy(value + kFixedBytes, key.tokens.data(), key.tokens.size() * 4);
+}
+
+void SealBlockValue(uint8_t* value, int64_t size) {
+  const uint64_t sum = ValueChecksum(
+      std::string_view(reinterpret_cast<const char*>(value), static_cast<size_t>(size)));
+  std::memcpy(value + kOffChecksum, &sum, sizeof(sum));
 }
 
 DecodedBlock DecodeBlockValue(std::string_view v, const TierIdentity& id, const TierBlockKey& key) {

@@ -66,6 +66,13 @@ std::string TierStoreKey(std::string_view prefix, const TierIdentity& id, BlockH
 std::string EncodeBlockValue(const TierIdentity& id, const TierBlockKey& key,
                              std::span<const uint8_t> payload);
 
+// The same value written in place, for a payload that arrives separately
+// (the runner copies it to value + TierHeaderBytes, perhaps asynchronously):
+// EncodeBlockHeader writes the header and tokens, SealBlockValue the
+// checksum once the payload is there. value: TierValueBytes(id) bytes.
+void EncodeBlockHeader(const TierIdentity& id, const TierBlockKey& key, uint8_t* value);
+void SealBlockValue(uint8_t* value, int64_t size);
+
 struct DecodedBlock {
   TierReject reject = TierReject::kNone;
   int64_t payload_offset = 0;  // into the value, when accepted

@@ -140,7 +140,8 @@ DiskTier::DiskTier(int fd, std::string path, const TierIdentity& id, int64_t slo
       slot_bytes_(slot_bytes),
       data_offset_(kPage + RoundUp(int64_t{slots} * kRecordBytes, kPage)),
       stamp_(slots, 0),
-      hash_(slots, 0) {}
+      hash_(slots, 0),
+      gen_(slots, 0) {}
 
 DiskTier::~DiskTier() { ::close(fd_); }
 
@@ -156,6 +157,7 @@ bool DiskTier::WriteRecord(int32_t slot) {
 }
 
 void DiskTier::Drop(int32_t slot) {
+  ++gen_[slot];
   slot_of_.erase(hash_[slot]);
   stamp_[slot] = 0;
   if (!WriteRecord(slot))
@@ -180,6 +182,7 @@ bool DiskTier::Put(BlockHash hash, const std::string& value) {
     if (stamp_[slot] != 0) slot_of_.erase(hash_[slot]);
   }
   // Unlisted while its bytes change, listed again once they are written.
+  ++gen_[slot];
   stamp_[slot] = 0;
   if (!WriteRecord(slot) ||
       !PWriteAll(fd_, value.data(), value.size(), data_offset_ + int64_t{slot} * slot_bytes_)) {
@@ -198,23 +201,49 @@ bool DiskTier::Put(BlockHash hash, const std::string& value) {
 
 std::shared_ptr<const std::string> DiskTier::Get(const TierBlockKey& key, TierReject* reject) {
   *reject = TierReject::kNone;
-  auto it = slot_of_.find(key.hash);
-  if (it == slot_of_.end()) return nullptr;
-  const int32_t slot = it->second;
+  int32_t slot;
+  uint64_t gen;
+  if (!Locate(key.hash, &slot, &gen)) return nullptr;
+  std::shared_ptr<const std::string> value = ReadSlot(slot, key, reject);
+  Settle(key.hash, slot, gen, *reject);
+  return value;
+}
+
+bool DiskTier::Locate(BlockHash hash, int32_t* slot, uint64_t* generation) const {
+  auto it = slot_of_.find(hash);
+  if (it == slot_of_.end()) return false;
+  *slot = it->second;
+  *generation = gen_[it->second];
+  return true;
+}
+
+std::shared_ptr<const std::string> DiskTier::ReadSlot(int32_t slot, const TierBlockKey& key,
+                                                      TierReject* reject) const {
+  *reject = TierReject::kNone;
   auto value = std::make_shared<std::string>(static_cast<size_t>(TierValueBytes(id_)), '\0');
   if (!PReadAll(fd_, value->data(), value->size(), data_offset_ + int64_t{slot} * slot_bytes_)) {
     *reject = TierReject::kTruncated;
-    Drop(slot);
     return nullptr;
   }
   const DecodedBlock d = DecodeBlockValue(*value, id_, key);
   if (!d.ok()) {
     *reject = d.reject;
-    Drop(slot);
     return nullptr;
   }
-  stamp_[slot] = ++clock_;  // the record's stamp is refreshed at the next write
   return value;
+}
+
+bool DiskTier::Settle(BlockHash hash, int32_t slot, uint64_t generation, TierReject reject) {
+  if (slot < 0 || slot >= num_slots() || gen_[slot] != generation || hash_[slot] != hash ||
+      stamp_[slot] == 0) {
+    return false;  // written or dropped since it was read
+  }
+  if (reject != TierReject::kNone) {
+    Drop(slot);
+    return false;
+  }
+  stamp_[slot] = ++clock_;  // the record's stamp is refreshed at the next write
+  return true;
 }
 
 }  // namespace kvserve

@@ -15,7 +15,15 @@
 // disabled_reason() says why, for the engine's one log line. A slot whose
 // value is refused on load is dropped and the cause returned.
 //
-// Thread-safety: none; engine thread only. I/O is pread/pwrite.
+// Background reads (disk_loader.h): Locate names a block's slot and the
+// slot's generation (bumped by every write or drop of the slot) on the
+// engine thread; ReadSlot reads and checks it on any thread; Settle, back on
+// the engine thread, keeps the read only if the slot still holds the same
+// generation (else a write raced it: a miss, nothing dropped) and drops a
+// refused slot.
+//
+// Thread-safety: engine thread only, except ReadSlot (any thread: pread
+// and the tier's fixed sizes). I/O is pread/pwrite.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +66,17 @@ class DiskTier {
   // why a stored value was dropped.
   std::shared_ptr<const std::string> Get(const TierBlockKey& key, TierReject* reject);
 
+  // The slot holding `hash` and its generation; false on a miss.
+  bool Locate(BlockHash hash, int32_t* slot, uint64_t* generation) const;
+  // Reads and checks a slot against `key` (any thread); null with *reject
+  // set when the bytes are refused or cannot be read.
+  std::shared_ptr<const std::string> ReadSlot(int32_t slot, const TierBlockKey& key,
+                                              TierReject* reject) const;
+  // A background read's outcome, on the engine thread: true when the slot
+  // still holds the generation read (the value may be used; refreshed as
+  // most recently used, or dropped when refused).
+  bool Settle(BlockHash hash, int32_t slot, uint64_t generation, TierReject reject);
+
  private:
   DiskTier(int fd, std::string path, const TierIdentity& id, int64_t slot_bytes, int32_t slots);
   bool WriteRecord(int32_t slot);
@@ -71,6 +90,7 @@ class DiskTier {
   int64_t data_offset_;
   std::vector<uint64_t> stamp_;  // [slots] LRU stamp; 0: free
   std::vector<BlockHash> hash_;  // [slots]
+  std::vector<uint64_t> gen_;    // [slots] bumped by every write or drop
   absl::flat_hash_map<BlockHash, int32_t> slot_of_;
   uint64_t clock_ = 0;
   int32_t restored_ = 0;

@@ -1,6 +1,8 @@
 #include "cache/tier/kv_tiers.h"
 
+#include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -53,18 +55,22 @@ absl::Status KvTierConfig::Validate() const {
     return absl::InvalidArgumentError(absl::StrCat(
         "cache.remote_tier_url must be redis://host:port/db, got \"", remote_url, "\""));
   }
-  if (load_timeout_ms <= 0) {
+  if (load_timeout_ms <= 0 || load_timeout_ms > 3'600'000) {
     return absl::InvalidArgumentError(
-        absl::StrCat("cache.tier_load_timeout_ms must be positive, got ", load_timeout_ms));
+        absl::StrCat("cache.tier_load_timeout_ms must be in [1, 3600000] (milliseconds), got ",
+                     load_timeout_ms));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(const KvTierConfig& config,
-                                                         const TierIdentity& id) {
+                                                         const TierIdentity& id,
+                                                         std::span<uint8_t> host_arena) {
   if (absl::Status s = config.Validate(); !s.ok()) return s;
   std::unique_ptr<KvTiers> tiers(new KvTiers(config, id));
-  if (config.host_bytes > 0) tiers->host_ = std::make_unique<HostTier>(config.host_bytes);
+  if (config.host_bytes > 0) {
+    tiers->host_ = std::make_unique<HostArena>(host_arena, config.host_bytes, TierValueBytes(id));
+  }
   if (!config.disk_path.empty()) {
     absl::StatusOr<std::unique_ptr<DiskTier>> disk =
         DiskTier::Open(config.disk_path, config.disk_bytes, id);
@@ -72,8 +78,12 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(const KvTierConfig& con
     tiers->disk_ = std::move(*disk);
   }
   if (!config.remote_url.empty()) {
+    // The worker's socket timeout is longer than the load deadline, so a
+    // stalled Redis is abandoned by the deadline (counted as a timeout)
+    // before the worker gives up on the connection.
+    const int socket_ms = config.load_timeout_ms + std::max(config.load_timeout_ms, 1000);
     absl::StatusOr<std::unique_ptr<RemoteTier>> remote =
-        RemoteTier::Create(config.remote_url, id, config.load_timeout_ms);
+        RemoteTier::Create(config.remote_url, id, socket_ms);
     if (!remote.ok()) return remote.status();
     tiers->remote_ = std::move(*remote);
   }
@@ -83,29 +93,60 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(const KvTierConfig& con
 KvTiers::KvTiers(const KvTierConfig& config, const TierIdentity& id) : config_(config), id_(id) {}
 
 void KvTiers::Store(const TierBlockKey& key, std::span<const uint8_t> payload) {
-  if (host_ != nullptr && host_->Contains(key.hash)) {
-    host_->Get(key.hash);  // refreshed: the same bytes
+  if (host_ == nullptr) {
+    auto value = std::make_shared<const std::string>(EncodeBlockValue(id_, key, payload));
+    StoreValue(key.hash, std::move(value));
     return;
   }
-  auto value = std::make_shared<const std::string>(EncodeBlockValue(id_, key, payload));
-  StoreValue(key.hash, std::move(value), static_cast<int32_t>(key.tokens.size()));
+  uint8_t* p = BeginStore(key);
+  if (p == nullptr) return;
+  std::memcpy(p, payload.data(), payload.size());
+  FinishStores();
 }
 
-void KvTiers::StoreValue(BlockHash hash, std::shared_ptr<const std::string> value, int32_t tokens) {
-  const int64_t bytes = static_cast<int64_t>(value->size());
+int32_t KvTiers::ReserveHostSlot() {
   evicted_.clear();
-  if (host_ != nullptr) {
-    if (host_->Put(hash, value, &evicted_)) {
-      At(stats_, TierKind::kHost).stored_tokens += tokens;
-      At(stats_, TierKind::kHost).stored_bytes += bytes;
-    } else {
-      ++At(stats_, TierKind::kHost).write_drops;
-    }
-  } else {
-    evicted_.push_back({hash, std::move(value)});
+  const int32_t slot = host_->Reserve(disk_ != nullptr ? &evicted_ : nullptr);
+  ToDisk(evicted_);
+  return slot;
+}
+
+uint8_t* KvTiers::BeginStore(const TierBlockKey& key) {
+  if (host_->Contains(key.hash)) {
+    host_->Get(key.hash);  // refreshed: the same bytes
+    return nullptr;
   }
+  const int32_t slot = ReserveHostSlot();
+  if (slot < 0) {
+    ++At(stats_, TierKind::kHost).write_drops;
+    return nullptr;
+  }
+  uint8_t* value = host_->slot(slot);
+  EncodeBlockHeader(id_, key, value);
+  pending_.push_back({slot, key.hash});
+  return value + TierHeaderBytes(id_.block_size);
+}
+
+void KvTiers::FinishStores() {
+  for (const PendingStore& p : pending_) {
+    SealBlockValue(host_->slot(p.slot), TierValueBytes(id_));
+    host_->Commit(p.slot, p.hash);
+    At(stats_, TierKind::kHost).stored_tokens += id_.block_size;
+    At(stats_, TierKind::kHost).stored_bytes += TierValueBytes(id_);
+  }
+  pending_.clear();
+}
+
+void KvTiers::StoreValue(BlockHash hash, std::shared_ptr<const std::string> value) {
+  // Without a host tier: straight to the disk.
+  evicted_.clear();
+  evicted_.push_back({hash, std::move(value)});
+  ToDisk(evicted_);
+}
+
+void KvTiers::ToDisk(const std::vector<HostTier::Entry>& evicted) {
   if (disk_ == nullptr) return;
-  for (const HostTier::Entry& e : evicted_) {
+  for (const HostTier::Entry& e : evicted) {
     if (disk_->Contains(e.hash)) continue;
     if (disk_->Put(e.hash, *e.value)) {
       At(stats_, TierKind::kDisk).stored_tokens += id_.block_size;
@@ -116,15 +157,25 @@ void KvTiers::StoreValue(BlockHash hash, std::shared_ptr<const std::string> valu
   }
   if (!disk_->enabled() && !disk_notice_given_) {
     disk_notice_given_ = true;
-    absl::StrAppend(&notice_, "disk tier off: ", disk_->disabled_reason());
+    absl::StrAppend(&notice_, notice_.empty() ? "" : "; ",
+                    "disk tier off: ", disk_->disabled_reason());
   }
 }
 
 void KvTiers::CountLoad(TierKind t, int64_t micros) {
+  CountHit(t);
+  CountLatency(t, micros);
+}
+
+void KvTiers::CountHit(TierKind t) {
   TierCounters& c = At(stats_, t);
   ++c.hit_blocks;
   c.loaded_tokens += id_.block_size;
   c.loaded_bytes += id_.payload_bytes;
+}
+
+void KvTiers::CountLatency(TierKind t, int64_t micros) {
+  TierCounters& c = At(stats_, t);
   c.load_us_sum += micros;
   ++c.load_count;
   for (size_t i = 0; i < kTierLoadBucketsUs.size(); ++i) {
@@ -134,38 +185,47 @@ void KvTiers::CountLoad(TierKind t, int64_t micros) {
 
 TierHit KvTiers::Find(const TierBlockKey& key) {
   const int64_t start = NowMicros();
+  const auto hit = [](std::shared_ptr<const void> owner, std::string_view v, int64_t offset,
+                      TierKind t) {
+    return TierHit{std::move(owner), reinterpret_cast<const uint8_t*>(v.data()) + offset,
+                   static_cast<uint8_t>(t)};
+  };
   if (host_ != nullptr) {
-    if (std::shared_ptr<const std::string> v = host_->Get(key.hash)) {
-      const DecodedBlock d = DecodeBlockValue(*v, id_, key);
+    if (HostArena::Pinned p = host_->Get(key.hash); p.pin != nullptr) {
+      const DecodedBlock d = DecodeBlockValue(p.value, id_, key);
       if (d.ok()) {
         CountLoad(TierKind::kHost, NowMicros() - start);
-        return TierHit{std::move(v), d.payload_offset, static_cast<uint8_t>(TierKind::kHost)};
+        return hit(std::move(p.pin), p.value, d.payload_offset, TierKind::kHost);
       }
       ++At(stats_, TierKind::kHost).rejects[static_cast<int>(d.reject)];
       host_->Erase(key.hash);
     }
     ++At(stats_, TierKind::kHost).miss_blocks;
   }
-  if (remote_ != nullptr) {
-    if (std::shared_ptr<const std::string> v = staging_.Get(key.hash)) {
-      staging_.Erase(key.hash);
-      const DecodedBlock d = DecodeBlockValue(*v, id_, key);
-      if (d.ok()) {
-        TierCounters& c = At(stats_, TierKind::kRemote);
-        ++c.hit_blocks;
-        c.loaded_tokens += id_.block_size;
-        c.loaded_bytes += id_.payload_bytes;
-        return TierHit{std::move(v), d.payload_offset, static_cast<uint8_t>(TierKind::kRemote)};
-      }
-      ++At(stats_, TierKind::kRemote).rejects[static_cast<int>(d.reject)];
+  // Staged background loads: checked when read, checked again here (the
+  // same bytes, against this very key).
+  for (auto [stage, t] :
+       {std::pair{&staged_disk_, TierKind::kDisk}, std::pair{&staging_, TierKind::kRemote}}) {
+    std::shared_ptr<const std::string> v = stage->Get(key.hash);
+    if (v == nullptr) continue;
+    stage->Erase(key.hash);
+    const DecodedBlock d = DecodeBlockValue(*v, id_, key);
+    if (d.ok()) {
+      CountHit(t);
+      const std::string_view bytes = *v;
+      return hit(std::move(v), bytes, d.payload_offset, t);
     }
+    ++At(stats_, t).rejects[static_cast<int>(d.reject)];
   }
-  if (disk_ != nullptr && disk_->enabled()) {
+  if (disk_ != nullptr && disk_->enabled() && disk_loader_ != nullptr) {
+    // Read in the background only (LocateOnDisk); what was not staged is a miss.
+    ++At(stats_, TierKind::kDisk).miss_blocks;
+  } else if (disk_ != nullptr && disk_->enabled()) {
     TierReject reject = TierReject::kNone;
     if (std::shared_ptr<const std::string> v = disk_->Get(key, &reject)) {
       CountLoad(TierKind::kDisk, NowMicros() - start);
-      return TierHit{std::move(v), TierHeaderBytes(id_.block_size),
-                     static_cast<uint8_t>(TierKind::kDisk)};
+      const std::string_view bytes = *v;
+      return hit(std::move(v), bytes, TierHeaderBytes(id_.block_size), TierKind::kDisk);
     }
     if (reject != TierReject::kNone)
       ++At(stats_, TierKind::kDisk).rejects[static_cast<int>(reject)];
@@ -175,9 +235,48 @@ TierHit KvTiers::Find(const TierBlockKey& key) {
 }
 
 bool KvTiers::HoldsLocally(BlockHash hash) const {
-  return (host_ != nullptr && host_->Contains(hash)) || staging_.Contains(hash) ||
-         (disk_ != nullptr && disk_->enabled() && disk_->Contains(hash));
+  return HoldsInMemory(hash) || (disk_ != nullptr && disk_->enabled() && disk_->Contains(hash));
 }
+
+bool KvTiers::HoldsInMemory(BlockHash hash) const {
+  return (host_ != nullptr && host_->Contains(hash)) || staging_.Contains(hash) ||
+         staged_disk_.Contains(hash);
+}
+
+void KvTiers::set_background_loads(bool on) {
+  if (!on) {
+    disk_loader_.reset();
+  } else if (disk_ != nullptr && disk_loader_ == nullptr) {
+    disk_loader_ = std::make_unique<DiskLoader>(disk_.get());
+  }
+}
+
+bool KvTiers::LocateOnDisk(BlockHash hash, DiskLoader::Read* read) const {
+  if (disk_ == nullptr || !disk_->enabled()) return false;
+  return disk_->Locate(hash, &read->slot, &read->generation);
+}
+
+void KvTiers::SettleDiskLoad(const std::vector<DiskLoader::Read>& reads,
+                             std::vector<DiskLoader::Result>& results, int64_t micros) {
+  CountLatency(TierKind::kDisk, micros);
+  for (size_t i = 0; i < reads.size() && i < results.size(); ++i) {
+    const DiskLoader::Read& r = reads[i];
+    DiskLoader::Result& res = results[i];
+    const bool same = disk_->Settle(r.hash, r.slot, r.generation, res.reject);
+    if (same && res.reject != TierReject::kNone) {
+      ++At(stats_, TierKind::kDisk).rejects[static_cast<int>(res.reject)];
+    }
+    if (!same || res.value == nullptr) break;  // the chain ends here
+    staged_disk_.Put(r.hash, std::move(res.value), nullptr);
+  }
+  if (!disk_->enabled() && !disk_notice_given_) {
+    disk_notice_given_ = true;
+    absl::StrAppend(&notice_, notice_.empty() ? "" : "; ",
+                    "disk tier off: ", disk_->disabled_reason());
+  }
+}
+
+void KvTiers::CountTimeout(TierKind t) { ++At(stats_, t).load_timeouts; }
 
 void KvTiers::WriteThrough(const TierBlockKey& key, std::span<const uint8_t> payload) {
   if (remote_ == nullptr) return;
@@ -187,15 +286,6 @@ void KvTiers::WriteThrough(const TierBlockKey& key, std::span<const uint8_t> pay
 
 void KvTiers::AddFetched(BlockHash hash, std::shared_ptr<const std::string> value) {
   staging_.Put(hash, std::move(value), nullptr);
-}
-
-void KvTiers::CountRemoteLoad(int64_t micros) {
-  TierCounters& c = At(stats_, TierKind::kRemote);
-  c.load_us_sum += micros;
-  ++c.load_count;
-  for (size_t i = 0; i < kTierLoadBucketsUs.size(); ++i) {
-    if (micros <= kTierLoadBucketsUs[i]) ++c.load_us_le[i];
-  }
 }
 
 TierStats KvTiers::Stats() const {

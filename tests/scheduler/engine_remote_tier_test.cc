@@ -1,7 +1,10 @@
 // Two engines (replicas) sharing one real redis-server as their remote KV
 // tier: what A computed, B serves from Redis with A's exact greedy tokens;
 // Redis killed or stalled means recompute with the same tokens, never an
-// error; another cache salt (tenant) never gets A's blocks.
+// error; another cache salt (tenant) never gets A's blocks. Through a proxy
+// that holds Redis's replies (a slow Redis): other requests step while one
+// waits for its load, a load past the timeout is recomputed and counted, and
+// a request cancelled while waiting leaves every block in the pool.
 #include <catch2/catch.hpp>
 #include <memory>
 #include <string>
@@ -16,8 +19,10 @@
 namespace kvserve {
 namespace {
 
+using testing::Collect;
 using testing::DevStories;
 using testing::Eventually;
+using testing::GatedProxy;
 using testing::RedisServer;
 using testing::RequireAllBlocksFree;
 using testing::Result;
@@ -146,7 +151,92 @@ TEST_CASE("A stalled Redis load past cache.tier_load_timeout_ms is recomputed",
   REQUIRE(r.tokens == computed.tokens);
   REQUIRE(r.usage.cached_prompt_tokens == 0);
   REQUIRE(b->GetStats().tiers[kRemote].hit_blocks == 0);
+  REQUIRE(b->GetStats().tiers[kRemote].load_timeouts == 1);
   RequireAllBlocksFree(*b);
+}
+
+// 10 tokens: no full block, so nothing to load; it goes straight to the scheduler.
+GenerateRequest ShortPrompt() {
+  std::vector<int32_t> ids = Stories().tokenizer->Encode(DevStories()[7], true);
+  ids.resize(10);
+  GenerateRequest r;
+  r.prompt_token_ids = ids;
+  r.max_tokens = 30;
+  r.ignore_eos = true;
+  r.sampling.temperature = 0.0f;
+  return r;
+}
+
+TEST_CASE("Behind a slow Redis one request waits for its load while others step",
+          "[scheduler][tier][redis]") {
+  RedisServer redis;
+  if (!redis.has_server()) {
+    WARN("redis-server is not installed: skipped");
+    return;
+  }
+  auto a = MakeReplica(redis.url());
+  const Result computed = RunOne(*a, LongPrompt(4));
+  const Result short_ref = RunOne(*a, ShortPrompt());
+  REQUIRE(Eventually([&] { return a->GetStats().tiers[kRemote].stored_tokens >= 18 * 16; }));
+  GatedProxy proxy(redis.port());
+  proxy.Close();  // Redis's replies are held until Open
+
+  SECTION("the waiting request is served from Redis once it answers, with A's tokens") {
+    auto b = MakeReplica(proxy.url(), /*timeout_ms=*/60000);
+    auto waiting = b->Submit(LongPrompt(4));
+    REQUIRE(waiting.ok());
+    REQUIRE(Eventually([&] { return b->GetStats().num_tier_loading == 1; }));
+    REQUIRE(Eventually([&] { return proxy.held_bytes() > 0; }));  // the worker is answered by none
+    // Another request runs to its end meanwhile, with its own exact tokens.
+    const Result other = RunOne(*b, ShortPrompt());
+    REQUIRE(other.tokens == short_ref.tokens);
+    const EngineStats mid = b->GetStats();
+    REQUIRE(mid.num_tier_loading == 1);
+    REQUIRE(mid.num_running == 0);
+    REQUIRE(mid.generated_tokens == 30);
+    GenerateOutput out;
+    REQUIRE((*waiting)->TryNext(&out) == RequestStream::Pop::kTimeout);
+    proxy.Open();
+    const Result served = Collect(**waiting);
+    REQUIRE(served.tokens == computed.tokens);
+    REQUIRE(served.usage.cached_prompt_tokens == 18 * 16);
+    const EngineStats st = b->GetStats();
+    REQUIRE(st.tiers[kRemote].hit_blocks == 18);
+    REQUIRE(st.tiers[kRemote].load_timeouts == 0);
+    REQUIRE(st.num_tier_loading == 0);
+    RequireAllBlocksFree(*b);
+  }
+  SECTION("a load past cache.tier_load_timeout_ms is recomputed with the same tokens") {
+    auto b = MakeReplica(proxy.url(), /*timeout_ms=*/300);
+    const Result r = RunOne(*b, LongPrompt(4));
+    REQUIRE(r.tokens == computed.tokens);
+    REQUIRE(r.usage.cached_prompt_tokens == 0);
+    const EngineStats st = b->GetStats();
+    REQUIRE(st.tiers[kRemote].load_timeouts == 1);
+    REQUIRE(st.tiers[kRemote].hit_blocks == 0);
+    RequireAllBlocksFree(*b);
+    proxy.Open();
+  }
+  SECTION("cancelled while waiting: nothing is held, and the next load is served") {
+    auto b = MakeReplica(proxy.url(), /*timeout_ms=*/60000);
+    auto waiting = b->Submit(LongPrompt(4));
+    REQUIRE(waiting.ok());
+    REQUIRE(Eventually([&] { return b->GetStats().num_tier_loading == 1; }));
+    (*waiting)->Cancel();
+    const Result cancelled = Collect(**waiting);
+    REQUIRE(cancelled.finish[0] == FinishReason::kCancelled);
+    REQUIRE(cancelled.tokens[0].empty());
+    REQUIRE(Eventually([&] { return b->GetStats().requests_finished_cancelled == 1; }));
+    REQUIRE(b->GetStats().num_tier_loading == 0);
+    RequireAllBlocksFree(*b);
+    // The abandoned answer is thrown away; the same prompt loads afresh.
+    proxy.Open();
+    const Result again = RunOne(*b, LongPrompt(4));
+    REQUIRE(again.tokens == computed.tokens);
+    REQUIRE(again.usage.cached_prompt_tokens == 18 * 16);
+    REQUIRE(b->GetStats().tiers[kRemote].load_timeouts == 0);
+    RequireAllBlocksFree(*b);
+  }
 }
 
 }  // namespace

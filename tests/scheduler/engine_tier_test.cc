@@ -144,7 +144,12 @@ TEST_CASE("The disk tier serves a restarted engine warm with the same tokens",
     const Result again = RunOne(*engine, Prompt(0));
     REQUIRE(again.tokens == first[0].tokens);
     REQUIRE(again.usage.cached_prompt_tokens == 192);
-    REQUIRE(engine->GetStats().tiers[kDisk].hit_blocks == 12);
+    const EngineStats st = engine->GetStats();
+    REQUIRE(st.tiers[kDisk].hit_blocks == 12);
+    // One background read of the 12 blocks (tier_prefetch.h), none in the step.
+    REQUIRE(st.tiers[kDisk].load_count == 1);
+    REQUIRE(st.tiers[kDisk].load_timeouts == 0);
+    REQUIRE(st.num_tier_loading == 0);
     RequireAllBlocksFree(*engine);
   }
   SECTION("another model's engine reads nothing of the file") {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/tier/disk_loader.h"
 #include "tests/test_util.h"
 
 namespace kvserve {
@@ -134,6 +135,76 @@ TEST_CASE("A failing write turns the disk tier off once with its reason", "[cach
   TierReject reject;
   REQUIRE((*disk)->Get(a.key, &reject) == nullptr);
   REQUIRE_FALSE((*disk)->Put(200, b.value));
+}
+
+DiskLoader::Read ReadOf(const DiskTier& disk, const Block& b) {
+  DiskLoader::Read r;
+  r.hash = b.key.hash;
+  r.parent = b.key.parent;
+  r.tokens = b.tokens;
+  REQUIRE(disk.Locate(b.key.hash, &r.slot, &r.generation));
+  return r;
+}
+
+std::vector<DiskLoader::Result> Await(DiskLoader& loader, uint64_t ticket) {
+  std::vector<DiskLoader::Result> out;
+  while (!loader.TakeLoad(ticket, &out)) loader.WaitForLoads(100);
+  return out;
+}
+
+TEST_CASE("The disk loader reads a chain in the background; a slot rewritten meanwhile is a miss",
+          "[cache][tier]") {
+  const std::string path = testing::MakeTempDir("disk_tier") + "/kv.tier";
+  auto disk = DiskTier::Open(path, Slots(2), kId);
+  REQUIRE(disk.ok());
+  Block a = MakeBlock(100, 1), b = MakeBlock(200, 5), c = MakeBlock(300, 9);
+  REQUIRE((*disk)->Put(100, a.value));
+  REQUIRE((*disk)->Put(200, b.value));
+  DiskLoader loader(disk->get());
+  const std::vector<DiskLoader::Read> reads = {ReadOf(**disk, a), ReadOf(**disk, b)};
+  std::vector<DiskLoader::Result> got = Await(loader, loader.StartLoad(reads));
+  REQUIRE(got.size() == 2);
+  REQUIRE(*got[0].value == a.value);
+  REQUIRE(*got[1].value == b.value);
+  REQUIRE((*disk)->Settle(100, reads[0].slot, reads[0].generation, got[0].reject));
+  REQUIRE((*disk)->Settle(200, reads[1].slot, reads[1].generation, got[1].reject));
+
+  SECTION("a slot written between Locate and Settle is not used and not dropped") {
+    const DiskLoader::Read r = ReadOf(**disk, a);  // a is older than b: its slot goes next
+    std::vector<DiskLoader::Result> late = Await(loader, loader.StartLoad({r}));
+    REQUIRE(late[0].value != nullptr);
+    REQUIRE((*disk)->Put(300, c.value));
+    REQUIRE_FALSE((*disk)->Settle(100, r.slot, r.generation, late[0].reject));
+    REQUIRE((*disk)->Contains(300));
+    REQUIRE_FALSE((*disk)->Contains(100));
+    TierReject reject;
+    REQUIRE((*disk)->Get(c.key, &reject) != nullptr);
+  }
+  SECTION("a corrupt slot ends the chain and is dropped at Settle") {
+    const int fd = ::open(path.c_str(), O_RDWR);
+    REQUIRE(fd >= 0);
+    const int64_t off = 4096 + 4096 + int64_t{reads[0].slot} * 4096 + 100;
+    char byte;
+    REQUIRE(pread(fd, &byte, 1, off) == 1);
+    byte ^= 0x40;
+    REQUIRE(pwrite(fd, &byte, 1, off) == 1);
+    ::close(fd);
+    std::vector<DiskLoader::Result> bad = Await(loader, loader.StartLoad(reads));
+    REQUIRE(bad[0].value == nullptr);
+    REQUIRE(bad[0].reject == TierReject::kCorrupt);
+    REQUIRE(bad[1].value == nullptr);  // not read: the chain ended before it
+    REQUIRE_FALSE((*disk)->Settle(100, reads[0].slot, reads[0].generation, bad[0].reject));
+    REQUIRE_FALSE((*disk)->Contains(100));
+    REQUIRE((*disk)->Contains(200));
+  }
+  SECTION("an abandoned load is never answered") {
+    const uint64_t t = loader.StartLoad(reads);
+    loader.AbandonLoad(t);
+    const uint64_t u = loader.StartLoad({reads[1]});
+    Await(loader, u);  // loads run in order: t is done or was dropped
+    std::vector<DiskLoader::Result> none;
+    REQUIRE_FALSE(loader.TakeLoad(t, &none));
+  }
 }
 
 }  // namespace

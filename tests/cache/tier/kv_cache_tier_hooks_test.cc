@@ -62,10 +62,8 @@ TEST_CASE("Filed blocks the pool reuses spill and come back from the host tier i
     REQUIRE(t.loads[0].block == 0);
     REQUIRE(t.loads[1].block == 1);
     // Block 0 of the chain was spilled from device block 0, block 1 from 1.
-    REQUIRE(std::memcmp(t.loads[0].hit.value->data() + t.loads[0].hit.payload_offset,
-                        PayloadOf(0).data(), 8) == 0);
-    REQUIRE(std::memcmp(t.loads[1].hit.value->data() + t.loads[1].hit.payload_offset,
-                        PayloadOf(1).data(), 8) == 0);
+    REQUIRE(std::memcmp(t.loads[0].hit.payload, PayloadOf(0).data(), 8) == 0);
+    REQUIRE(std::memcmp(t.loads[1].hit.payload, PayloadOf(1).data(), 8) == 0);
     REQUIRE(t.loads[0].hit.tier == static_cast<uint8_t>(TierKind::kHost));
     // Filed again: a second sequence shares them on the device.
     REQUIRE(kv.IsCachedBlock(0));

@@ -1,21 +1,27 @@
 // A real redis-server for the remote tier's tests: started on a free
 // loopback port in a fresh temporary directory (no persistence), stopped,
 // paused or killed by its own pid. Skips (has_server() false) where the
-// Debian package redis-server is not installed.
+// Debian package redis-server is not installed. GatedProxy: a TCP proxy in
+// front of it whose replies are held while its gate is closed (a slow
+// Redis the test controls, without timing).
 #pragma once
 
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <mutex>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "cache/tier/remote_tier.h"
 #include "tests/test_util.h"
@@ -116,6 +122,131 @@ class RedisServer {
   std::string dir_;
   int port_ = 0;
   pid_t pid_ = 0;
+};
+
+// Forwards loopback connections to a Redis port: requests at once, replies
+// only while the gate is open (held replies go out when it opens). Each
+// accepted connection gets its own upstream connection; one thread polls
+// them all.
+class GatedProxy {
+ public:
+  explicit GatedProxy(int upstream_port) : upstream_(upstream_port) {
+    listen_fd_ = socket(AF_INET, SOCK_STREAM, 0);
+    const int one = 1;
+    setsockopt(listen_fd_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(listen_fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+    socklen_t len = sizeof(a);
+    getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    listen(listen_fd_, 16);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~GatedProxy() {
+    stop_ = true;
+    thread_.join();
+    for (Pair& p : pairs_) {
+      close(p.client);
+      close(p.server);
+    }
+    close(listen_fd_);
+  }
+  GatedProxy(const GatedProxy&) = delete;
+  GatedProxy& operator=(const GatedProxy&) = delete;
+
+  std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_) + "/0"; }
+  void Close() { open_ = false; }
+  void Open() { open_ = true; }
+  // Reply bytes held back so far (the client is waiting on them).
+  size_t held_bytes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    size_t n = 0;
+    for (const Pair& p : pairs_) n += p.held.size();
+    return n;
+  }
+
+ private:
+  struct Pair {
+    int client, server;
+    std::string held;  // server -> client bytes not yet forwarded
+  };
+  static bool SendAll(int fd, const char* p, size_t n) {
+    while (n > 0) {
+      const ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+      if (w <= 0) return false;
+      p += w;
+      n -= static_cast<size_t>(w);
+    }
+    return true;
+  }
+  void Run() {
+    char buf[65536];
+    while (!stop_) {
+      std::vector<pollfd> fds{{listen_fd_, POLLIN, 0}};
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (const Pair& p : pairs_) {
+          fds.push_back({p.client, POLLIN, 0});
+          fds.push_back({p.server, POLLIN, 0});
+        }
+      }
+      poll(fds.data(), fds.size(), 5);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (fds[0].revents & POLLIN) {
+        const int c = accept(listen_fd_, nullptr, nullptr);
+        const int s = socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = htons(static_cast<uint16_t>(upstream_));
+        if (c >= 0 && connect(s, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+          pairs_.push_back({c, s, {}});
+        } else {
+          if (c >= 0) close(c);
+          close(s);
+        }
+      }
+      std::vector<size_t> dead;
+      for (size_t i = 0; i < pairs_.size(); ++i) {
+        Pair& p = pairs_[i];
+        bool ok = true;
+        const size_t k = 1 + 2 * i;
+        if (k < fds.size() && (fds[k].revents & (POLLIN | POLLHUP | POLLERR))) {
+          const ssize_t n = recv(p.client, buf, sizeof(buf), 0);
+          ok = n > 0 && SendAll(p.server, buf, static_cast<size_t>(n));
+        }
+        if (ok && k + 1 < fds.size() && (fds[k + 1].revents & (POLLIN | POLLHUP | POLLERR))) {
+          const ssize_t n = recv(p.server, buf, sizeof(buf), 0);
+          if (n > 0) {
+            p.held.append(buf, static_cast<size_t>(n));
+          } else {
+            ok = false;
+          }
+        }
+        if (ok && open_ && !p.held.empty()) {
+          ok = SendAll(p.client, p.held.data(), p.held.size());
+          p.held.clear();
+        }
+        if (!ok) dead.push_back(i);
+      }
+      for (size_t j = dead.size(); j-- > 0;) {
+        close(pairs_[dead[j]].client);
+        close(pairs_[dead[j]].server);
+        pairs_.erase(pairs_.begin() + static_cast<std::ptrdiff_t>(dead[j]));
+      }
+    }
+  }
+
+  const int upstream_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> open_{true};
+  std::mutex mu_;
+  std::vector<Pair> pairs_;  // under mu_ (written by the proxy thread only)
+  std::thread thread_;
 };
 
 // Polls `done` until it holds or 10 s pass (background work the test waits for).
