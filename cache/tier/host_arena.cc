@@ -6,7 +6,7 @@
 namespace kvserve {
 
 HostArena::HostArena(std::span<uint8_t> arena, int64_t capacity_bytes, int64_t value_bytes)
-    : value_bytes_(value_bytes), stride_((value_bytes + 63) / 64 * 64) {
+    : value_bytes_(value_bytes) {
   int64_t bytes = capacity_bytes;
   if (arena.empty()) {
     // Default-initialised: pages are committed as slots are first written.
@@ -16,7 +16,7 @@ HostArena::HostArena(std::span<uint8_t> arena, int64_t capacity_bytes, int64_t v
     base_ = arena.data();
     bytes = std::min<int64_t>(bytes, static_cast<int64_t>(arena.size()));
   }
-  const int64_t slots = stride_ > 0 ? bytes / stride_ : 0;
+  const int64_t slots = value_bytes > 0 ? bytes / value_bytes : 0;
   pins_.reserve(static_cast<size_t>(slots));
   for (int64_t s = 0; s < slots; ++s) {
     pins_.push_back(std::make_shared<int32_t>(static_cast<int32_t>(s)));
@@ -26,7 +26,7 @@ HostArena::HostArena(std::span<uint8_t> arena, int64_t capacity_bytes, int64_t v
 
 bool HostArena::Holds(const void* p, int64_t n) const {
   const auto* b = static_cast<const uint8_t*>(p);
-  return b >= base_ && n >= 0 && b + n <= base_ + int64_t{num_slots()} * stride_;
+  return b >= base_ && n >= 0 && b + n <= base_ + int64_t{num_slots()} * value_bytes_;
 }
 
 int32_t HostArena::Reserve(std::vector<HostTier::Entry>* evicted) {

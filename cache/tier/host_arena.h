@@ -34,7 +34,7 @@ namespace kvserve {
 class HostArena {
  public:
   // `arena` (the runner's) or, when empty, capacity_bytes of the tier's own;
-  // one slot per value_bytes (rounded up to 64).
+  // one slot per value_bytes, packed (as kvserve plan counts them).
   HostArena(std::span<uint8_t> arena, int64_t capacity_bytes, int64_t value_bytes);
   HostArena(const HostArena&) = delete;
   HostArena& operator=(const HostArena&) = delete;
@@ -51,7 +51,7 @@ class HostArena {
   // A slot for a new value, or -1 when every slot is reserved or pinned.
   // Entries it pushes out are appended to *evicted (their bytes copied).
   int32_t Reserve(std::vector<HostTier::Entry>* evicted);
-  uint8_t* slot(int32_t s) { return base_ + int64_t{s} * stride_; }
+  uint8_t* slot(int32_t s) { return base_ + int64_t{s} * value_bytes_; }
   // Lists a reserved slot under `hash` as most recently used (a value
   // already listed under it is replaced).
   void Commit(int32_t s, BlockHash hash);
@@ -78,7 +78,6 @@ class HostArena {
   std::unique_ptr<uint8_t[]> owned_;
   uint8_t* base_ = nullptr;
   int64_t value_bytes_;
-  int64_t stride_;
   std::vector<std::shared_ptr<int32_t>> pins_;  // [slots]; use_count > 1: pinned by a hit
   std::vector<int32_t> free_;                   // slots neither listed nor reserved
   std::list<Entry> lru_;                        // front: least recently used

@@ -21,10 +21,11 @@ int32_t Put(HostArena& arena, BlockHash hash, char c, std::vector<HostTier::Entr
 
 TEST_CASE("The host arena keeps values in slots, LRU, pushing out the oldest with its bytes",
           "[cache][tier]") {
-  std::vector<uint8_t> memory(3 * 128 + 10);  // 3 slots of 100 bytes (stride 128)
+  std::vector<uint8_t> memory(3 * 100 + 10);  // 3 slots of 100 bytes
   HostArena arena(memory, static_cast<int64_t>(memory.size()), 100);
   REQUIRE(arena.num_slots() == 3);
-  REQUIRE(arena.Holds(memory.data(), 3 * 128));
+  REQUIRE(arena.Holds(memory.data(), 3 * 100));
+  REQUIRE_FALSE(arena.Holds(memory.data() + 1, 3 * 100));
   std::vector<HostTier::Entry> out;
   Put(arena, 1, 'a', &out);
   Put(arena, 2, 'b', &out);
