@@ -92,11 +92,14 @@ std::string ServeConfigKeyHelp(const std::string& key) {
        "low-rank KV latents: the file `kvserve calibrate-kv` wrote (CPU only; no eviction, no "
        "tiers, no int4_kc; docs/kv-low-rank.md)"},
       {"cache.host_tier_bytes",
-       "host-memory tier for prefix blocks leaving the device pool (e.g. 8GiB); 0: none"},
+       "host-memory tier for prefix blocks leaving the device pool (e.g. 8GiB; pinned on "
+       "CUDA); 0: none"},
       {"cache.disk_tier_path", "disk tier: one preallocated file, kept across restarts"},
       {"cache.disk_tier_bytes", "disk tier size (e.g. 100GiB)"},
       {"cache.remote_tier_url", "shared tier: redis://host:port/db (Redis or Valkey)"},
-      {"cache.tier_load_timeout_ms", "a tier load slower than this is recomputed (1000)"},
+      {"cache.tier_load_timeout_ms",
+       "a disk or remote KV load the request waits for longer than this is abandoned and the "
+       "prompt recomputed (1000)"},
       {"scheduler.max_num_seqs", "most sequences in one step"},
       {"scheduler.max_num_batched_tokens", "most tokens in one step"},
       {"scheduler.max_model_len", "longest sequence (prompt + output); 0: the model's"},

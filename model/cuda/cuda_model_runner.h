@@ -103,9 +103,13 @@ class CudaModelRunner final : public ModelRunner {
   bool supports_eviction() const override;
   absl::Status MoveSlots(std::span<const SlotMove> moves) override;
   // KV tiers (cache/tier/): whole primary blocks of every layer to and from
-  // host bytes (model_runner.h's layout), on the compute stream after the
-  // steps before them; both return once the copies are done. Tail ids are
-  // refused (tiers hold full blocks).
+  // host bytes (model_runner.h's layout). The host tier's slots live in one
+  // pinned arena (AllocateTierArena, cudaHostAlloc): copies to and from it
+  // run on the copy stream, after the compute stream's work so far and
+  // before what it enqueues next (events), and return at once (exports:
+  // FinishExports waits). Other host bytes (pageable) are copied on the
+  // compute stream and waited for. Tail ids are refused (tiers hold full
+  // blocks).
   bool supports_kv_tiers() const override { return true; }
   // Token masks: applied on the device to a private copy of each masked
   // row's logits before the sampling kernel (kernels/cuda/token_mask.h).
@@ -114,6 +118,10 @@ class CudaModelRunner final : public ModelRunner {
   absl::Status ExportBlocks(std::span<const BlockId> blocks, std::span<uint8_t> out) override;
   absl::Status ImportBlocks(std::span<const BlockId> blocks,
                             std::span<const uint8_t* const> in) override;
+  absl::StatusOr<std::span<uint8_t>> AllocateTierArena(int64_t bytes) override;
+  absl::Status ExportBlocksTo(std::span<const BlockId> blocks,
+                              std::span<uint8_t* const> out) override;
+  absl::Status FinishExports() override;
   absl::Status ReadAttentionStats(std::span<float> out) override;
 
   // For tests and benchmarks.

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -147,19 +148,40 @@ absl::Status CudaModelRunner::Impl::CopyBlockLayers(const LayerSpan& dst, const 
   return absl::OkStatus();
 }
 
+bool CudaModelRunner::Impl::InTierArena(const uint8_t* p) const {
+  const uint8_t* base = tier_arena.get();
+  int64_t per = 0;
+  for (const KvFormat& f : formats) per += f.block_bytes();
+  return base != nullptr && p >= base && p + per <= base + tier_arena_bytes;
+}
+
 absl::Status CudaModelRunner::Impl::TierCopies(std::span<const BlockId> blocks,
-                                               uint8_t* const* host, bool out, const char* what) {
+                                               uint8_t* const* host, bool out, bool async,
+                                               const char* what) {
   for (size_t i = 0; i < blocks.size(); ++i) {
     const BlockId b = blocks[i];
     if (b < 0 || b >= pool_shape.blocks) {
       std::fprintf(stderr, "CudaModelRunner::%s: block %d of %d\n", what, b, pool_shape.blocks);
       std::abort();
     }
-    const LayerSpan payload{host[i], nullptr, 0}, block{kv_pool.get(), &pool_shape, b};
-    KV_RETURN_IF_ERROR(out ? CopyBlockLayers(payload, block, cudaMemcpyDeviceToHost, stream)
-                           : CopyBlockLayers(block, payload, cudaMemcpyHostToDevice, stream));
   }
-  return CudaStatus(cudaStreamSynchronize(stream), what);
+  if (blocks.empty()) return absl::OkStatus();
+  const cudaStream_t on = async ? copy_stream : stream;
+  if (async) {
+    // After the compute stream's work so far (what wrote or still reads the
+    // blocks), before what it enqueues next.
+    KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(compute_ready, stream));
+    KV_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(copy_stream, compute_ready, 0));
+  }
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const LayerSpan payload{host[i], nullptr, 0}, block{kv_pool.get(), &pool_shape, blocks[i]};
+    KV_RETURN_IF_ERROR(out ? CopyBlockLayers(payload, block, cudaMemcpyDeviceToHost, on)
+                           : CopyBlockLayers(block, payload, cudaMemcpyHostToDevice, on));
+  }
+  if (!async) return CudaStatus(cudaStreamSynchronize(stream), what);
+  cudaEvent_t done = out ? tier_exported : copies_done;
+  KV_CUDA_RETURN_IF_ERROR(cudaEventRecord(done, copy_stream));
+  return CudaStatus(cudaStreamWaitEvent(stream, done, 0), what);
 }
 
 // Swap copies on the copy engines, not the SMs: per block pair one
@@ -220,8 +242,6 @@ int64_t CudaModelRunner::tier_block_bytes() const {
 
 absl::Status CudaModelRunner::ExportBlocks(std::span<const BlockId> blocks,
                                            std::span<uint8_t> out) {
-  Impl& m = *impl_;
-  KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
   const int64_t per = tier_block_bytes();
   if (out.size() != blocks.size() * static_cast<size_t>(per)) {
     std::fprintf(stderr, "CudaModelRunner::ExportBlocks: %zu bytes for %zu blocks of %lld\n",
@@ -230,7 +250,28 @@ absl::Status CudaModelRunner::ExportBlocks(std::span<const BlockId> blocks,
   }
   std::vector<uint8_t*> host(blocks.size());
   for (size_t i = 0; i < blocks.size(); ++i) host[i] = out.data() + i * per;
-  return m.TierCopies(blocks, host.data(), /*out=*/true, "ExportBlocks");
+  KV_RETURN_IF_ERROR(ExportBlocksTo(blocks, host));
+  return FinishExports();
+}
+
+absl::Status CudaModelRunner::ExportBlocksTo(std::span<const BlockId> blocks,
+                                             std::span<uint8_t* const> out) {
+  Impl& m = *impl_;
+  KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
+  if (out.size() != blocks.size()) {
+    std::fprintf(stderr, "CudaModelRunner::ExportBlocksTo: %zu payloads for %zu blocks\n",
+                 out.size(), blocks.size());
+    std::abort();
+  }
+  const bool async =
+      std::all_of(out.begin(), out.end(), [&](uint8_t* p) { return m.InTierArena(p); });
+  return m.TierCopies(blocks, out.data(), /*out=*/true, async, "ExportBlocks");
+}
+
+absl::Status CudaModelRunner::FinishExports() {
+  Impl& m = *impl_;
+  KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
+  return CudaStatus(cudaEventSynchronize(m.tier_exported), "FinishExports");
 }
 
 absl::Status CudaModelRunner::ImportBlocks(std::span<const BlockId> blocks,
@@ -242,9 +283,29 @@ absl::Status CudaModelRunner::ImportBlocks(std::span<const BlockId> blocks,
                  blocks.size());
     std::abort();
   }
-  std::vector<uint8_t*> host(blocks.size());
-  for (size_t i = 0; i < blocks.size(); ++i) host[i] = const_cast<uint8_t*>(in[i]);
-  return m.TierCopies(blocks, host.data(), /*out=*/false, "ImportBlocks");
+  // From the arena on the copy stream; the rest (staged disk and remote
+  // values, pageable) on the compute stream.
+  std::vector<BlockId> ids[2];
+  std::vector<uint8_t*> host[2];
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const int a = m.InTierArena(in[i]) ? 1 : 0;
+    ids[a].push_back(blocks[i]);
+    host[a].push_back(const_cast<uint8_t*>(in[i]));
+  }
+  KV_RETURN_IF_ERROR(m.TierCopies(ids[1], host[1].data(), /*out=*/false, true, "ImportBlocks"));
+  return m.TierCopies(ids[0], host[0].data(), /*out=*/false, false, "ImportBlocks");
+}
+
+absl::StatusOr<std::span<uint8_t>> CudaModelRunner::AllocateTierArena(int64_t bytes) {
+  Impl& m = *impl_;
+  KV_CUDA_RETURN_IF_ERROR(cudaSetDevice(m.device));
+  if (m.tier_arena != nullptr) {
+    return absl::FailedPreconditionError("CudaModelRunner: the tier arena is allocated once");
+  }
+  KV_ASSIGN_OR_RETURN(m.tier_arena, PinnedAlloc(bytes, "the host KV tier (cache.host_tier_bytes)",
+                                                cudaHostAllocPortable));
+  m.tier_arena_bytes = bytes;
+  return std::span<uint8_t>(m.tier_arena.get(), static_cast<size_t>(bytes));
 }
 
 }  // namespace kvserve

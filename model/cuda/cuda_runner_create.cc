@@ -106,6 +106,7 @@ CudaModelRunner::Impl::~Impl() {
   if (copy_stream != nullptr) cudaStreamSynchronize(copy_stream);
   if (compute_ready != nullptr) cudaEventDestroy(compute_ready);
   if (copies_done != nullptr) cudaEventDestroy(copies_done);
+  if (tier_exported != nullptr) cudaEventDestroy(tier_exported);
   gemm.reset();
   if (copy_stream != nullptr) cudaStreamDestroy(copy_stream);
   if (stream != nullptr) cudaStreamDestroy(stream);
@@ -220,6 +221,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   KV_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&m.copy_stream, cudaStreamNonBlocking));
   KV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&m.compute_ready, cudaEventDisableTiming));
   KV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&m.copies_done, cudaEventDisableTiming));
+  KV_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&m.tier_exported, cudaEventDisableTiming));
   m.inv_freq = c.RopeInvFreq();
 
   KV_RETURN_IF_ERROR(m.UploadWeights(weights));

@@ -166,6 +166,11 @@ struct CudaModelRunner::Impl {
   int32_t num_blocks = 0;
   int32_t num_tails = 0;
   PoolShape pool_shape;
+  // The host tier's slots (AllocateTierArena): pinned; copies to and from
+  // it run on copy_stream, exports recorded by tier_exported.
+  HostBuffer tier_arena;
+  int64_t tier_arena_bytes = 0;
+  cudaEvent_t tier_exported = nullptr;
   HostBuffer swap_host;  // the same layout for the swap pool, pinned + mapped
   uint8_t* swap_dev = nullptr;
   int32_t num_swap_blocks = 0;
@@ -246,9 +251,13 @@ struct CudaModelRunner::Impl {
   // pools' layers are evenly spaced, else one copy a layer.
   absl::Status CopyBlockLayers(const LayerSpan& dst, const LayerSpan& src, cudaMemcpyKind kind,
                                cudaStream_t on);
-  // Copies primary blocks to or from tier payloads (ExportBlocks/ImportBlocks).
+  // Copies primary blocks to or from tier payloads (ExportBlocks/ImportBlocks):
+  // pageable ones on the compute stream, waited for; with `async`, payloads
+  // in the tier arena on copy_stream (ordered by events), not waited for.
   absl::Status TierCopies(std::span<const BlockId> blocks, uint8_t* const* host, bool out,
-                          const char* what);
+                          bool async, const char* what);
+  // Whether a payload of one block lies in the tier arena.
+  bool InTierArena(const uint8_t* p) const;
   absl::Status SwapCopies(std::span<const BlockCopy> copies, uint8_t* src, const PoolShape& from,
                           uint8_t* dst, const PoolShape& to, cudaMemcpyKind kind, const char* what);
   absl::Status ForwardBatch(const BatchInput& batch);

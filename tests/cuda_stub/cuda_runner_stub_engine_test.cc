@@ -10,7 +10,9 @@
 //   - every eviction policy (cache/eviction/eviction_params.h kAllEvictionPolicies)
 //     gives the CPU engine's greedy tokens, for fp32 and int8 KV;
 //   - prompts evicted from a small pool come back from the host tier
-//     (ExportBlocks/ImportBlocks on the CUDA runner) with their tokens;
+//     (ExportBlocks/ImportBlocks on the CUDA runner) with their tokens, its
+//     slots in the runner's pinned arena (asynchronous copies on the copy
+//     stream, no pageable copy);
 //   - constrained decoding masks on the device (kernels/cuda/token_mask.h):
 //     greedy regex and choice outputs are the CPU engine's, samples match;
 // and every test ends with every block back in the pool.
@@ -26,6 +28,7 @@
 // compared with the CUDA engine's own solo runs, greedy ones with the CPU.
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <random>
 #include <regex>
 #include <string>
@@ -33,6 +36,7 @@
 
 #include "cache/eviction/eviction_params.h"
 #include "model/grammar/grammar_spec.h"
+#include "tests/cuda_stub/cuda_stub.h"
 #include "tests/cuda_stub/stub_engine.h"
 
 namespace kvserve {
@@ -273,6 +277,9 @@ TEST_CASE("stub engine: prompts evicted from a small pool come back from the hos
       r.sampling.temperature = 0.0f;
       return r;
     };
+    // Every spill and load goes through the pinned arena: no copy with
+    // pageable memory on either side, from the first prompt on.
+    const int64_t pageable = cuda_stub::GetCounters().pageable_copies;
     std::vector<Result> first;
     for (int i = 0; i < 4; ++i) first.push_back(RunOne(**engine, prompt(i)));
     constexpr int kHost = static_cast<int>(TierKind::kHost);
@@ -282,8 +289,46 @@ TEST_CASE("stub engine: prompts evicted from a small pool come back from the hos
     REQUIRE(again.usage.cached_prompt_tokens == 192);
     REQUIRE((*engine)->GetStats().tiers[kHost].hit_blocks == 12);
     REQUIRE(RunOne(**engine, prompt(1)).tokens == first[1].tokens);
+    REQUIRE(cuda_stub::GetCounters().pageable_copies == pageable);
     RequireAllBlocksFree(**engine);
   }
+}
+
+// The arena's copies are asynchronous: an export into it is there only
+// once FinishExports returns (the stand-in runs a queued copy when something
+// waits for it, so before that the slot still holds its old bytes), and an
+// import from it is ordered before the compute stream's next work.
+TEST_CASE("stub runner: tier copies to and from the pinned arena run on the copy stream",
+          "[cuda_stub]") {
+  testing::StubSetup s;
+  s.kv_dtype = "int8";
+  std::unique_ptr<ModelRunner> runner = testing::MakeStubRunner(s);
+  const size_t per = static_cast<size_t>(runner->tier_block_bytes());
+  auto arena = runner->AllocateTierArena(static_cast<int64_t>(4 * per));
+  REQUIRE(arena.ok());
+  REQUIRE(arena->size() == 4 * per);
+  REQUIRE(runner->AllocateTierArena(64).status().code() == absl::StatusCode::kFailedPrecondition);
+  std::vector<uint8_t> payload(per);
+  for (size_t i = 0; i < per; ++i) payload[i] = static_cast<uint8_t>(i * 7 + 3);
+  const std::vector<BlockId> three = {3}, four = {4};
+  const std::vector<const uint8_t*> from_pageable = {payload.data()};
+  REQUIRE(runner->ImportBlocks(three, from_pageable).ok());  // pageable: done at return
+
+  uint8_t* slot = arena->data() + per;
+  std::memset(slot, 0, per);
+  const std::vector<uint8_t*> to_slot = {slot};
+  const int64_t pageable = cuda_stub::GetCounters().pageable_copies;
+  REQUIRE(runner->ExportBlocksTo(three, to_slot).ok());
+  REQUIRE(std::vector<uint8_t>(slot, slot + per) == std::vector<uint8_t>(per, 0));
+  REQUIRE(runner->FinishExports().ok());
+  REQUIRE(std::vector<uint8_t>(slot, slot + per) == payload);
+
+  const std::vector<const uint8_t*> from_slot = {slot};
+  REQUIRE(runner->ImportBlocks(four, from_slot).ok());
+  REQUIRE(cuda_stub::GetCounters().pageable_copies == pageable);
+  std::vector<uint8_t> back(per, 0);
+  REQUIRE(runner->ExportBlocks(four, back).ok());  // pageable, after the import
+  REQUIRE(back == payload);
 }
 
 TEST_CASE("stub engine: constrained decoding masks on the device with the CPU engine's tokens",

@@ -43,6 +43,9 @@ struct Counters {
   int64_t live_host_allocations = 0;
   int64_t kernels_run = 0;
   int64_t graphs_launched = 0;
+  // cudaMemcpyAsync / cudaMemcpy2DAsync calls with pageable host memory on
+  // one side (staged or waited for, never asynchronous).
+  int64_t pageable_copies = 0;
 };
 Counters GetCounters();
 

@@ -545,6 +545,7 @@ cudaError_t cudaMemcpyAsync(void* dst, const void* src, size_t n, cudaMemcpyKind
   if (cudaError_t e = CheckCopy(dst, src, n, kind); e != cudaSuccess) return Err(e);
   CUstream_st* s = S(stream);
   const bool pageable_src = Pageable(src), pageable_dst = Pageable(dst);
+  if (pageable_src || pageable_dst) ++R().counters.pageable_copies;
   if (s->capturing && (pageable_src || pageable_dst)) {
     // Copies with pageable memory cannot be captured.
     s->invalidated = true;
@@ -592,6 +593,7 @@ cudaError_t cudaMemcpy2DAsync(void* dst, size_t dpitch, const void* src, size_t 
                                                                : false;
   if (!direction_ok) return Err(cudaErrorInvalidMemcpyDirection);
   CUstream_st* st = S(stream);
+  if (d == nullptr || s == nullptr) ++R().counters.pageable_copies;
   if (st->capturing && (d == nullptr || s == nullptr)) {
     st->invalidated = true;  // copies with pageable memory cannot be captured
     return Err(cudaErrorStreamCaptureUnsupported);
