@@ -152,7 +152,7 @@ std::vector<DiskLoader::Result> Await(DiskLoader& loader, uint64_t ticket) {
   return out;
 }
 
-TEST_CASE("The disk loader reads a chain in the background; a slot rewritten meanwhile is a miss",
+TEST_CASE("The disk loader reads a chain in the background, a slot rewritten meanwhile is a miss",
           "[cache][tier]") {
   const std::string path = testing::MakeTempDir("disk_tier") + "/kv.tier";
   auto disk = DiskTier::Open(path, Slots(2), kId);
