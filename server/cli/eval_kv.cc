@@ -18,6 +18,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "cache/sizing/block_count.h"
 #include "cache/sizing/kv_layers.h"
@@ -28,6 +29,7 @@
 #include "model/eval/kv_frontier.h"
 #include "model/loader/model_loader.h"
 #include "model/loader/quantize_weights.h"
+#include "model/lowrank/calibrate/calibrate.h"
 #include "model/lowrank/low_rank_kv.h"
 #include "server/cli/commands.h"
 #include "server/cli/flags.h"
@@ -88,13 +90,15 @@ constexpr char kUsage[] =
     "                         past what the study reads)\n"
     "  --png FILE             also plot perplexity (gnuplot), one line per run\n"
     "KV compression frontier (with --frontier): stories from --text (held out) through\n"
-    "every format, and eviction at 30/50/70% budgets (fp32, int8); bytes per token\n"
+    "every format, eviction at 30/50/70% budgets (fp32, int8) and low-rank latents at\n"
+    "75% and 50% of the kv width (calibrated on --calibration-text; fp32, fp16, int8\n"
+    "pages); bytes per token\n"
     "against the change in perplexity from the fp32 dense cache, the Pareto front\n"
     "marked (*). --json writes the points, --png plots them (gnuplot); --policy picks\n"
     "the policies (default streaming,h2o,learned).\n"
     "  --frontier             run the frontier\n"
-    "  --calibration-text FILE  what the frontier calibrates on (the learned evictor is\n"
-    "                         trained on it); required with --frontier\n"
+    "  --calibration-text FILE  what the frontier calibrates on (the low-rank bases, and\n"
+    "                         the learned evictor is trained on it); required with --frontier\n"
     "  --streams N            held-out streams, 0 = as many as --text holds (default 0): one\n"
     "                         story each, its first --context tokens (default 256), from the\n"
     "                         stories at least that long\n";
@@ -130,6 +134,7 @@ struct Options {
   // The frontier.
   bool frontier = false;
   std::string calibration_text;
+  std::vector<double> low_rank_fractions = {0.75, 0.5};
   int32_t streams = 0;
 };
 
@@ -480,14 +485,35 @@ int RunFrontierCommand(const Options& opt, const LoadedModel& loaded, const std:
   policies.erase(std::remove(policies.begin(), policies.end(), EvictionPolicyKind::kNone),
                  policies.end());
 
+  // Low-rank bases at 75% and 50% of a layer's kv width (one group of every
+  // kv head, K and V alike), calibrated on the calibration text's stories.
+  std::vector<std::pair<double, std::shared_ptr<const LowRankKv>>> bases;
+  if (!opt.low_rank_fractions.empty()) {
+    const std::vector<std::vector<int32_t>> cal_stories =
+        TokenizeStories(calibration.str(), *loaded.tokenizer, config.max_position_embeddings, 0);
+    const int32_t width = config.num_kv_heads * config.head_dim;
+    for (double f : opt.low_rank_fractions) {
+      LowRankCalibrationOptions co;
+      co.rank_k = co.rank_v = std::max(1, static_cast<int32_t>(std::lround(f * width)));
+      co.num_threads = opt.threads;
+      std::fprintf(stderr, "kvserve eval-kv: calibrating low-rank KV at rank %d of %d on %s...\n",
+                   co.rank_k, width, opt.calibration_text.c_str());
+      absl::StatusOr<LowRankCalibration> cal = CalibrateLowRankKv(loaded.weights, cal_stories, co);
+      if (!cal.ok()) return Fail(cal.status());
+      bases.emplace_back(f, std::make_shared<const LowRankKv>(std::move(cal->kv)));
+    }
+  }
   FrontierRunnerFactory make_runner =
       [&](const FrontierCombo& combo,
           int32_t num_blocks) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
-    if (combo.low_rank > 0 || combo.cross_layer >= 0) {
+    if (combo.cross_layer >= 0) {
       return absl::UnimplementedError(
-          absl::StrCat(combo.name, ": low-rank and cross-layer runners are not built here"));
+          absl::StrCat(combo.name, ": cross-layer KV sharing is not built yet"));
     }
     CpuRunnerOptions ro;
+    for (const auto& [f, kv] : bases) {
+      if (f == combo.low_rank) ro.low_rank = kv;
+    }
     ro.kv_dtype = combo.kv_dtype;
     ro.block_size = opt.block_size;
     ro.int4_group_size = opt.int4_group_size;
@@ -534,6 +560,14 @@ int RunFrontierCommand(const Options& opt, const LoadedModel& loaded, const std:
     const std::string name = d.ToString();
     if (name == "fp32") continue;
     fo.combos.push_back({name, d, 0, -1, name == "int8"});
+  }
+  // Low-rank latents in the per-token formats that store them best.
+  for (const auto& [f, kv] : bases) {
+    for (KvDtype d : {KvDtype::kFp32, KvDtype::kFp16, KvDtype::kInt8}) {
+      const KvDtypeSpec spec = d;
+      fo.combos.push_back(
+          {absl::StrFormat("%s+lr%.0f%%", spec.ToString(), 100 * f), spec, f, -1, false});
+    }
   }
   KvLayerShape shape;
   shape.num_layers = config.num_layers;
