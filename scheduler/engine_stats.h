@@ -2,7 +2,7 @@
 // and benchmarks. It holds the KV cache's own snapshot (KvCacheStats, as
 // KvCacheManager::Stats() builds it) as a member rather than copying its
 // fields, so a cache counter added there reaches every front end; each front
-// end converts this struct once (server/metrics.cc for Prometheus,
+// end converts this struct once (server/observability/metrics.cc for Prometheus,
 // server/grpc/stats_proto.h for gRPC).
 //
 // Counters only grow; gauges are current values. EngineImpl publishes one

@@ -46,7 +46,7 @@ struct GenerateRequest {
   std::string cache_salt;  // isolates prefix-cache sharing between tenants
   int32_t priority = 0;    // lower runs first; FCFS within a priority
   // Who sent it, for per-client fairness (EngineConfig::fair_clients): the
-  // front ends set it (server/client_limiter.h ClientKey), never the caller.
+  // front ends set it (server/admission/client_limiter.h ClientKey), never the caller.
   std::string client;
   KvPolicyOverride kv_policy;  // KV eviction; empty = the engine's
   GrammarSpec constraint;      // constrained decoding (model/grammar); empty = none

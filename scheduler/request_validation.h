@@ -12,7 +12,7 @@
 // tokenization; stop strings are counted before they are copied
 // (CheckStopCount); n x max_tokens bounds the tokens one request may
 // generate. The limits come from the config's `limits` section
-// (server/config.h); ResolveRequestLimits fills the ones that default to the
+// (server/config/config.h); ResolveRequestLimits fills the ones that default to the
 // served model's max_model_len.
 //
 // At Submit the engine also resolves the request's KV eviction
@@ -57,7 +57,7 @@ struct RequestLimits {
 // The limits every front end applies (the engine may tighten max_samples).
 inline constexpr RequestLimits kDefaultRequestLimits{};
 // cache_salt bytes: a salt names a cache partition, it is no payload (the
-// daemon salts with a 71-byte tenant digest, server/auth.h).
+// daemon salts with a 71-byte tenant digest, server/admission/auth.h).
 inline constexpr size_t kMaxCacheSaltBytes = 256;
 
 // Bytes of prompt text per allowed prompt token when max_prompt_bytes is

@@ -16,14 +16,14 @@
 
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "server/auth.h"
-#include "server/client_limiter.h"
+#include "server/admission/auth.h"
+#include "server/admission/client_limiter.h"
+#include "server/admission/request_budget.h"
 #include "server/engine_builder.h"
 #include "server/grpc/grpc_service.h"
 #include "server/http/http_service.h"
-#include "server/logging.h"
-#include "server/metrics.h"
-#include "server/request_budget.h"
+#include "server/observability/logging.h"
+#include "server/observability/metrics.h"
 #include "server/serving_state.h"
 
 namespace kvserve {

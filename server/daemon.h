@@ -18,7 +18,7 @@
 // or loading failed.
 #pragma once
 
-#include "server/config.h"
+#include "server/config/config.h"
 
 namespace kvserve {
 

@@ -13,7 +13,7 @@
 
 #include "absl/status/statusor.h"
 #include "scheduler/engine.h"
-#include "server/config.h"
+#include "server/config/config.h"
 #include "server/serving_state.h"
 
 namespace kvserve {

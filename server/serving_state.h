@@ -1,7 +1,7 @@
 // ServingState: what the HTTP and gRPC front ends share inside one daemon —
 // the engine (absent while the model loads), the lifecycle phase, the
 // metrics, the served model's description, the in-flight call count that
-// a graceful shutdown waits on, and the engine gate (server/engine_gate.h)
+// a graceful shutdown waits on, and the engine gate (server/admission/engine_gate.h)
 // every use of the engine by either front end holds a lease on.
 //
 // Lifecycle: kLoading -> kReady -> kDraining. Readiness (/health, the gRPC
@@ -23,9 +23,9 @@
 #include "model/chat/chat_template.h"
 #include "model/model_runner.h"
 #include "scheduler/engine.h"
-#include "server/auth.h"
-#include "server/engine_gate.h"
-#include "server/metrics.h"
+#include "server/admission/auth.h"
+#include "server/admission/engine_gate.h"
+#include "server/observability/metrics.h"
 
 namespace kvserve {
 
@@ -78,7 +78,7 @@ class ServingState {
   // The keys both front ends check (never null; empty = no authentication).
   const std::shared_ptr<const ApiKeys>& api_keys() const { return api_keys_; }
   // True when `authorization` ("Bearer <key>", scheme in any case) names one
-  // of the keys, or no key is set (constant-time compare: server/auth.h).
+  // of the keys, or no key is set (constant-time compare: server/admission/auth.h).
   bool Authorized(std::string_view authorization) const {
     return api_keys_->Authorize(authorization);
   }

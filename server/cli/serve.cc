@@ -10,7 +10,7 @@
 
 #include "cache/tier/remote_tier.h"
 #include "server/cli/commands.h"
-#include "server/config.h"
+#include "server/config/config.h"
 #include "server/daemon.h"
 #include "server/engine_builder.h"
 

@@ -10,12 +10,12 @@
 #include "absl/strings/str_cat.h"
 #include "proto/kvserve.grpc.pb.h"
 #include "scheduler/request_validation.h"
-#include "server/auth.h"
-#include "server/client_limiter.h"
-#include "server/engine_gate.h"
+#include "server/admission/auth.h"
+#include "server/admission/client_limiter.h"
+#include "server/admission/engine_gate.h"
+#include "server/admission/request_budget.h"
 #include "server/grpc/grpc_call.h"
-#include "server/logging.h"
-#include "server/request_budget.h"
+#include "server/observability/logging.h"
 #include "util/field_status.h"
 
 namespace kvserve::grpc_call {

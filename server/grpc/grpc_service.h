@@ -20,9 +20,9 @@
 //
 // The cost budget (scheduler/request_validation.h) is checked before any
 // work: every cheap limit and the prompt's bytes on the gRPC thread, then the
-// prompt is tokenized and submitted on PromptWorkers (server/request_budget.h),
+// prompt is tokenized and submitted on PromptWorkers (server/admission/request_budget.h),
 // never on a gRPC callback thread. Generate and Tokenize calls count against
-// the per-client limit (server/client_limiter.h): RESOURCE_EXHAUSTED over it.
+// the per-client limit (server/admission/client_limiter.h): RESOURCE_EXHAUSTED over it.
 //
 // Backpressure: a client that stops reading leaves its outputs in the
 // stream's buffer; past options.max_unsent_outputs the request is cancelled
@@ -33,7 +33,7 @@
 // ready; SetServing() flips both the overall ("") and the Generation status.
 // Drain: Generate is refused UNAVAILABLE from the start of the drain;
 // StopServing then closes the daemon's engine gate (ServingState::gate,
-// server/engine_gate.h, shared with HTTP), so every call is refused, and
+// server/admission/engine_gate.h, shared with HTTP), so every call is refused, and
 // waits until none touches the engine; the port keeps answering
 // UNAVAILABLE (not connection refused) until Shutdown, which the daemon
 // calls last.
@@ -67,7 +67,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "scheduler/request_validation.h"
-#include "server/request_budget.h"
+#include "server/admission/request_budget.h"
 #include "server/serving_state.h"
 
 namespace grpc {
@@ -92,7 +92,7 @@ class GrpcService {
     // max_concurrent_per_client of its own.
     std::shared_ptr<ClientLimiter> limiter;
     int32_t max_unsent_outputs = 4096;  // per Generate stream
-    // The prompt workers (server/request_budget.h), shared with HTTP in the
+    // The prompt workers (server/admission/request_budget.h), shared with HTTP in the
     // daemon; null: a pool of prompt_threads of its own.
     std::shared_ptr<PromptWorkers> prompt_workers;
     int32_t prompt_threads = 2;

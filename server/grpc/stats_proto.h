@@ -1,6 +1,6 @@
 // EngineStats (scheduler/engine_stats.h) as the gRPC API's kvserve.v1.Stats:
 // the one place the engine's snapshot is converted for gRPC, as
-// server/metrics.cc is for Prometheus. The wire names predate EngineStats'
+// server/observability/metrics.cc is for Prometheus. The wire names predate EngineStats'
 // KvCacheStats member and stay as they are for clients.
 //
 // Thread-safety: pure function.

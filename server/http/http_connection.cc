@@ -24,7 +24,7 @@
 #include "absl/time/time.h"
 #include "server/http/http_message.h"
 #include "server/http/http_server_internal.h"
-#include "server/logging.h"
+#include "server/observability/logging.h"
 
 namespace kvserve {
 

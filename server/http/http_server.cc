@@ -21,7 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "server/http/http_server_internal.h"
-#include "server/logging.h"
+#include "server/observability/logging.h"
 
 namespace kvserve {
 

@@ -9,7 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "scheduler/engine_config.h"
-#include "server/logging.h"
+#include "server/observability/logging.h"
 #include "server/openai/json_body.h"
 #include "server/openai/openai_protocol.h"
 #include "server/openai/tokenize.h"

@@ -25,7 +25,7 @@
 // its connection closed. A client that disconnects cancels its request too.
 //
 // A handler uses the engine only while it holds a lease on the daemon's
-// engine gate (ServingState::gate, server/engine_gate.h, shared with gRPC):
+// engine gate (ServingState::gate, server/admission/engine_gate.h, shared with gRPC):
 // once the gate is closed, /metrics leaves out the engine's numbers and
 // generation and tokenization answer 503.
 //
@@ -41,10 +41,10 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "scheduler/request_validation.h"
-#include "server/auth.h"
-#include "server/client_limiter.h"
+#include "server/admission/auth.h"
+#include "server/admission/client_limiter.h"
+#include "server/admission/request_budget.h"
 #include "server/http/http_server.h"
-#include "server/request_budget.h"
 #include "server/serving_state.h"
 
 namespace kvserve {
@@ -58,7 +58,7 @@ class HttpService {
     // io threads, and as many workers that parse and tokenize bodies when
     // prompt_workers is null.
     int threads = 4;
-    // The prompt workers (server/request_budget.h), shared with gRPC in the
+    // The prompt workers (server/admission/request_budget.h), shared with gRPC in the
     // daemon; null: a pool of `threads` of its own.
     std::shared_ptr<PromptWorkers> prompt_workers;
     // SO_REUSEPORT: let other processes bind the same port (off: a port in

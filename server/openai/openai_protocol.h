@@ -63,7 +63,7 @@ struct ApiError {
 ApiError InvalidRequest(std::string param, std::string message);
 // Maps an engine status (Submit) to an error: InvalidArgument -> 400 with the
 // field named in the message as param, ResourceExhausted -> 429 (code
-// queue_full, or concurrency_limit_exceeded from server/client_limiter.h),
+// queue_full, or concurrency_limit_exceeded from server/admission/client_limiter.h),
 // Unavailable -> 503, anything else -> 500. `prompt_param` is what a prompt
 // field is called in this API ("prompt" or "messages").
 ApiError ApiErrorFromStatus(const absl::Status& status, const std::string& prompt_param);

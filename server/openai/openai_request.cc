@@ -8,11 +8,11 @@
 #include "absl/strings/str_cat.h"
 #include "scheduler/detokenizer.h"
 #include "scheduler/request_validation.h"
-#include "server/client_limiter.h"
+#include "server/admission/client_limiter.h"
+#include "server/admission/request_budget.h"
 #include "server/openai/json_body.h"
 #include "server/openai/openai_protocol.h"
 #include "server/openai/structured_output.h"
-#include "server/request_budget.h"
 #include "util/field_status.h"
 
 namespace kvserve {

@@ -18,7 +18,7 @@
 #include "bench/loadgen/stats.h"
 #include "bench/loadgen/workload.h"
 #include "model/tokenizer/tokenizer.h"
-#include "server/metrics.h"
+#include "server/observability/metrics.h"
 #include "tests/test_util.h"
 
 namespace kvserve::bench {

@@ -1,4 +1,4 @@
-// Fuzzes the YAML config loader (server/config.h, ParseServeConfig).
+// Fuzzes the YAML config loader (server/config/config.h, ParseServeConfig).
 //
 // Input: YAML text; after a NUL byte, optional "key.path=value" override
 // lines. Whatever it accepts must convert to an engine config.
@@ -10,7 +10,7 @@
 
 #include "absl/strings/str_split.h"
 #include "fuzz_util.h"
-#include "server/config.h"
+#include "server/config/config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace kvserve;

@@ -43,7 +43,7 @@
 #include <vector>
 
 #include "proto/kvserve.grpc.pb.h"
-#include "server/config.h"
+#include "server/config/config.h"
 #include "tests/integration/daemon_fixture.h"
 #include "tests/test_util.h"
 

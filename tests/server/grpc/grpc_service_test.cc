@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "proto/kvserve.grpc.pb.h"
-#include "server/client_limiter.h"
+#include "server/admission/client_limiter.h"
 #include "spdlog/spdlog.h"
 #include "tests/grpc_health.h"
 #include "tests/server/fake_engine.h"

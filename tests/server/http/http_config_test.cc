@@ -1,10 +1,10 @@
-// The HTTP front end's config keys (server/config.h): defaults, the YAML
+// The HTTP front end's config keys (server/config/config.h): defaults, the YAML
 // file (server.tls as a nested map, paths relative to the file), --set, and
 // errors naming the key.
 #include <catch2/catch.hpp>
 #include <string>
 
-#include "server/config.h"
+#include "server/config/config.h"
 
 namespace kvserve {
 namespace {

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "server/client_limiter.h"
+#include "server/admission/client_limiter.h"
 #include "server/openai/openai_protocol.h"
 #include "util/field_status.h"
 

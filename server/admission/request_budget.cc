@@ -1,4 +1,4 @@
-#include "server/request_budget.h"
+#include "server/admission/request_budget.h"
 
 #include <algorithm>
 #include <utility>

@@ -1,4 +1,4 @@
-#include "server/metrics.h"
+#include "server/observability/metrics.h"
 
 #include <catch2/catch.hpp>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "server/engine_gate.h"
+#include "server/admission/engine_gate.h"
 
 #include <algorithm>
 

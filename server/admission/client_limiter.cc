@@ -1,4 +1,4 @@
-#include "server/client_limiter.h"
+#include "server/admission/client_limiter.h"
 
 #include <utility>
 

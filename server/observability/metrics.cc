@@ -1,4 +1,4 @@
-#include "server/metrics.h"
+#include "server/observability/metrics.h"
 
 #include <prometheus/counter.h>
 #include <prometheus/family.h>
@@ -13,7 +13,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
-#include "server/tier_metrics.h"
+#include "server/observability/tier_metrics.h"
 
 namespace kvserve {
 namespace {

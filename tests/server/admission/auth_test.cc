@@ -1,4 +1,4 @@
-#include "server/auth.h"
+#include "server/admission/auth.h"
 
 #include <catch2/catch.hpp>
 #include <fstream>

@@ -1,3 +1,9 @@
+// server/admission/: what lets a request in, shared by the HTTP and gRPC
+// front ends: the API keys and the tenant salt (auth.h, this header), the
+// per-client cap on open calls (client_limiter.h), the prompt budget and the
+// prompt workers that tokenize within it (request_budget.h), and the drain
+// gate every use of the engine holds a lease on (engine_gate.h).
+//
 // ApiKeys: the daemon's API keys (server.api_key plus the lines of
 // server.api_key_file) and the one check both front ends make of a request's
 // `Authorization` header (HTTP) or `authorization` metadata (gRPC).

@@ -1,4 +1,4 @@
-#include "server/config_help.h"
+#include "server/config/config_help.h"
 
 #include <map>
 
@@ -6,7 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "cache/eviction/eviction_params.h"
 #include "cache/format/kv_format.h"
-#include "server/config.h"
+#include "server/config/config.h"
 
 namespace kvserve {
 

@@ -1,4 +1,4 @@
-#include "server/tier_metrics.h"
+#include "server/observability/tier_metrics.h"
 
 #include <prometheus/counter.h>
 #include <prometheus/gauge.h>

@@ -1,7 +1,7 @@
 // PromptWorkers at shutdown: Stop() runs every prompt already queued (in
 // order) before it joins, so no queued request is dropped without an answer,
 // and work handed in after Stop() runs on the caller's thread.
-#include "server/request_budget.h"
+#include "server/admission/request_budget.h"
 
 #include <atomic>
 #include <catch2/catch.hpp>

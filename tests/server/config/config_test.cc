@@ -1,4 +1,4 @@
-#include "server/config.h"
+#include "server/config/config.h"
 
 #include <catch2/catch.hpp>
 #include <cstdlib>

@@ -1,4 +1,4 @@
-#include "server/config.h"
+#include "server/config/config.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -18,7 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "model/runner_factory.h"
-#include "server/config_help.h"
+#include "server/config/config_help.h"
 #include "util/byte_size.h"
 #include "util/status_macros.h"
 

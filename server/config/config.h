@@ -1,3 +1,8 @@
+// server/config/: the serve config: the typed ServeConfig, its YAML and
+// --set parser and its checks (config.h, this header), and the keys' help
+// texts and the value lists the parser and `kvserve serve --help` share,
+// taken from the cache's own tables (config_help.h).
+//
 // ServeConfig: everything `kvserve serve` reads from its YAML file and
 // `--set key=value` overrides, as a typed struct with defaults.
 //
@@ -113,7 +118,7 @@ struct ServeConfig {
   } server;
   // The request cost budget (scheduler/request_validation.h), the same over
   // HTTP and gRPC, and the per-client concurrency limit
-  // (server/client_limiter.h). 0 for a derived limit means "from the served
+  // (server/admission/client_limiter.h). 0 for a derived limit means "from the served
   // model" as noted.
   struct Limits {
     int64_t max_prompt_bytes = 0;  // text prompt bytes before tokenizing; 0: 32 x max_prompt_tokens

@@ -1,5 +1,5 @@
 // The names and help texts of the serve config's keys: ServeConfigKeyHelp
-// (declared in server/config.h, shown by `kvserve serve --help`), and the
+// (declared in server/config/config.h, shown by `kvserve serve --help`), and the
 // value lists the parser and the help share, generated from the cache's own
 // tables so that neither can list a name the cache does not take.
 #pragma once

@@ -1,4 +1,4 @@
-#include "server/logging.h"
+#include "server/observability/logging.h"
 
 #include <spdlog/sinks/ostream_sink.h>
 

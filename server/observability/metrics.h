@@ -1,3 +1,8 @@
+// server/observability/: what the daemon tells its operators: the
+// Prometheus metrics behind GET /metrics (metrics.h, this header), the KV
+// tiers' series (tier_metrics.h), and the logging set-up, its formats and
+// request-scoped lines (logging.h).
+//
 // ServerMetrics: the Prometheus metrics behind GET /metrics, in the text
 // exposition format (prometheus-cpp's registry and TextSerializer; no
 // separate exporter thread or port).
@@ -32,7 +37,7 @@ class Histogram;
 
 namespace kvserve {
 
-class TierMetrics;  // server/tier_metrics.h
+class TierMetrics;  // server/observability/tier_metrics.h
 
 class ServerMetrics {
  public:
