@@ -43,19 +43,10 @@
 #include <span>
 #include <vector>
 
+#include "model/sampling/sampler_state.h"
 #include "model/sampling/sampling_params.h"
 
 namespace kvserve {
-
-// The per-sequence random state. Copyable (a forked sequence may copy it).
-struct SamplerState {
-  explicit SamplerState(uint64_t seed) : rng(seed) {}
-  // Seeded from params.seed, or from a fresh nondeterministic seed when the
-  // request has none.
-  static SamplerState ForRequest(const SamplingParams& params);
-
-  std::mt19937_64 rng;
-};
 
 struct SampledLogprob {
   int32_t token = -1;
