@@ -25,7 +25,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "model/model_runner.h"
+#include "model/model_config.h"
 #include "model/tokenizer/tokenizer.h"
 #include "scheduler/engine_config.h"
 #include "scheduler/engine_stats.h"
@@ -33,6 +33,8 @@
 #include "scheduler/request_stream.h"
 
 namespace kvserve {
+
+class ModelRunner;  // model/model_runner.h
 
 class Engine {
  public:

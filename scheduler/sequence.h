@@ -38,7 +38,7 @@
 #include "cache/eviction/eviction_policy.h"
 #include "cache/eviction/sequence_evictor.h"
 #include "cache/kv_cache_manager.h"
-#include "model/sampling/sampler.h"
+#include "model/sampling/sampler_state.h"
 #include "scheduler/detokenizer.h"
 #include "scheduler/grammar_state.h"
 #include "scheduler/request.h"

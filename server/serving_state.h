@@ -21,7 +21,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "model/chat/chat_template.h"
-#include "model/model_runner.h"
+#include "model/runner_memory_info.h"
 #include "scheduler/engine.h"
 #include "server/admission/auth.h"
 #include "server/admission/engine_gate.h"

@@ -24,7 +24,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "model/model_runner.h"
+#include "model/runner_memory_info.h"
 #include "scheduler/engine_stats.h"
 #include "scheduler/request.h"
 
