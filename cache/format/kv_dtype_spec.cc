@@ -35,7 +35,8 @@ absl::StatusOr<KvDtypeSpec> KvDtypeSpec::Parse(std::string_view text, std::strin
     if (!dtype.ok()) {
       return Bad(what, text,
                  absl::StrCat("names an unknown dtype '", std::string(name),
-                              "' (one of fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4, int4_kc)"));
+                              "' (one of fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4, int4_kc, "
+                              "int2_kc)"));
     }
     int count = 1;
     if (star != absl::string_view::npos) {

@@ -12,10 +12,12 @@ namespace {
 
 int64_t AlignUp(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
-KvPartLayout PartFor(KvElem elem, int head_dim, int group_size) {
+// bits: the code bits of kInt4 / kInt4Channel parts (4, or 2 for int2_kc).
+KvPartLayout PartFor(KvElem elem, int head_dim, int group_size, int bits) {
   KvPartLayout p;
   p.elem = elem;
   p.group_size = head_dim;
+  p.bits = bits;
   switch (elem) {
     case KvElem::kFp32:
       p.row_bytes = head_dim * 4;
@@ -30,12 +32,12 @@ KvPartLayout PartFor(KvElem elem, int head_dim, int group_size) {
       p.meta_bytes = 4;
       break;
     case KvElem::kInt4:
-      p.row_bytes = head_dim / 2;
+      p.row_bytes = head_dim * bits / 8;
       p.group_size = group_size;
       p.meta_bytes = (head_dim / group_size) * 4;
       break;
     case KvElem::kInt4Channel:
-      p.row_bytes = head_dim / 2;
+      p.row_bytes = head_dim * bits / 8;
       p.meta_bytes = kInt4ChannelHeader + 2 * head_dim;  // per head per block
       break;
   }
@@ -62,6 +64,8 @@ std::string_view KvDtypeName(KvDtype dtype) {
       return "k8v4";
     case KvDtype::kInt4Kc:
       return "int4_kc";
+    case KvDtype::kInt2Kc:
+      return "int2_kc";
   }
   return "?";
 }
@@ -76,9 +80,10 @@ absl::StatusOr<KvDtype> ParseKvDtype(std::string_view name) {
   if (n == "int4") return KvDtype::kInt4;
   if (n == "k8v4") return KvDtype::kK8V4;
   if (n == "int4_kc") return KvDtype::kInt4Kc;
-  return absl::InvalidArgumentError(
-      absl::StrCat("kv_dtype: unknown KV cache dtype '", std::string(name),
-                   "' (expected fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4 or int4_kc)"));
+  if (n == "int2_kc") return KvDtype::kInt2Kc;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "kv_dtype: unknown KV cache dtype '", std::string(name),
+      "' (expected fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4, int4_kc or int2_kc)"));
 }
 
 absl::StatusOr<KvFormat> KvFormat::Create(KvDtype dtype, int num_kv_heads, int head_dim,
@@ -92,18 +97,29 @@ absl::StatusOr<KvFormat> KvFormat::Create(KvDtype dtype, int num_kv_heads, int h
     return absl::InvalidArgumentError(
         absl::StrCat("cache.block_size must be > 0, got ", block_size));
   }
-  if (dtype == KvDtype::kInt4Kc && block_size < kInt4KcMinBlockSize) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "cache.block_size must be at least ", kInt4KcMinBlockSize,
-        " for kv_dtype int4_kc (K ranges are per channel over a block), got ", block_size));
+  const bool kc = IsKcDtype(dtype);
+  const int bits = kc ? KcDtypeBits(dtype) : 4;
+  if (kc && block_size < kInt4KcMinBlockSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache.block_size must be at least ", kInt4KcMinBlockSize, " for kv_dtype ",
+                     std::string(KvDtypeName(dtype)),
+                     " (K ranges are per channel over a block), got ", block_size));
   }
-  if (dtype == KvDtype::kInt4Kc && tail_elem != KvElem::kFp32 && tail_elem != KvElem::kFp16) {
-    return absl::InvalidArgumentError("int4_kc tails hold fp32 or fp16 rows");
+  if (kc && tail_elem != KvElem::kFp32 && tail_elem != KvElem::kFp16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(KvDtypeName(dtype)), " tails hold fp32 or fp16 rows"));
+  }
+  if (bits == 2 && head_dim % 4 != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "head_dim must be a multiple of 4 for kv_dtype int2_kc (four codes a byte), got ",
+        head_dim));
   }
   int group = std::min(int4_group_size, head_dim);
-  if (group <= 0 || group % 2 != 0 || head_dim % group != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("cache.int4_group_size ", int4_group_size,
-                                                   " must be even and divide head_dim ", head_dim));
+  const int group_multiple = bits == 2 ? 4 : 2;
+  if (group <= 0 || group % group_multiple != 0 || head_dim % group != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache.int4_group_size ", int4_group_size, " must be ",
+                     bits == 2 ? "a multiple of 4" : "even", " and divide head_dim ", head_dim));
   }
   KvElem ke = KvElem::kFp32, ve = KvElem::kFp32;
   switch (dtype) {
@@ -130,6 +146,7 @@ absl::StatusOr<KvFormat> KvFormat::Create(KvDtype dtype, int num_kv_heads, int h
       ve = KvElem::kInt4;
       break;
     case KvDtype::kInt4Kc:
+    case KvDtype::kInt2Kc:
       ke = KvElem::kInt4Channel;
       ve = KvElem::kInt4;
       break;
@@ -140,8 +157,8 @@ absl::StatusOr<KvFormat> KvFormat::Create(KvDtype dtype, int num_kv_heads, int h
   l.num_kv_heads = num_kv_heads;
   l.head_dim = head_dim;
   l.block_size = block_size;
-  l.k = PartFor(ke, head_dim, group);
-  l.v = PartFor(ve, head_dim, group);
+  l.k = PartFor(ke, head_dim, group, bits);
+  l.v = PartFor(ve, head_dim, group, bits);
   const int64_t rows = static_cast<int64_t>(num_kv_heads) * block_size;
   int64_t off = 0;
   for (KvPartLayout* p : {&l.k, &l.v}) {
@@ -152,7 +169,7 @@ absl::StatusOr<KvFormat> KvFormat::Create(KvDtype dtype, int num_kv_heads, int h
     off = AlignUp(off + meta_rows * p->meta_bytes, 16);
   }
   l.block_bytes = AlignUp(off, 64);
-  if (dtype == KvDtype::kInt4Kc) {
+  if (kc) {
     KvTailLayout& t = l.tail;
     t.elem = tail_elem;
     t.row_bytes = head_dim * (tail_elem == KvElem::kFp32 ? 4 : 2);

@@ -11,11 +11,12 @@
 // k8v4 stores K as int8 and V as int4. int4_kc (KIVI-style) stores K as int4
 // with per-channel ranges over each full block and V as int4 per token; a
 // sequence's partial last block stays in full precision in a tail until it
-// fills (kv_layout.h has the contract). Layers may differ in dtype
+// fills (kv_layout.h has the contract). int2_kc (KIVI-2) is the same with
+// 2-bit codes for K and V. Layers may differ in dtype
 // (kv_dtype_spec.h); every layer has the same block size.
 //
 // The pool is, per layer, [num_blocks][block_bytes] (+ [num_tails][tail
-// bytes] for int4_kc).
+// bytes] for int4_kc and int2_kc).
 //
 // Thread-safety: immutable value type.
 #pragma once
@@ -30,7 +31,17 @@
 namespace kvserve {
 
 // What the engine is configured with (cache.kv_dtype).
-enum class KvDtype : uint8_t { kFp32, kFp16, kBf16, kFp8E4m3, kInt8, kInt4, kK8V4, kInt4Kc };
+enum class KvDtype : uint8_t {
+  kFp32,
+  kFp16,
+  kBf16,
+  kFp8E4m3,
+  kInt8,
+  kInt4,
+  kK8V4,
+  kInt4Kc,
+  kInt2Kc
+};
 
 std::string_view KvDtypeName(KvDtype dtype);
 // Accepts the names KvDtypeName returns, plus "fp8" and "float32"/"float16"/"bfloat16".
@@ -40,20 +51,29 @@ absl::StatusOr<KvDtype> ParseKvDtype(std::string_view name);
 inline constexpr KvDtype kAllKvDtypes[] = {KvDtype::kFp32,    KvDtype::kFp16, KvDtype::kBf16,
                                            KvDtype::kFp8E4m3, KvDtype::kInt8, KvDtype::kInt4,
                                            KvDtype::kK8V4};
-// Every dtype the CPU backend implements: kAllKvDtypes and int4_kc, for
-// reports (kvserve plan, eval-kv --kv-dtype all).
-inline constexpr KvDtype kCpuKvDtypes[] = {KvDtype::kFp32,    KvDtype::kFp16,  KvDtype::kBf16,
-                                           KvDtype::kFp8E4m3, KvDtype::kInt8,  KvDtype::kInt4,
-                                           KvDtype::kK8V4,    KvDtype::kInt4Kc};
-// Smallest block size int4_kc accepts (per-channel ranges over fewer tokens
-// cost more meta than they save).
+// Every dtype the CPU backend implements: kAllKvDtypes, int4_kc and
+// int2_kc, for reports (kvserve plan, eval-kv --kv-dtype all).
+inline constexpr KvDtype kCpuKvDtypes[] = {KvDtype::kFp32,    KvDtype::kFp16,   KvDtype::kBf16,
+                                           KvDtype::kFp8E4m3, KvDtype::kInt8,   KvDtype::kInt4,
+                                           KvDtype::kK8V4,    KvDtype::kInt4Kc, KvDtype::kInt2Kc};
+// Whether a dtype quantizes K per channel over a block and keeps tails
+// (int4_kc, int2_kc), and its code bits (4 or 2; 0 for the others).
+inline constexpr bool IsKcDtype(KvDtype d) {
+  return d == KvDtype::kInt4Kc || d == KvDtype::kInt2Kc;
+}
+inline constexpr int KcDtypeBits(KvDtype d) {
+  return d == KvDtype::kInt4Kc ? 4 : d == KvDtype::kInt2Kc ? 2 : 0;
+}
+// Smallest block size int4_kc and int2_kc accept (per-channel ranges over
+// fewer tokens cost more meta than they save).
 inline constexpr int kInt4KcMinBlockSize = 16;
 
 class KvFormat {
  public:
-  // int4_group_size is clamped to head_dim and must divide it. tail_elem is
-  // how int4_kc tails store rows: kFp32 (the CPU backend) or kFp16 (CUDA);
-  // ignored by the other dtypes. int4_kc needs block_size >=
+  // int4_group_size is clamped to head_dim and must divide it (int2_kc's
+  // V groups too, a multiple of 4 there). tail_elem is how int4_kc and
+  // int2_kc tails store rows: kFp32 (the CPU backend) or kFp16 (CUDA);
+  // ignored by the other dtypes. Both need block_size >=
   // kInt4KcMinBlockSize (the error names cache.block_size).
   static absl::StatusOr<KvFormat> Create(KvDtype dtype, int num_kv_heads, int head_dim,
                                          int block_size, int int4_group_size = 64,
@@ -69,12 +89,12 @@ class KvFormat {
   const KvPartLayout& v() const { return layout_.v; }
   // Bytes of one block in one layer (padded to 64).
   int64_t block_bytes() const { return layout_.block_bytes; }
-  // Whether partial blocks live in tails (int4_kc), and one tail block's
+  // Whether partial blocks live in tails (int4_kc, int2_kc), and one tail block's
   // bytes in one layer (0 without tails).
   bool has_tails() const { return layout_.has_tails(); }
   int64_t tail_block_bytes() const { return layout_.tail.block_bytes; }
   // Unpadded K+V bytes one token needs in one layer, scales included (for
-  // int4_kc, whose K scales are per block: the unpadded block over
+  // int4_kc and int2_kc, whose K scales are per block: the unpadded block over
   // block_size, rounded up to a whole byte).
   int64_t bytes_per_token_per_layer() const;
 

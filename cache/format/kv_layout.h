@@ -9,7 +9,7 @@
 //   K/V data: [num_kv_heads][block_size][row_bytes]
 //   K/V meta: [num_kv_heads][block_size][meta_bytes]   (per token), except
 //             kInt4Channel: [num_kv_heads][meta_bytes] (per block)
-// row_bytes = head_dim * bits / 8. meta_bytes:
+// row_bytes = head_dim * bits / 8 (int2_kc: 2-bit codes, see below). meta_bytes:
 //   fp32/fp16/bf16: 0
 //   fp8_e4m3, int8: 4  (one fp32 scale; value = q * scale)
 //   int4: (head_dim / group_size) * 4  (fp16 scale, fp16 zero per group,
@@ -18,6 +18,10 @@
 //         channel 2i in the low nibble, 2i+1 in the high nibble)
 //   int4_channel (K of int4_kc): 8 + 2 * head_dim bytes per head per BLOCK,
 //         see "int4_kc" below.
+//   int2_kc's parts are int4_channel and int4 with part.bits = 2: codes in
+//         [0, 3], four per byte (channel 4i + k in bits 2k, 2k + 1 of byte
+//         i), L = 3 levels where int4 has 15 (value = q * scale + zero, scale
+//         = (max - min) / 3); meta as int4's.
 // How values are quantized into this layout: kernels/cpu/kv_quant.h (the CUDA
 // kernels follow it bit for bit). block_bytes is rounded up to 64 bytes so
 // every block starts on a cache line.
@@ -30,11 +34,15 @@
 //     and channel d of every row of the block decodes as (IEEE fp32, round
 //     to nearest even, every operation rounded separately):
 //        scale_d = float(cmax_d - cmin_d) * unit
-//        zero_d  = fmaf(float(15 * cmin_d), unit, lo)
+//        zero_d  = fmaf(float(L * cmin_d), unit, lo)
 //        value   = fmaf(float(q), scale_d, zero_d)
-//     i.e. each channel's [min, max] is stored as two 8-bit codes on the
-//     head's range [lo, lo + 3825 * unit] (255 steps of 15 units), so a
-//     channel's 16 levels cover its own range while its meta costs 2 bytes.
+//     with L = 15 (KvCodeLevels(4)), i.e. each channel's [min, max] is stored
+//     as two 8-bit codes on the head's range [lo, lo + 255 * L * unit] (255
+//     steps of L units), so a channel's L + 1 levels cover its own range
+//     while its meta costs 2 bytes.
+//   * int2_kc is int4_kc with bits = 2 in both parts: L = 3 (K codes q in
+//     [0, 3], four per byte), V 2-bit per token; same meta, tails and
+//     contract.
 //     The encoder (kernels/cpu/kv_quant.h, QuantizeBlockKChannel) needs all
 //     block_size rows at once, so a block is quantized only when full.
 //   * V: int4 per token, as the int4 format (group_size channels per group).
@@ -90,9 +98,12 @@ namespace kvserve {
 enum class KvElem : uint8_t { kFp32, kFp16, kBf16, kFp8E4m3, kInt8, kInt4, kInt4Channel };
 
 // int4_kc: codes of a channel's range on the head's range (0 .. 255), in
-// steps of kInt4ChannelLevels units.
+// steps of KvCodeLevels(bits) units (kInt4ChannelLevels for 4 bits).
 inline constexpr int kInt4ChannelCodes = 255;
 inline constexpr int kInt4ChannelLevels = 15;
+
+// The top code of a `bits`-bit integer part (15 for int4, 3 for int2_kc's).
+KV_HOST_DEVICE constexpr int KvCodeLevels(int bits) { return (1 << bits) - 1; }
 // Bytes before the per-channel codes in a head's int4_kc K meta (lo, unit).
 inline constexpr int kInt4ChannelHeader = 8;
 
@@ -102,6 +113,7 @@ struct KvPartLayout {
   int32_t meta_bytes = 0;   // scale/zero bytes of one token for one head
                             // (kInt4Channel: of the whole block for one head)
   int32_t group_size = 0;   // int4 channels per scale group; head_dim otherwise
+  int32_t bits = 4;         // code bits of kInt4 / kInt4Channel parts: 4, or 2 (int2_kc)
   int64_t data_offset = 0;  // from the block start
   int64_t meta_offset = 0;  // from the block start
 };

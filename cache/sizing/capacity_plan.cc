@@ -19,7 +19,7 @@ absl::Status Positive(int64_t v, const char* field) {
 std::vector<KvDtypeSpec> DefaultPlanDtypes(int block_size) {
   std::vector<KvDtypeSpec> out;
   for (KvDtype d : kCpuKvDtypes) {
-    if (d == KvDtype::kInt4Kc && block_size < kInt4KcMinBlockSize) continue;
+    if (IsKcDtype(d) && block_size < kInt4KcMinBlockSize) continue;
     out.push_back(d);
   }
   return out;

@@ -70,14 +70,14 @@ struct KvFormatCapacity {
   int64_t batch_bytes = 0;      // what `batch` sequences of context_tokens need (+ tails)
   bool batch_fits = false;      // batch_bytes <= kv_budget_bytes
   double tokens_vs_fp16 = 0.0;  // fp16 bytes per token / this format's
-  int64_t num_tail_blocks = 0;  // int4_kc: tails reserved (2 * max_seqs)
+  int64_t num_tail_blocks = 0;  // int4_kc, int2_kc: tails reserved (2 * max_seqs)
   int64_t tail_bytes = 0;       // their bytes, all layers, fp16
   // num_tokens / fp16's num_tokens in this budget: padding and tails included.
   double tokens_vs_fp16_in_budget = 0.0;
 };
 
-// Every dtype in kCpuKvDtypes that this block size allows (int4_kc needs
-// kInt4KcMinBlockSize tokens).
+// Every dtype in kCpuKvDtypes that this block size allows (int4_kc and
+// int2_kc need kInt4KcMinBlockSize tokens).
 std::vector<KvDtypeSpec> DefaultPlanDtypes(int block_size);
 
 // One entry per KV format, in req.dtypes order.

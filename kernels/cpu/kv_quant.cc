@@ -142,7 +142,10 @@ void QuantizeFp8Scalar(const float* x, int n, uint8_t* data, uint8_t* meta) {
   std::memcpy(meta, &scale, 4);
 }
 
-void QuantizeInt4Scalar(const float* x, int n, int group, uint8_t* data, uint8_t* meta) {
+// bits 4 (int4) or 2 (int2_kc's V): codes in [0, KvCodeLevels(bits)], 8 / bits
+// to a byte, the lowest channel in the lowest bits.
+void QuantizeInt4Scalar(const float* x, int n, int group, int bits, uint8_t* data, uint8_t* meta) {
+  const int levels = KvCodeLevels(bits), per = 8 / bits;
   for (int g0 = 0; g0 < n; g0 += group) {
     float mn = x[g0], mx = x[g0];
     for (int i = g0 + 1; i < g0 + group; ++i) {
@@ -154,19 +157,19 @@ void QuantizeInt4Scalar(const float* x, int n, int group, uint8_t* data, uint8_t
     mn += 0.0f;
     mx += 0.0f;
     const uint16_t scale_h =
-        FloatToFp16(Saturate((mx - mn) / static_cast<float>(kInt4MaxLevel), kFp16Max));
+        FloatToFp16(Saturate((mx - mn) / static_cast<float>(levels), kFp16Max));
     const uint16_t zero_h = FloatToFp16(Saturate(mn, kFp16Max));
     // Quantize against the values a reader will decode, not the exact ones.
     const float scale = Fp16ToFloat(scale_h), zero = Fp16ToFloat(zero_h);
-    for (int i = g0; i < g0 + group; i += 2) {
-      uint8_t q[2] = {0, 0};
+    for (int i = g0; i < g0 + group; i += per) {
+      uint32_t byte = 0;
       if (scale > 0.0f) {
-        for (int k = 0; k < 2; ++k) {
+        for (int k = 0; k < per; ++k) {
           const float c = RoundEven((x[i + k] - zero) / scale);
-          q[k] = static_cast<uint8_t>(ClampF(c, 0.0f, static_cast<float>(kInt4MaxLevel)));
+          byte |= static_cast<uint32_t>(ClampF(c, 0.0f, static_cast<float>(levels))) << (k * bits);
         }
       }
-      data[i / 2] = static_cast<uint8_t>(q[0] | (q[1] << 4));
+      data[i / per] = static_cast<uint8_t>(byte);
     }
     const uint16_t pair[2] = {scale_h, zero_h};
     std::memcpy(meta + (g0 / group) * 4, pair, 4);
@@ -318,7 +321,7 @@ KV_AVX2 void QuantizeFp8Avx2(const float* x, int n, uint8_t* data, uint8_t* meta
 }
 
 KV_AVX2 void QuantizeInt4Avx2(const float* x, int n, int group, uint8_t* data, uint8_t* meta) {
-  if (group % 8 != 0) return QuantizeInt4Scalar(x, n, group, data, meta);
+  if (group % 8 != 0) return QuantizeInt4Scalar(x, n, group, 4, data, meta);
   // Byte 0 and byte 8 of each 128-bit lane: the packed pairs (q0 | q1 << 4).
   const __m256i gather =
       _mm256_setr_epi8(0, 8, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 8, -1, -1,
@@ -464,9 +467,11 @@ void QuantizeRow(const KvPartLayout& part, int head_dim, const float* x, uint8_t
       return QuantizeFp8Scalar(x, head_dim, data, meta);
     case KvElem::kInt4:
 #if defined(__x86_64__)
-      if (avx2) return QuantizeInt4Avx2(x, head_dim, part.group_size, data, meta);
+      // 2-bit rows (int2_kc's V, written once per full block) take the
+      // scalar path.
+      if (avx2 && part.bits == 4) return QuantizeInt4Avx2(x, head_dim, part.group_size, data, meta);
 #endif
-      return QuantizeInt4Scalar(x, head_dim, part.group_size, data, meta);
+      return QuantizeInt4Scalar(x, head_dim, part.group_size, part.bits, data, meta);
     case KvElem::kInt4Channel:
       std::fprintf(stderr,
                    "QuantizeRow: int4_kc K is quantized per block (QuantizeBlockKChannel)\n");
@@ -509,7 +514,7 @@ void DequantizeRow(const KvPartLayout& part, int head_dim, const uint8_t* data, 
         std::memcpy(pair, meta + (g0 / group) * 4, 4);
         const float scale = Fp16ToFloat(pair[0]), zero = Fp16ToFloat(pair[1]);
         for (int i = g0; i < g0 + group; ++i) {
-          const int q = (data[i / 2] >> ((i & 1) * 4)) & 0xf;
+          const int q = internal::CodeAt(data, i, part.bits);
           out[i] = static_cast<float>(q) * scale + zero;
         }
       }
@@ -518,8 +523,8 @@ void DequantizeRow(const KvPartLayout& part, int head_dim, const uint8_t* data, 
     case KvElem::kInt4Channel:
       for (int i = 0; i < head_dim; ++i) {
         float scale, zero;
-        internal::Int4ChannelAffineAt(meta, i, &scale, &zero);
-        const int q = (data[i / 2] >> ((i & 1) * 4)) & 0xf;
+        internal::Int4ChannelAffineAt(meta, i, &scale, &zero, KvCodeLevels(part.bits));
+        const int q = internal::CodeAt(data, i, part.bits);
         out[i] = std::fma(static_cast<float>(q), scale, zero);
       }
       return;

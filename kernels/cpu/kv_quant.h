@@ -22,6 +22,8 @@
 //         nibble of byte i, 2i+1 the high nibble.
 // A row whose scale would be 0 (all zeros; for int4 a constant group) stores
 // q = 0 and scale 0, and decodes exactly to 0 (int4: to zero).
+// A kInt4 part with bits = 2 (int2_kc's V) is int4 with 3 levels: scale =
+// (max - min) / 3, q in [0, 3], four codes a byte (kv_layout.h).
 //
 // int4_kc K (kInt4Channel; layout and decoding in cache/format/kv_layout.h) is
 // quantized per block, one kv head at a time, once all block_size rows are
@@ -37,7 +39,9 @@
 // is quantized on its own range, whatever the other channels' magnitudes.
 // A block whose values are all equal (or not finite) stores unit 0 and
 // codes 0 and decodes to lo (0 when not finite). A channel with scale_d 0
-// stores q = 0.
+// stores q = 0. int2_kc's K (part.bits = 2) is the same with L = 3 where
+// int4_kc has 15: unit = (hi - lo) / (255 * 3), steps of 3 units, q in
+// [0, 3].
 //
 // Thread-safety: pure functions.
 #pragma once
@@ -82,8 +86,8 @@ void QuantizeBlockKChannel(const KvPartLayout& part, int head_dim, int block_siz
                            const float* const* rows, uint8_t* codes, uint8_t* meta,
                            CpuIsa isa = CpuIsa::kAuto);
 
-// The per-channel scale_d and zero_d that a head's int4_kc K meta encodes
-// (cache/format/kv_layout.h), for d < head_dim.
-void Int4ChannelAffine(const uint8_t* meta, int head_dim, float* scale, float* zero);
+// The per-channel scale_d and zero_d that a head's int4_kc (bits 4) or
+// int2_kc (bits 2) K meta encodes (cache/format/kv_layout.h), for d < head_dim.
+void Int4ChannelAffine(const uint8_t* meta, int head_dim, float* scale, float* zero, int bits = 4);
 
 }  // namespace kvserve::cpu

@@ -25,16 +25,24 @@ inline float RoundEven(float x) {
   return (x + kMagic) - kMagic;
 }
 
-// int4_kc K: channel d's scale and zero from a head's block meta, exactly as
-// cache/format/kv_layout.h defines them.
-inline void Int4ChannelAffineAt(const uint8_t* meta, int d, float* scale, float* zero) {
+// int4_kc / int2_kc K: channel d's scale and zero from a head's block meta,
+// exactly as cache/format/kv_layout.h defines them (levels: KvCodeLevels(bits)).
+inline void Int4ChannelAffineAt(const uint8_t* meta, int d, float* scale, float* zero,
+                                int levels = kInt4ChannelLevels) {
   float lo, unit;
   std::memcpy(&lo, meta, 4);
   std::memcpy(&unit, meta + 4, 4);
   const int cmin = meta[kInt4ChannelHeader + 2 * d];
   const int cmax = meta[kInt4ChannelHeader + 2 * d + 1];
   *scale = static_cast<float>(cmax - cmin) * unit;
-  *zero = std::fma(static_cast<float>(kInt4ChannelLevels * cmin), unit, lo);
+  *zero = std::fma(static_cast<float>(levels * cmin), unit, lo);
+}
+
+// Code c of a row of `bits`-bit codes (4: channel 2i in the low nibble of
+// byte i; 2: channel 4i + k in bits 2k, 2k + 1).
+inline int CodeAt(const uint8_t* row, int c, int bits) {
+  const int per = 8 / bits;
+  return (row[c / per] >> ((c % per) * bits)) & ((1 << bits) - 1);
 }
 
 }  // namespace kvserve::cpu::internal

@@ -1,4 +1,4 @@
-// int4_kc on the CPU: the block flush before attention, the tail write after
+// int4_kc and int2_kc on the CPU: the block flush before attention, the tail write after
 // it, and the scalar reference attention (one decoded K or V row at a time,
 // exact two-pass softmax, as PagedAttentionScalar). cache/format/kv_layout.h states
 // which keys a row reads from where.
@@ -139,7 +139,7 @@ void PagedAttentionKcScalar(const PagedAttentionParams& p, int32_t row_begin, in
     const int32_t* table = batch.BlockRow(b);
     const KcSeqView s = KcViewOf(p.kv, batch, b);
     if (s.first > own * bs && s.tail == nullptr) {
-      std::fprintf(stderr, "PagedAttention: an int4_kc partial block has no tail\n");
+      std::fprintf(stderr, "PagedAttention: an int4_kc or int2_kc partial block has no tail\n");
       std::abort();
     }
     for (int kvh = 0; kvh < hkv; ++kvh) {

@@ -1,4 +1,5 @@
-// AVX2+FMA+F16C attention over int4_kc pages.
+// AVX2+FMA+F16C attention over int4_kc and int2_kc pages (the code bits are
+// the layout's, a runtime value: one branch per 8 channels).
 //
 // Work unit: one query row x one kv head x a sub-group of G <= 4 of its query
 // heads (as the per-token kernel in paged_attention_avx2.cc). Three passes
@@ -11,8 +12,8 @@
 //      fp32 new rows).
 //   2. softmax: max, p = 2^(s - max) (degree-5 polynomial for whole vectors
 //      of 8 keys, exp2f for the rest), sum.
-//   3. values: each V row decoded once per 8 channels (int4 groups per
-//      token: fma(q, scale, zero)) and added to the G accumulators.
+//   3. values: each V row decoded once per 8 channels (int4 or int2 groups
+//      per token: fma(q, scale, zero)) and added to the G accumulators.
 // Scores of one row live in a thread_local buffer (grown, never shrunk).
 #include <algorithm>
 #include <cmath>
@@ -48,13 +49,22 @@ namespace {
 
 constexpr float kLog2e = 1.44269504088896341f;
 
-// Channels d0 .. d0+7 of a row of int4 codes.
-KV_AVX2_INLINE __m256 Nibbles8(const uint8_t* row, int d0) {
-  int32_t packed;
-  std::memcpy(&packed, row + d0 / 2, 4);
+// Channels d0 .. d0+7 of a row of 4-bit (int4_kc) or 2-bit (int2_kc) codes.
+KV_AVX2_INLINE __m256 Codes8(const uint8_t* row, int d0, int bits) {
+  if (bits == 4) {
+    int32_t packed;
+    std::memcpy(&packed, row + d0 / 2, 4);
+    const __m256i q =
+        _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(packed),
+                                           _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                         _mm256_set1_epi32(0xf));
+    return _mm256_cvtepi32_ps(q);
+  }
+  uint16_t packed;
+  std::memcpy(&packed, row + d0 / 4, 2);
   const __m256i q = _mm256_and_si256(
-      _mm256_srlv_epi32(_mm256_set1_epi32(packed), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
-      _mm256_set1_epi32(0xf));
+      _mm256_srlv_epi32(_mm256_set1_epi32(packed), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+      _mm256_set1_epi32(0x3));
   return _mm256_cvtepi32_ps(q);
 }
 
@@ -124,14 +134,14 @@ KV_AVX2 void AttendKc(const KcJob& job) {
     const int32_t kb = j / bs;
     if (kb < job.own) {
       const uint8_t* block = p.kv.Block(job.table[kb]);
-      Int4ChannelAffine(block + f.BlockMetaOffset(f.k, job.kvh), hd, kscale, kzero);
+      Int4ChannelAffine(block + f.BlockMetaOffset(f.k, job.kvh), hd, kscale, kzero, f.k.bits);
       const int32_t end = kb * bs + bs;
       for (; j < end; ++j) {
         const uint8_t* row = block + f.RowOffset(f.k, job.kvh, j % bs);
         __m256 a[G];
         for (int g = 0; g < G; ++g) a[g] = _mm256_setzero_ps();
         for (int d0 = 0; d0 < hd; d0 += 8) {
-          const __m256 kd = _mm256_fmadd_ps(Nibbles8(row, d0), _mm256_load_ps(kscale + d0),
+          const __m256 kd = _mm256_fmadd_ps(Codes8(row, d0, f.k.bits), _mm256_load_ps(kscale + d0),
                                             _mm256_load_ps(kzero + d0));
           for (int g = 0; g < G; ++g) {
             a[g] = _mm256_fmadd_ps(_mm256_loadu_ps(job.q + g * hd + d0), kd, a[g]);
@@ -195,7 +205,7 @@ KV_AVX2 void AttendKc(const KcJob& job) {
         __m256 scale, zero;
         GroupAffine(meta, g0 / vgroup, &scale, &zero);
         for (int d0 = g0; d0 < g0 + vgroup; d0 += 8) {
-          const __m256 vd = _mm256_fmadd_ps(Nibbles8(row, d0), scale, zero);
+          const __m256 vd = _mm256_fmadd_ps(Codes8(row, d0, f.v.bits), scale, zero);
           for (int g = 0; g < G; ++g) {
             _mm256_store_ps(acc[g] + d0, _mm256_fmadd_ps(w[g], vd, _mm256_load_ps(acc[g] + d0)));
           }
@@ -240,7 +250,7 @@ KV_AVX2 void PagedAttentionKcAvx2(const PagedAttentionParams& p, int32_t row_beg
     job.table = batch.BlockRow(b);
     job.s = KcViewOf(p.kv, batch, b);
     if (job.s.first > job.own * bs && job.s.tail == nullptr) {
-      std::fprintf(stderr, "PagedAttention: an int4_kc partial block has no tail\n");
+      std::fprintf(stderr, "PagedAttention: an int4_kc or int2_kc partial block has no tail\n");
       std::abort();
     }
     const int32_t n = job.idx - job.lo + 1;

@@ -261,7 +261,11 @@ KV_HOST_DEVICE void EncodeRow(const Team& team, const KvPartLayout& part, int he
     case KvElem::kInt4Channel:  // per block, not per row: WriteKv refuses int4_kc pages
       return;
     case KvElem::kInt4: {
+      // bits 4 (int4) or 2 (int2_kc's V): levels KvCodeLevels(bits), 8 / bits
+      // codes a byte.
       const int group = part.group_size, num_groups = n / group;
+      const int bits = part.bits, per = 8 / bits;
+      const float levels = static_cast<float>(KvCodeLevels(bits));
       // Phase 1: one thread per group finds min/max in the CPU's order and
       // stores the group's fp16 [scale, zero]; the decoded values go to
       // scratch[2g], scratch[2g + 1] for phase 2.
@@ -275,8 +279,7 @@ KV_HOST_DEVICE void EncodeRow(const Team& team, const KvPartLayout& part, int he
         // +0 for either signed zero, as cpu::QuantizeRow stores.
         mn = Add(mn, 0.0f);
         mx = Add(mx, 0.0f);
-        const uint16_t scale_h =
-            FloatToFp16(Saturate(Div(Sub(mx, mn), static_cast<float>(kInt4MaxLevel)), kFp16Max));
+        const uint16_t scale_h = FloatToFp16(Saturate(Div(Sub(mx, mn), levels), kFp16Max));
         const uint16_t zero_h = FloatToFp16(Saturate(mn, kFp16Max));
         Store32(meta + 4 * g,
                 static_cast<uint32_t>(scale_h) | (static_cast<uint32_t>(zero_h) << 16));
@@ -284,18 +287,19 @@ KV_HOST_DEVICE void EncodeRow(const Team& team, const KvPartLayout& part, int he
         scratch[2 * g + 1] = Fp16ToFloat(zero_h);
       });
       team.Sync();
-      // Phase 2: one byte (channels 2p, 2p + 1) per step.
-      team.For(n / 2, [&](int p) {
-        const int g = (2 * p) / group;
+      // Phase 2: one byte (channels per * p ..) per step; a group holds
+      // whole bytes (group sizes are multiples of per).
+      team.For(n / per, [&](int p) {
+        const int g = (per * p) / group;
         const float scale = scratch[2 * g], zero = scratch[2 * g + 1];
-        uint32_t q[2] = {0, 0};
+        uint32_t byte = 0;
         if (scale > 0.0f) {
-          for (int k = 0; k < 2; ++k) {
-            const float c = RoundEven(Div(Sub(x[2 * p + k], zero), scale));
-            q[k] = static_cast<uint32_t>(ClampF(c, 0.0f, static_cast<float>(kInt4MaxLevel)));
+          for (int k = 0; k < per; ++k) {
+            const float c = RoundEven(Div(Sub(x[per * p + k], zero), scale));
+            byte |= static_cast<uint32_t>(ClampF(c, 0.0f, levels)) << (k * bits);
           }
         }
-        data[p] = static_cast<uint8_t>(q[0] | (q[1] << 4));
+        data[p] = static_cast<uint8_t>(byte);
       });
       team.Sync();  // scratch is free again only after every thread read it
       return;

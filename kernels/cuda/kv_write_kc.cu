@@ -1,5 +1,6 @@
-// Launchers of the int4_kc writes: validate the layout (int4_kc with fp16
-// tails, since the kernels trust it for every store), then dispatch the
+// Launchers of the int4_kc / int2_kc writes: validate the layout (int4_kc or
+// int2_kc with fp16 tails, since the kernels trust it for every store; the
+// code bits are a runtime value of the layout), then dispatch the
 // activation dtype to one of three instantiations per kernel.
 #include <cstdint>
 #include <string>
@@ -37,14 +38,20 @@ absl::Status Check(const char* fn, KvKcWriteParams& p) {
   if (l.k.elem != KvElem::kInt4Channel || l.v.elem != KvElem::kInt4 || !l.has_tails() ||
       l.tail.elem != KvElem::kFp16) {
     return Bad(fn,
-               "kv.layout must be int4_kc with fp16 tails (KvFormat::Create(kInt4Kc, ..., "
-               "KvElem::kFp16))");
+               "kv.layout must be int4_kc or int2_kc with fp16 tails (KvFormat::Create(kInt4Kc "
+               "or kInt2Kc, ..., KvElem::kFp16))");
   }
-  if (l.k.row_bytes != l.head_dim / 2 || l.k.meta_bytes != kInt4ChannelHeader + 2 * l.head_dim ||
-      l.v.row_bytes != l.head_dim / 2 || l.v.group_size <= 0 || l.v.group_size % 2 != 0 ||
+  const int bits = l.k.bits, per = 8 / (bits > 0 ? bits : 1);
+  if ((bits != 4 && bits != 2) || l.v.bits != bits || l.head_dim % per != 0) {
+    return Bad(fn, absl::StrCat("kv.layout code bits must be 4 or 2 in K and V (head_dim a "
+                                "multiple of 8 / bits), got ",
+                                l.k.bits, " and ", l.v.bits));
+  }
+  if (l.k.row_bytes != l.head_dim / per || l.k.meta_bytes != kInt4ChannelHeader + 2 * l.head_dim ||
+      l.v.row_bytes != l.head_dim / per || l.v.group_size <= 0 || l.v.group_size % per != 0 ||
       l.head_dim % l.v.group_size != 0 || l.v.meta_bytes != 4 * (l.head_dim / l.v.group_size) ||
       l.tail.row_bytes != 2 * l.head_dim) {
-    return Bad(fn, "kv.layout row/meta bytes do not match int4_kc");
+    return Bad(fn, "kv.layout row/meta bytes do not match int4_kc / int2_kc");
   }
   const int64_t row_elems = static_cast<int64_t>(l.num_kv_heads) * l.head_dim;
   if (p.k_stride == 0) p.k_stride = row_elems;

@@ -1,10 +1,10 @@
-// int4_kc KV writes on the GPU (cache/format/kv_layout.h has the layout and the
+// int4_kc and int2_kc KV writes on the GPU (cache/format/kv_layout.h has the layout and the
 // per-step contract; kernels/cpu/paged_attention.h the CPU's two calls). Per
 // layer and step:
 //   SealKvBlocks -> PagedAttentionKc -> WriteKvTails
 // SealKvBlocks (before attention) quantizes every block the step completes
 // (first / bs <= k < context_len / bs) in one go into block_table[b][k]: K
-// per channel over the block, V int4 per token, from the block's rows (the
+// per channel over the block, V int4 (int2_kc: 2-bit) per token, from the block's rows (the
 // sequence's fp16 tail before its first new index, this step's K/V after,
 // rounded to fp16 as the tail would hold them). WriteKvTails (after
 // attention) stores this step's rows of each sequence's final partial block
@@ -51,8 +51,9 @@ struct KvKcWriteParams {
   PagedKvView kv;
 };
 
-// InvalidArgument naming the field for a layout that is not int4_kc with
-// fp16 tails, a bad stride or a null pointer; otherwise the launch's status.
+// InvalidArgument naming the field for a layout that is not int4_kc or
+// int2_kc with fp16 tails, a bad stride or a null pointer; otherwise the
+// launch's status.
 absl::Status SealKvBlocks(const KvKcWriteParams& params, cudaStream_t stream);
 absl::Status WriteKvTails(const KvKcWriteParams& params, cudaStream_t stream);
 

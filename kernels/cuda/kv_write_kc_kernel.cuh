@@ -1,4 +1,5 @@
-// Device code of the int4_kc writes (see kv_write_kc.h for the contract).
+// Device code of the int4_kc and int2_kc writes (see kv_write_kc.h for the
+// contract); the code bits (4 or 2) are the layout's, read at run time.
 //
 // Seal kernel. Grid: (num_seqs, num_kv_heads); block: kThreads. CTA (b, h)
 // seals, one after another, the blocks sequence b's step completes, for kv
@@ -9,8 +10,8 @@
 //      tie resolves as on the CPU) and stores lo and unit; then one thread
 //      per channel picks (cmin, cmax) and widens them exactly as
 //      kv_quant_kc.cc's EncodeRanges, keeping scale_d and zero_d;
-//   3. the codes, one thread per (row, channel pair);
-//   4. V, one warp per row, kv_encode::EncodeRow (int4).
+//   3. the codes, one thread per (row, code byte: 8 / bits channels);
+//   4. V, one warp per row, kv_encode::EncodeRow (int4 or int2).
 // A row's value is read where it lives (fp16 tail before the step's first
 // index, this step's K/V after, rounded to fp16) each time it is needed.
 // Static shared memory: 4 * kMaxHeadDim + kWarps * 2 * kMaxHeadDim floats.
@@ -34,7 +35,6 @@ inline constexpr int kWarps = 4;
 inline constexpr int kThreads = kWarps * 32;
 inline constexpr int kMaxHeadDim = kv_encode::kMaxHeadDim;
 inline constexpr float kTopCode = static_cast<float>(kInt4ChannelCodes);
-inline constexpr float kLevels = static_cast<float>(kInt4ChannelLevels);
 
 KV_HOST_DEVICE inline uint16_t Load16(const uint8_t* p) {
 #if defined(__CUDA_ARCH__)
@@ -82,6 +82,8 @@ __global__ void __launch_bounds__(kThreads) SealKernel(const KvKcWriteParams p) 
   __shared__ float range[2];  // lo, unit
   const KvPageLayout& f = p.kv.layout;
   const int hd = f.head_dim, bs = f.block_size;
+  const int bits = f.k.bits, per = 8 / bits, levels = KvCodeLevels(bits);
+  const float levels_f = static_cast<float>(levels);
   const int32_t b = static_cast<int32_t>(blockIdx.x);
   const int h = static_cast<int>(blockIdx.y);
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32;
@@ -117,7 +119,7 @@ __global__ void __launch_bounds__(kThreads) SealKernel(const KvKcWriteParams p) 
         lo = mn[d] < lo ? mn[d] : lo;
         hi = mx[d] > hi ? mx[d] : hi;
       }
-      float unit = Div(Sub(hi, lo), kTopCode * kLevels);
+      float unit = Div(Sub(hi, lo), kTopCode * levels_f);
       if (!(unit > 0.0f) || !IsFinite(unit) || !IsFinite(lo)) {
         if (!IsFinite(lo)) lo = 0.0f;
         unit = 0.0f;
@@ -132,41 +134,41 @@ __global__ void __launch_bounds__(kThreads) SealKernel(const KvKcWriteParams p) 
     for (int d = tid; d < hd; d += kThreads) {
       int cmin = 0, cmax = 0;
       if (unit != 0.0f) {
-        const float step = Mul(kLevels, unit);
+        const float step = Mul(levels_f, unit);
         cmin =
             static_cast<int>(kv_encode::ClampF(floorf(Div(Sub(mn[d], lo), step)), 0.0f, kTopCode));
         cmax = static_cast<int>(kv_encode::ClampF(ceilf(Div(Sub(mx[d], lo), step)),
                                                   static_cast<float>(cmin), kTopCode));
-        float zero = Fma(static_cast<float>(kInt4ChannelLevels * cmin), unit, lo);
+        float zero = Fma(static_cast<float>(levels * cmin), unit, lo);
         while (cmin > 0 && zero > mn[d]) {
           --cmin;
-          zero = Fma(static_cast<float>(kInt4ChannelLevels * cmin), unit, lo);
+          zero = Fma(static_cast<float>(levels * cmin), unit, lo);
         }
         while (cmax < kInt4ChannelCodes &&
-               Fma(kLevels, Mul(static_cast<float>(cmax - cmin), unit), zero) < mx[d]) {
+               Fma(levels_f, Mul(static_cast<float>(cmax - cmin), unit), zero) < mx[d]) {
           ++cmax;
         }
       }
       meta[kInt4ChannelHeader + 2 * d] = static_cast<uint8_t>(cmin);
       meta[kInt4ChannelHeader + 2 * d + 1] = static_cast<uint8_t>(cmax);
       scale_s[d] = Mul(static_cast<float>(cmax - cmin), unit);
-      zero_s[d] = Fma(static_cast<float>(kInt4ChannelLevels * cmin), unit, lo);
+      zero_s[d] = Fma(static_cast<float>(levels * cmin), unit, lo);
     }
     __syncthreads();
     // 3. K codes.
-    const int pairs = hd / 2;
-    for (int e = tid; e < bs * pairs; e += kThreads) {
-      const int j = e / pairs, q = e % pairs;
-      uint32_t code[2] = {0, 0};
-      for (int c = 0; c < 2; ++c) {
-        const int d = 2 * q + c;
+    const int row_bytes = hd / per;
+    for (int e = tid; e < bs * row_bytes; e += kThreads) {
+      const int j = e / row_bytes, q = e % row_bytes;
+      uint32_t byte = 0;
+      for (int c = 0; c < per; ++c) {
+        const int d = per * q + c;
         if (scale_s[d] > 0.0f) {
           const float x = RowValue<T>(p, s, false, h, i0 + j, d);
           const float r = RoundEven(Div(Sub(x, zero_s[d]), scale_s[d]));
-          code[c] = static_cast<uint32_t>(kv_encode::ClampF(r, 0.0f, kLevels));
+          byte |= static_cast<uint32_t>(kv_encode::ClampF(r, 0.0f, levels_f)) << (c * bits);
         }
       }
-      block[f.RowOffset(f.k, h, j) + q] = static_cast<uint8_t>(code[0] | (code[1] << 4));
+      block[f.RowOffset(f.k, h, j) + q] = static_cast<uint8_t>(byte);
     }
     // 4. V rows, one warp each.
     const kv_encode::WarpTeam team;

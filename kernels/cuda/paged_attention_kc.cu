@@ -1,4 +1,4 @@
-// Launcher of int4_kc paged attention: validates as PagedAttention does
+// Launcher of int4_kc / int2_kc paged attention: validates as PagedAttention does
 // (paged_attention.cu) for the shared fields, plus the int4_kc layout, the
 // tails and the step's K/V; then the attention kernel and, when the plan
 // split rows, the merge kernel (one instantiation each).
@@ -46,13 +46,19 @@ absl::Status PagedAttentionKc(const PagedAttentionKcParams& params, cudaStream_t
   }
   if (layout.k.elem != KvElem::kInt4Channel || layout.v.elem != KvElem::kInt4 ||
       !layout.has_tails() || layout.tail.elem != KvElem::kFp16) {
-    return Bad("kv.layout", "int4_kc with fp16 tails (k, v, tail elements)",
+    return Bad("kv.layout", "int4_kc or int2_kc with fp16 tails (k, v, tail elements)",
                static_cast<int64_t>(layout.k.elem) * 256 +
                    static_cast<int64_t>(layout.v.elem) * 16 +
                    static_cast<int64_t>(layout.tail.elem));
   }
-  if (layout.v.group_size <= 0 || layout.v.group_size % 2 != 0 || hd % layout.v.group_size != 0) {
-    return Bad("kv.layout.v.group_size", "even and dividing head_dim", layout.v.group_size);
+  if ((layout.k.bits != 4 && layout.k.bits != 2) || layout.v.bits != layout.k.bits) {
+    return Bad("kv.layout.k.bits", "4 or 2, as v.bits", layout.k.bits);
+  }
+  const int per = 8 / layout.k.bits;
+  if (hd % per != 0) return Bad("kv.layout.head_dim", "a multiple of 8 / bits", hd);
+  if (layout.v.group_size <= 0 || layout.v.group_size % per != 0 || hd % layout.v.group_size != 0) {
+    return Bad("kv.layout.v.group_size", "a multiple of 8 / bits dividing head_dim",
+               layout.v.group_size);
   }
   if (layout.k.meta_offset % 4 != 0 || layout.v.meta_offset % 4 != 0 ||
       layout.tail.k_offset % 4 != 0 || layout.tail.v_offset % 4 != 0) {

@@ -1,4 +1,4 @@
-// Paged attention on the GPU over int4_kc layers (a layout with fp16
+// Paged attention on the GPU over int4_kc and int2_kc layers (a layout with fp16
 // tails; cache/format/kv_layout.h states which keys a row reads from where): row
 // r at cache index i reads keys of earlier blocks (j / bs < i / bs) from
 // their sealed int4_kc blocks and the keys of its own block in full
@@ -20,7 +20,7 @@
 namespace kvserve::cuda {
 
 struct PagedAttentionKcParams {
-  // Everything as for PagedAttention; kv.layout must be int4_kc with fp16
+  // Everything as for PagedAttention; kv.layout must be int4_kc or int2_kc with fp16
   // tails and kv.tails set; batch.tail_ids (device) names each sequence's tail.
   PagedAttentionParams attn;
   // This step's K and V rows (RoPE applied), of attn.dtype: token t's kv

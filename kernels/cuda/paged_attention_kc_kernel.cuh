@@ -1,5 +1,6 @@
-// Device code of int4_kc paged attention (see paged_attention_kc.h for the
-// contract). The structure is paged_attention_kernel.cuh's (work items of
+// Device code of int4_kc and int2_kc paged attention (see paged_attention_kc.h
+// for the contract); the code bits (4 or 2) are the layout's, a runtime value
+// (one kernel for both). The structure is paged_attention_kernel.cuh's (work items of
 // gpu_attention_plan.h, tiles of kTileKeys keys decoded to shared memory,
 // online softmax, register accumulators, split-KV partials and a merge);
 // it is a separate kernel so that the plain formats' kernel stays one
@@ -78,24 +79,47 @@ struct KernelArgs {
   int64_t new_v_stride;
 };
 
-// Channels 2i, 2i + 1 of an int4_kc K row: codes in `row`, the head's block
-// meta in `meta`; exactly cpu::DequantizeRow's values.
-__device__ __forceinline__ float2 DecodeChannelPair(const uint8_t* row, const uint8_t* meta,
-                                                    int i) {
+// Codes of channels 2i, 2i + 1 of a row of `bits`-bit codes (4: byte i; 2:
+// the half of byte i / 2 that holds them), low channel in .x.
+__device__ __forceinline__ uint2 CodePair(const uint8_t* row, int i, int bits) {
+  if (bits == 4) {
+    const uint32_t b = row[i];
+    return make_uint2(b & 0xfu, b >> 4);
+  }
+  const uint32_t b = static_cast<uint32_t>(row[i / 2]) >> (4 * (i % 2));
+  return make_uint2(b & 0x3u, (b >> 2) & 0x3u);
+}
+
+// Channels 2i, 2i + 1 of an int4_kc / int2_kc K row: codes in `row`, the
+// head's block meta in `meta`; exactly cpu::DequantizeRow's values.
+__device__ __forceinline__ float2 DecodeChannelPair(const uint8_t* row, const uint8_t* meta, int i,
+                                                    int bits) {
   using namespace exact;
   float lo, unit;
   std::memcpy(&lo, meta, 4);
   std::memcpy(&unit, meta + 4, 4);
   const uint8_t* c = meta + kInt4ChannelHeader + 4 * i;  // cmin, cmax of 2i, then of 2i + 1
-  const uint32_t b = row[i];
+  const uint2 q = CodePair(row, i, bits);
+  const int levels = KvCodeLevels(bits);
   float out[2];
   for (int k = 0; k < 2; ++k) {
     const int cmin = c[2 * k], cmax = c[2 * k + 1];
     const float scale = Mul(static_cast<float>(cmax - cmin), unit);
-    const float zero = Fma(static_cast<float>(kInt4ChannelLevels * cmin), unit, lo);
-    out[k] = Fma(static_cast<float>((b >> (4 * k)) & 0xfu), scale, zero);
+    const float zero = Fma(static_cast<float>(levels * cmin), unit, lo);
+    out[k] = Fma(static_cast<float>(k == 0 ? q.x : q.y), scale, zero);
   }
   return make_float2(out[0], out[1]);
+}
+
+// Channels 2i, 2i + 1 of a V row of `bits`-bit codes, per-token groups of
+// group_size (exactly cpu::DequantizeRow's q * scale + zero, unfused).
+__device__ __forceinline__ float2 DecodeVPair(const uint8_t* row, const uint8_t* meta, int i,
+                                              int group_size, int bits) {
+  if (bits == 4) return kv_decode::DecodePair<KvElem::kInt4>(row, meta, i, group_size);
+  const float2 sz = kv_decode::Int4ScaleZero(meta, 2 * i, group_size);
+  const uint2 q = CodePair(row, i, bits);
+  return make_float2(__fadd_rn(__fmul_rn(static_cast<float>(q.x), sz.x), sz.y),
+                     __fadd_rn(__fmul_rn(static_cast<float>(q.y), sz.x), sz.y));
 }
 
 __device__ __forceinline__ float RoundToFp16(float x) {
@@ -176,10 +200,11 @@ __global__ void __launch_bounds__(kThreads)
         if (!full) {
           const uint8_t* block = a.kv.Block(table[kb]);
           kf = DecodeChannelPair(block + layout.RowOffset(layout.k, kv_head, slot),
-                                 block + layout.BlockMetaOffset(layout.k, kv_head), i);
-          vf = kv_decode::DecodePair<KvElem::kInt4>(
-              block + layout.RowOffset(layout.v, kv_head, slot),
-              block + layout.MetaOffset(layout.v, kv_head, slot), i, layout.v.group_size);
+                                 block + layout.BlockMetaOffset(layout.k, kv_head), i,
+                                 layout.k.bits);
+          vf = DecodeVPair(block + layout.RowOffset(layout.v, kv_head, slot),
+                           block + layout.MetaOffset(layout.v, kv_head, slot), i,
+                           layout.v.group_size, layout.v.bits);
         } else if (key < seq_first) {
           if (tail != nullptr) {
             kf = kv_decode::DecodePair<KvElem::kFp16>(

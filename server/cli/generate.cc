@@ -47,7 +47,7 @@ constexpr char kUsage[] =
     "  --seed S             random seed (default: a fresh one)\n"
     "  --block-size B       KV cache block size in tokens (default 16)\n"
     "  --kv-dtype D         KV cache dtype: fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4,\n"
-    "                       int4_kc, or one per layer (int8,int4_kc*,int8)\n"
+    "                       int4_kc, int2_kc, or one per layer (int8,int4_kc*,int8)\n"
     "                       (default fp32)\n"
     "  --num-blocks N       KV blocks (default: enough for the model's whole context)\n"
     "  --threads N          CPU threads, 0 = what the cgroup and affinity allow (default 0)\n"

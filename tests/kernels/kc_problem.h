@@ -1,9 +1,9 @@
-// int4_kc kernel problems shared by the simulated (tests/kernels/cuda_sim)
-// and the [gpu] (tests/kernels/cuda) tests of the CUDA int4_kc kernels: one
-// layer of int4_kc pages with fp16 tails (the CUDA layout), the state
-// before a step built by the CPU kernels (a prefill of every sequence's
-// earlier tokens: sealed blocks + a partial tail), the step's batch and
-// rows, and the CPU's results (seal, attention, tails) for it.
+// int4_kc / int2_kc kernel problems shared by the simulated
+// (tests/kernels/cuda_sim) and the [gpu] (tests/kernels/cuda) tests of the
+// CUDA kc kernels: one layer of int4_kc or int2_kc pages with fp16 tails (the CUDA layout), the
+// state before a step built by the CPU kernels (a prefill of every sequence's earlier tokens:
+// sealed blocks + a partial tail), the step's batch and rows, and the CPU's results (seal,
+// attention, tails) for it.
 #pragma once
 
 #include <algorithm>
@@ -28,6 +28,7 @@ namespace kvserve::testing::kc {
 constexpr double kTol = 4e-5;  // paged_attention_sim_test's fp32 tolerance
 
 struct KcCase {
+  KvDtype dtype = KvDtype::kInt4Kc;  // or kInt2Kc
   int head_dim = 64;
   int num_kv_heads = 2;
   int group = 1;
@@ -41,9 +42,9 @@ struct KcCase {
   bool bf16_exact = false;
   float q_scale = 1.0f;  // > 1 makes the scores large and the softmax peaky
   std::string Name() const {
-    std::string s =
-        absl::StrCat("hd", head_dim, " kv", num_kv_heads, " g", group, " bs", block_size, " int4g",
-                     int4_group, " w", window, " qs", q_scale, " seqs");
+    std::string s = absl::StrCat(std::string(KvDtypeName(dtype)), " hd", head_dim, " kv",
+                                 num_kv_heads, " g", group, " bs", block_size, " int4g", int4_group,
+                                 " w", window, " qs", q_scale, " seqs");
     for (size_t i = 0; i < ctx.size(); ++i) absl::StrAppend(&s, " ", ctx[i], "/", q_len[i]);
     return s;
   }
@@ -148,8 +149,8 @@ struct KcProblem {
 };
 
 inline KcProblem BuildKcProblem(const KcCase& c) {
-  absl::StatusOr<KvFormat> f = KvFormat::Create(KvDtype::kInt4Kc, c.num_kv_heads, c.head_dim,
-                                                c.block_size, c.int4_group, KvElem::kFp16);
+  absl::StatusOr<KvFormat> f = KvFormat::Create(c.dtype, c.num_kv_heads, c.head_dim, c.block_size,
+                                                c.int4_group, KvElem::kFp16);
   REQUIRE(f.ok());
   const int nseq = static_cast<int>(c.ctx.size());
   const int bs = c.block_size, row = c.num_kv_heads * c.head_dim;

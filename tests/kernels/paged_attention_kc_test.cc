@@ -1,4 +1,4 @@
-// Attention over int4_kc pages, played step by step as the engine does:
+// Attention over int4_kc and int2_kc pages, played step by step as the engine does:
 // FlushKvBlocks, PagedAttention, WriteKvTails per step, with sequences cut
 // into prefill chunks and decode rows of every size, partial tails, block
 // sizes 16/32/64 and odd lengths, over a shuffled pool whose unused bytes
@@ -29,6 +29,7 @@ namespace kvserve::cpu {
 namespace {
 
 struct KcCase {
+  KvDtype dtype = KvDtype::kInt4Kc;  // or kInt2Kc
   int block_size = 16;
   int head_dim = 8;
   int num_kv_heads = 2;
@@ -41,9 +42,10 @@ struct KcCase {
   uint32_t seed = 1;
 
   std::string Name() const {
-    std::string s = absl::StrCat(
-        "bs", block_size, " hd", head_dim, " kv", num_kv_heads, " g", group, " w", window,
-        tail == KvElem::kFp32 ? " fp32 tails" : " fp16 tails", " qs", q_scale, " seqs");
+    std::string s = absl::StrCat(std::string(KvDtypeName(dtype)), " bs", block_size, " hd",
+                                 head_dim, " kv", num_kv_heads, " g", group, " w", window,
+                                 tail == KvElem::kFp32 ? " fp32 tails" : " fp16 tails", " qs",
+                                 q_scale, " seqs");
     for (const auto& c : chunks) {
       absl::StrAppend(&s, " [");
       for (int n : c) absl::StrAppend(&s, n, ",");
@@ -73,8 +75,7 @@ class KcRun {
  public:
   explicit KcRun(const KcCase& c)
       : c_(c),
-        format_(*KvFormat::Create(KvDtype::kInt4Kc, c.num_kv_heads, c.head_dim, c.block_size, 64,
-                                  c.tail)),
+        format_(*KvFormat::Create(c.dtype, c.num_kv_heads, c.head_dim, c.block_size, 64, c.tail)),
         rng_(c.seed) {
     const int ns = static_cast<int>(c.chunks.size());
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -298,100 +299,112 @@ std::vector<int> Cut(int len, int first, std::vector<int> sizes) {
   return out;
 }
 
-TEST_CASE("int4_kc attention equals attention over the dequantized blocks and its own block",
-          "[kernels][attention]") {
+TEST_CASE(
+    "int4_kc and int2_kc attention equal attention over the dequantized blocks and its own block",
+    "[kernels][attention]") {
   uint32_t seed = 1;
-  for (int bs : {16, 32, 64}) {
-    for (int hd : {8, 64, 128}) {
-      for (int window : {0, 7, 40}) {
-        KcCase c;
-        c.block_size = bs;
-        c.head_dim = hd;
-        c.group = hd == 64 ? 3 : 2;
-        c.window = window;
-        c.seed = seed++;
-        // A whole odd prompt, a prompt then decode rows, odd chunks, a short
-        // sequence, one that fills exactly two blocks.
-        c.chunks = {{97},
-                    Cut(81, 5, {1}),
-                    Cut(bs * 2 + 7, 3, {7, 13, 1, bs + 1}),
-                    {1, 1, 1},
-                    Cut(2 * bs, bs - 1, {1})};
-        INFO(c.Name());
-        const RunResult r = KcRun(c).Run();
-        CHECK(r.worst <= 1e-5);
+  for (KvDtype dtype : {KvDtype::kInt4Kc, KvDtype::kInt2Kc})
+    for (int bs : {16, 32, 64}) {
+      for (int hd : {8, 64, 128}) {
+        for (int window : {0, 7, 40}) {
+          KcCase c;
+          c.dtype = dtype;
+          c.block_size = bs;
+          c.head_dim = hd;
+          c.group = hd == 64 ? 3 : 2;
+          c.window = window;
+          c.seed = seed++;
+          // A whole odd prompt, a prompt then decode rows, odd chunks, a short
+          // sequence, one that fills exactly two blocks.
+          c.chunks = {{97},
+                      Cut(81, 5, {1}),
+                      Cut(bs * 2 + 7, 3, {7, 13, 1, bs + 1}),
+                      {1, 1, 1},
+                      Cut(2 * bs, bs - 1, {1})};
+          INFO(c.Name());
+          const RunResult r = KcRun(c).Run();
+          CHECK(r.worst <= 1e-5);
+        }
       }
     }
+}
+
+TEST_CASE("an int4_kc or int2_kc row sees the same keys however its sequence was cut into steps",
+          "[kernels][attention]") {
+  for (KvDtype dtype : {KvDtype::kInt4Kc, KvDtype::kInt2Kc})
+    for (KvElem tail : {KvElem::kFp32, KvElem::kFp16}) {
+      for (int bs : {16, 32}) {
+        KcCase a;
+        a.dtype = dtype;
+        a.block_size = bs;
+        a.head_dim = 64;
+        a.tail = tail;
+        a.seed = 40 + bs;
+        a.chunks = {{150}, {3 * bs + 5}, Cut(70, 1, {1})};
+        KcCase b = a;
+        b.chunks = {Cut(150, 7, {bs - 1, 1, 2 * bs + 3}), Cut(3 * bs + 5, bs, {1}),
+                    Cut(70, 33, {5, 1})};
+        INFO(a.Name() << " vs " << b.Name());
+        const RunResult ra = KcRun(a).Run();
+        const RunResult rb = KcRun(b).Run();
+        CHECK(ra.worst <= 1e-5);
+        CHECK(rb.worst <= 1e-5);
+        REQUIRE(ra.rows == 150 + 3 * bs + 5 + 70);
+        REQUIRE(rb.rows == ra.rows);
+        // Every full block holds the same bytes, and every row the same output.
+        REQUIRE(ra.blocks.size() == rb.blocks.size());
+        REQUIRE(ra.blocks == rb.blocks);
+        REQUIRE(ra.out.size() == rb.out.size());
+        for (const auto& [key, out] : ra.out) {
+          INFO("path " << std::get<0>(key) << " seq " << std::get<1>(key) << " index "
+                       << std::get<2>(key));
+          REQUIRE(rb.out.at(key) == out);
+        }
+      }
+    }
+}
+
+TEST_CASE("int4_kc and int2_kc shapes outside the AVX2 kernel fall back to the scalar path",
+          "[kernels][attention]") {
+  for (KvDtype dtype : {KvDtype::kInt4Kc, KvDtype::kInt2Kc}) {
+    KcCase c;
+    c.dtype = dtype;
+    c.head_dim = dtype == KvDtype::kInt4Kc ? 6 : 12;  // int2_kc packs four codes a byte
+    c.num_kv_heads = 1;
+    c.group = 4;
+    c.chunks = {Cut(40, 17, {1, 3})};
+    INFO(c.Name());
+    const RunResult r = KcRun(c).Run();
+    CHECK(r.worst <= 1e-5);
   }
 }
 
-TEST_CASE("an int4_kc row sees the same keys however its sequence was cut into steps",
-          "[kernels][attention]") {
-  for (KvElem tail : {KvElem::kFp32, KvElem::kFp16}) {
-    for (int bs : {16, 32}) {
-      KcCase a;
-      a.block_size = bs;
-      a.head_dim = 64;
-      a.tail = tail;
-      a.seed = 40 + bs;
-      a.chunks = {{150}, {3 * bs + 5}, Cut(70, 1, {1})};
-      KcCase b = a;
-      b.chunks = {Cut(150, 7, {bs - 1, 1, 2 * bs + 3}), Cut(3 * bs + 5, bs, {1}),
-                  Cut(70, 33, {5, 1})};
-      INFO(a.Name() << " vs " << b.Name());
-      const RunResult ra = KcRun(a).Run();
-      const RunResult rb = KcRun(b).Run();
-      CHECK(ra.worst <= 1e-5);
-      CHECK(rb.worst <= 1e-5);
-      REQUIRE(ra.rows == 150 + 3 * bs + 5 + 70);
-      REQUIRE(rb.rows == ra.rows);
-      // Every full block holds the same bytes, and every row the same output.
-      REQUIRE(ra.blocks.size() == rb.blocks.size());
-      REQUIRE(ra.blocks == rb.blocks);
-      REQUIRE(ra.out.size() == rb.out.size());
-      for (const auto& [key, out] : ra.out) {
-        INFO("path " << std::get<0>(key) << " seq " << std::get<1>(key) << " index "
-                     << std::get<2>(key));
-        REQUIRE(rb.out.at(key) == out);
-      }
-    }
-  }
-}
-
-TEST_CASE("int4_kc shapes outside the AVX2 kernel fall back to the scalar path",
-          "[kernels][attention]") {
-  KcCase c;
-  c.head_dim = 6;
-  c.num_kv_heads = 1;
-  c.group = 4;
-  c.chunks = {Cut(40, 17, {1, 3})};
-  const RunResult r = KcRun(c).Run();
-  CHECK(r.worst <= 1e-5);
-}
-
-TEST_CASE("int4_kc scores far past the fp32 range of exp stay finite and match the reference",
-          "[kernels][attention]") {
+TEST_CASE(
+    "int4_kc and int2_kc scores far past the fp32 range of exp stay finite and match the reference",
+    "[kernels][attention]") {
   // Queries scaled by 100 against the keys' outlier pair give scores of
   // several hundred, up to about 1500 (exp overflows fp32 above about
   // 88.7). fp32 rounds a score of 1500 by up to 1500 * 2^-24 = 9e-5, which
   // moves its weight by as much relative to itself: hence 1e-4 rather than
   // 1e-5 (2e-5 is what the paths reach).
-  for (int hd : {8, 64}) {
-    KcCase c;
-    c.head_dim = hd;
-    c.q_scale = 100.0f;
-    c.seed = 60 + hd;
-    c.chunks = {{40}, Cut(300, 17, {1, 5}), {1}};
-    INFO(c.Name());
-    const RunResult r = KcRun(c).Run();
-    REQUIRE(r.max_abs_score > 200.0);
-    CHECK(r.worst <= 1e-4);
-    for (const auto& [key, out] : r.out) {
-      INFO("path " << std::get<0>(key) << " seq " << std::get<1>(key) << " index "
-                   << std::get<2>(key));
-      REQUIRE(std::all_of(out.begin(), out.end(), [](float x) { return std::isfinite(x); }));
+  for (KvDtype dtype : {KvDtype::kInt4Kc, KvDtype::kInt2Kc})
+    for (int hd : {8, 64}) {
+      KcCase c;
+      c.dtype = dtype;
+      c.head_dim = hd;
+      c.q_scale = 100.0f;
+      c.seed = 60 + hd;
+      c.chunks = {{40}, Cut(300, 17, {1, 5}), {1}};
+      INFO(c.Name());
+      const RunResult r = KcRun(c).Run();
+      REQUIRE(r.max_abs_score > 200.0);
+      CHECK(r.worst <= 1e-4);
+      for (const auto& [key, out] : r.out) {
+        INFO("path " << std::get<0>(key) << " seq " << std::get<1>(key) << " index "
+                     << std::get<2>(key));
+        REQUIRE(std::all_of(out.begin(), out.end(), [](float x) { return std::isfinite(x); }));
+      }
     }
-  }
 }
 
 }  // namespace

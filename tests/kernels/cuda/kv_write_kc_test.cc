@@ -128,24 +128,27 @@ void CheckOnDevice(const KcCase& c) {
   REQUIRE(DifferingBytes(d.pages.Download<uint8_t>(d.pages.bytes()), p.written.Blocks()) == 0);
 }
 
-TEST_CASE("CUDA int4_kc seal, attention and tail write match the CPU kernels", "[gpu]") {
+TEST_CASE("CUDA int4_kc and int2_kc seal, attention and tail write match the CPU kernels",
+          "[gpu]") {
   uint32_t seed = 31;
-  for (int hd : {64, 128, 256}) {
-    for (int group : {1, 4, 3}) {
-      for (int bs : {16, 32}) {
-        KcCase c;
-        c.head_dim = hd;
-        c.group = group;
-        c.block_size = bs;
-        c.int4_group = hd == 256 ? 64 : 32;
-        c.window = seed % 4 == 0 ? 21 : 0;
-        c.ctx = {bs, 17, 2 * bs + 8, bs + 3, 300, 3 * bs, 1000};
-        c.q_len = {1, 17, 5, 6, 1, 2 * bs + 3, 40};
-        c.seed = seed++;
-        CheckOnDevice(c);
+  for (KvDtype dtype : {KvDtype::kInt4Kc, KvDtype::kInt2Kc})
+    for (int hd : {64, 128, 256}) {
+      for (int group : {1, 4, 3}) {
+        for (int bs : {16, 32}) {
+          KcCase c;
+          c.dtype = dtype;
+          c.head_dim = hd;
+          c.group = group;
+          c.block_size = bs;
+          c.int4_group = hd == 256 ? 64 : 32;
+          c.window = seed % 4 == 0 ? 21 : 0;
+          c.ctx = {bs, 17, 2 * bs + 8, bs + 3, 300, 3 * bs, 1000};
+          c.q_len = {1, 17, 5, 6, 1, 2 * bs + 3, 40};
+          c.seed = seed++;
+          CheckOnDevice(c);
+        }
       }
     }
-  }
 }
 
 TEST_CASE("CUDA int4_kc launchers refuse other layouts, naming the field", "[gpu]") {

@@ -1,6 +1,7 @@
-// The int4_kc CUDA kernels' source (seal, tail write, attention over sealed
-// blocks + tail), run on the CPU by cuda_sim, against the CPU's int4_kc
-// kernels on a layout with fp16 tails (what the CUDA backend uses): the seal
+// The int4_kc / int2_kc CUDA kernels' source (seal, tail write, attention
+// over sealed blocks + tail; one kernel each, the code bits a runtime value),
+// run on the CPU by cuda_sim, against the CPU's kc kernels on a layout with
+// fp16 tails (what the CUDA backend uses): the seal
 // and the tail write must produce exactly the CPU's bytes; attention must
 // equal cpu::PagedAttention within paged_attention_sim_test's tolerance.
 //
@@ -181,27 +182,30 @@ TEST_CASE("simulated CUDA int4_kc seal and tail write give the CPU's bytes, atte
   // steps that cross a block boundary (sealing a block from tail + new rows),
   // a decode row deep in the context.
   uint32_t seed = 7;
-  for (int hd : {8, 64}) {
-    for (int group : {1, 4}) {
-      for (int bs : {16, 32}) {
-        KcCase c;
-        c.head_dim = hd;
-        c.group = group;
-        c.block_size = bs;
-        c.int4_group = hd == 8 ? 8 : 32;
-        c.window = seed % 3 == 0 ? 7 : 0;
-        c.ctx = {bs, 17, 2 * bs + 8, bs + 1 + 2, 70, 3 * bs};
-        c.q_len = {1, 17, 5, 6, 1, 2 * bs + 3};
-        c.seed = seed++;
-        CheckCase(c);
+  for (KvDtype dtype : {KvDtype::kInt4Kc, KvDtype::kInt2Kc})
+    for (int hd : {8, 64}) {
+      for (int group : {1, 4}) {
+        for (int bs : {16, 32}) {
+          KcCase c;
+          c.dtype = dtype;
+          c.head_dim = hd;
+          c.group = group;
+          c.block_size = bs;
+          c.int4_group = hd == 8 ? 8 : 32;
+          c.window = seed % 3 == 0 ? 7 : 0;
+          c.ctx = {bs, 17, 2 * bs + 8, bs + 1 + 2, 70, 3 * bs};
+          c.q_len = {1, 17, 5, 6, 1, 2 * bs + 3};
+          c.seed = seed++;
+          CheckCase(c);
+        }
       }
     }
-  }
 }
 
 TEST_CASE("simulated CUDA int4_kc: head_dim 128, one kv head, a group of 3",
           "[kernels][cuda_sim][int4_kc]") {
   KcCase c;
+  c.dtype = GENERATE(KvDtype::kInt4Kc, KvDtype::kInt2Kc);
   c.head_dim = 128;
   c.num_kv_heads = 1;
   c.group = 3;
@@ -215,6 +219,7 @@ TEST_CASE("simulated CUDA int4_kc: head_dim 128, one kv head, a group of 3",
 TEST_CASE("simulated CUDA int4_kc with bf16 activations: the same bytes, bf16 outputs",
           "[kernels][cuda_sim][int4_kc]") {
   KcCase c;
+  c.dtype = GENERATE(KvDtype::kInt4Kc, KvDtype::kInt2Kc);
   c.head_dim = 32;
   c.group = 2;
   c.int4_group = 16;
@@ -230,6 +235,7 @@ TEST_CASE("simulated CUDA int4_kc: scores far past the fp32 range of exp stay fi
   // Queries scaled by 100 give scores of hundreds (exp overflows fp32 above
   // about 88.7): the softmax and the merge must subtract their maxima.
   KcCase c;
+  c.dtype = GENERATE(KvDtype::kInt4Kc, KvDtype::kInt2Kc);
   c.head_dim = 16;
   c.group = 2;
   c.int4_group = 8;
