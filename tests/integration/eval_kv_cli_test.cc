@@ -149,6 +149,7 @@ TEST_CASE("kvserve eval-kv takes int4_kc and per-layer lists, one format per --k
           "[integration]") {
   RunResult r = RunKvserve(absl::StrCat(BaseArgs(),
                                         " --kv-dtype int4_kc --kv-dtype int8,int4_kc*,int8"
+                                        " --kv-dtype int2_kc --kv-dtype int8,int2_kc*,int8"
                                         " --max-stories 3 --prompts 2 --continuation 16"));
   REQUIRE(r.exit_code == 0);
   INFO(r.out);
@@ -158,6 +159,9 @@ TEST_CASE("kvserve eval-kv takes int4_kc and per-layer lists, one format per --k
   const std::string mix = TableRow(r.out, "int8,int4_kc*,int8");
   REQUIRE(kc.find(" 280 ") != std::string::npos);
   REQUIRE(mix.find(" 360 ") != std::string::npos);
+  // int2_kc: 40 bytes per layer (608 padded to 640, over 16 tokens).
+  REQUIRE(TableRow(r.out, "int2_kc").find(" 200 ") != std::string::npos);
+  REQUIRE(TableRow(r.out, "int8,int2_kc*,int8").find(" 312 ") != std::string::npos);
   REQUIRE(r.out.find("format             bytes/token") != std::string::npos);  // widened
   SECTION("a list that does not fit the model's 5 layers is an error naming --kv-dtype") {
     RunResult bad = RunKvserve(absl::StrCat(BaseArgs(), " --kv-dtype fp32,int8 --max-stories 1"),

@@ -35,6 +35,11 @@ TEST_CASE("kvserve plan: sizes need a unit, and the exit status says whether any
     INFO(out);
     REQUIRE(out.find("int4_kc                  39,040    3.36x") != std::string::npos);
     REQUIRE(out.find("int8,int4_kc*,int8       40,824    3.21x") != std::string::npos);
+    // int2_kc: 2-bit codes, the same meta and tails (8 x (32 + 16.5 + 32 + 8) B a layer).
+    REQUIRE(out.find("int2_kc                  22,656    5.79x") != std::string::npos);
+    REQUIRE(out.find("int2_kc: 128 fp16 tail blocks (2 x --max-seqs 64 running sequences) take "
+                     "256.00 MiB (268.44 MB) of the budget; it holds 5.76x the tokens of fp16") !=
+            std::string::npos);
     REQUIRE(out.find("int4_kc: 128 fp16 tail blocks (2 x --max-seqs 64 running sequences) take "
                      "256.00 MiB (268.44 MB) of the budget; it holds 3.34x the tokens of fp16") !=
             std::string::npos);
@@ -103,7 +108,7 @@ TEST_CASE("kvserve commands share the model flags and their messages", "[integra
   out.clear();
   REQUIRE(testing::RunShell(testing::ShellQuote(testing::KvserveBinary()) + " serve --help 2>&1",
                             &out) == 0);
-  REQUIRE(out.find("k8v4 or int4_kc, or one per layer") != std::string::npos);
+  REQUIRE(out.find("k8v4, int4_kc or int2_kc, or one per layer") != std::string::npos);
 }
 
 }  // namespace

@@ -1,4 +1,4 @@
-// int4_kc through CpuModelRunner on stories260K: a row's logits do not depend
+// int4_kc and int2_kc through CpuModelRunner on stories260K: a row's logits do not depend
 // on how its sequence was cut into steps (prefill at once, in chunks, token
 // by token), per-layer formats, tails moved by the runner's copies (extended
 // ids), and the batch and option errors.
@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "model/cpu/cpu_model_runner.h"
 #include "model/loader/llama2c_loader.h"
 #include "model/tokenizer/tokenizer.h"
@@ -76,10 +77,11 @@ std::vector<float> AllLogits(CpuModelRunner& r, const std::vector<int32_t>& toke
   return all;
 }
 
-TEST_CASE("int4_kc logits do not depend on how a sequence is cut into steps", "[model]") {
+TEST_CASE("int4_kc and int2_kc logits do not depend on how a sequence is cut into steps",
+          "[model]") {
   const std::vector<int32_t> tokens = Prompt();
   REQUIRE(tokens.size() > 40);
-  for (const char* dtype : {"int4_kc", "int8,int4_kc*,int8"}) {
+  for (const char* dtype : {"int4_kc", "int8,int4_kc*,int8", "int2_kc", "int4_kc,int2_kc*"}) {
     for (int bs : {16, 32}) {
       DYNAMIC_SECTION(dtype << ", block size " << bs) {
         auto r = MakeRunner(dtype, bs, 0, 2);
@@ -96,11 +98,12 @@ TEST_CASE("int4_kc logits do not depend on how a sequence is cut into steps", "[
 }
 
 TEST_CASE("Per-layer KV dtypes give each layer its own page format", "[model]") {
-  auto r = MakeRunner("int8,int4_kc*,int8", 16, 8);
+  const KvDtype kc = GENERATE(KvDtype::kInt4Kc, KvDtype::kInt2Kc);
+  auto r = MakeRunner(absl::StrCat("int8,", std::string(KvDtypeName(kc)), "*,int8"), 16, 8);
   const HostKvPages& pages = r->primary_pages();
   REQUIRE(pages.num_layers() == 5);
   REQUIRE(pages.format(0).dtype() == KvDtype::kInt8);
-  for (int l = 1; l < 4; ++l) REQUIRE(pages.format(l).dtype() == KvDtype::kInt4Kc);
+  for (int l = 1; l < 4; ++l) REQUIRE(pages.format(l).dtype() == kc);
   REQUIRE(pages.format(4).dtype() == KvDtype::kInt8);
   REQUIRE(r->kv_format().dtype() == KvDtype::kInt8);  // layer 0's
   REQUIRE(r->num_tail_blocks() == CpuModelRunner::kDefaultTailBlocks);
@@ -114,14 +117,18 @@ TEST_CASE("Per-layer KV dtypes give each layer its own page format", "[model]") 
   REQUIRE(plain->num_swap_tail_blocks() == 0);
 }
 
-TEST_CASE("int4_kc runner options and batches are checked", "[model]") {
+TEST_CASE("int4_kc and int2_kc runner options and batches are checked", "[model]") {
+  const char* dtype = GENERATE("int4_kc", "int2_kc");
+  INFO(dtype);
   SECTION("blocks under 16 tokens are refused, naming cache.block_size") {
-    CpuRunnerOptions opt;
-    opt.kv_dtype = KvDtype::kInt4Kc;
-    opt.block_size = 8;
-    auto r = CpuModelRunner::Create(Stories260k(), opt);
-    REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
-    REQUIRE(std::string(r.status().message()).find("cache.block_size") != std::string::npos);
+    for (KvDtype d : {KvDtype::kInt4Kc, KvDtype::kInt2Kc}) {
+      CpuRunnerOptions opt;
+      opt.kv_dtype = d;
+      opt.block_size = 8;
+      auto r = CpuModelRunner::Create(Stories260k(), opt);
+      REQUIRE(r.status().code() == absl::StatusCode::kInvalidArgument);
+      REQUIRE(std::string(r.status().message()).find("cache.block_size") != std::string::npos);
+    }
   }
   SECTION("a per-layer list that does not fit the model names cache.kv_dtype") {
     CpuRunnerOptions opt;
@@ -129,7 +136,7 @@ TEST_CASE("int4_kc runner options and batches are checked", "[model]") {
     auto r = CpuModelRunner::Create(Stories260k(), opt);
     REQUIRE(std::string(r.status().message()).find("cache.kv_dtype") != std::string::npos);
   }
-  auto r = MakeRunner("int4_kc");
+  auto r = MakeRunner(dtype);
   const std::vector<int32_t> tokens = Prompt();
   std::vector<float> logits;
   REQUIRE(Step(*r, tokens, 0, 10, 0, 0, &logits).ok());
@@ -188,7 +195,7 @@ bool TailBytesEqual(const HostKvPages& a, int32_t ta, const HostKvPages& b, int3
 TEST_CASE("CopyBlocks, SwapOut and SwapIn move tails named by extended ids", "[model]") {
   // 40 primary blocks, so primary tail t is id 40 + t; 8 swap blocks, so host
   // tail t is id 8 + t.
-  auto r = MakeRunner("int8,int4_kc*,int8", 16, 8);
+  auto r = MakeRunner(GENERATE("int8,int4_kc*,int8", "int8,int2_kc*,int8"), 16, 8);
   const std::vector<int32_t> tokens = Prompt();
   std::vector<float> logits;
   // 20 tokens: block 0 full, rows 16..19 in tail 0.

@@ -81,7 +81,7 @@ TEST_CASE("[gpu] int4_kc and int8,int4_kc*,int8 KV pick the fp16-tail CPU's gree
   reqs.push_back(Greedy("", 100));  // BOS alone: every block sealed from decode steps
   for (int i = 0; i < 12; ++i) reqs.push_back(Greedy(RandomSnippet(rng, 300), 100));
   for (GenerateRequest& r : reqs) r.ignore_eos = true;
-  for (const char* spec : {"int4_kc", "int8,int4_kc*,int8"}) {
+  for (const char* spec : {"int4_kc", "int8,int4_kc*,int8", "int2_kc"}) {
     DYNAMIC_SECTION("kv " << spec) {
       KcSetup gpu;
       gpu.kv_dtype = spec;
@@ -121,7 +121,7 @@ TEST_CASE("[gpu] int4_kc: preemption by swap (blocks and tails) changes no token
     }
     return out;
   }();
-  for (const char* spec : {"int4_kc", "int8,int4_kc*,int8"}) {
+  for (const char* spec : {"int4_kc", "int8,int4_kc*,int8", "int2_kc"}) {
     DYNAMIC_SECTION("kv " << spec) {
       KcSetup roomy;
       roomy.kv_dtype = spec;
