@@ -185,7 +185,10 @@ TEST_CASE("64 concurrent requests with an int4_kc cache produce exactly their so
 
 TEST_CASE("int4_kc: preemption (recompute and swap), forks and prefix hits keep every token",
           "[scheduler]") {
-  const KvDtypeSpec kc = KvDtype::kInt4Kc;
+  // int2_kc runs the same tails with 2-bit blocks.
+  const KvDtype kc_dtype = GENERATE(KvDtype::kInt4Kc, KvDtype::kInt2Kc);
+  const KvDtypeSpec kc = kc_dtype;
+  INFO(KvDtypeName(kc_dtype));
   for (PreemptionMode mode : {PreemptionMode::kRecompute, PreemptionMode::kSwap}) {
     DYNAMIC_SECTION((mode == PreemptionMode::kSwap ? "swap" : "recompute")) {
       Setup setup;
