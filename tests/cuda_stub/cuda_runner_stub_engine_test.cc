@@ -64,7 +64,7 @@ TEST_CASE("stub runner: preemption by recompute and by swap changes no token", "
     }
     return out;
   }();
-  for (const char* kv : {"fp32", "int4_kc"}) {
+  for (const char* kv : {"fp32", "int4_kc", "int2_kc"}) {
     DYNAMIC_SECTION("kv " << kv) {
       StubSetup roomy;
       roomy.kv_dtype = kv;

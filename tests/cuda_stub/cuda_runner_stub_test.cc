@@ -5,7 +5,7 @@
 //   - every KV format, a per-layer list included, gives the CPU runner's
 //     greedy tokens for a few prompts run together (prefill chunked across
 //     block boundaries and eager, decode from graphs);
-//   - int4_kc (alone and in a per-layer list) gives the greedy tokens of
+//   - int4_kc (alone and in a per-layer list) and int2_kc give the greedy tokens of
 //     the CPU forward with fp16 tails, the CUDA runner's tail precision
 //     (tests/model/cuda/fp16_tail_cpu_runner.h says why not the CPU
 //     runner's fp32 tails);
@@ -160,7 +160,7 @@ TEST_CASE("stub runner: 4-bit KV formats pick the reference's greedy tokens or n
   for (const char* spec : {"int4", "fp16,int4*"}) {
     DYNAMIC_SECTION("kv " << spec) { RequireNearGreedy(spec, "cpu", 64); }
   }
-  for (const char* spec : {"int4_kc", "int8,int4_kc*,k8v4"}) {
+  for (const char* spec : {"int4_kc", "int8,int4_kc*,k8v4", "int2_kc"}) {
     DYNAMIC_SECTION("kv " << spec) { RequireNearGreedy(spec, "cpu_fp16_tails", 64); }
   }
 }
