@@ -177,7 +177,8 @@ TEST_CASE("Bad values stop with the key path and the reason", "[server]") {
           "cache.block_size: expected a positive integer, got '16.5'");
   REQUIRE(Error(parse("cache:\n  kv_dtype: int3\n")) ==
           "cache.kv_dtype: expected one of fp32, fp16, bf16, fp8_e4m3, int8, int4, k8v4, int4_kc, "
-          "or one per layer (e.g. int8,int4_kc*,int8: NAME*N for N layers, NAME* for the rest), "
+          "int2_kc, or one per layer (e.g. int8,int4_kc*,int8: NAME*N for N layers, NAME* for the "
+          "rest), "
           "got 'int3'");
   REQUIRE(Error(parse("cache:\n  kv_dtype: int8,int4_kc**,int8\n")).rfind("cache.kv_dtype: ", 0) ==
           0);
@@ -187,7 +188,13 @@ TEST_CASE("Bad values stop with the key path and the reason", "[server]") {
     REQUIRE(c.ok());
     REQUIRE(c->cache.kv_dtype == "int8,int4_kc*,int8");
     REQUIRE(parse("cache:\n  kv_dtype: int4_kc\n").ok());
+    REQUIRE(parse("cache:\n  kv_dtype: int2_kc\n").ok());
+    c = parse("cache:\n  kv_dtype: int8,int2_kc*,int8\n");
+    REQUIRE(c.ok());
+    REQUIRE(c->cache.kv_dtype == "int8,int2_kc*,int8");
   }
+  REQUIRE(Error(parse("cache:\n  kv_dtype: int2\n")).rfind("cache.kv_dtype: expected one of", 0) ==
+          0);
   REQUIRE(Error(parse("cache:\n  prefix_caching: maybe\n")) ==
           "cache.prefix_caching: expected true or false, got 'maybe'");
   REQUIRE(Error(parse("cache:\n  memory_fraction: 1.5\n")) ==
