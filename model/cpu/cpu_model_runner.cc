@@ -44,7 +44,8 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
   const bool tails = layers.has_tails();
   if (tails && options.low_rank) {
     return absl::InvalidArgumentError(
-        "cache.low_rank: int4_kc layers (per-block K ranges, full-precision tails) do not take "
+        "cache.low_rank: int4_kc and int2_kc layers (per-block K ranges, full-precision tails) "
+        "do not take "
         "low-rank latents; use a per-token cache.kv_dtype");
   }
   const int32_t num_tails = !tails                        ? 0

@@ -76,7 +76,7 @@ using FrontierRunnerFactory = std::function<absl::StatusOr<std::unique_ptr<Model
 struct FrontierOptions {
   std::vector<FrontierCombo> combos;  // the reference (fp32, dense) first
   std::vector<EvictionPolicyKind> policies;
-  std::vector<double> fractions = {0.3, 0.5, 0.7};
+  std::vector<double> fractions = {0.2, 0.3, 0.5, 0.7};
   int32_t sink_tokens = 4;
   std::shared_ptr<const EvictorModel> learned;  // when policies hold learned
   // fp16's bytes per token at this model and block size (for the JSON and

@@ -90,7 +90,7 @@ constexpr char kUsage[] =
     "                         past what the study reads)\n"
     "  --png FILE             also plot perplexity (gnuplot), one line per run\n"
     "KV compression frontier (with --frontier): stories from --text (held out) through\n"
-    "every format, eviction at 30/50/70% budgets (fp32, int8) and low-rank latents at\n"
+    "every format, eviction at 20/30/50/70% budgets (fp32, int8) and low-rank latents at\n"
     "75% and 50% of the kv width (calibrated on --calibration-text; fp32, fp16, int8\n"
     "pages); bytes per token\n"
     "against the change in perplexity from the fp32 dense cache, the Pareto front\n"

@@ -281,9 +281,9 @@ TEST_CASE("kvserve eval-kv --frontier: held-out points, the front, JSON and PNG"
   REQUIRE(r.out.find("3 streams of 256 tokens") != std::string::npos);
   REQUIRE(r.out.find("training the learned evictor on") != std::string::npos);
   const nlohmann::json j = nlohmann::json::parse(testing::ReadFileOrDie(dir + "/f.json"));
-  // fp32 and int8, each dense and 2 policies x 3 budgets; int4_kc dense;
+  // fp32 and int8, each dense and 2 policies x 4 budgets; int4_kc dense;
   // low-rank at 75% and 50% in fp32, fp16 and int8 pages.
-  REQUIRE(j["points"].size() == 21);
+  REQUIRE(j["points"].size() == 25);
   REQUIRE(j["reference"]["kv_dtype"] == "fp32");
   REQUIRE(j["fp16_bytes_per_token"] == 640);
   REQUIRE(j["stream_tokens"] == 256);
@@ -298,16 +298,16 @@ TEST_CASE("kvserve eval-kv --frontier: held-out points, the front, JSON and PNG"
   REQUIRE(front >= 2);
   REQUIRE(j["points"][0]["name"] == "fp32");
   REQUIRE(j["points"][0]["delta_ppl_pct"] == 0);
-  REQUIRE(j["points"][1]["name"] == "fp32 @ streaming 30%");
-  REQUIRE(j["points"][1]["budget"] == 77);
-  REQUIRE(j["points"][14]["kv_dtype"] == "int4_kc");
-  REQUIRE(j["points"][14]["bytes_per_token"] == 280);
+  REQUIRE(j["points"][1]["name"] == "fp32 @ streaming 20%");
+  REQUIRE(j["points"][1]["budget"] == 51);
+  REQUIRE(j["points"][18]["kv_dtype"] == "int4_kc");
+  REQUIRE(j["points"][18]["bytes_per_token"] == 280);
   // int8 latents of rank 16 of 32: 5 layers x (32 codes + 8 scale bytes).
-  REQUIRE(j["points"][20]["name"] == "int8+lr50%");
-  REQUIRE(j["points"][20]["low_rank"] == 0.5);
-  REQUIRE(j["points"][20]["bytes_per_token"] == 200);
-  REQUIRE(j["points"][20]["budget"].is_null());
-  REQUIRE(j["points"][15]["low_rank"] == 0.75);
+  REQUIRE(j["points"][24]["name"] == "int8+lr50%");
+  REQUIRE(j["points"][24]["low_rank"] == 0.5);
+  REQUIRE(j["points"][24]["bytes_per_token"] == 200);
+  REQUIRE(j["points"][24]["budget"].is_null());
+  REQUIRE(j["points"][19]["low_rank"] == 0.75);
   REQUIRE(r.out.find("calibrating low-rank KV at rank 24 of 32") != std::string::npos);
   REQUIRE(testing::ReadFileOrDie(dir + "/f.png").substr(1, 3) == "PNG");
 

@@ -343,10 +343,13 @@ TEST_CASE("low-rank pages refuse what they do not support, naming cache.low_rank
   o.kv_dtype = KvDtype::kInt4Kc;
   o.num_blocks = 8;
   o.low_rank = lr;
-  auto kc = CpuModelRunner::Create(testing::Stories260k(), o);
-  CHECK(std::string(kc.status().message()) ==
-        "cache.low_rank: int4_kc layers (per-block K ranges, full-precision tails) do not take "
-        "low-rank latents; use a per-token cache.kv_dtype");
+  for (KvDtype kc_dtype : {KvDtype::kInt4Kc, KvDtype::kInt2Kc}) {
+    o.kv_dtype = kc_dtype;
+    auto kc = CpuModelRunner::Create(testing::Stories260k(), o);
+    CHECK(std::string(kc.status().message()) ==
+          "cache.low_rank: int4_kc and int2_kc layers (per-block K ranges, full-precision tails) "
+          "do not take low-rank latents; use a per-token cache.kv_dtype");
+  }
 
   SECTION("the CUDA runner refuses cache.low_rank at creation") {
     RunnerOptions ro;
