@@ -153,16 +153,21 @@ std::string FrontierTable(const FrontierReport& r) {
 }
 
 std::string FrontierGnuplot(const FrontierReport& r, const std::string& png_path) {
-  // Δppl beyond kClip % would squash the rest: such points are named in the
-  // title instead.
-  constexpr double kClip = 10.0;
+  // Δppl beyond kClip % would squash the rest: such points are named (the
+  // dense ones) or counted (evicted ones) in the title instead.
+  constexpr double kClip = 12.0;
   double lo = 0, hi = 0, xlo = 0, xhi = 0;
   std::string off;
+  int off_evicted = 0;
   std::vector<std::string> series = {"none"};
   for (const FrontierPoint& p : r.points) {
     if (p.delta_ppl_percent > kClip) {
-      absl::StrAppendFormat(&off, "%s%s %+.1f%%", off.empty() ? "" : ", ", p.name,
-                            p.delta_ppl_percent);
+      if (p.policy != "none") {
+        ++off_evicted;
+      } else {
+        absl::StrAppendFormat(&off, "%s%s %+.1f%%", off.empty() ? "" : ", ", p.name,
+                              p.delta_ppl_percent);
+      }
       continue;
     }
     lo = std::min(lo, p.delta_ppl_percent);
@@ -172,6 +177,10 @@ std::string FrontierGnuplot(const FrontierReport& r, const std::string& png_path
     if (std::find(series.begin(), series.end(), p.policy) == series.end()) {
       series.push_back(p.policy);
     }
+  }
+  if (off_evicted > 0) {
+    absl::StrAppend(&off, off.empty() ? "" : ", ", off_evicted, " evicted point",
+                    off_evicted > 1 ? "s" : "");
   }
   const double pad = std::max(0.1, 0.08 * (hi - lo));
   std::string out = absl::StrCat(
