@@ -145,6 +145,19 @@ std::vector<KvDtypeSpec> AllFormats() {
   return out;
 }
 
+// The CPU runner options every eval-kv runner shares (num_blocks 0: the
+// runner's default pool).
+CpuRunnerOptions RunnerOptionsFor(const Options& opt, const KvDtypeSpec& dtype,
+                                  int32_t num_blocks = 0) {
+  CpuRunnerOptions ro;
+  ro.kv_dtype = dtype;
+  ro.block_size = opt.block_size;
+  ro.int4_group_size = opt.int4_group_size;
+  ro.num_threads = opt.threads;
+  ro.num_blocks = num_blocks;
+  return ro;
+}
+
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "kvserve eval-kv: %s\n", std::string(s.message()).c_str());
   return 1;
@@ -329,12 +342,7 @@ int RunStudy(const Options& opt, const LoadedModel& loaded, const std::string& t
   StudyRunnerFactory make_runner =
       [&](const KvDtypeSpec& dtype,
           int32_t num_blocks) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
-    CpuRunnerOptions ro;
-    ro.kv_dtype = dtype;
-    ro.block_size = opt.block_size;
-    ro.int4_group_size = opt.int4_group_size;
-    ro.num_threads = opt.threads;
-    ro.num_blocks = num_blocks;
+    const CpuRunnerOptions ro = RunnerOptionsFor(opt, dtype, num_blocks);
     absl::StatusOr<std::unique_ptr<CpuModelRunner>> r = CpuModelRunner::Create(loaded.weights, ro);
     if (!r.ok()) return r.status();
     if (!(*r)->supports_eviction()) {
@@ -510,15 +518,10 @@ int RunFrontierCommand(const Options& opt, const LoadedModel& loaded, const std:
       return absl::UnimplementedError(
           absl::StrCat(combo.name, ": cross-layer KV sharing is not built yet"));
     }
-    CpuRunnerOptions ro;
+    CpuRunnerOptions ro = RunnerOptionsFor(opt, combo.kv_dtype, num_blocks);
     for (const auto& [f, kv] : bases) {
       if (f == combo.low_rank) ro.low_rank = kv;
     }
-    ro.kv_dtype = combo.kv_dtype;
-    ro.block_size = opt.block_size;
-    ro.int4_group_size = opt.int4_group_size;
-    ro.num_threads = opt.threads;
-    ro.num_blocks = num_blocks;
     absl::StatusOr<std::unique_ptr<CpuModelRunner>> r = CpuModelRunner::Create(loaded.weights, ro);
     if (!r.ok()) return r.status();
     return std::unique_ptr<ModelRunner>(std::move(*r));
@@ -634,11 +637,7 @@ int RunEvalKv(int argc, char** argv) {
   const LlamaWeights& weights = loaded->weights;
   KvRunnerFactory make_runner =
       [&](const KvDtypeSpec& dtype) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
-    CpuRunnerOptions ro;
-    ro.kv_dtype = dtype;
-    ro.block_size = opt.block_size;
-    ro.int4_group_size = opt.int4_group_size;
-    ro.num_threads = opt.threads;
+    const CpuRunnerOptions ro = RunnerOptionsFor(opt, dtype);
     absl::StatusOr<std::unique_ptr<CpuModelRunner>> r = CpuModelRunner::Create(weights, ro);
     if (!r.ok()) return r.status();
     return std::unique_ptr<ModelRunner>(std::move(*r));
@@ -661,11 +660,7 @@ int RunEvalKv(int argc, char** argv) {
       return absl::Status(lr.status().code(),
                           absl::StrCat("--low-rank: ", std::string(lr.status().message())));
     }
-    CpuRunnerOptions ro;
-    ro.kv_dtype = dtype;
-    ro.block_size = opt.block_size;
-    ro.int4_group_size = opt.int4_group_size;
-    ro.num_threads = opt.threads;
+    CpuRunnerOptions ro = RunnerOptionsFor(opt, dtype);
     ro.low_rank = std::make_shared<const LowRankKv>(*std::move(lr));
     absl::StatusOr<std::unique_ptr<CpuModelRunner>> r = CpuModelRunner::Create(weights, ro);
     if (!r.ok()) return r.status();
