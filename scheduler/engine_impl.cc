@@ -59,10 +59,8 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
     KV_RETURN_IF_ERROR(eviction.Validate(kEvictionConfigFields));
     if (!runner->supports_eviction()) {
       return Invalid(absl::StrCat("cache.eviction_policy ",
-                                  std::string(EvictionPolicyName(eviction.policy)),
-                                  " needs KV eviction, which this model runner does not have "
-                                  "for this cache.kv_dtype (CPU: every one but int4_kc; "
-                                  "CUDA: one per-token dtype in every layer)"));
+                                  std::string(EvictionPolicyName(eviction.policy)), " ",
+                                  kNoEvictionReason));
     }
     if (window > 0 && eviction.budget > window) {
       return Invalid(absl::StrCat("cache.eviction_budget (", eviction.budget,

@@ -145,10 +145,7 @@ absl::StatusOr<EvictionParams> ResolveRequestEviction(const KvPolicyOverride& o,
   if (absl::Status v = p.Validate(kEvictionRequestFields); !v.ok()) return NamedFieldError(v);
   if (!bounds.runner_evicts) {
     return FieldError("kv_policy.policy",
-                      absl::StrCat("kv_policy.policy \"", name,
-                                   "\" needs KV eviction, which this model runner does not have "
-                                   "for this cache.kv_dtype (CPU: every one but int4_kc; "
-                                   "CUDA: one per-token dtype in every layer)"));
+                      absl::StrCat("kv_policy.policy \"", name, "\" ", kNoEvictionReason));
   }
   const int32_t window = bounds.sliding_window;
   if (window > 0 && p.budget > window) {
