@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/cpu/cpu_model_runner.h"
@@ -49,6 +50,16 @@ std::unique_ptr<Engine> MakeReplica(const std::string& url, int32_t timeout_ms =
   return std::move(*engine);
 }
 
+// Greedy, max_tokens tokens whatever comes, over `ids`.
+GenerateRequest GreedyRequest(std::vector<int32_t> ids, int32_t max_tokens) {
+  GenerateRequest r;
+  r.prompt_token_ids = std::move(ids);
+  r.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  r.sampling.temperature = 0.0f;
+  return r;
+}
+
 // 300 tokens of dev story i: 18 full blocks before the last prompt token.
 GenerateRequest LongPrompt(int i, const std::string& salt = "") {
   std::vector<int32_t> ids = Stories().tokenizer->Encode(DevStories()[i], true);
@@ -56,11 +67,7 @@ GenerateRequest LongPrompt(int i, const std::string& salt = "") {
   ids.insert(ids.end(), more.begin(), more.end());
   REQUIRE(ids.size() >= 300);
   ids.resize(300);
-  GenerateRequest r;
-  r.prompt_token_ids = ids;
-  r.max_tokens = 20;
-  r.ignore_eos = true;
-  r.sampling.temperature = 0.0f;
+  GenerateRequest r = GreedyRequest(std::move(ids), 20);
   r.cache_salt = salt;
   return r;
 }
@@ -159,12 +166,7 @@ TEST_CASE("A stalled Redis load past cache.tier_load_timeout_ms is recomputed",
 GenerateRequest ShortPrompt() {
   std::vector<int32_t> ids = Stories().tokenizer->Encode(DevStories()[7], true);
   ids.resize(10);
-  GenerateRequest r;
-  r.prompt_token_ids = ids;
-  r.max_tokens = 30;
-  r.ignore_eos = true;
-  r.sampling.temperature = 0.0f;
-  return r;
+  return GreedyRequest(std::move(ids), 30);
 }
 
 TEST_CASE("Behind a slow Redis one request waits for its load while others step",
