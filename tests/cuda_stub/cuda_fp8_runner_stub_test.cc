@@ -204,11 +204,7 @@ TEST_CASE("stub runner: a shipped fp8 checkpoint gives the logits of quantizing 
 
   StubSetup s = Fp8Setup("fp8_e4m3");
   s.max_num_seqs = 1;
-  RunnerOptions o = testing::RunnerOptionsOf(s);
-  o.device = "cuda";
-  o.dtype = "bf16";
-  o.kv_dtype = KvDtypeSpec(KvDtype::kBf16);
-  o.weight_dtype = "fp8_e4m3";
+  RunnerOptions o = testing::StubRunnerOptions(s);
   auto at_load = CreateModelRunner(*source, o);
   o.weight_dtype = "auto";  // as shipped
   auto as_shipped = CreateModelRunner(*shipped, o);
@@ -247,11 +243,7 @@ TEST_CASE("stub runner: dummy fp8 weights made on the device match the host's", 
   REQUIRE((shapes.ok() && host.ok()));
   StubSetup s = Fp8Setup("fp8_e4m3");
   s.max_num_seqs = 1;
-  RunnerOptions o = testing::RunnerOptionsOf(s);
-  o.device = "cuda";
-  o.dtype = "bf16";
-  o.kv_dtype = KvDtypeSpec(KvDtype::kBf16);
-  o.weight_dtype = "fp8_e4m3";
+  RunnerOptions o = testing::StubRunnerOptions(s);
   o.weight_dtype_head = "fp8_e4m3";  // the tied head's own fp8 copy, generated too
   o.max_model_len = 256;
   REQUIRE(RunnerDefersDummyWeights(o));

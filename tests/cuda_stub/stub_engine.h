@@ -59,6 +59,18 @@ inline const std::string& StubEvictorFile() {
   return *path;
 }
 
+// The runner options of a "cuda" or "cpu" setup (RunnerOptionsOf, plus
+// the device, dtypes and graphs).
+inline RunnerOptions StubRunnerOptions(const StubSetup& s) {
+  RunnerOptions o = RunnerOptionsOf(s);
+  o.device = s.device;
+  o.dtype = s.device == "cuda" ? s.dtype : "fp32";
+  if (s.device == "cuda") o.weight_dtype = s.weight_dtype;
+  o.kv_dtype = *KvDtypeSpec::Parse(s.kv_dtype);
+  o.cuda_graphs = s.cuda_graphs;
+  return o;
+}
+
 inline std::unique_ptr<ModelRunner> MakeStubRunner(const StubSetup& s) {
   RunnerOptions o = RunnerOptionsOf(s);
   const KvDtypeSpec spec = *KvDtypeSpec::Parse(s.kv_dtype);
@@ -73,11 +85,7 @@ inline std::unique_ptr<ModelRunner> MakeStubRunner(const StubSetup& s) {
     REQUIRE(r.ok());
     return std::move(*r);
   }
-  o.device = s.device;
-  o.dtype = s.device == "cuda" ? s.dtype : "fp32";
-  if (s.device == "cuda") o.weight_dtype = s.weight_dtype;
-  o.kv_dtype = spec;
-  o.cuda_graphs = s.cuda_graphs;
+  o = StubRunnerOptions(s);
   absl::StatusOr<std::unique_ptr<ModelRunner>> r = CreateModelRunner(Stories().weights, o);
   INFO(r.status().message());
   REQUIRE(r.ok());
