@@ -129,6 +129,21 @@ ordered_json HfConfigJson(const ModelConfig& c, SafetensorsDtype dtype) {
   return j;
 }
 
+// Opens `path` and writes a safetensors header: its length, then the JSON,
+// padded with spaces (valid JSON) so that the data section, and with it
+// every F32 tensor, starts aligned; readers can then use F32 data in place.
+absl::Status OpenWithHeader(const std::string& path, const ordered_json& header,
+                            std::ofstream* out) {
+  std::string text = header.dump();
+  text.append((8 - (8 + text.size()) % 8) % 8, ' ');
+  out->open(path, std::ios::binary | std::ios::trunc);
+  if (!*out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot write"));
+  const uint64_t header_len = text.size();
+  out->write(reinterpret_cast<const char*>(&header_len), 8);
+  out->write(text.data(), static_cast<std::streamsize>(text.size()));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::vector<float> PermuteRowsForRotateHalf(const Tensor& w, int num_heads, int head_dim) {
@@ -159,16 +174,8 @@ absl::Status WriteSafetensors(const std::string& path, std::span<const NamedTens
                       {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
-  std::string text = header.dump();
-  // Pad with spaces (valid JSON) so the data section, and with it every F32
-  // tensor, starts aligned; readers can then use F32 data in place.
-  text.append((8 - (8 + text.size()) % 8) % 8, ' ');
-
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot write"));
-  const uint64_t header_len = text.size();
-  out.write(reinterpret_cast<const char*>(&header_len), 8);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  std::ofstream out;
+  KV_RETURN_IF_ERROR(OpenWithHeader(path, header, &out));
   std::vector<uint16_t> narrow;
   for (const NamedTensor& t : tensors) {
     const size_t n = static_cast<size_t>(t.tensor.numel());
@@ -285,13 +292,8 @@ absl::Status WriteSafetensorsRaw(const std::string& path, std::span<const RawTen
                       {"data_offsets", {offset, offset + t.bytes.size()}}};
     offset += t.bytes.size();
   }
-  std::string text = header.dump();
-  text.append((8 - (8 + text.size()) % 8) % 8, ' ');
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) return absl::PermissionDeniedError(absl::StrCat(path, ": cannot write"));
-  const uint64_t header_len = text.size();
-  out.write(reinterpret_cast<const char*>(&header_len), 8);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  std::ofstream out;
+  KV_RETURN_IF_ERROR(OpenWithHeader(path, header, &out));
   for (const RawTensor& t : tensors) {
     out.write(reinterpret_cast<const char*>(t.bytes.data()),
               static_cast<std::streamsize>(t.bytes.size()));
