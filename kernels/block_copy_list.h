@@ -1,6 +1,6 @@
 // PackStepCopies: one step's block copies (cache/block_copy.h StepCopies)
 // checked and laid out as one array for one upload to the device, where
-// kernels/cuda/copy_blocks.h runs each batch as one launch. Plain C++ so the
+// kernels/cuda/kv/copy_blocks.h runs each batch as one launch. Plain C++ so the
 // packing and its checks are tested without a GPU.
 //
 // Layout: pairs = [swap_out][copies][swap_in], each BlockCopy two int32

@@ -2,12 +2,12 @@
 // (one request's sampling settings, its Philox seed and step, and where its
 // token history sits) and SampleRowResult (the token and its logprobs).
 // Plain 64-bit-aligned PODs with fixed sizes, shared by the host packer
-// (kernels/sampling_batch.h) and the CUDA kernel (kernels/cuda/sample.h);
+// (kernels/sampling_batch.h) and the CUDA kernel (kernels/cuda/sampling/sample.h);
 // no dependencies, so device code (C++17) includes it too.
 //
 // Semantics are model/sampling/sampler.h's (vLLM's order: penalties -> temperature
 // -> top-k -> top-p -> min-p -> draw; temperature 0 is greedy), except the
-// draw's random source: see kernels/cuda/sample.h.
+// draw's random source: see kernels/cuda/sampling/sample.h.
 //
 // Thread-safety: plain values.
 #pragma once

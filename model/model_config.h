@@ -56,7 +56,7 @@ struct RopeScaling {
 // parts from fp32's after 61 tokens instead of agreeing for all 200), and
 // makes it int8 for larger ones (Llama 3's 128k x 4096 head is 2 GiB in fp32).
 //
-// fp8_e4m3 (the CUDA runner only, kernels/cuda/gemm.h): e4m3 codes with one
+// fp8_e4m3 (the CUDA runner only, kernels/cuda/layers/gemm.h): e4m3 codes with one
 // fp32 scale per output channel (absmax / 448), multiplied by cuBLASLt's fp8
 // GEMMs against activations quantized per token at run time; its head rule
 // is int8's with fp8 in int8's place. It does not mix with the CPU dtypes.

@@ -38,7 +38,7 @@
 #include "kernels/batch_input.h"
 #include "kernels/cpu/kv_quant.h"
 #include "kernels/cpu/paged_attention.h"
-#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/device/launch.cuh"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/gpu_attention_plan.h"
 #include "kernels/paged_view.h"

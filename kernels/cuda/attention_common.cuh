@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "kernels/cuda/act_dtype.h"
+#include "kernels/cuda/device/act_dtype.h"
 #include "kernels/gpu_attention_plan.h"
 
 namespace kvserve::cuda::attention_common {

@@ -12,8 +12,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/device/cuda_check.h"
+#include "kernels/cuda/device/launch.cuh"
 #include "kernels/cuda/paged_attention.h"
 #include "kernels/cuda/paged_attention_kernel.cuh"
 #include "kernels/cuda/paged_attention_mma_kernel.cuh"

@@ -26,7 +26,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
-#include "kernels/cuda/act_dtype.h"
+#include "kernels/cuda/device/act_dtype.h"
 #include "kernels/gpu_attention_plan.h"
 #include "kernels/paged_view.h"
 

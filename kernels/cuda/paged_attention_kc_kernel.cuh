@@ -29,9 +29,9 @@
 #include <cstring>
 
 #include "kernels/cuda/attention_common.cuh"
-#include "kernels/cuda/exact_math.cuh"
-#include "kernels/cuda/kv_decode.cuh"
-#include "kernels/cuda/kv_encode.cuh"
+#include "kernels/cuda/device/exact_math.cuh"
+#include "kernels/cuda/device/kv_decode.cuh"
+#include "kernels/cuda/device/kv_encode.cuh"
 #include "kernels/cuda/paged_attention_kc.h"
 #include "kernels/gpu_attention_plan.h"
 

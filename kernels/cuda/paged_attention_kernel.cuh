@@ -41,7 +41,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/attention_common.cuh"
-#include "kernels/cuda/kv_decode.cuh"
+#include "kernels/cuda/device/kv_decode.cuh"
 #include "kernels/cuda/paged_attention.h"
 
 namespace kvserve::cuda::attention_detail {

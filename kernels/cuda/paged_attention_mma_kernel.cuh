@@ -2,7 +2,7 @@
 // fast): the work items, launch grid, arguments, workspace and merge kernel
 // of paged_attention_kernel.cuh, with the K/V pages brought in by cp.async
 // through a three-stage shared-memory ring and both products on tensor
-// cores (mma.sync m16n8k16, kernels/cuda/mma.cuh).
+// cores (mma.sync m16n8k16, kernels/cuda/device/mma.cuh).
 //
 // CTA (x, y): work item x, query heads [y * hpc, (y + 1) * hpc) of one kv
 // head; its nq = rows * hpc <= 16 query vectors are the 16 rows of the mma
@@ -56,7 +56,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/device/mma.cuh"
 #include "kernels/cuda/paged_attention_kernel.cuh"
 
 namespace kvserve::cuda::attention_detail {

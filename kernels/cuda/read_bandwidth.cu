@@ -4,8 +4,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/device/cuda_check.h"
+#include "kernels/cuda/device/launch.cuh"
 #include "kernels/cuda/read_bandwidth.h"
 #include "kernels/cuda/read_bandwidth_kernel.cuh"
 

@@ -25,7 +25,7 @@
 //               when model.cuda_graphs.
 //
 // One step runs on one stream, in order: the block copies (one launch per
-// batch, kernels/cuda/copy_blocks.h), the BatchInput upload (one pinned
+// batch, kernels/cuda/kv/copy_blocks.h), the BatchInput upload (one pinned
 // buffer, one cudaMemcpyAsync, model/cuda/host/batch_staging.h), the forward pass,
 // and (in Sample) the sampling upload, the sampler and the download of the
 // tokens. Sample and ReadLogits wait for the device; Forward and the copies
@@ -112,7 +112,7 @@ class CudaModelRunner final : public ModelRunner {
   // blocks).
   bool supports_kv_tiers() const override { return true; }
   // Token masks: applied on the device to a private copy of each masked
-  // row's logits before the sampling kernel (kernels/cuda/token_mask.h).
+  // row's logits before the sampling kernel (kernels/cuda/sampling/token_mask.h).
   bool supports_token_masks() const override { return true; }
   int64_t tier_block_bytes() const override;
   absl::Status ExportBlocks(std::span<const BlockId> blocks, std::span<uint8_t> out) override;

@@ -10,8 +10,8 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/cuda/copy_blocks.h"
-#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device/cuda_check.h"
+#include "kernels/cuda/kv/copy_blocks.h"
 #include "model/cuda/cuda_runner_impl.h"
 #include "util/status_macros.h"
 

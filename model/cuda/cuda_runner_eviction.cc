@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/move_slots.h"
+#include "kernels/cuda/device/cuda_check.h"
+#include "kernels/cuda/kv/move_slots.h"
 #include "kernels/paged_view.h"
 #include "model/batch_check.h"
 #include "model/cuda/cuda_runner_impl.h"

@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device/cuda_check.h"
 #include "kernels/gpu_attention_plan.h"
 #include "kernels/paged_view.h"
 #include "model/cuda/cuda_runner_impl.h"

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
-#include "kernels/cuda/cuda_check.h"
-#include "kernels/cuda/fp8_rows.h"
-#include "kernels/cuda/weight_init.h"
+#include "kernels/cuda/device/cuda_check.h"
+#include "kernels/cuda/layers/fp8_rows.h"
+#include "kernels/cuda/layers/weight_init.h"
 #include "kernels/random_weights.h"
 #include "model/cuda/cuda_runner_impl.h"
 #include "model/cuda/host/device_weight_layout.h"

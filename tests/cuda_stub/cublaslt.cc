@@ -1,4 +1,4 @@
-// The cuBLASLt stand-in: the calls kernels/cuda/gemm.cc makes, with a
+// The cuBLASLt stand-in: the calls kernels/cuda/layers/gemm.cc makes, with a
 // reference GEMM (fp32 accumulation, k in order) queued on the stream like a
 // kernel. It honours the descriptors gemm.cc sets: transposes, leading
 // dimensions, fp32/fp16/bf16 A/B/C/D, the compute and scale types, the bias

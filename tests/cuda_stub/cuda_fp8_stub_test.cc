@@ -1,5 +1,5 @@
-// fp8_e4m3 weights through the stand-in (kernels/cuda/fp8_rows.h,
-// kernels/cuda/gemm.h, tests/cuda_stub/cublaslt.cc): the quantizer and GEMM
+// fp8_e4m3 weights through the stand-in (kernels/cuda/layers/fp8_rows.h,
+// kernels/cuda/layers/gemm.h, tests/cuda_stub/cublaslt.cc): the quantizer and GEMM
 // cases of tests/kernels/cuda/fp8_gemm_cases.h with the stand-in's exact
 // fp32 accumulation bound, and what the stand-in refuses as the library
 // does (not TN, a leading dimension off 16 bytes, mixed scale modes, a

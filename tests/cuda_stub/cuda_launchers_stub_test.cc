@@ -15,9 +15,9 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
-#include "kernels/cuda/rms_norm.h"
-#include "kernels/cuda/swiglu.h"
-#include "kernels/cuda/token_mask.h"
+#include "kernels/cuda/layers/rms_norm.h"
+#include "kernels/cuda/layers/swiglu.h"
+#include "kernels/cuda/sampling/token_mask.h"
 #include "model/sampling/sampler.h"
 #include "tests/cuda_stub/cuda_stub.h"
 

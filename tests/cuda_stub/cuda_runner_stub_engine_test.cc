@@ -13,7 +13,7 @@
 //     (ExportBlocks/ImportBlocks on the CUDA runner) with their tokens, its
 //     slots in the runner's pinned arena (asynchronous copies on the copy
 //     stream, no pageable copy);
-//   - constrained decoding masks on the device (kernels/cuda/token_mask.h):
+//   - constrained decoding masks on the device (kernels/cuda/sampling/token_mask.h):
 //     greedy regex and choice outputs are the CPU engine's, samples match;
 // and every test ends with every block back in the pool.
 //

@@ -13,7 +13,7 @@
 //
 // Why these token assertions also hold on a real GPU: the stand-in runs the
 // kernels' own source, built -ffp-contract=off, and the kernels round every
-// product and sum as the CPU kernels do (kernels/cuda/exact_math.cuh: the
+// product and sum as the CPU kernels do (kernels/cuda/device/exact_math.cuh: the
 // _rn intrinsics, exact expf/logf helpers, fixed reduction orders), so the
 // fp16/bf16/fp8 conversions, quantization codes and softmax are the same
 // bits on a device; what differs is the GEMMs' summation order (cuBLASLt's

@@ -1,4 +1,4 @@
-// The simulated side of kernels/cuda/launch.cuh: a launch becomes one queued
+// The simulated side of kernels/cuda/device/launch.cuh: a launch becomes one queued
 // operation on its stream (or a node of the graph being captured) that runs
 // every CTA of the grid on the CPU through cuda_sim's fibers when the stream
 // is next synchronised. The arguments are copied into the operation here,

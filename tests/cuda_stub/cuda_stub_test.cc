@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/gemm.h"
-#include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/device/launch.cuh"
+#include "kernels/cuda/layers/gemm.h"
 
 namespace {
 

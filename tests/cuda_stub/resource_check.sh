@@ -1,6 +1,6 @@
 # Static resource check of every CUDA kernel (make test, no device needed):
 # reads ptxas's report (nvcc --resource-usage) that the build wrote beside
-# each kernels/cuda/*.cu object of kvserve_cuda (cmake/nvcc_resources.sh, the
+# each kernels/cuda/**/*.cu object of kvserve_cuda (cmake/nvcc_resources.sh, the
 # target's compiler launcher, so nothing is compiled again), tabulates
 # registers, spills, stack and static shared memory per kernel, and fails when
 #   - an attention, KV-write or sampling kernel spills (spill stores or
@@ -9,7 +9,7 @@
 #     fixed: a new spill, or a larger one, fails), or
 #   - a kernel's static shared memory is over 48 KiB (the most a launch
 #     gets without the dynamic opt-in), or
-#   - a kernels/cuda/*.cu has no report (the build did not compile it so).
+#   - a kernels/cuda/**/*.cu has no report (the build did not compile it so).
 # Usage: resource_check.sh SOURCE_DIR BUILD_DIR [TABLE.md]
 # With TABLE.md, writes the table there (docs/cuda-resources.md is made so).
 set -euo pipefail
@@ -21,16 +21,17 @@ objdir="$build/CMakeFiles/kvserve_cuda.dir/kernels/cuda"
 work="$build/resource-check"
 rm -rf "$work"
 mkdir -p "$work"
-for cu in "$src"/kernels/cuda/*.cu; do
+while IFS= read -r -d '' cu; do
+  rel="${cu#"$src"/kernels/cuda/}"
   name="$(basename "$cu" .cu)"
-  report="$objdir/$name.cu.o.resources"
+  report="$objdir/$rel.o.resources"
   if [[ ! -f "$report" || "$report" -ot "$cu" ]]; then
-    echo "resource_check: FAIL: no ptxas report for kernels/cuda/$name.cu at $report" \
+    echo "resource_check: FAIL: no ptxas report for kernels/cuda/$rel at $report" \
          "(build kvserve_cuda, whose launcher writes it)"
     exit 1
   fi
   cp "$report" "$work/$name.log"
-done
+done < <(find "$src/kernels/cuda" -name '*.cu' -print0 | sort -z)
 
 /usr/bin/python3 - "$work" "$table" <<'PY'
 import glob, os, re, subprocess, sys

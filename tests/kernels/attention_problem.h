@@ -25,7 +25,7 @@
 #include "kernels/batch_input.h"
 #include "kernels/cpu/kv_quant.h"
 #include "kernels/cpu/paged_attention.h"
-#include "kernels/cuda/act_dtype.h"
+#include "kernels/cuda/device/act_dtype.h"
 #include "kernels/paged_view.h"
 
 namespace kvserve::testing {

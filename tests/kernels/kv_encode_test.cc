@@ -1,9 +1,9 @@
-// The device KV row encoders (kernels/cuda/kv_encode.cuh) run on the host
+// The device KV row encoders (kernels/cuda/device/kv_encode.cuh) run on the host
 // with a one-thread team and must write exactly the bytes of
 // cpu::QuantizeRow (scalar and AVX2 paths) for every format, head_dim and
 // int4 group size; the element codecs must equal the CPU's on sweeps of float
 // bit patterns. This checks, without a GPU, the code the CUDA KV write runs.
-#include "kernels/cuda/kv_encode.cuh"
+#include "kernels/cuda/device/kv_encode.cuh"
 
 #include <catch2/catch.hpp>
 #include <cmath>

@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/act_dtype.h"
-#include "kernels/cuda/sample_row.cuh"
+#include "kernels/cuda/device/act_dtype.h"
+#include "kernels/cuda/sampling/sample_row.cuh"
 #include "kernels/sample_rows.h"
 #include "kernels/sampling_batch.h"
 

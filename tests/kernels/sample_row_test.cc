@@ -1,10 +1,10 @@
-// The device sampler's algorithm (kernels/cuda/sample_row.cuh), run on the
+// The device sampler's algorithm (kernels/cuda/sampling/sample_row.cuh), run on the
 // host with a one-thread team, against the CPU sampler (model/sampling/sampler.h):
 // greedy tokens and processed logits exactly, draws inside the CPU's
 // survivor sets and distributed as they should be, logprobs to 1e-5, and
 // the Philox generator against Random123's known answers. The [gpu] test
 // then checks the device runs this same code to the same bits.
-#include "kernels/cuda/sample_row.cuh"
+#include "kernels/cuda/sampling/sample_row.cuh"
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -13,7 +13,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cuda/kv_encode.cuh"
+#include "kernels/cuda/device/kv_encode.cuh"
 #include "kernels/sampling_batch.h"
 #include "tests/kernels/sampling_reference.h"
 

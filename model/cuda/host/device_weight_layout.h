@@ -11,7 +11,7 @@
 // bqkv = [bq; bk; bv] (qkv_bias), bo (o_bias) and q_norm / k_norm
 // (qk_norm); absent ones have zero rows.
 //
-// fp8_e4m3 weights (model.weight_dtype, kernels/cuda/gemm.h): each linear
+// fp8_e4m3 weights (model.weight_dtype, kernels/cuda/layers/gemm.h): each linear
 // matrix (and the head, per weight_dtype_head; a tied one then gets its own
 // copy beside the embeddings) is e4m3 codes [rows][ld] with ld = cols
 // rounded up to kFp8InAlign (zero codes in the padding, as the fp8 GEMM's

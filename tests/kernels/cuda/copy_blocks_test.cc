@@ -2,7 +2,7 @@
 // pool and swap out / in through a pinned host pool, over random copy lists
 // that keep block_copy.h's batch invariants. Whole pools are compared byte
 // for byte, so blocks no copy names must come through unchanged.
-#include "kernels/cuda/copy_blocks.h"
+#include "kernels/cuda/kv/copy_blocks.h"
 
 #include <algorithm>
 #include <catch2/catch.hpp>

@@ -1,7 +1,7 @@
 // Embedding lookup on the GPU against cpu::Embedding (fp32) and a plain row
 // copy (fp16/bf16): exact bytes, padded output rows untouched, invalid ids
 // turned into NaN rows.
-#include "kernels/cuda/embedding.h"
+#include "kernels/cuda/layers/embedding.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>

@@ -26,8 +26,8 @@
 #include <vector>
 
 #include "kernels/cpu/kv_quant.h"
-#include "kernels/cuda/fp8_rows.h"
-#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/layers/fp8_rows.h"
+#include "kernels/cuda/layers/gemm.h"
 #include "model/loader/quantize_weights.h"
 #include "model/loader/safetensors.h"
 

@@ -1,4 +1,4 @@
-// The cuBLASLt GEMM (kernels/cuda/gemm.h) against cpu::Linear on the same
+// The cuBLASLt GEMM (kernels/cuda/layers/gemm.h) against cpu::Linear on the same
 // (dtype-rounded) inputs: every dtype, odd shapes, strided x and y, the
 // accumulate (residual) epilogue, the bias epilogue and fp32 output from
 // bf16/fp16 inputs (the LM head). Tolerances: the fp32 products are the same
@@ -6,7 +6,7 @@
 // bounded by in * 2^-23 * sum |x w| (we allow 1e-5 * sum |x w|); 16-bit
 // outputs add one rounding of y: half an ulp, 2^-9 (bf16) or 2^-12 (fp16)
 // of |y|.
-#include "kernels/cuda/gemm.h"
+#include "kernels/cuda/layers/gemm.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

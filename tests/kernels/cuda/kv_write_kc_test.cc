@@ -7,7 +7,7 @@
 // refuse layouts that are not int4_kc with fp16 tails. The same problems
 // run in make test through the simulator (cuda_sim/int4_kc_sim_test.cc);
 // here they run on the hardware, with larger shapes.
-#include "kernels/cuda/kv_write_kc.h"
+#include "kernels/cuda/kv/kv_write_kc.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>

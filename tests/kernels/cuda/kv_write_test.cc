@@ -4,7 +4,7 @@
 // poisoned with the same random bytes first, so untouched bytes are checked
 // too), and the CPU's DequantizeRow reads the GPU-written rows back within
 // the format's error.
-#include "kernels/cuda/kv_write.h"
+#include "kernels/cuda/kv/kv_write.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -6,7 +6,7 @@
 // (block tree vs sequential), rsqrtf vs 1 / sqrtf (2 ulp) and the product
 // order, a few 1e-7 relative, plus half an ulp of the storage dtype: the
 // tolerances below.
-#include "kernels/cuda/rms_norm.h"
+#include "kernels/cuda/layers/rms_norm.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

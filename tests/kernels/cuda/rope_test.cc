@@ -2,7 +2,7 @@
 // styles: bit for bit for fp32 activations, and for fp16/bf16 equal to the
 // CPU's fp32 result rounded once (bound: zero differing bits). q and k sit in
 // a fused QKV row whose V part must come through untouched.
-#include "kernels/cuda/rope.h"
+#include "kernels/cuda/layers/rope.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

@@ -1,5 +1,5 @@
 // Device sampling against the CPU sampler and against the same algorithm run
-// on the host (kernels/cuda/sample_row.cuh with a one-thread team):
+// on the host (kernels/cuda/sampling/sample_row.cuh with a one-thread team):
 //   - every row's token, processed logits and top-n ids equal the host run's
 //     exactly (the device runs the same code; its sums are integer or fixed
 //     order), logprobs to 1e-5;
@@ -9,7 +9,7 @@
 //     every step; raw logprobs equal the CPU's to 1e-5;
 //   - a row's result does not depend on its batch; draws follow the softmax;
 //   - the counts workspace is left all zero.
-#include "kernels/cuda/sample.h"
+#include "kernels/cuda/sampling/sample.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>
@@ -17,7 +17,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cuda/kv_encode.cuh"
+#include "kernels/cuda/device/kv_encode.cuh"
 #include "kernels/sampling_batch.h"
 #include "tests/kernels/cuda/device_buffer.h"
 #include "tests/kernels/sampling_reference.h"

@@ -2,7 +2,7 @@
 // bit for bit where the CPU runs its AVX2 path (whose e^x polynomial the
 // kernel transcribes), within 4 ulp where it runs the scalar expf; fp16/bf16
 // equal the CPU's fp32 result rounded once. Also in place and with strides.
-#include "kernels/cuda/swiglu.h"
+#include "kernels/cuda/layers/swiglu.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>

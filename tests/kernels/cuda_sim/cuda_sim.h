@@ -33,7 +33,7 @@
 // (the kernel reads g_dynamic_shared where CUDA_SIM_DYNAMIC_SHARED is
 // defined, instead of its `extern __shared__` array; Launch sets it),
 // __syncthreads, __shfl_xor_sync on float with a full mask, and the
-// tensor-core and async-copy operations of kernels/cuda/mma.cuh (mma
+// tensor-core and async-copy operations of kernels/cuda/device/mma.cuh (mma
 // m16n8k16 in fp16/bf16, ldmatrix x4 trans, cp.async with commit and wait
 // groups), each from the PTX ISA's fragment tables. A cp.async lands at the
 // wait that retires its group, so a read of its destination before that
@@ -427,7 +427,7 @@ inline float HalfBits(uint32_t h, bool bf16) {
 }
 
 // mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}: d += A * B over the
-// warp, with the PTX ISA's fragment layouts (kernels/cuda/mma.cuh): each
+// warp, with the PTX ISA's fragment layouts (kernels/cuda/device/mma.cuh): each
 // lane's four results are the fp32 sum over k of exact products, added to c.
 inline void Mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[2], bool bf16) {
   BlockState& bs = *g_block;
@@ -463,7 +463,7 @@ inline void Mma16816(float (&d)[4], const uint32_t (&a)[4], const uint32_t (&b)[
   for (int i = 0; i < 4; ++i) d[i] = r[i];
 }
 
-// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 (kernels/cuda/mma.cuh).
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 (kernels/cuda/device/mma.cuh).
 inline void LdmatrixX4Trans(uint32_t (&r)[4], const void* row) {
   BlockState& bs = *g_block;
   const int t = bs.current;

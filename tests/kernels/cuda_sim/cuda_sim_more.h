@@ -17,7 +17,7 @@
 // translation unit.
 //
 // Include first, before any kernel source; defines KVSERVE_CUDA_SIM, which
-// kernels/cuda/kv_encode.cuh reads to expose its warp team to host code.
+// kernels/cuda/device/kv_encode.cuh reads to expose its warp team to host code.
 #pragma once
 
 // clang-format off

@@ -13,8 +13,8 @@
 // clang-format off
 #include "tests/kernels/cuda_sim/cuda_sim.h"  // first: the shims the kernel source needs
 #include "kernels/cuda/paged_attention_kernel.cuh"
-#include "kernels/cuda/move_slots_kernel.cuh"
-#include "kernels/cuda/rope_kernel.cuh"
+#include "kernels/cuda/kv/move_slots_kernel.cuh"
+#include "kernels/cuda/layers/rope_kernel.cuh"
 // clang-format on
 
 #include <catch2/catch.hpp>

@@ -11,7 +11,7 @@
 // a block boundary) on both sides and compares pages, tails and outputs.
 // clang-format off
 #include "tests/kernels/cuda_sim/cuda_sim_more.h"  // first: the shims the kernel source needs
-#include "kernels/cuda/kv_write_kc_kernel.cuh"
+#include "kernels/cuda/kv/kv_write_kc_kernel.cuh"
 #include "kernels/cuda/paged_attention_kc_kernel.cuh"
 // clang-format on
 

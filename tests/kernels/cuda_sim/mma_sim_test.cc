@@ -1,4 +1,4 @@
-// The simulated tensor-core and async-copy operations of kernels/cuda/mma.cuh
+// The simulated tensor-core and async-copy operations of kernels/cuda/device/mma.cuh
 // against a scalar reference: each lane builds its fragments from whole
 // matrices by the PTX ISA's tables (written here independently of the
 // simulator's inverse mapping), so a wrong table on either side shows up as
@@ -6,7 +6,7 @@
 // wait that retires its group, zero fill, and the exit check.
 // clang-format off
 #include "tests/kernels/cuda_sim/cuda_sim.h"  // first: the shims the kernel source needs
-#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/device/mma.cuh"
 // clang-format on
 
 #include <catch2/catch.hpp>

@@ -8,11 +8,11 @@
 // validation and defaults are covered by the [gpu] tests).
 // clang-format off
 #include "tests/kernels/cuda_sim/cuda_sim_more.h"  // first: the shims the kernel source needs
-#include "kernels/cuda/copy_blocks_kernel.cuh"
-#include "kernels/cuda/embedding_kernel.cuh"
-#include "kernels/cuda/kv_write_kernel.cuh"
-#include "kernels/cuda/rope_kernel.cuh"
-#include "kernels/cuda/swiglu_kernel.cuh"
+#include "kernels/cuda/kv/copy_blocks_kernel.cuh"
+#include "kernels/cuda/layers/embedding_kernel.cuh"
+#include "kernels/cuda/kv/kv_write_kernel.cuh"
+#include "kernels/cuda/layers/rope_kernel.cuh"
+#include "kernels/cuda/layers/swiglu_kernel.cuh"
 // clang-format on
 
 #include <algorithm>

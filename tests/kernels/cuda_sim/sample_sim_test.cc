@@ -1,4 +1,4 @@
-// The device sampler's kernel source (kernels/cuda/sample_kernel.cuh: the
+// The device sampler's kernel source (kernels/cuda/sampling/sample_kernel.cuh: the
 // thread-block team, its reductions, warp-segmented ordered search, ballots
 // and atomics), run on the CPU by cuda_sim, against the same row algorithm
 // run with a one-thread team (tests/kernels/sample_row_test.cc checks that
@@ -7,7 +7,7 @@
 // Small vocabularies only (512 simulated threads per row).
 // clang-format off
 #include "tests/kernels/cuda_sim/cuda_sim_more.h"  // first: the shims the kernel source needs
-#include "kernels/cuda/sample_kernel.cuh"
+#include "kernels/cuda/sampling/sample_kernel.cuh"
 // clang-format on
 
 #include <catch2/catch.hpp>
@@ -16,7 +16,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cuda/kv_encode.cuh"
+#include "kernels/cuda/device/kv_encode.cuh"
 #include "kernels/sampling_batch.h"
 #include "tests/kernels/sample_row_host.h"
 

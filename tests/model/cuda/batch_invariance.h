@@ -3,7 +3,7 @@
 // logits are the same bits alone, in a batch of 7 and replayed from a graph
 // bucket (issue 23). What makes it hold on a device too: the GEMMs run one
 // cuBLASLt algorithm per shape whatever the row count, without split-K
-// (kernels/cuda/gemm.h; the stand-in's heuristic picks other summation
+// (kernels/cuda/layers/gemm.h; the stand-in's heuristic picks other summation
 // orders for other row counts, so a per-row-count plan fails there), every
 // attention plan splits a row's keys at the same kAttentionPartitionKeys
 // whatever the batch (model/cuda/host/graph_buckets.h), and the other

@@ -1,0 +1,349 @@
+// cuBLASLt behind Gemm (gemm.h): descriptors, heuristics and their cache.
+#include "kernels/cuda/layers/gemm.h"
+
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cuda/device/cuda_check.h"
+
+namespace kvserve::cuda {
+namespace {
+
+absl::Status LtStatus(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  const std::string message = absl::StrCat("Gemm: ", what, ": ", cublasLtGetStatusName(s), " (",
+                                           cublasLtGetStatusString(s), ")");
+  if (s == CUBLAS_STATUS_ALLOC_FAILED) return absl::ResourceExhaustedError(message);
+  if (s == CUBLAS_STATUS_INVALID_VALUE) return absl::InvalidArgumentError(message);
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED) return absl::NotFoundError(message);
+  return absl::InternalError(message);
+}
+
+#define KV_LT_RETURN_IF_ERROR(expr) KV_RETURN_IF_ERROR(LtStatus((expr), #expr))
+
+cudaDataType_t CudaType(ActDtype d) {
+  switch (d) {
+    case ActDtype::kFp16:
+      return CUDA_R_16F;
+    case ActDtype::kBf16:
+      return CUDA_R_16BF;
+    case ActDtype::kFp32:
+    default:
+      return CUDA_R_32F;
+  }
+}
+
+// The fp8 path's A and B type, and the scale mode of both.
+constexpr cudaDataType_t kFp8Type = CUDA_R_8F_E4M3;
+constexpr int32_t kFp8ScaleMode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+
+// Sets the scale pointers of an fp8 descriptor (attributes, read at each
+// call like the bias pointer).
+absl::Status SetScales(cublasLtMatmulDesc_t op, const float* w_scale, const float* x_scale) {
+  KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                                                       &w_scale, sizeof(w_scale)));
+  KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                                                       &x_scale, sizeof(x_scale)));
+  return absl::OkStatus();
+}
+
+// Largest power of two <= 256 that divides the address.
+int AlignmentOf(const void* p) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  int align = 256;
+  while (align > 1 && a % align != 0) align /= 2;
+  return align;
+}
+
+absl::Status Bad(const char* field, const char* rule, int64_t value) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("Gemm: ", field, " must be ", rule, ", got ", value));
+}
+
+}  // namespace
+
+// One algorithm per shape without the row count; the row-count layouts
+// (x and y) it has run with, each checked against it once.
+struct Gemm::PlanRows {
+  cublasLtMatrixLayout_t b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo;  // the plan's, unless the check refused it
+};
+struct Gemm::Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr;
+  cublasLtMatmulAlgo_t algo;
+  std::map<int64_t, PlanRows> rows;
+  ~Plan() {
+    for (auto& [_, r] : rows) {
+      if (r.c != nullptr) cublasLtMatrixLayoutDestroy(r.c);
+      if (r.b != nullptr) cublasLtMatrixLayoutDestroy(r.b);
+    }
+    if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
+    if (op != nullptr) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(ActDtype dtype, int64_t workspace_bytes) {
+  if (workspace_bytes < 0) return Bad("workspace_bytes", ">= 0", workspace_bytes);
+  cublasLtHandle_t handle = nullptr;
+  KV_LT_RETURN_IF_ERROR(cublasLtCreate(&handle));
+  void* workspace = nullptr;
+  if (workspace_bytes > 0) {
+    if (absl::Status s = CudaStatus(cudaMalloc(&workspace, workspace_bytes), "Gemm workspace");
+        !s.ok()) {
+      cublasLtDestroy(handle);
+      return s;
+    }
+  }
+  return std::unique_ptr<Gemm>(new Gemm(dtype, handle, workspace, workspace_bytes));
+}
+
+Gemm::Gemm(ActDtype dtype, void* handle, void* workspace, int64_t workspace_bytes)
+    : dtype_(dtype), handle_(handle), workspace_(workspace), workspace_bytes_(workspace_bytes) {}
+
+Gemm::~Gemm() {
+  plans_.clear();
+  if (workspace_ != nullptr) cudaFree(workspace_);
+  cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
+}
+
+absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(const Key& key, const GemmParams& params) {
+  if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
+  absl::StatusOr<std::unique_ptr<Plan>> plan;
+  if (dtype_ == ActDtype::kFp32 && !std::get<10>(key)) {
+    // Pedantic fp32 where cuBLASLt offers it; plain CUBLAS_COMPUTE_32F is
+    // fp32 too (TF32 only ever comes with the _FAST_TF32 compute type).
+    plan = MakePlan(key, CUBLAS_COMPUTE_32F_PEDANTIC, params);
+    if (!plan.ok()) plan = MakePlan(key, CUBLAS_COMPUTE_32F, params);
+  } else {
+    plan = MakePlan(key, CUBLAS_COMPUTE_32F, params);
+  }
+  if (!plan.ok()) return plan.status();
+  Plan* p = plan->get();
+  plans_.emplace(key, *std::move(plan));
+  return p;
+}
+
+absl::StatusOr<std::unique_ptr<Gemm::Plan>> Gemm::MakePlan(const Key& key, int compute_type,
+                                                           const GemmParams& p) {
+  const void* bias = p.bias;
+  const auto [in, out, ldx, ldy, y_dtype_int, has_bias, align_x, align_w, align_y, align_bias,
+              fp8] = key;
+  (void)align_bias;  // the bias pointer itself is set for the heuristic
+  const int64_t rows = kPlanRows;
+  const ActDtype y_dtype = static_cast<ActDtype>(y_dtype_int);
+  auto plan = std::make_unique<Plan>();
+  const cublasComputeType_t compute = static_cast<cublasComputeType_t>(compute_type);
+  KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescCreate(&plan->op, compute, CUDA_R_32F));
+  const cublasOperation_t trans_a = CUBLAS_OP_T, trans_b = CUBLAS_OP_N;
+  KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                       &trans_a, sizeof(trans_a)));
+  KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                       &trans_b, sizeof(trans_b)));
+  if (has_bias) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_EPILOGUE,
+                                                         &epilogue, sizeof(epilogue)));
+    const cudaDataType_t bias_type = CudaType(y_dtype);
+    KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+    // The heuristic reads the pointer's alignment (the key holds it).
+    KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+  }
+  if (fp8) {
+    for (auto attr : {CUBLASLT_MATMUL_DESC_A_SCALE_MODE, CUBLASLT_MATMUL_DESC_B_SCALE_MODE}) {
+      KV_LT_RETURN_IF_ERROR(
+          cublasLtMatmulDescSetAttribute(plan->op, attr, &kFp8ScaleMode, sizeof(kFp8ScaleMode)));
+    }
+    KV_RETURN_IF_ERROR(SetScales(plan->op, p.w_scale, p.x_scale));
+  }
+  const cudaDataType_t ab = fp8 ? kFp8Type : CudaType(dtype_);
+  // A = W: column-major [in x out], ld in (transposed to out x in).
+  KV_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&plan->a, ab, in, out, in));
+  // B = x: column-major [in x rows], ld ldx; C = D = y: column-major
+  // [out x rows], ld ldy. The heuristic is asked at kPlanRows rows.
+  PlanRows& at = plan->rows[rows];
+  KV_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&at.b, ab, in, rows, ldx));
+  KV_LT_RETURN_IF_ERROR(cublasLtMatrixLayoutCreate(&at.c, CudaType(y_dtype), out, rows, ldy));
+
+  cublasLtMatmulPreference_t pref = nullptr;
+  KV_LT_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
+  auto destroy_pref = [&pref] { cublasLtMatmulPreferenceDestroy(pref); };
+  const uint64_t ws = static_cast<uint64_t>(workspace_bytes_);
+  const uint32_t ax = align_x, aw = align_w, ay = align_y;
+  absl::Status s = LtStatus(cublasLtMatmulPreferenceSetAttribute(
+                                pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
+                            "workspace preference");
+  if (s.ok()) {
+    s = LtStatus(cublasLtMatmulPreferenceSetAttribute(
+                     pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aw, sizeof(aw)),
+                 "alignment of w");
+  }
+  if (s.ok()) {
+    s = LtStatus(cublasLtMatmulPreferenceSetAttribute(
+                     pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ax, sizeof(ax)),
+                 "alignment of x");
+  }
+  for (auto attr :
+       {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES}) {
+    if (s.ok()) {
+      s = LtStatus(cublasLtMatmulPreferenceSetAttribute(pref, attr, &ay, sizeof(ay)),
+                   "alignment of y");
+    }
+  }
+  if (s.ok()) {
+    // No split-K reduction (nor bf16/fp16 in-place reductions): the
+    // algorithm sums a row's k in one kernel, in its own order.
+    const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    s = LtStatus(cublasLtMatmulPreferenceSetAttribute(
+                     pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &none, sizeof(none)),
+                 "reduction scheme");
+  }
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  if (s.ok()) {
+    s = LtStatus(
+        cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan->op, plan->a,
+                                       at.b, at.c, at.c, pref, 1, &result, &found),
+        "heuristic");
+  }
+  destroy_pref();
+  KV_RETURN_IF_ERROR(s);
+  if (found == 0) {
+    return absl::NotFoundError(absl::StrCat("Gemm: cuBLASLt has no algorithm for rows ", rows,
+                                            ", in ", in, ", out ", out, " (ldx ", ldx, ", ldy ",
+                                            ldy, ")"));
+  }
+  plan->algo = result.algo;
+  at.algo = result.algo;
+  return plan;
+}
+
+absl::StatusOr<const Gemm::PlanRows*> Gemm::RowsFor(Plan& plan, const Key& key, int64_t rows) {
+  if (auto it = plan.rows.find(rows); it != plan.rows.end()) return &it->second;
+  const auto [in, out, ldx, ldy, y_dtype_int, has_bias, align_x, align_w, align_y, align_bias,
+              fp8] = key;
+  PlanRows r;
+  absl::Status s =
+      LtStatus(cublasLtMatrixLayoutCreate(&r.b, fp8 ? kFp8Type : CudaType(dtype_), in, rows, ldx),
+               "layout of x");
+  if (s.ok()) {
+    s = LtStatus(cublasLtMatrixLayoutCreate(&r.c, CudaType(static_cast<ActDtype>(y_dtype_int)), out,
+                                            rows, ldy),
+                 "layout of y");
+  }
+  cublasLtMatmulHeuristicResult_t check{};
+  if (s.ok() &&
+      cublasLtMatmulAlgoCheck(static_cast<cublasLtHandle_t>(handle_), plan.op, plan.a, r.b, r.c,
+                              r.c, &plan.algo, &check) == CUBLAS_STATUS_SUCCESS) {
+    r.algo = plan.algo;
+  } else if (s.ok()) {
+    // The plan's algorithm cannot run this many rows (cuBLASLt's check):
+    // this row count gets its own, and loses batch invariance against
+    // the others; counted so a test or benchmark can see it.
+    ++invariance_fallbacks_;
+    cublasLtMatmulPreference_t pref = nullptr;
+    s = LtStatus(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    const uint64_t ws = static_cast<uint64_t>(workspace_bytes_);
+    const uint32_t none = CUBLASLT_REDUCTION_SCHEME_NONE;
+    const uint32_t ax = align_x, aw = align_w, ay = align_y;
+    if (s.ok()) {
+      const std::pair<cublasLtMatmulPreferenceAttributes_t, const void*> attrs[] = {
+          {CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &aw},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &ax},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &ay},
+          {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &ay},
+          {CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &none}};
+      for (const auto& [attr, value] : attrs) {
+        if (!s.ok()) break;
+        const size_t size = attr == CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES ? 8 : 4;
+        s = LtStatus(cublasLtMatmulPreferenceSetAttribute(pref, attr, value, size), "preference");
+      }
+    }
+    int found = 0;
+    if (s.ok()) {
+      s = LtStatus(cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan.op,
+                                                  plan.a, r.b, r.c, r.c, pref, 1, &check, &found),
+                   "heuristic");
+    }
+    if (pref != nullptr) cublasLtMatmulPreferenceDestroy(pref);
+    if (s.ok() && found == 0) {
+      s = absl::NotFoundError(absl::StrCat("Gemm: cuBLASLt has no algorithm for rows ", rows,
+                                           ", in ", in, ", out ", out));
+    }
+    if (s.ok()) r.algo = check.algo;
+  }
+  (void)has_bias;
+  (void)align_bias;
+  if (!s.ok()) {
+    if (r.c != nullptr) cublasLtMatrixLayoutDestroy(r.c);
+    if (r.b != nullptr) cublasLtMatrixLayoutDestroy(r.b);
+    return s;
+  }
+  return &plan.rows.emplace(rows, r).first->second;
+}
+
+absl::Status Gemm::Linear(const GemmParams& params, cudaStream_t stream) {
+  GemmParams p = params;
+  if (p.ldx == 0) p.ldx = p.in;
+  if (p.ldy == 0) p.ldy = p.out;
+  if (p.rows < 0 || p.rows > (int64_t{1} << 31)) return Bad("rows", "in [0, 2^31]", p.rows);
+  if (p.in <= 0) return Bad("in", "> 0", p.in);
+  if (p.out <= 0) return Bad("out", "> 0", p.out);
+  if (p.ldx < p.in) return Bad("ldx", ">= in", p.ldx);
+  if (p.ldy < p.out) return Bad("ldy", ">= out", p.ldy);
+  if (p.y_dtype != dtype_ && p.y_dtype != ActDtype::kFp32) {
+    return Bad("y_dtype", "the Gemm's dtype or fp32", static_cast<int64_t>(p.y_dtype));
+  }
+  const bool fp8 = p.w_scale != nullptr;
+  if (fp8) {
+    if (dtype_ == ActDtype::kFp32) {
+      return absl::InvalidArgumentError(
+          "Gemm: fp8 weights need a bf16 or fp16 Gemm (cuBLASLt's fp8 GEMMs take no fp32 "
+          "activations)");
+    }
+    if (p.in % 16 != 0) return Bad("in (fp8)", "a multiple of 16", p.in);
+    if (p.ldx % 16 != 0) return Bad("ldx (fp8)", "a multiple of 16", p.ldx);
+    if (p.rows > 0 && p.x_scale == nullptr) {
+      return absl::InvalidArgumentError("Gemm: x_scale is null (fp8 weights)");
+    }
+  } else if (p.x_scale != nullptr) {
+    return absl::InvalidArgumentError("Gemm: x_scale without w_scale");
+  }
+  if (p.rows == 0) return absl::OkStatus();
+  if (p.x == nullptr) return absl::InvalidArgumentError("Gemm: x is null");
+  if (p.w == nullptr) return absl::InvalidArgumentError("Gemm: w is null");
+  if (p.y == nullptr) return absl::InvalidArgumentError("Gemm: y is null");
+  const Key key{p.in,
+                p.out,
+                p.ldx,
+                p.ldy,
+                static_cast<int>(p.y_dtype),
+                p.bias != nullptr,
+                AlignmentOf(p.x),
+                AlignmentOf(p.w),
+                AlignmentOf(p.y),
+                p.bias != nullptr ? AlignmentOf(p.bias) : 0,
+                fp8};
+  KV_ASSIGN_OR_RETURN(Plan * plan, PlanFor(key, p));
+  KV_ASSIGN_OR_RETURN(const PlanRows* r, RowsFor(*plan, key, p.rows));
+  if (p.bias != nullptr) {
+    // The pointer is an attribute of the (cached) descriptor; set per call.
+    KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
+        plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
+  }
+  if (fp8) KV_RETURN_IF_ERROR(SetScales(plan->op, p.w_scale, p.x_scale));
+  const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
+  return LtStatus(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan->op, &alpha, p.w,
+                                 plan->a, p.x, r->b, &beta, p.y, r->c, p.y, r->c, &r->algo,
+                                 workspace_, static_cast<size_t>(workspace_bytes_), stream),
+                  "matmul");
+}
+
+}  // namespace kvserve::cuda
