@@ -51,7 +51,7 @@
 #include "bench/shared_file.h"
 #include "cache/block_pool.h"
 #include "cache/sizing/block_count.h"
-#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/layers/gemm.h"
 #include "kernels/cpu/quant/quant_matrix.h"
 #include "model/cpu/cpu_model_runner.h"
 #include "model/loader/llama2c_loader.h"

@@ -22,8 +22,8 @@
 #include "cache/format/kv_format.h"
 #include "cache/format/kv_pages.h"
 #include "kernels/batch_input.h"
+#include "kernels/cpu/attention/paged_attention.h"
 #include "kernels/cpu/cpu_features.h"
-#include "kernels/cpu/paged_attention.h"
 
 namespace kvserve::cpu {
 namespace {

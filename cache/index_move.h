@@ -1,9 +1,11 @@
 // IndexMove: one KV entry moved by eviction (KvCacheManager::Evict): the
-// entry at cache index `from` now lives at `to`. Its own header so the
-// policies and the kernels' copy lists need not include the cache manager.
+// entry at cache index `from` now lives at `to`; EvictResult: what one Evict
+// did. Their own header so the policies, the per-sequence evictor and the
+// kernels' copy lists need not include the cache manager.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 namespace kvserve {
 
@@ -11,6 +13,12 @@ struct IndexMove {
   int32_t from;
   int32_t to;
   friend bool operator==(const IndexMove&, const IndexMove&) = default;
+};
+
+struct EvictResult {
+  std::vector<IndexMove> moves;  // holes ascending
+  int32_t num_evicted = 0;       // entries dropped
+  int32_t freed_blocks = 0;      // blocks the sequence no longer holds
 };
 
 }  // namespace kvserve

@@ -112,11 +112,10 @@
 #include "cache/kv_cache_stats.h"
 #include "cache/kv_tier_hooks.h"
 #include "cache/prefix_cache.h"
+#include "cache/seq_id.h"
 #include "cache/sizing/block_count.h"
 
 namespace kvserve {
-
-using SeqId = int64_t;
 
 struct KvCacheConfig {
   int32_t block_size = 16;      // tokens per block
@@ -133,14 +132,8 @@ struct KvCacheConfig {
   absl::Status Validate() const;
 };
 
-// Evict's moves are IndexMoves (cache/index_move.h): the caller's per-entry
-// bookkeeping (eviction statistics) follows them.
-
-struct EvictResult {
-  std::vector<IndexMove> moves;  // holes ascending
-  int32_t num_evicted = 0;       // entries dropped
-  int32_t freed_blocks = 0;      // blocks the sequence no longer holds
-};
+// Evict's result is an EvictResult of IndexMoves (cache/index_move.h): the
+// caller's per-entry bookkeeping (eviction statistics) follows them.
 
 struct AllocateResult {
   // Leading prompt tokens whose K/V came from the prefix cache (a multiple of

@@ -2,7 +2,7 @@
 // (one request's sampling settings, its Philox seed and step, and where its
 // token history sits) and SampleRowResult (the token and its logprobs).
 // Plain 64-bit-aligned PODs with fixed sizes, shared by the host packer
-// (kernels/sampling_batch.h) and the CUDA kernel (kernels/cuda/sampling/sample.h);
+// (kernels/plan/sampling_batch.h) and the CUDA kernel (kernels/cuda/sampling/sample.h);
 // no dependencies, so device code (C++17) includes it too.
 //
 // Semantics are model/sampling/sampler.h's (vLLM's order: penalties -> temperature

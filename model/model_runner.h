@@ -121,7 +121,7 @@ class ModelRunner {
   // policies otherwise. The CPU runner does for every format but int4_kc;
   // the CUDA runner for one per-token format in every layer (a slot-move
   // kernel, the attention kernel's optional sink query and per-key mass
-  // output with the contract of kernels/cpu/paged_attention.h, and RoPE at
+  // output with the contract of kernels/cpu/attention/paged_attention.h, and RoPE at
   // positions past its table).
   virtual bool supports_eviction() const { return false; }
   // Runs eviction's slot moves (StepCopies::slot_moves, after the other

@@ -37,7 +37,7 @@
 #include "absl/time/time.h"
 #include "cache/eviction/eviction_policy.h"
 #include "cache/eviction/sequence_evictor.h"
-#include "cache/kv_cache_manager.h"
+#include "cache/seq_id.h"
 #include "model/sampling/sampler_state.h"
 #include "scheduler/detokenizer.h"
 #include "scheduler/grammar_state.h"

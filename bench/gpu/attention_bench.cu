@@ -36,12 +36,12 @@
 #include "cache/format/kv_pages.h"
 #include "cache/sizing/block_count.h"
 #include "kernels/batch_input.h"
-#include "kernels/cpu/kv_quant.h"
-#include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/attention/paged_attention.h"
+#include "kernels/cpu/kv/kv_quant.h"
 #include "kernels/cuda/device/launch.cuh"
 #include "kernels/cuda/paged_attention.h"
-#include "kernels/gpu_attention_plan.h"
 #include "kernels/paged_view.h"
+#include "kernels/plan/gpu_attention_plan.h"
 
 namespace {
 

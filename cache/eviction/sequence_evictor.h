@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "cache/eviction/eviction_policy.h"
-#include "cache/kv_cache_manager.h"
+#include "cache/index_move.h"
 
 namespace kvserve {
 

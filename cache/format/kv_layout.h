@@ -22,7 +22,7 @@
 //         [0, 3], four per byte (channel 4i + k in bits 2k, 2k + 1 of byte
 //         i), L = 3 levels where int4 has 15 (value = q * scale + zero, scale
 //         = (max - min) / 3); meta as int4's.
-// How values are quantized into this layout: kernels/cpu/kv_quant.h (the CUDA
+// How values are quantized into this layout: kernels/cpu/kv/kv_quant.h (the CUDA
 // kernels follow it bit for bit). block_bytes is rounded up to 64 bytes so
 // every block starts on a cache line.
 //
@@ -43,7 +43,7 @@
 //   * int2_kc is int4_kc with bits = 2 in both parts: L = 3 (K codes q in
 //     [0, 3], four per byte), V 2-bit per token; same meta, tails and
 //     contract.
-//     The encoder (kernels/cpu/kv_quant.h, QuantizeBlockKChannel) needs all
+//     The encoder (kernels/cpu/kv/kv_quant.h, QuantizeBlockKChannel) needs all
 //     block_size rows at once, so a block is quantized only when full.
 //   * V: int4 per token, as the int4 format (group_size channels per group).
 //   * Tails: a sequence's last, partial block is not in its block yet: its
@@ -53,7 +53,7 @@
 //     layer). BatchInput::tail_ids names each sequence's tail. The kernels'
 //     contract for a step (b = a sequence, first = its first new cache
 //     index, ctx = context_len[b], bs = block_size; see
-//     kernels/cpu/paged_attention.h):
+//     kernels/cpu/attention/paged_attention.h):
 //       - before the step the tail holds rows [first - first % bs, first) at
 //         slots i % bs; blocks below first / bs are quantized;
 //       - flush (before attention): every block k the step completes,

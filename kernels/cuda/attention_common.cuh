@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "kernels/cuda/device/act_dtype.h"
-#include "kernels/gpu_attention_plan.h"
+#include "kernels/plan/gpu_attention_plan.h"
 
 namespace kvserve::cuda::attention_common {
 

@@ -6,7 +6,7 @@
 // i = batch.CacheIndex(b, r) and attends to [KeyBegin(i, sliding_window), i]
 // (kernels/paged_view.h); GQA maps query head h to kv head h / group.
 //
-// The work is cut on the host by kernels/gpu_attention_plan.h (tiles of rows
+// The work is cut on the host by kernels/plan/gpu_attention_plan.h (tiles of rows
 // that share every K/V page they read, split-KV partitions for long
 // contexts); the caller uploads the plan's words() and passes the device
 // copy here. Two launches: the attention kernel (grid: items x head chunks)
@@ -27,8 +27,8 @@
 
 #include "absl/status/status.h"
 #include "kernels/cuda/device/act_dtype.h"
-#include "kernels/gpu_attention_plan.h"
 #include "kernels/paged_view.h"
+#include "kernels/plan/gpu_attention_plan.h"
 
 namespace kvserve::cuda {
 

@@ -33,7 +33,7 @@
 #include "kernels/cuda/device/kv_decode.cuh"
 #include "kernels/cuda/device/kv_encode.cuh"
 #include "kernels/cuda/paged_attention_kc.h"
-#include "kernels/gpu_attention_plan.h"
+#include "kernels/plan/gpu_attention_plan.h"
 
 namespace kvserve::cuda::attention_kc_detail {
 

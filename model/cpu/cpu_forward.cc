@@ -9,10 +9,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/attention_plan.h"
-#include "kernels/cpu/gemm.h"
-#include "kernels/cpu/low_rank_attention.h"
-#include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/attention/low_rank_attention.h"
+#include "kernels/cpu/attention/paged_attention.h"
+#include "kernels/cpu/layers/gemm.h"
+#include "kernels/plan/attention_plan.h"
 #include "model/batch_check.h"
 #include "model/cpu/cpu_threads.h"
 #include "model/loader/quantize_weights.h"
@@ -689,7 +689,7 @@ absl::Status CpuForward::Forward(const BatchInput& batch, HostKvPages& kv,
     FinishQkv(l, batch, kv, 0, T);
   };
   attention_input(0);
-  // int4_kc layers write around attention (kernels/cpu/paged_attention.h):
+  // int4_kc layers write around attention (kernels/cpu/attention/paged_attention.h):
   // blocks the step completes before it, partial blocks' rows into tails after.
   cpu::KvBlockWriteParams tp;
   tp.k = k_.data();

@@ -30,7 +30,7 @@
 //     projection, gate/up, down).
 // Attention is split into ranges of rows balanced by context length, the
 // output head into vocabulary ranges. Every kernel computes an element the
-// same way whatever batch or range it is in (see kernels/cpu/gemm.h), so a
+// same way whatever batch or range it is in (see kernels/cpu/layers/gemm.h), so a
 // sequence's tokens depend neither on what it is batched with, nor on the
 // thread count, nor on which split a step took.
 //
@@ -75,7 +75,7 @@
 #include "absl/status/statusor.h"
 #include "cache/format/kv_pages.h"
 #include "kernels/batch_input.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/layers/ops.h"
 #include "kernels/cpu/quant/quant_matrix.h"
 #include "kernels/cpu/thread_pool.h"
 #include "model/llama_weights.h"

@@ -9,6 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "cache/sizing/block_count.h"
 #include "cache/sizing/kv_layers.h"
+#include "kernels/cpu/kv/copy_blocks.h"
+#include "kernels/cpu/kv/move_slots.h"
 #include "model/batch_check.h"
 #include "model/loader/quantize_weights.h"
 #include "util/status_macros.h"
@@ -109,46 +111,18 @@ absl::Status CpuModelRunner::ReadLogits(std::span<float> logits) {
   return absl::OkStatus();
 }
 
-void CpuModelRunner::CopyAcross(const HostKvPages& from, HostKvPages& to,
-                                std::span<const BlockCopy> copies, const char* what) {
-  for (const BlockCopy& cp : copies) {
-    // Ids past a pool's blocks name its tails (cache/block_copy.h).
-    const bool tail = cp.src >= from.num_blocks();
-    const int32_t src = tail ? cp.src - from.num_blocks() : cp.src;
-    const int32_t dst = tail ? cp.dst - to.num_blocks() : cp.dst;
-    const int32_t src_limit = tail ? from.num_tails() : from.num_blocks();
-    const int32_t dst_limit = tail ? to.num_tails() : to.num_blocks();
-    if (src < 0 || src >= src_limit || dst < 0 || dst >= dst_limit) {
-      std::fprintf(stderr,
-                   "CpuModelRunner::%s: %s copy %d -> %d outside the pools (%d + %d tails, %d + "
-                   "%d tails)\n",
-                   what, tail ? "tail" : "block", cp.src, cp.dst, from.num_blocks(),
-                   from.num_tails(), to.num_blocks(), to.num_tails());
-      std::abort();
-    }
-    for (int l = 0; l < from.num_layers(); ++l) {
-      if (tail) {
-        const int64_t bytes = from.format(l).tail_block_bytes();
-        if (bytes > 0) std::memmove(to.tail(l, dst), from.tail(l, src), bytes);
-      } else {
-        std::memmove(to.block(l, dst), from.block(l, src), from.format(l).block_bytes());
-      }
-    }
-  }
-}
-
 absl::Status CpuModelRunner::CopyBlocks(std::span<const BlockCopy> copies) {
-  CopyAcross(primary_, primary_, copies, "CopyBlocks");
+  cpu::CopyBlocks(primary_, primary_, copies, "CpuModelRunner::CopyBlocks");
   return absl::OkStatus();
 }
 
 absl::Status CpuModelRunner::SwapOut(std::span<const BlockCopy> copies) {
-  CopyAcross(primary_, swap_, copies, "SwapOut");
+  cpu::CopyBlocks(primary_, swap_, copies, "CpuModelRunner::SwapOut");
   return absl::OkStatus();
 }
 
 absl::Status CpuModelRunner::SwapIn(std::span<const BlockCopy> copies) {
-  CopyAcross(swap_, primary_, copies, "SwapIn");
+  cpu::CopyBlocks(swap_, primary_, copies, "CpuModelRunner::SwapIn");
   return absl::OkStatus();
 }
 
@@ -162,23 +136,7 @@ absl::Status CpuModelRunner::MoveSlots(std::span<const SlotMove> moves) {
   }
   const int bs = primary_.format().block_size();
   CheckSlotMoves(moves, int64_t{primary_.num_blocks()} * bs, "CpuModelRunner::MoveSlots");
-  for (const SlotMove& m : moves) {
-    const int32_t sb = static_cast<int32_t>(m.src / bs), so = static_cast<int32_t>(m.src % bs);
-    const int32_t db = static_cast<int32_t>(m.dst / bs), dof = static_cast<int32_t>(m.dst % bs);
-    for (int l = 0; l < primary_.num_layers(); ++l) {
-      const KvPageLayout& lay = primary_.format(l).layout();
-      const uint8_t* src = primary_.block(l, sb);
-      uint8_t* dst = primary_.block(l, db);
-      for (int h = 0; h < lay.num_kv_heads; ++h) {
-        for (const KvPartLayout* part : {&lay.k, &lay.v}) {
-          std::memcpy(dst + lay.RowOffset(*part, h, dof), src + lay.RowOffset(*part, h, so),
-                      part->row_bytes);
-          std::memcpy(dst + lay.MetaOffset(*part, h, dof), src + lay.MetaOffset(*part, h, so),
-                      part->meta_bytes);
-        }
-      }
-    }
-  }
+  cpu::MoveSlots(primary_, moves);
   return absl::OkStatus();
 }
 

@@ -110,9 +110,6 @@ class CpuModelRunner final : public ModelRunner {
                  int32_t num_blocks, int32_t num_swap_blocks, int32_t num_tails,
                  int32_t num_swap_tails, const std::string& pool_sized_from);
 
-  static void CopyAcross(const HostKvPages& from, HostKvPages& to,
-                         std::span<const BlockCopy> copies, const char* what);
-
   std::unique_ptr<CpuForward> model_;
   HostKvPages primary_;
   HostKvPages swap_;

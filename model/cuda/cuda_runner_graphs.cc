@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/cuda/device/cuda_check.h"
-#include "kernels/gpu_attention_plan.h"
 #include "kernels/paged_view.h"
+#include "kernels/plan/gpu_attention_plan.h"
 #include "model/cuda/cuda_runner_impl.h"
 #include "model/cuda/host/batch_staging.h"
 #include "model/cuda/host/graph_buckets.h"

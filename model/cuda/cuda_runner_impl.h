@@ -29,7 +29,7 @@
 #include "cache/format/kv_format.h"
 #include "kernels/cuda/device/act_dtype.h"
 #include "kernels/cuda/sampling/sample.h"
-#include "kernels/gpu_attention_plan.h"
+#include "kernels/plan/gpu_attention_plan.h"
 #include "model/cuda/cuda_model_runner.h"
 #include "model/cuda/host/batch_staging.h"
 #include "model/cuda/host/device_weight_layout.h"

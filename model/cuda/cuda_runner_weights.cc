@@ -9,7 +9,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/layers/ops.h"
 #include "kernels/cuda/device/cuda_check.h"
 #include "kernels/cuda/layers/fp8_rows.h"
 #include "kernels/cuda/layers/weight_init.h"

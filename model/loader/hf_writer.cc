@@ -13,7 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "kernels/cpu/kv_quant.h"
+#include "kernels/cpu/kv/kv_quant.h"
 #include "model/loader/hf_loader.h"
 #include "model/loader/quantize_weights.h"
 #include "util/status_macros.h"

@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/kv_quant.h"
+#include "kernels/cpu/kv/kv_quant.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace kvserve {

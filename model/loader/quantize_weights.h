@@ -10,7 +10,7 @@
 // on one core, minutes for an 8B model, so the blocks of each matrix are
 // spread over a cpu::ThreadPool of `num_threads` (the CPU runner's
 // model.threads) for the duration of the call; the packed bytes are the
-// same at every thread count (tests/kernels/cpu/quant_threads_test.cc).
+// same at every thread count (tests/kernels/cpu/quant/quant_threads_test.cc).
 //
 // fp8_e4m3 (the CUDA runner's, model/model_config.h) packs the same
 // matrices into Fp8Matrix on the host: per output channel, scale = absmax /

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/kv_quant.h"
+#include "kernels/cpu/kv/kv_quant.h"
 #include "model/loader/dummy_model.h"
 #include "model/loader/hf_loader.h"
 #include "model/loader/hf_writer.h"

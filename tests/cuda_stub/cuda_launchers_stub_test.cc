@@ -14,7 +14,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/layers/ops.h"
 #include "kernels/cuda/layers/rms_norm.h"
 #include "kernels/cuda/layers/swiglu.h"
 #include "kernels/cuda/sampling/token_mask.h"

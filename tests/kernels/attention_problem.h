@@ -21,12 +21,12 @@
 #include "absl/strings/str_cat.h"
 #include "cache/format/kv_format.h"
 #include "cache/format/kv_pages.h"
-#include "kernels/attention_plan.h"
 #include "kernels/batch_input.h"
-#include "kernels/cpu/kv_quant.h"
-#include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/attention/paged_attention.h"
+#include "kernels/cpu/kv/kv_quant.h"
 #include "kernels/cuda/device/act_dtype.h"
 #include "kernels/paged_view.h"
+#include "kernels/plan/attention_plan.h"
 
 namespace kvserve::testing {
 

@@ -19,8 +19,8 @@
 #include "cache/format/kv_format.h"
 #include "cache/format/kv_pages.h"
 #include "kernels/batch_input.h"
-#include "kernels/cpu/kv_quant.h"
-#include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/attention/paged_attention.h"
+#include "kernels/cpu/kv/kv_quant.h"
 #include "kernels/paged_view.h"
 
 namespace kvserve::testing::kc {

@@ -13,7 +13,7 @@
 
 #include "cache/format/kv_format.h"
 #include "kernels/cpu/cpu_features.h"
-#include "kernels/cpu/kv_quant.h"
+#include "kernels/cpu/kv/kv_quant.h"
 
 namespace kvserve::cuda::kv_encode {
 namespace {

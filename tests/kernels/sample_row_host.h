@@ -17,8 +17,8 @@
 
 #include "kernels/cuda/device/act_dtype.h"
 #include "kernels/cuda/sampling/sample_row.cuh"
+#include "kernels/plan/sampling_batch.h"
 #include "kernels/sample_rows.h"
-#include "kernels/sampling_batch.h"
 
 namespace kvserve::testing {
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "kernels/cuda/device/kv_encode.cuh"
-#include "kernels/sampling_batch.h"
+#include "kernels/plan/sampling_batch.h"
 #include "tests/kernels/sampling_reference.h"
 
 namespace kvserve::cuda::sample_row {

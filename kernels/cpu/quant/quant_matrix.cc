@@ -7,7 +7,7 @@
 #include <optional>
 
 #include "kernels/cpu/cpu_features.h"
-#include "kernels/cpu/kv_quant.h"
+#include "kernels/cpu/kv/kv_quant.h"
 #include "kernels/cpu/quant/quant_internal.h"
 #include "kernels/cpu/thread_pool.h"
 
@@ -148,7 +148,7 @@ class Int4Search {
 // first of equals. The candidates include the plain m / -8 and the
 // shrinking steps of the search before this one (f = 1 to 0.76), so no
 // group's error is larger than under either
-// (tests/kernels/cpu/int4_scale_test.cc). On stories260K (group 32) the dev
+// (tests/kernels/cpu/quant/int4_scale_test.cc). On stories260K (group 32) the dev
 // text's int4 perplexity loss went from +9.6% (m / -8 alone) and +8.5% (the
 // shrinking steps) to +8.2%. Weighting the error by w^2 or by the preceding
 // RMSNorm's gains made it worse (+9.0%, +8.6%), and a refit after every

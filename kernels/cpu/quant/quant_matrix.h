@@ -1,5 +1,5 @@
 // QuantMatrix and QuantLinear: linear layers with int8 or int4 weights for
-// the CPU forward pass, y = x W^T (+ y) as cpu::Linear (kernels/cpu/gemm.h)
+// the CPU forward pass, y = x W^T (+ y) as cpu::Linear (kernels/cpu/layers/gemm.h)
 // computes with fp32 weights.
 //
 // Weights (quantized once, at load):

@@ -88,7 +88,7 @@ KV_HOST_DEVICE inline bool IsNan(float x) { return (BitsOf(x) & 0x7fffffffu) > 0
 KV_HOST_DEVICE inline bool IsFinite(float x) { return (BitsOf(x) & 0x7f800000u) != 0x7f800000u; }
 KV_HOST_DEVICE inline float Abs(float x) { return FloatOf(BitsOf(x) & 0x7fffffffu); }
 
-// Round to nearest, ties to even, exactly as kernels/cpu/kv_quant.cc's
+// Round to nearest, ties to even, exactly as kernels/cpu/kv/kv_quant.cc's
 // RoundEven: add and subtract 1.5 * 2^23 (exact for |x| < 2^22, and the
 // same operations, hence the same bits, beyond).
 KV_HOST_DEVICE inline float RoundEven(float x) {

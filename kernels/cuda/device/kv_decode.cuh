@@ -1,5 +1,5 @@
 // Device-side decoding of KV page rows (cache/format/kv_layout.h, encodings in
-// kernels/cpu/kv_quant.h), in registers. Every decoder returns exactly the
+// kernels/cpu/kv/kv_quant.h), in registers. Every decoder returns exactly the
 // floats kvserve::cpu::DequantizeRow returns for the same bytes (same
 // products, same rounding: no fused multiply-add where the CPU rounds twice),
 // so the CUDA and CPU attention kernels see identical K and V values and

@@ -1,6 +1,6 @@
 // KV row encoders for the device: one token's K or V values of one head ->
 // one row of a KvFormat page (data + meta), byte for byte what
-// kernels/cpu/kv_quant.cc's QuantizeRow writes for the same fp32 input.
+// kernels/cpu/kv/kv_quant.cc's QuantizeRow writes for the same fp32 input.
 //
 // How the bytes stay identical: every step is a transcription of the CPU's
 // scalar code, operation for operation (x / s stays a division, never

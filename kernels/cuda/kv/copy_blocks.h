@@ -22,12 +22,12 @@
 //
 // Copy list on the device: copies[2 * i] = src, copies[2 * i + 1] = dst,
 // two int32 per copy, i.e. exactly the bytes of a host
-// std::vector<BlockCopy> (kernels/block_copy_list.h asserts that layout), so
+// std::vector<BlockCopy> (kernels/plan/block_copy_list.h asserts that layout), so
 // the caller uploads the vector as is: CopyListBytes(n) bytes. (This header
 // does not include cache/block_copy.h: device code is built as C++17.) Within
 // one call no block may be the destination twice, and no destination may
 // also be a source of the same pool (block_copy.h's batch invariant;
-// kernels/block_copy_list.h packs and checks a step's three batches). Pairs
+// kernels/plan/block_copy_list.h packs and checks a step's three batches). Pairs
 // naming a block outside its pool are skipped, never copied out of bounds.
 //
 // Example (one step):

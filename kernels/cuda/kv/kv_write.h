@@ -7,7 +7,7 @@
 // slot slot_mapping names, in one layer of the paged cache.
 //
 // Bytes: for the same fp32 input every page byte written equals what
-// cpu::WriteKv writes (kernels/cpu/kv_quant.h's encodings, reproduced bit for
+// cpu::WriteKv writes (kernels/cpu/kv/kv_quant.h's encodings, reproduced bit for
 // bit by kernels/cuda/device/kv_encode.cuh: zero differing bytes is the tested
 // bound; kv_encode.cuh names the two corners, NaN rows and a -0/+0 int4
 // minimum, where only the CPU's scalar path is matched). fp16/bf16

@@ -1,5 +1,5 @@
 // int4_kc and int2_kc KV writes on the GPU (cache/format/kv_layout.h has the layout and the
-// per-step contract; kernels/cpu/paged_attention.h the CPU's two calls). Per
+// per-step contract; kernels/cpu/attention/paged_attention.h the CPU's two calls). Per
 // layer and step:
 //   SealKvBlocks -> PagedAttentionKc -> WriteKvTails
 // SealKvBlocks (before attention) quantizes every block the step completes
@@ -13,7 +13,7 @@
 //
 // Bytes: for the same rows every byte equals what cpu::FlushKvBlocks /
 // cpu::WriteKvTails write on a layout with fp16 tails (KvFormat::Create(...,
-// KvElem::kFp16)): the seal is kernels/cpu/kv_quant_kc.cc's scalar encoder
+// KvElem::kFp16)): the seal is kernels/cpu/kv/kv_quant_kc.cc's scalar encoder
 // transcribed operation for operation (exact_math.cuh), V rows go through
 // kv_encode.cuh's int4 encoder.
 //

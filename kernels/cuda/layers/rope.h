@@ -3,7 +3,7 @@
 // rotate-half: pairs (j, j + head_dim/2)), exactly as cpu::ApplyRope.
 //
 // The angles come as a table, not as a formula: cos and sin are device
-// copies of a cpu::RopeTable (kernels/cpu/ops.h), each [max_positions]
+// copies of a cpu::RopeTable (kernels/cpu/layers/ops.h), each [max_positions]
 // [head_dim / 2] floats (upload table.cos(0) and table.sin(0), which are
 // contiguous, max_positions() * half_dim() floats each). RoPE variants
 // (theta, Llama-3.1 "llama3", linear, dynamic scaling) are computed on the

@@ -4,7 +4,7 @@
 // channels over blockIdx.x * kThreads + threadIdx.x, one element per thread
 // per step, so no element pays for a 64-bit division or modulo (the flat
 // index's / hidden and % hidden); SiluMulExact transcribes the CPU's AVX2
-// lane code (kernels/cpu/ops.cc Exp8 / SiluMul8) with exact_math.cuh's
+// lane code (kernels/cpu/layers/ops.cc Exp8 / SiluMul8) with exact_math.cuh's
 // rounding.
 //
 // Grid: (min(ceil(hidden / kThreads), kMaxBlocksX), min(num_tokens,

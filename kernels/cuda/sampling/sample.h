@@ -7,7 +7,7 @@
 //
 // Semantics: model/sampling/sampler.h's, per row (SampleRowParams in
 // kernels/sample_rows.h; the host packs rows and token histories with
-// kernels/sampling_batch.h into one upload). Penalties -> temperature ->
+// kernels/plan/sampling_batch.h into one upload). Penalties -> temperature ->
 // top-k -> top-p -> min-p -> draw; greedy (temperature 0) returns exactly
 // the CPU sampler's token for the same logits (argmax after penalties,
 // lowest id on ties, NaN never wins); the processed logits left in

@@ -12,10 +12,10 @@
 //   logits_rows   int32 [R]
 //   tail_ids      int32 [B]        (int4_kc tails; -1: none, and for every
 //                                   sequence when BatchInput::tail_ids is empty)
-//   attention     int32 [W]        (GpuAttentionPlan::words(), kernels/gpu_attention_plan.h)
+//   attention     int32 [W]        (GpuAttentionPlan::words(), kernels/plan/gpu_attention_plan.h)
 // Every section starts on a kStagingAlign boundary (the attention plan wants
 // 16 bytes; slot_mapping 8), so a section's device address is the buffer's
-// plus its offset. Sampling has its own upload (kernels/sampling_batch.h
+// plus its offset. Sampling has its own upload (kernels/plan/sampling_batch.h
 // packs rows and penalty histories, whose size no shape bounds); it is never
 // part of a graph.
 //

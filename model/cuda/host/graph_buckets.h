@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "kernels/gpu_attention_plan.h"
+#include "kernels/plan/gpu_attention_plan.h"
 
 namespace kvserve {
 

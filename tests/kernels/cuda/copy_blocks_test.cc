@@ -11,7 +11,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/block_copy_list.h"
+#include "kernels/plan/block_copy_list.h"
 #include "tests/kernels/cuda/device_buffer.h"
 
 namespace kvserve::cuda {

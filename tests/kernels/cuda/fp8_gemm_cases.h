@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-#include "kernels/cpu/kv_quant.h"
+#include "kernels/cpu/kv/kv_quant.h"
 #include "kernels/cuda/layers/fp8_rows.h"
 #include "kernels/cuda/layers/gemm.h"
 #include "model/loader/quantize_weights.h"

@@ -19,7 +19,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cpu/gemm.h"
+#include "kernels/cpu/layers/gemm.h"
 
 namespace kvserve::cuda {
 namespace {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "kernels/cuda/paged_attention_kc.h"
-#include "kernels/gpu_attention_plan.h"
+#include "kernels/plan/gpu_attention_plan.h"
 #include "tests/kernels/cuda/device_buffer.h"
 #include "tests/kernels/kc_problem.h"
 

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "cache/format/kv_format.h"
-#include "kernels/cpu/kv_quant.h"
-#include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/attention/paged_attention.h"
+#include "kernels/cpu/kv/kv_quant.h"
 #include "tests/kernels/cuda/device_buffer.h"
 
 namespace kvserve::cuda {

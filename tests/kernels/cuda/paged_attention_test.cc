@@ -38,8 +38,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "cache/format/kv_format.h"
-#include "kernels/gpu_attention_plan.h"
 #include "kernels/paged_view.h"
+#include "kernels/plan/gpu_attention_plan.h"
 #include "tests/kernels/attention_problem.h"
 
 namespace kvserve::cuda {

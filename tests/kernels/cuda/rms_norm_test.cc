@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/layers/ops.h"
 #include "tests/kernels/cuda/device_buffer.h"
 
 namespace kvserve::cuda {

@@ -13,7 +13,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/layers/ops.h"
 #include "tests/kernels/cuda/device_buffer.h"
 
 namespace kvserve::cuda {

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_features.h"
-#include "kernels/cpu/ops.h"
+#include "kernels/cpu/layers/ops.h"
 #include "tests/kernels/cuda/device_buffer.h"
 
 namespace kvserve::cuda {

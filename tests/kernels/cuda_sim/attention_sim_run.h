@@ -17,7 +17,7 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels/gpu_attention_plan.h"
+#include "kernels/plan/gpu_attention_plan.h"
 #include "tests/kernels/attention_problem.h"
 
 namespace kvserve::cuda::testing {

@@ -25,8 +25,8 @@
 
 #include "cache/block_copy.h"
 #include "cache/format/kv_pages.h"
-#include "kernels/cpu/ops.h"
-#include "kernels/gpu_attention_plan.h"
+#include "kernels/cpu/layers/ops.h"
+#include "kernels/plan/gpu_attention_plan.h"
 #include "tests/kernels/attention_problem.h"
 
 namespace kvserve::cuda {

@@ -28,10 +28,10 @@
 #include "cache/format/kv_format.h"
 #include "cache/format/kv_pages.h"
 #include "kernels/batch_input.h"
-#include "kernels/cpu/kv_quant.h"
-#include "kernels/cpu/paged_attention.h"
-#include "kernels/gpu_attention_plan.h"
+#include "kernels/cpu/attention/paged_attention.h"
+#include "kernels/cpu/kv/kv_quant.h"
 #include "kernels/paged_view.h"
+#include "kernels/plan/gpu_attention_plan.h"
 #include "tests/kernels/kc_problem.h"
 
 // The attention kernel's dynamic shared memory (a plain array in the simulation).

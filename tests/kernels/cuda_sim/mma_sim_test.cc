@@ -15,7 +15,7 @@
 #include <random>
 #include <vector>
 
-#include "kernels/cpu/kv_quant.h"
+#include "kernels/cpu/kv/kv_quant.h"
 
 namespace kvserve::cuda {
 namespace {

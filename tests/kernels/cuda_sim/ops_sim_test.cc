@@ -24,9 +24,9 @@
 #include <vector>
 
 #include "cache/format/kv_format.h"
+#include "kernels/cpu/attention/paged_attention.h"
 #include "kernels/cpu/cpu_features.h"
-#include "kernels/cpu/ops.h"
-#include "kernels/cpu/paged_attention.h"
+#include "kernels/cpu/layers/ops.h"
 
 namespace kvserve::cuda {
 namespace {

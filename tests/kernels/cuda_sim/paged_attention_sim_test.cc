@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "kernels/gpu_attention_plan.h"
+#include "kernels/plan/gpu_attention_plan.h"
 #include "tests/kernels/attention_problem.h"
 
 namespace kvserve::cuda {

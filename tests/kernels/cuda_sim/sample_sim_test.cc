@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "kernels/cuda/device/kv_encode.cuh"
-#include "kernels/sampling_batch.h"
+#include "kernels/plan/sampling_batch.h"
 #include "tests/kernels/sample_row_host.h"
 
 namespace kvserve::cuda {

@@ -9,7 +9,7 @@
 // rows, so a channel's min/max and the codes differ from the fp32-tail
 // run's; greedy tokens part after some tens of positions (stories260K:
 // 3 of 4 prompts by generated position 55). The CPU kernels implement fp16
-// tails too (kernels/cpu/paged_attention_kc.cc rounds new rows to the
+// tails too (kernels/cpu/attention/paged_attention_kc.cc rounds new rows to the
 // tail's precision wherever they are read), so this runner computes what
 // the CUDA kernels compute, with the CPU's GEMMs.
 //

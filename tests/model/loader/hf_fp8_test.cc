@@ -12,7 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "kernels/cpu/kv_quant.h"
+#include "kernels/cpu/kv/kv_quant.h"
 #include "model/loader/hf_loader.h"
 #include "model/loader/hf_writer.h"
 #include "model/loader/llama2c_loader.h"
