@@ -4,8 +4,9 @@
 // device-only, +host, +disk and +remote (a redis-server the bench starts on
 // a free loopback port, when /usr/bin/redis-server exists). Every
 // configuration must produce the same greedy tokens; the bench says so.
-// One CPU engine per configuration (not the two replicas behind
-// nginx: that part is still to do).
+// One CPU engine per configuration; the served study (real daemons, two
+// replicas behind nginx, a 3,000-token document) is
+// bench/tier_serve_bench.sh.
 //
 //   tier_bench [MODEL] [--conversations 6] [--turns 3] [--filler 6]
 //              [--num-blocks 40] [--kv-dtype int8] [--json FILE]
@@ -28,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench/shared_file.h"
 #include "cache/tier/remote_tier.h"
 #include "model/cpu/cpu_model_runner.h"
 #include "model/loader/model_loader.h"
@@ -39,17 +41,7 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-std::string SharedFile(const std::string& rel) {
-  if (const char* env = std::getenv("KVSERVE_SHARED"); env != nullptr && *env != '\0') {
-    return std::string(env) + "/" + rel;
-  }
-  for (fs::path d = fs::current_path();; d = d.parent_path()) {
-    if (fs::exists(d / "shared" / rel)) return (d / "shared" / rel).string();
-    if (fs::exists(d / ".." / "shared" / rel)) return (d / ".." / "shared" / rel).string();
-    if (d == d.parent_path()) break;
-  }
-  return "../shared/" + rel;
-}
+using bench::SharedFile;
 
 struct Options {
   std::string model;
