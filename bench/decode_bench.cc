@@ -25,12 +25,17 @@
 //
 // --write-llama2c FILE writes the model as a llama2.c checkpoint and exits,
 // so other engines can run the very same weights (llama.cpp's
-// llama-convert-llama2c-to-ggml reads it; bench/README.md).
+// llama-convert-llama2c-to-ggml reads it; bench/README.md). With
+// --max-positions N the checkpoint's header (and its RoPE tables) say N
+// positions instead of the model's own, and --num-layers N keeps only the
+// first N layers: a dummy shape with a longer context and a cheaper forward
+// pass (bench/tier_serve_bench.sh serves stories110m-shape's layers at
+// 4,096 positions).
 //
 //   decode_bench [MODEL] [--runs N] [--json FILE]
 //                [--mode all|single|batched|gemm|threads|quantize]
 //                [--threads 1,2] [--prefill-tokens N] [--decode-tokens N]
-//                [--write-llama2c FILE]
+//                [--write-llama2c FILE [--max-positions N] [--num-layers N]]
 // MODEL defaults to $KVSERVE_SHARED/models/stories260k/stories260K.bin, else
 // shared/models/stories260k beside the current directory or one of its
 // ancestors (the repository root or a build folder inside it).
@@ -503,6 +508,8 @@ int Main(int argc, char** argv) {
   std::vector<std::string> weight_dtypes = {"fp32"};
   int prefill_tokens = 169, decode_tokens = 64;
   std::string llama2c_out;
+  int max_positions = 0;  // 0: the model's own
+  int num_layers = 0;     // 0: all of the model's
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) {
@@ -513,6 +520,10 @@ int Main(int argc, char** argv) {
       runs = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--write-llama2c" && i + 1 < argc) {
       llama2c_out = argv[++i];
+    } else if (a == "--max-positions" && i + 1 < argc) {
+      max_positions = std::max(1, std::atoi(argv[++i]));
+    } else if (a == "--num-layers" && i + 1 < argc) {
+      num_layers = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--prefill-tokens" && i + 1 < argc) {
       prefill_tokens = std::max(1, std::atoi(argv[++i]));
     } else if (a == "--decode-tokens" && i + 1 < argc) {
@@ -533,7 +544,7 @@ int Main(int argc, char** argv) {
           "                    [--threads 1,2] [--prefill-tokens 169] [--decode-tokens 64]\n"
           "                    [--weight-dtype fp32,int8,int4,int4_asym] (--mode threads, "
           "quantize)\n"
-          "                    [--write-llama2c FILE]\n");
+          "                    [--write-llama2c FILE [--max-positions N] [--num-layers N]]\n");
       return 0;
     } else if (!a.empty() && a[0] != '-') {
       model_path = a;
@@ -547,6 +558,11 @@ int Main(int argc, char** argv) {
   if (!loaded.ok()) {
     std::fprintf(stderr, "decode_bench: %s\n", std::string(loaded.status().message()).c_str());
     return 1;
+  }
+  if (max_positions > 0) loaded->weights.config.max_position_embeddings = max_positions;
+  if (num_layers > 0 && num_layers < loaded->weights.config.num_layers) {
+    loaded->weights.config.num_layers = num_layers;
+    loaded->weights.layers.resize(static_cast<size_t>(num_layers));
   }
   const ModelConfig& c = loaded->weights.config;
   if (!llama2c_out.empty()) {
