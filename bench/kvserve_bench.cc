@@ -60,16 +60,20 @@ target
   --stream BOOL          stream responses (default true; false: TTFT = E2E)
   --extra-body JSON      fields merged into every HTTP request body, e.g. '{"cache_prompt":false}'
 workload
-  --workload KIND        fixed | sharegpt | shared-prefix | long-context (default fixed)
+  --workload KIND        fixed | sharegpt | shared-prefix | long-context | long-document |
+                         multi-turn (default fixed)
   --num-prompts N        requests per run (default 100; with --duration: unlimited)
   --input-len N          prompt tokens (sharegpt: median) (default 64)
   --output-len N         output tokens (sharegpt: median) (default 64)
   --input-sigma S        sharegpt: log-space sigma of prompt lengths (default 1.0)
   --output-sigma S       sharegpt: log-space sigma of output lengths (default 0.8)
   --min-len N            sharegpt: shortest prompt or output (default 4)
-  --groups G             shared-prefix: groups (default 4)
-  --prefix-len N         shared-prefix: common prefix tokens per group (default 256)
-  --suffix-len N         shared-prefix: distinct suffix tokens per request (default 16)
+  --groups G             shared-prefix: groups; long-document: documents; multi-turn:
+                         conversations (default 4)
+  --prefix-len N         shared-prefix: common prefix tokens per group; long-document: a
+                         document's tokens; multi-turn: a first turn's (default 256)
+  --suffix-len N         shared-prefix: distinct suffix tokens per request; long-document: a
+                         question's; multi-turn: the tokens each later turn adds (default 16)
   --max-model-len N      context length (default: what /v1/models or GetModelInfo says)
   --dataset FILE         prompt text (default shared/data/tinystories_valid_dev.txt)
   --tokenizer FILE|DIR   the served model's tokenizer (.model, tokenizer.json or an HF dir):
@@ -92,6 +96,7 @@ load
 output
   --label NAME           names this configuration in the JSON and plots
   --json FILE            write the results as JSON
+  --requests-json FILE   write every request's timings, group, turn and output text as JSON
   --progress WHEN        auto | always | never: progress bar on stderr (default auto: a tty)
 )";
 
@@ -112,6 +117,7 @@ struct Options {
   std::string metrics_url;
   std::string label;
   std::string json_path;
+  std::string requests_json_path;
   std::string progress = "auto";
 };
 
@@ -264,6 +270,8 @@ int ParseArgs(int argc, char** argv, Options* o) {
       o->label = value;
     } else if (name == "--json") {
       o->json_path = value;
+    } else if (name == "--requests-json") {
+      o->requests_json_path = value;
     } else if (name == "--progress") {
       if (value != "auto" && value != "always" && value != "never") {
         return bad("one of auto, always, never");
@@ -429,6 +437,7 @@ int Run(int argc, char** argv) {
     loads.push_back(l);
   }
   int64_t failed = 0;
+  nlohmann::ordered_json requests = nlohmann::ordered_json::array();
   for (LoadSpec& l : loads) {
     l.num_requests = o.duration_s > 0 && !o.num_prompts_given ? 0 : o.workload.num_requests;
     l.duration_s = o.duration_s;
@@ -440,6 +449,10 @@ int Run(int argc, char** argv) {
     p.label = l.mode == LoadSpec::Mode::kClosed ? absl::StrCat("c=", l.concurrency)
                                                 : absl::StrCat("rate=", l.request_rate);
     LoadResult result = RunLoad(l, *workload, factory, p);
+    if (!o.requests_json_path.empty()) {
+      const int run = static_cast<int>(report.runs.size());
+      for (auto& r : RequestRecords(run, result, *workload)) requests.push_back(std::move(r));
+    }
     report.runs.push_back(Aggregate(l, result, watcher.Finish()));
     failed += report.runs.back().failed;
   }
@@ -452,11 +465,14 @@ int Run(int argc, char** argv) {
 
   std::fputs(FormatTable(report).c_str(), stdout);
   std::fflush(stdout);
-  if (!o.json_path.empty()) {
-    std::ofstream out(o.json_path);
-    out << ToJson(report).dump(2) << "\n";
+  using Doc = std::pair<std::string, nlohmann::ordered_json>;
+  for (const auto& [path, doc] :
+       {Doc{o.json_path, ToJson(report)}, Doc{o.requests_json_path, std::move(requests)}}) {
+    if (path.empty()) continue;
+    std::ofstream out(path);
+    out << doc.dump(2) << "\n";
     if (!out) {
-      std::fprintf(stderr, "kvserve_bench: cannot write %s\n", o.json_path.c_str());
+      std::fprintf(stderr, "kvserve_bench: cannot write %s\n", path.c_str());
       return 1;
     }
   }

@@ -63,6 +63,8 @@ struct RequestResult {
   int64_t cached_tokens = -1;  // usage.prompt_tokens_details.cached_tokens; -1: not reported
   bool usage_reported = false;
   int64_t expected_input_tokens = 0;  // the workload's count (set by the load runner)
+  int64_t request_index = -1;         // the workload's request (set by the load runner)
+  std::string text;                   // the output text, all chunks joined
 };
 
 class Client {

@@ -67,6 +67,7 @@ class GrpcClient final : public Client {
     while (reader->Read(&r)) {
       const double now = SteadySeconds();
       if (r.token_ids_size() > 0 || !r.text().empty()) {
+        res.text += r.text();
         if (res.ttft_s < 0) {
           res.ttft_s = now - res.start_s;
         } else {

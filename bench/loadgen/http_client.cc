@@ -60,6 +60,7 @@ class HttpClient final : public Client {
     auto take = [&](const ChunkInfo& c, double now) {
       if (!c.error.empty() && chunk_error.empty()) chunk_error = c.error;
       if (!c.text.empty()) {
+        res.text += c.text;
         if (res.ttft_s < 0) {
           res.ttft_s = now - res.start_s;
         } else {

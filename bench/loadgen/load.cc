@@ -130,6 +130,7 @@ LoadResult RunLoad(const LoadSpec& spec, const std::vector<BenchRequest>& worklo
     const BenchRequest& r = workload[static_cast<size_t>(i) % workload.size()];
     RequestResult res = client.Send(r);
     res.expected_input_tokens = r.input_tokens;
+    res.request_index = i;
     if (!res.ok) progress.failed.fetch_add(1);
     progress.done.fetch_add(1);
     std::lock_guard<std::mutex> lock(results_mu);

@@ -194,6 +194,35 @@ json ToJson(const BenchReport& report) {
   return j;
 }
 
+nlohmann::ordered_json RequestRecords(int run, const LoadResult& result,
+                                      const std::vector<BenchRequest>& workload) {
+  std::vector<const RequestResult*> sorted;
+  for (const RequestResult& r : result.results) sorted.push_back(&r);
+  std::sort(sorted.begin(), sorted.end(), [](const RequestResult* a, const RequestResult* b) {
+    return a->request_index < b->request_index;
+  });
+  auto or_null = [](int64_t v) { return v >= 0 ? json(v) : json(nullptr); };
+  json out = json::array();
+  for (const RequestResult* r : sorted) {
+    const BenchRequest* w = r->request_index >= 0 && !workload.empty()
+                                ? &workload[static_cast<size_t>(r->request_index) % workload.size()]
+                                : nullptr;
+    out.push_back({{"run", run},
+                   {"index", r->request_index},
+                   {"group", w != nullptr && w->group >= 0 ? json(w->group) : json(nullptr)},
+                   {"turn", w != nullptr && w->turn >= 0 ? json(w->turn) : json(nullptr)},
+                   {"ok", r->ok},
+                   {"error", r->ok ? json(nullptr) : json(r->error)},
+                   {"ttft_ms", r->ttft_s >= 0 ? json(r->ttft_s * 1e3) : json(nullptr)},
+                   {"e2e_ms", r->e2e_s * 1e3},
+                   {"prompt_tokens", or_null(r->prompt_tokens)},
+                   {"cached_tokens", or_null(r->cached_tokens)},
+                   {"output_tokens", r->output_tokens},
+                   {"text", r->text}});
+  }
+  return out;
+}
+
 std::string FormatTable(const BenchReport& report) {
   const WorkloadSpec& w = report.workload;
   std::string out = absl::StrFormat(
@@ -210,6 +239,14 @@ std::string FormatTable(const BenchReport& report) {
     case WorkloadKind::kSharedPrefix:
       absl::StrAppendFormat(&out, " (%d groups, prefix %d + suffix %d, out %d)", w.groups,
                             w.prefix_len, w.suffix_len, w.output_len);
+      break;
+    case WorkloadKind::kLongDocument:
+      absl::StrAppendFormat(&out, " (%d documents of %d, questions of %d, out %d)", w.groups,
+                            w.prefix_len, w.suffix_len, w.output_len);
+      break;
+    case WorkloadKind::kMultiTurn:
+      absl::StrAppendFormat(&out, " (%d conversations, first turn %d, +%d a turn, out %d)",
+                            w.groups, w.prefix_len, w.suffix_len, w.output_len);
       break;
     case WorkloadKind::kLongContext:
       absl::StrAppendFormat(&out, " (max_model_len %d, out %d)", report.max_model_len,

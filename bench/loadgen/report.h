@@ -67,6 +67,14 @@ struct BenchReport {
 
 // Keys in the schema's order.
 nlohmann::ordered_json ToJson(const BenchReport& report);
+
+// One record per request of run `run` (0-based), in the workload's order:
+// run, index (the request number), group and turn (null where the workload
+// has none), ok, error, ttft_ms, e2e_ms, prompt_tokens, cached_tokens,
+// output_tokens and the output text (what --requests-json writes, one array
+// for all runs: greedy outputs compare request by request).
+nlohmann::ordered_json RequestRecords(int run, const LoadResult& result,
+                                      const std::vector<BenchRequest>& workload);
 std::string FormatTable(const BenchReport& report);
 
 // Now as "2025-01-31T12:34:56Z".

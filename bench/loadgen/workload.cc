@@ -40,6 +40,10 @@ const char* WorkloadKindName(WorkloadKind kind) {
       return "shared_prefix";
     case WorkloadKind::kLongContext:
       return "long_context";
+    case WorkloadKind::kLongDocument:
+      return "long_document";
+    case WorkloadKind::kMultiTurn:
+      return "multi_turn";
   }
   return "?";
 }
@@ -47,12 +51,15 @@ const char* WorkloadKindName(WorkloadKind kind) {
 absl::StatusOr<WorkloadKind> ParseWorkloadKind(std::string_view name) {
   const std::string n =
       absl::StrReplaceAll(absl::string_view(name.data(), name.size()), {{"-", "_"}});
-  for (WorkloadKind k : {WorkloadKind::kFixed, WorkloadKind::kShareGpt, WorkloadKind::kSharedPrefix,
-                         WorkloadKind::kLongContext}) {
+  for (WorkloadKind k :
+       {WorkloadKind::kFixed, WorkloadKind::kShareGpt, WorkloadKind::kSharedPrefix,
+        WorkloadKind::kLongContext, WorkloadKind::kLongDocument, WorkloadKind::kMultiTurn}) {
     if (n == WorkloadKindName(k)) return k;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--workload: expected one of fixed, sharegpt, shared_prefix, long_context, got '", n, "'"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--workload: expected one of fixed, sharegpt, shared_prefix, long_context, "
+                   "long_document, multi_turn, got '",
+                   n, "'"));
 }
 
 PromptSource::PromptSource(std::string corpus, const Tokenizer* tokenizer, double chars_per_token)
@@ -233,24 +240,45 @@ absl::StatusOr<std::vector<BenchRequest>> BuildWorkload(const WorkloadSpec& spec
       }
       break;
     }
-    case WorkloadKind::kSharedPrefix: {
+    case WorkloadKind::kSharedPrefix:
+    case WorkloadKind::kLongDocument:
+    case WorkloadKind::kMultiTurn: {
       if (spec.groups < 1) return absl::InvalidArgumentError("--groups: must be >= 1");
       if (spec.prefix_len < 1 || spec.suffix_len < 1) {
         return absl::InvalidArgumentError("--prefix-len / --suffix-len: must be >= 1");
       }
-      const int input = spec.prefix_len + spec.suffix_len;
-      if (absl::Status s = check_fits(input, spec.output_len); !s.ok()) return s;
-      std::vector<PromptPiece> prefixes;
-      for (int g = 0; g < spec.groups; ++g)
-        prefixes.push_back(source.Take(spec.prefix_len - bos, rng));
+      const bool multi_turn = spec.kind == WorkloadKind::kMultiTurn;
+      // multi_turn's last round has the longest prompts: its first turn plus
+      // a new part for each turn before.
+      const int rounds = (spec.num_requests + spec.groups - 1) / spec.groups;
+      const int longest = multi_turn ? spec.prefix_len + std::max(0, rounds - 1) * spec.suffix_len
+                                     : spec.prefix_len + spec.suffix_len;
+      if (absl::Status s = check_fits(longest, spec.output_len); !s.ok()) return s;
+      // Per group its prefix, then (multi_turn) every turn's new part so far.
+      std::vector<std::vector<PromptPiece>> parts(static_cast<size_t>(spec.groups));
+      for (std::vector<PromptPiece>& p : parts)
+        p.push_back(source.Take(spec.prefix_len - bos, rng));
       for (int i = 0; i < spec.num_requests; ++i) {
         const int g = i % spec.groups;
-        PromptPiece suffix = source.Take(spec.suffix_len, rng);
-        BenchRequest r = make({&prefixes[static_cast<size_t>(g)], &suffix}, input, spec.output_len);
+        const int turn = i / spec.groups;
+        std::vector<PromptPiece>& own = parts[static_cast<size_t>(g)];
+        std::vector<const PromptPiece*> pieces;
+        PromptPiece suffix;
+        if (!multi_turn) {
+          suffix = source.Take(spec.suffix_len, rng);
+          pieces = {&own[0], &suffix};
+        } else {
+          if (turn > 0) own.push_back(source.Take(spec.suffix_len, rng));
+          for (const PromptPiece& p : own) pieces.push_back(&p);
+        }
+        const int input = multi_turn ? spec.prefix_len + turn * spec.suffix_len
+                                     : spec.prefix_len + spec.suffix_len;
+        BenchRequest r = make(pieces, input, spec.output_len);
         r.group = g;
+        if (spec.kind != WorkloadKind::kSharedPrefix) r.turn = turn;
         out.push_back(std::move(r));
       }
-      std::shuffle(out.begin(), out.end(), rng);
+      if (spec.kind == WorkloadKind::kSharedPrefix) std::shuffle(out.begin(), out.end(), rng);
       break;
     }
     case WorkloadKind::kLongContext: {

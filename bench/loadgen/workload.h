@@ -18,6 +18,22 @@
 //   long_context   prompts filling the context: max_model_len - output_len
 //                  tokens (90% of max_model_len when lengths are estimated),
 //                  then [output_len] new tokens
+//   long_document  [groups] documents of [prefix_len] tokens, and
+//                  [num_requests] questions of [suffix_len] tokens each,
+//                  asked of the documents in turn (document i % groups), in
+//                  that order: with a device pool that holds one document,
+//                  each question after a document's first finds it pushed
+//                  out by the others (RAG documents asked again)
+//   multi_turn     [groups] conversations taking turns, [num_requests] turns
+//                  in all, in rounds (conversation i % groups, turn i /
+//                  groups): a first turn of [prefix_len] tokens, and every
+//                  later turn is the conversation's previous prompt plus
+//                  [suffix_len] new tokens (the answer is not carried back:
+//                  prompts are built before anything is sent), so a turn
+//                  comes back after the other conversations' traffic
+//
+// Requests are sent in the workload's order (shared_prefix shuffles its
+// groups together; the others keep the order they are built in).
 //
 // Prompt text comes from a corpus file of stories separated by
 // "<|endoftext|>" lines (TinyStories), each prompt starting at a random word.
@@ -43,9 +59,16 @@
 
 namespace kvserve::bench {
 
-enum class WorkloadKind { kFixed, kShareGpt, kSharedPrefix, kLongContext };
+enum class WorkloadKind {
+  kFixed,
+  kShareGpt,
+  kSharedPrefix,
+  kLongContext,
+  kLongDocument,
+  kMultiTurn
+};
 
-// "fixed", "sharegpt", "shared_prefix", "long_context".
+// "fixed", "sharegpt", "shared_prefix", "long_context", "long_document", "multi_turn".
 const char* WorkloadKindName(WorkloadKind kind);
 // Also accepts '-' for '_' ("shared-prefix").
 absl::StatusOr<WorkloadKind> ParseWorkloadKind(std::string_view name);
@@ -58,9 +81,9 @@ struct WorkloadSpec {
   double input_sigma = 1.0;
   double output_sigma = 0.8;
   int min_len = 4;
-  int groups = 4;
-  int prefix_len = 256;
-  int suffix_len = 16;
+  int groups = 4;        // shared_prefix, long_document, multi_turn
+  int prefix_len = 256;  // shared_prefix, long_document, multi_turn (the first turn)
+  int suffix_len = 16;  // shared_prefix, long_document (a question), multi_turn (a turn's new text)
   int max_model_len = 0;  // 0: unknown (no clamping; long_context needs it)
   uint64_t seed = 0;
 };
@@ -70,7 +93,10 @@ struct BenchRequest {
   std::vector<int32_t> prompt_ids;  // with a tokenizer: the ids, BOS first; else empty
   int input_tokens = 0;             // what the workload asked for (exact with a tokenizer)
   int max_tokens = 0;
-  int group = -1;  // shared_prefix: the group; else -1
+  int group = -1;  // shared_prefix: the group; long_document: the document;
+                   // multi_turn: the conversation; else -1
+  int turn = -1;   // long_document: the document's question number (0: its first);
+                   // multi_turn: the turn (0: the first); else -1
 };
 
 // A prompt cut from the corpus.

@@ -261,6 +261,67 @@ TEST_CASE_METHOD(WorkloadFixture, "Shared-prefix groups share exactly their pref
   }
 }
 
+TEST_CASE_METHOD(WorkloadFixture, "Long-document questions ask the documents in turn, in order",
+                 "[bench]") {
+  WorkloadSpec spec;
+  spec.kind = WorkloadKind::kLongDocument;
+  spec.num_requests = 7;
+  spec.groups = 3;
+  spec.prefix_len = 300;
+  spec.suffix_len = 8;
+  spec.output_len = 4;
+  auto w = BuildWorkload(spec, *source_);
+  REQUIRE(w.ok());
+  REQUIRE(w->size() == 7);
+  for (size_t i = 0; i < w->size(); ++i) {
+    const BenchRequest& r = (*w)[i];
+    REQUIRE(r.group == static_cast<int>(i % 3));
+    REQUIRE(r.turn == static_cast<int>(i / 3));
+    REQUIRE(r.prompt_ids.size() == 308);
+    REQUIRE(r.input_tokens == 308);
+    const BenchRequest& first = (*w)[i % 3];
+    REQUIRE(std::equal(r.prompt_ids.begin(), r.prompt_ids.begin() + 300, first.prompt_ids.begin()));
+    if (&r != &first) REQUIRE(r.prompt_ids != first.prompt_ids);
+  }
+  REQUIRE(!std::equal((*w)[0].prompt_ids.begin(), (*w)[0].prompt_ids.begin() + 300,
+                      (*w)[1].prompt_ids.begin()));
+  spec.max_model_len = 311;
+  REQUIRE(BuildWorkload(spec, *source_).status().message() ==
+          "--input-len + --output-len (308 + 4) exceed max_model_len (311)");
+}
+
+TEST_CASE_METHOD(WorkloadFixture, "A multi-turn turn extends its conversation's previous prompt",
+                 "[bench]") {
+  WorkloadSpec spec;
+  spec.kind = WorkloadKind::kMultiTurn;
+  spec.num_requests = 5;
+  spec.groups = 2;
+  spec.prefix_len = 40;
+  spec.suffix_len = 8;
+  spec.output_len = 4;
+  auto w = BuildWorkload(spec, *source_);
+  REQUIRE(w.ok());
+  REQUIRE(w->size() == 5);
+  const std::vector<size_t> lengths = {40, 40, 48, 48, 56};
+  for (size_t i = 0; i < w->size(); ++i) {
+    const BenchRequest& r = (*w)[i];
+    REQUIRE(r.group == static_cast<int>(i % 2));
+    REQUIRE(r.turn == static_cast<int>(i / 2));
+    REQUIRE(r.prompt_ids.size() == lengths[i]);
+    REQUIRE(r.input_tokens == static_cast<int>(lengths[i]));
+    if (i >= 2) {
+      const BenchRequest& previous = (*w)[i - 2];
+      REQUIRE(
+          std::equal(previous.prompt_ids.begin(), previous.prompt_ids.end(), r.prompt_ids.begin()));
+    }
+  }
+  REQUIRE((*w)[0].prompt_ids != (*w)[1].prompt_ids);
+  // The last round's prompts are the longest: 40 + 2 x 8 tokens.
+  spec.max_model_len = 59;
+  REQUIRE(BuildWorkload(spec, *source_).status().message() ==
+          "--input-len + --output-len (56 + 4) exceed max_model_len (59)");
+}
+
 TEST_CASE_METHOD(WorkloadFixture, "ShareGPT-like lengths stay within the context", "[bench]") {
   WorkloadSpec spec;
   spec.kind = WorkloadKind::kShareGpt;
