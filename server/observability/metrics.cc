@@ -51,6 +51,7 @@ struct ServerMetrics::Handles {
   Gauge* queue_length;
   Gauge* running;
   Gauge* swapped;
+  Gauge* tier_loading;
   Gauge* usage_active;
   Gauge* usage_with_cached;
   Gauge* blocks_active;
@@ -110,6 +111,9 @@ ServerMetrics::ServerMetrics()
       &NewGauge(r, "kvserve_queue_length", "Requests waiting to be scheduled (incl. preempted).");
   h_->running = &NewGauge(r, "kvserve_running_sequences", "Sequences in the running batch.");
   h_->swapped = &NewGauge(r, "kvserve_swapped_sequences", "Sequences swapped out to host memory.");
+  h_->tier_loading = &NewGauge(r, "kvserve_kv_tier_loading_requests",
+                               "Requests waiting for their KV blocks from the disk or remote tier "
+                               "(in the queue length too).");
 
   auto& usage = prometheus::BuildGauge()
                     .Name("kvserve_kv_usage_ratio")
@@ -272,6 +276,7 @@ void ServerMetrics::UpdateLocked(const EngineStats& s) {
   h_->queue_length->Set(static_cast<double>(s.num_waiting));
   h_->running->Set(static_cast<double>(s.num_running));
   h_->swapped->Set(static_cast<double>(s.num_swapped));
+  h_->tier_loading->Set(static_cast<double>(s.num_tier_loading));
   h_->usage_active->Set(s.kv.active_usage);
   h_->usage_with_cached->Set(s.kv.usage_with_cached);
   h_->blocks_active->Set(static_cast<double>(s.kv.num_active_blocks));

@@ -26,6 +26,7 @@ double Sample(const std::string& text, const std::string& series) {
 EngineStats SomeStats() {
   EngineStats s;
   s.num_waiting = 3;
+  s.num_tier_loading = 2;  // of the 3 waiting
   s.num_running = 5;
   s.kv.num_blocks = 100;
   s.kv.num_free_blocks = 60;
@@ -74,6 +75,7 @@ TEST_CASE("Gauges mirror the engine and counters advance by its deltas", "[serve
   EngineStats s = SomeStats();
   std::string text = m.Scrape(s);
   REQUIRE(Sample(text, "kvserve_queue_length") == 3);
+  REQUIRE(Sample(text, "kvserve_kv_tier_loading_requests") == 2);
   REQUIRE(Sample(text, "kvserve_running_sequences") == 5);
   REQUIRE(Sample(text, "kvserve_kv_usage_ratio{kind=\"active\"}") == 0.4);
   REQUIRE(Sample(text, "kvserve_kv_usage_ratio{kind=\"with_cached\"}") == 0.5);
@@ -95,11 +97,13 @@ TEST_CASE("Gauges mirror the engine and counters advance by its deltas", "[serve
     s.generated_tokens = 350;
     s.requests_finished_stop = 6;
     s.num_running = 0;
+    s.num_tier_loading = 0;
     s.kv.active_usage = 0;
     text = m.Scrape(s);
     REQUIRE(Sample(text, "kvserve_generation_tokens_total") == 350);
     REQUIRE(Sample(text, "kvserve_requests_total{finish_reason=\"stop\"}") == 6);
     REQUIRE(Sample(text, "kvserve_running_sequences") == 0);
+    REQUIRE(Sample(text, "kvserve_kv_tier_loading_requests") == 0);
     REQUIRE(Sample(text, "kvserve_kv_usage_ratio{kind=\"active\"}") == 0);
   }
 }
