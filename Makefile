@@ -5,7 +5,7 @@ JOBS ?= 2
 CMAKE_FLAGS ?=
 CONFIG ?= configs/default.yaml
 
-.PHONY: all deps deps-run build build-daemon run test test-sanitize test-tsan-sim fuzz soak bench bench-eviction bench-weights bench-tiers bench-grammar image clean format
+.PHONY: all deps deps-run build build-daemon run test test-sanitize test-tsan-sim fuzz soak bench bench-eviction bench-weights bench-tiers bench-tiers-serve bench-grammar image clean format
 
 all: build
 
@@ -104,6 +104,12 @@ bench: build
 # pool, TTFT and hit rate per tier (bench/tier_bench.cc, docs/kv-tiers.md).
 bench-tiers: build
 	@$(BUILD_DIR)/bench/tier_bench --json $(BUILD_DIR)/bench/tier_bench.json
+
+# KV tiers served: real daemons, a Redis, two replicas behind nginx
+# round-robin, a 3,000-token document and a multi-turn chat, fp16 / int8 /
+# int4_kc pages (bench/tier_serve_bench.sh, ~5-10 minutes; not in make test).
+bench-tiers-serve: build
+	@bash bench/tier_serve_bench.sh $(BUILD_DIR)
 
 # Constrained decoding's CPU cost: vocabulary trie, schema compile, mask per step.
 bench-grammar: $(BUILD_DIR)/CMakeCache.txt

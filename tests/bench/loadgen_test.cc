@@ -194,6 +194,19 @@ class WorkloadFixture {
   std::unique_ptr<PromptSource> source_;
 };
 
+// A workload of groups (shared prefixes, documents, conversations): 8-token
+// suffixes, 4 output tokens.
+WorkloadSpec GroupedSpec(WorkloadKind kind, int num_requests, int groups, int prefix_len) {
+  WorkloadSpec spec;
+  spec.kind = kind;
+  spec.num_requests = num_requests;
+  spec.groups = groups;
+  spec.prefix_len = prefix_len;
+  spec.suffix_len = 8;
+  spec.output_len = 4;
+  return spec;
+}
+
 TEST_CASE_METHOD(WorkloadFixture, "Fixed workloads have exactly the asked prompt lengths",
                  "[bench]") {
   WorkloadSpec spec;
@@ -229,13 +242,7 @@ TEST_CASE_METHOD(WorkloadFixture, "Fixed workloads have exactly the asked prompt
 }
 
 TEST_CASE_METHOD(WorkloadFixture, "Shared-prefix groups share exactly their prefix", "[bench]") {
-  WorkloadSpec spec;
-  spec.kind = WorkloadKind::kSharedPrefix;
-  spec.num_requests = 12;
-  spec.groups = 3;
-  spec.prefix_len = 64;
-  spec.suffix_len = 8;
-  spec.output_len = 4;
+  WorkloadSpec spec = GroupedSpec(WorkloadKind::kSharedPrefix, 12, 3, 64);
   auto w = BuildWorkload(spec, *source_);
   REQUIRE(w.ok());
   std::map<int, std::vector<const BenchRequest*>> by_group;
@@ -263,13 +270,7 @@ TEST_CASE_METHOD(WorkloadFixture, "Shared-prefix groups share exactly their pref
 
 TEST_CASE_METHOD(WorkloadFixture, "Long-document questions ask the documents in turn, in order",
                  "[bench]") {
-  WorkloadSpec spec;
-  spec.kind = WorkloadKind::kLongDocument;
-  spec.num_requests = 7;
-  spec.groups = 3;
-  spec.prefix_len = 300;
-  spec.suffix_len = 8;
-  spec.output_len = 4;
+  WorkloadSpec spec = GroupedSpec(WorkloadKind::kLongDocument, 7, 3, 300);
   auto w = BuildWorkload(spec, *source_);
   REQUIRE(w.ok());
   REQUIRE(w->size() == 7);
@@ -292,13 +293,7 @@ TEST_CASE_METHOD(WorkloadFixture, "Long-document questions ask the documents in 
 
 TEST_CASE_METHOD(WorkloadFixture, "A multi-turn turn extends its conversation's previous prompt",
                  "[bench]") {
-  WorkloadSpec spec;
-  spec.kind = WorkloadKind::kMultiTurn;
-  spec.num_requests = 5;
-  spec.groups = 2;
-  spec.prefix_len = 40;
-  spec.suffix_len = 8;
-  spec.output_len = 4;
+  WorkloadSpec spec = GroupedSpec(WorkloadKind::kMultiTurn, 5, 2, 40);
   auto w = BuildWorkload(spec, *source_);
   REQUIRE(w.ok());
   REQUIRE(w->size() == 5);
