@@ -190,6 +190,18 @@ class WorkloadFixture {
     REQUIRE(s.ok());
     source_ = std::make_unique<PromptSource>(*std::move(s));
   }
+  // Builds a long_document or multi_turn workload: spec.num_requests
+  // requests in rounds over the groups (group i % groups, turn i / groups).
+  std::vector<BenchRequest> BuildInRounds(const WorkloadSpec& spec) {
+    auto w = BuildWorkload(spec, *source_);
+    REQUIRE(w.ok());
+    REQUIRE(w->size() == static_cast<size_t>(spec.num_requests));
+    for (size_t i = 0; i < w->size(); ++i) {
+      REQUIRE((*w)[i].group == static_cast<int>(i) % spec.groups);
+      REQUIRE((*w)[i].turn == static_cast<int>(i) / spec.groups);
+    }
+    return *std::move(w);
+  }
   std::unique_ptr<Tokenizer> tok_;
   std::unique_ptr<PromptSource> source_;
 };
@@ -271,21 +283,17 @@ TEST_CASE_METHOD(WorkloadFixture, "Shared-prefix groups share exactly their pref
 TEST_CASE_METHOD(WorkloadFixture, "Long-document questions ask the documents in turn, in order",
                  "[bench]") {
   WorkloadSpec spec = GroupedSpec(WorkloadKind::kLongDocument, 7, 3, 300);
-  auto w = BuildWorkload(spec, *source_);
-  REQUIRE(w.ok());
-  REQUIRE(w->size() == 7);
-  for (size_t i = 0; i < w->size(); ++i) {
-    const BenchRequest& r = (*w)[i];
-    REQUIRE(r.group == static_cast<int>(i % 3));
-    REQUIRE(r.turn == static_cast<int>(i / 3));
+  const std::vector<BenchRequest> w = BuildInRounds(spec);
+  for (size_t i = 0; i < w.size(); ++i) {
+    const BenchRequest& r = w[i];
     REQUIRE(r.prompt_ids.size() == 308);
     REQUIRE(r.input_tokens == 308);
-    const BenchRequest& first = (*w)[i % 3];
+    const BenchRequest& first = w[i % 3];
     REQUIRE(std::equal(r.prompt_ids.begin(), r.prompt_ids.begin() + 300, first.prompt_ids.begin()));
     if (&r != &first) REQUIRE(r.prompt_ids != first.prompt_ids);
   }
-  REQUIRE(!std::equal((*w)[0].prompt_ids.begin(), (*w)[0].prompt_ids.begin() + 300,
-                      (*w)[1].prompt_ids.begin()));
+  REQUIRE(
+      !std::equal(w[0].prompt_ids.begin(), w[0].prompt_ids.begin() + 300, w[1].prompt_ids.begin()));
   spec.max_model_len = 311;
   REQUIRE(BuildWorkload(spec, *source_).status().message() ==
           "--input-len + --output-len (308 + 4) exceed max_model_len (311)");
@@ -294,23 +302,19 @@ TEST_CASE_METHOD(WorkloadFixture, "Long-document questions ask the documents in 
 TEST_CASE_METHOD(WorkloadFixture, "A multi-turn turn extends its conversation's previous prompt",
                  "[bench]") {
   WorkloadSpec spec = GroupedSpec(WorkloadKind::kMultiTurn, 5, 2, 40);
-  auto w = BuildWorkload(spec, *source_);
-  REQUIRE(w.ok());
-  REQUIRE(w->size() == 5);
+  const std::vector<BenchRequest> w = BuildInRounds(spec);
   const std::vector<size_t> lengths = {40, 40, 48, 48, 56};
-  for (size_t i = 0; i < w->size(); ++i) {
-    const BenchRequest& r = (*w)[i];
-    REQUIRE(r.group == static_cast<int>(i % 2));
-    REQUIRE(r.turn == static_cast<int>(i / 2));
+  for (size_t i = 0; i < w.size(); ++i) {
+    const BenchRequest& r = w[i];
     REQUIRE(r.prompt_ids.size() == lengths[i]);
     REQUIRE(r.input_tokens == static_cast<int>(lengths[i]));
     if (i >= 2) {
-      const BenchRequest& previous = (*w)[i - 2];
+      const BenchRequest& previous = w[i - 2];
       REQUIRE(
           std::equal(previous.prompt_ids.begin(), previous.prompt_ids.end(), r.prompt_ids.begin()));
     }
   }
-  REQUIRE((*w)[0].prompt_ids != (*w)[1].prompt_ids);
+  REQUIRE(w[0].prompt_ids != w[1].prompt_ids);
   // The last round's prompts are the longest: 40 + 2 x 8 tokens.
   spec.max_model_len = 59;
   REQUIRE(BuildWorkload(spec, *source_).status().message() ==
