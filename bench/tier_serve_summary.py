@@ -112,8 +112,9 @@ def main():
     for config, fmt, label in CONFIGS:
         for w in WORKLOADS:
             bench_path = os.path.join(out, f"{config}.{w}.json")
-            if not os.path.exists(bench_path):
-                continue
+            done = any(p.startswith(f"{config}.{w}.after.") for p in os.listdir(out))
+            if not os.path.exists(bench_path) or not done:
+                continue  # not run (or cut short)
             run = json.load(open(bench_path))["runs"][0]
             reqs = json.load(open(os.path.join(out, f"{config}.{w}.requests.json")))
             outputs[(config, w)] = [r["text"] for r in reqs]
