@@ -1,5 +1,6 @@
 #include "scheduler/engine_tiers.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -72,8 +73,13 @@ absl::StatusOr<std::unique_ptr<EngineTiers>> EngineTiers::Create(
   if (config.host_bytes > 0) {
     KV_ASSIGN_OR_RETURN(arena, runner.AllocateTierArena(config.host_bytes));
   }
-  KV_ASSIGN_OR_RETURN(std::unique_ptr<KvTiers> tiers,
-                      KvTiers::Create(config, TierIdentityOf(runner, weights_fingerprint), arena));
+  const TierIdentity id = TierIdentityOf(runner, weights_fingerprint);
+  // A prompt's loads wait staged until it takes them all: room for a whole
+  // device pool's worth, so the end of a long prompt never pushes out its start.
+  KvTierConfig with_staging = config;
+  with_staging.staging_bytes =
+      std::max(KvTierConfig::kMinStagingBytes, int64_t{runner.num_blocks()} * TierValueBytes(id));
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<KvTiers> tiers, KvTiers::Create(with_staging, id, arena));
   return std::unique_ptr<EngineTiers>(new EngineTiers(std::move(tiers)));
 }
 

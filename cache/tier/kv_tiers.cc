@@ -90,7 +90,11 @@ absl::StatusOr<std::unique_ptr<KvTiers>> KvTiers::Create(const KvTierConfig& con
   return tiers;
 }
 
-KvTiers::KvTiers(const KvTierConfig& config, const TierIdentity& id) : config_(config), id_(id) {}
+KvTiers::KvTiers(const KvTierConfig& config, const TierIdentity& id)
+    : config_(config),
+      id_(id),
+      staging_(config.staging_bytes),
+      staged_disk_(config.staging_bytes) {}
 
 void KvTiers::Store(const TierBlockKey& key, std::span<const uint8_t> payload) {
   if (host_ == nullptr) {

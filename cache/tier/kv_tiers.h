@@ -54,6 +54,12 @@ struct KvTierConfig {
   int64_t disk_bytes = 0;
   std::string remote_url;
   int32_t load_timeout_ms = 1000;
+  // The most bytes of background disk and remote loads held until their
+  // request takes them, per tier (an LRU: past it, the oldest are dropped and
+  // recomputed). The engine sets it to the device pool's bytes in tier
+  // values (no prompt loads more), at least kMinStagingBytes.
+  int64_t staging_bytes = kMinStagingBytes;
+  static constexpr int64_t kMinStagingBytes = int64_t{64} << 20;
   // Whether any tier below the device is configured.
   bool enabled() const { return host_bytes > 0 || !disk_path.empty() || !remote_url.empty(); }
   absl::Status Validate() const;  // names the bad key
@@ -158,8 +164,8 @@ class KvTiers final : public KvTierSource {
   std::vector<PendingStore> pending_;  // begun, not yet listed
   std::unique_ptr<DiskTier> disk_;
   std::unique_ptr<RemoteTier> remote_;
-  HostTier staging_{64 << 20};               // fetched remote values until Find takes them
-  HostTier staged_disk_{64 << 20};           // background disk reads until Find takes them
+  HostTier staging_;                         // fetched remote values until Find takes them
+  HostTier staged_disk_;                     // background disk reads until Find takes them
   std::unique_ptr<DiskLoader> disk_loader_;  // with background loads; before disk_ dies
   bool disk_notice_given_ = false;
   std::string notice_;
