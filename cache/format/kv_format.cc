@@ -180,8 +180,60 @@ absl::StatusOr<KvFormat> KvFormat::Create(KvDtype dtype, int num_kv_heads, int h
   return f;
 }
 
+absl::StatusOr<KvFormat> KvFormat::ForCrossLayer(const KvFormat& plain, KvCrossRole role,
+                                                 int retain_slots) {
+  const KvPageLayout& p = plain.layout_;
+  if (IsKcDtype(plain.dtype_) || p.has_tails()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache.cross_layer: kv_dtype ", std::string(KvDtypeName(plain.dtype_)),
+                     " keeps per-block K ranges and tails; cross-layer pages take a per-token "
+                     "kv_dtype"));
+  }
+  if (role == KvCrossRole::kNone) return plain;
+  const int max_slots = std::min(p.block_size, 254);
+  if (retain_slots < 1 || retain_slots > max_slots) {
+    return absl::InvalidArgumentError(absl::StrCat("cache.cross_layer.retain: ", retain_slots,
+                                                   " retained slots a block, expected 1 .. ",
+                                                   max_slots));
+  }
+  KvFormat f = plain;
+  KvPageLayout& l = f.layout_;
+  l.cross.role = role;
+  const int64_t rows = static_cast<int64_t>(p.num_kv_heads) * p.block_size;
+  if (role == KvCrossRole::kShared) {
+    l.cross.retain_slots = retain_slots;
+    const int64_t kept = static_cast<int64_t>(p.num_kv_heads) * retain_slots;
+    int64_t off = 0;
+    for (KvPartLayout* part : {&l.k, &l.v}) {
+      part->data_offset = off;
+      off = AlignUp(off + kept * part->row_bytes, 16);
+      part->meta_offset = off;
+      off = AlignUp(off + kept * part->meta_bytes, 16);
+    }
+    l.cross.ratio_offset = off;
+    off = AlignUp(off + rows * 4, 16);
+    l.cross.index_offset = off;
+    l.block_bytes = AlignUp(off + p.block_size, 64);
+  }
+  KvTailLayout& t = l.tail;
+  t.elem = KvElem::kFp32;
+  t.row_bytes = p.head_dim * 4;
+  t.k_offset = 0;
+  t.v_offset = AlignUp(rows * t.row_bytes, 16);
+  t.block_bytes = AlignUp(t.v_offset + rows * t.row_bytes, 64);
+  return f;
+}
+
 int64_t KvFormat::bytes_per_token_per_layer() const {
   const KvPageLayout& l = layout_;
+  if (l.cross.role == KvCrossRole::kShared) {
+    const int64_t block = static_cast<int64_t>(l.num_kv_heads) *
+                              (l.cross.retain_slots * int64_t{l.k.row_bytes + l.k.meta_bytes +
+                                                              l.v.row_bytes + l.v.meta_bytes} +
+                               int64_t{l.block_size} * 4) +
+                          l.block_size;
+    return BlocksForTokens(block, l.block_size);
+  }
   if (l.k.elem == KvElem::kInt4Channel) {
     const int64_t block =
         static_cast<int64_t>(l.num_kv_heads) *

@@ -79,7 +79,17 @@ class KvFormat {
                                          int block_size, int int4_group_size = 64,
                                          KvElem tail_elem = KvElem::kFp32);
 
+  // plain (a per-token dtype, no tails) as a layer of cross-layer sharing
+  // (kv_layout.h): kBase keeps plain's page and adds fp32 tails; kShared
+  // holds retain_slots retention rows per head in plain's format, the
+  // per-token ratios and index, and fp32 tails. InvalidArgument (naming
+  // cache.cross_layer) for int4_kc / int2_kc or retain_slots outside
+  // [1, min(block_size, 254)].
+  static absl::StatusOr<KvFormat> ForCrossLayer(const KvFormat& plain, KvCrossRole role,
+                                                int retain_slots);
+
   KvDtype dtype() const { return dtype_; }
+  KvCrossRole cross_role() const { return layout_.cross.role; }
   // The plain layout kernels receive.
   const KvPageLayout& layout() const { return layout_; }
   int num_kv_heads() const { return layout_.num_kv_heads; }
@@ -94,8 +104,9 @@ class KvFormat {
   bool has_tails() const { return layout_.has_tails(); }
   int64_t tail_block_bytes() const { return layout_.tail.block_bytes; }
   // Unpadded K+V bytes one token needs in one layer, scales included (for
-  // int4_kc and int2_kc, whose K scales are per block: the unpadded block over
-  // block_size, rounded up to a whole byte).
+  // int4_kc and int2_kc, whose K scales are per block, and for a cross-layer
+  // shared page: the unpadded block over block_size, rounded up to a whole
+  // byte).
   int64_t bytes_per_token_per_layer() const;
 
   int64_t RowOffset(const KvPartLayout& part, int head, int slot) const {

@@ -75,6 +75,29 @@
 //     block_size must be at least 16 for int4_kc (KvFormat refuses less):
 //     per-channel ranges need enough tokens to amortise their meta.
 //
+// Cross-layer sharing (cache.cross_layer, MiniCache-style; the merge and its
+// attention: kernels/cpu/attention/cross_layer_attention.h). Layers pair up
+// from a first layer L: (L, L+1), (L+2, L+3), ...; the lower layer of a pair
+// is the base (role kBase), the upper the shared layer (kShared). Both keep
+// a sequence's partial last block in fp32 tails (as int4_kc does), and a
+// block is merged when it fills:
+//   * base page: an ordinary page of the layer's format (kernels that read
+//     plain pages read it); token t of head h holds m_l * e for a merged
+//     token (e the SLERP midpoint, t = 0.5, of the two layers' unit
+//     directions, m_l = |x_l|), x_l itself for an unmerged one; K (after
+//     RoPE, as stored) and V separately;
+//   * shared page:
+//       [K retention data][K retention meta][V retention data][V retention meta]
+//       [ratios][index]                               each region 16-byte aligned
+//     retention data/meta: as a plain page's K/V but [num_kv_heads]
+//       [retain_slots][row_bytes] (x_{l+1} of the unmerged tokens, in the
+//       layer's format; RetainedRowOffset / RetainedMetaOffset);
+//     ratios: fp16 [block_size][num_kv_heads][2]: m_{l+1} / m_l of K, then
+//       of V (a merged token's K of layer l+1 is ratio_k * its base key);
+//     index: uint8 [block_size]: kCrossMerged (0xFF) or the token's
+//       retention slot.
+//   One decision per token for every head, K and V (so one index byte).
+//
 // Tail block layout (one layer, when tail.block_bytes > 0):
 //   [K rows][V rows]   each [num_kv_heads][block_size][tail.row_bytes],
 //   16-byte aligned; tail.row_bytes = head_dim * 4 (fp32) or * 2 (fp16).
@@ -127,6 +150,18 @@ struct KvTailLayout {
   int64_t block_bytes = 0;  // one tail block of one layer; 0: no tails
 };
 
+// A layer's part in cross-layer sharing (see above).
+enum class KvCrossRole : uint8_t { kNone, kBase, kShared };
+// A merged token's index byte in a shared page.
+inline constexpr uint8_t kCrossMerged = 0xFF;
+
+struct KvCrossLayout {
+  KvCrossRole role = KvCrossRole::kNone;
+  int32_t retain_slots = 0;  // kShared: retention rows per head (< 255)
+  int64_t ratio_offset = 0;  // kShared: fp16 [block_size][num_kv_heads][2]
+  int64_t index_offset = 0;  // kShared: uint8 [block_size]
+};
+
 struct KvPageLayout {
   int32_t num_kv_heads = 0;
   int32_t head_dim = 0;
@@ -135,6 +170,21 @@ struct KvPageLayout {
   KvPartLayout k;
   KvPartLayout v;
   KvTailLayout tail;
+  KvCrossLayout cross;
+
+  // Retention row r of a head in a shared page (cross.role == kShared).
+  KV_HOST_DEVICE int64_t RetainedRowOffset(const KvPartLayout& part, int head, int r) const {
+    return part.data_offset +
+           (static_cast<int64_t>(head) * cross.retain_slots + r) * part.row_bytes;
+  }
+  KV_HOST_DEVICE int64_t RetainedMetaOffset(const KvPartLayout& part, int head, int r) const {
+    return part.meta_offset +
+           (static_cast<int64_t>(head) * cross.retain_slots + r) * part.meta_bytes;
+  }
+  // The fp16 K ratio of (slot, head) in a shared page; its V ratio follows.
+  KV_HOST_DEVICE int64_t RatioOffset(int slot, int head) const {
+    return cross.ratio_offset + (static_cast<int64_t>(slot) * num_kv_heads + head) * 4;
+  }
 
   // Whether a sequence's partial last block lives in a tail (int4_kc).
   KV_HOST_DEVICE bool has_tails() const { return tail.block_bytes > 0; }

@@ -7,6 +7,9 @@
 //
 // Example (stories260K: 5 layers, 4 KV heads of 8, block 16, int4_kc with
 // fp32 tails): 5 x 896 = 4,480 bytes per block, 280 bytes per token.
+// Cross-layer from layer 2 with retain 0.125 in fp32: layers 0-2 and 4 take
+// 4,096 bytes a block each and layer 3's shared page 832 (2 retained rows a
+// head, fp16 ratios, the index), 17,216 bytes a block, 1,076 per token.
 //
 // Thread-safety: immutable value type; pure functions.
 #pragma once
@@ -17,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cache/format/kv_cross_layer.h"
 #include "cache/format/kv_dtype_spec.h"
 #include "cache/format/kv_format.h"
 
@@ -55,10 +59,14 @@ struct KvLayers {
 // The formats of spec over shape. InvalidArgument from spec.Resolve (naming
 // `what`) or from KvFormat::Create (naming the cache.* setting). layer_dims,
 // when not empty, gives every layer's page shape instead of shape's
-// num_kv_heads and head_dim.
+// num_kv_heads and head_dim. cross (cache.cross_layer, when enabled) makes
+// its pairs' layers base and shared pages (KvFormat::ForCrossLayer; the
+// shared pages' bytes are the pool's per-layer bytes like any other) with
+// fp32 tails; not with layer_dims.
 absl::StatusOr<KvLayers> ResolveKvLayers(const KvDtypeSpec& spec, const KvLayerShape& shape,
                                          std::string_view what = "cache.kv_dtype",
-                                         std::span<const KvLayerDims> layer_dims = {});
+                                         std::span<const KvLayerDims> layer_dims = {},
+                                         const KvCrossLayerSpec& cross = {});
 
 // Tail blocks a pool of layers keeps for max_seqs running sequences: two
 // each (a tail freed while a pending copy still reads it is reused a step

@@ -48,6 +48,70 @@ TEST_CASE("ResolveKvLayers: bytes as allocated, padding and tails included", "[c
   }
 }
 
+TEST_CASE("ResolveKvLayers: cross-layer pairs, their shared pages and tails", "[cache]") {
+  KvCrossLayerSpec cross;
+  cross.from_layer = 2;
+  SECTION("fp32 from layer 2: (2, 3) paired, 4 plain; layer 3's page 784 bytes padded to 832") {
+    const KvLayers l = *ResolveKvLayers(KvDtype::kFp32, Stories(), "cache.kv_dtype", {}, cross);
+    REQUIRE(l.formats[1].cross_role() == KvCrossRole::kNone);
+    REQUIRE(l.formats[2].cross_role() == KvCrossRole::kBase);
+    REQUIRE(l.formats[3].cross_role() == KvCrossRole::kShared);
+    REQUIRE(l.formats[4].cross_role() == KvCrossRole::kNone);
+    // 2 retained rows of 32 bytes x 4 heads, K and V; fp16 ratios 16 x 4 x 4; 16 index bytes.
+    REQUIRE(l.formats[3].block_bytes() == 832);
+    REQUIRE(l.formats[3].bytes_per_token_per_layer() == 49);  // 784 / 16, rounded up
+    REQUIRE(l.bytes_per_block == 4 * 4096 + 832);
+    REQUIRE(l.bytes_per_token() == 1076);
+    REQUIRE(l.bytes_per_tail == 2 * 4096);  // both layers of the pair, fp32
+  }
+  SECTION("int8 from layer 0: (0, 1), (2, 3); retain 1 keeps all 16 slots") {
+    cross.from_layer = 0;
+    cross.retain = 1.0;
+    const KvLayers l = *ResolveKvLayers(KvDtype::kInt8, Stories(), "cache.kv_dtype", {}, cross);
+    REQUIRE(l.formats[0].cross_role() == KvCrossRole::kBase);
+    REQUIRE(l.formats[1].cross_role() == KvCrossRole::kShared);
+    REQUIRE(l.formats[1].layout().cross.retain_slots == 16);
+    REQUIRE(l.formats[3].cross_role() == KvCrossRole::kShared);
+  }
+  SECTION("errors name the cache.cross_layer key") {
+    const auto msg = [&](KvDtypeSpec spec, KvCrossLayerSpec c) {
+      return std::string(
+          ResolveKvLayers(spec, Stories(), "cache.kv_dtype", {}, c).status().message());
+    };
+    cross.from_layer = 4;
+    REQUIRE(
+        msg(KvDtype::kFp32, cross) ==
+        "cache.cross_layer.from_layer: 4 leaves no pair of layers (the model has 5; at most 3)");
+    cross.from_layer = 0;
+    cross.threshold = 1.5;
+    REQUIRE(msg(KvDtype::kFp32, cross) ==
+            "cache.cross_layer.threshold: 1.5 is not an angle / pi in [0, 1]");
+    cross.threshold = 0.1;
+    cross.retain = 0;
+    REQUIRE(msg(KvDtype::kFp32, cross) ==
+            "cache.cross_layer.retain: 0 is not a fraction in (0, 1]");
+    cross.retain = 0.125;
+    REQUIRE(msg(KvDtype::kInt4Kc, cross) ==
+            "cache.cross_layer: kv_dtype int4_kc keeps per-block K ranges and tails; cross-layer "
+            "pages take a per-token kv_dtype");
+    REQUIRE(msg(*KvDtypeSpec::Parse("fp32,int2_kc,fp32*3"), cross) ==
+            "cache.cross_layer: kv_dtype int2_kc keeps per-block K ranges and tails; cross-layer "
+            "pages take a per-token kv_dtype");
+  }
+  SECTION("ParseKvCrossLayer: L, L:T, L:T:R") {
+    const KvCrossLayerSpec a = *ParseKvCrossLayer("2", "--cross-layer");
+    REQUIRE(a.from_layer == 2);
+    REQUIRE(a.threshold == KvCrossLayerSpec::kDefaultThreshold);
+    const KvCrossLayerSpec b = *ParseKvCrossLayer("1:0.2:0.25", "--cross-layer");
+    REQUIRE(b.threshold == 0.2);
+    REQUIRE(b.retain == 0.25);
+    REQUIRE(b.ToString() == "1:0.2:0.25");
+    REQUIRE(std::string(ParseKvCrossLayer("x:1", "--cross-layer").status().message()) ==
+            "--cross-layer: 'x:1' is not L[:T[:R]] (first merged layer, threshold, retained "
+            "fraction)");
+  }
+}
+
 TEST_CASE("ResolveKvLayers: errors name the setting", "[cache]") {
   const auto msg = [](const absl::StatusOr<KvLayers>& s) {
     return std::string(s.status().message());
