@@ -366,8 +366,9 @@ absl::Status KvCacheManager::Append(SeqId seq, std::span<const int32_t> new_toke
     const int32_t last = s.table.num_blocks() - 1;
     const BlockId shared = s.table.blocks()[last];
     const BlockId copy = AllocateFresh();
-    // With tails the partial block's rows are in the tail, not in it.
-    if (!has_tails()) RecordCow(shared, copy);
+    // With tails the partial block's rows are in the tail, not in it,
+    // unless some layers keep no tails.
+    if (!has_tails() || config_.partial_rows_in_blocks) RecordCow(shared, copy);
     ReleasePrimary(shared);
     s.table.SetBlock(last, copy);
   }

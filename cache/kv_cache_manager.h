@@ -127,6 +127,10 @@ struct KvCacheConfig {
   // keeps none), and host tails for swapped-out sequences.
   int32_t num_tail_blocks = 0;
   int32_t num_swap_tail_blocks = 0;
+  // With tails: some layers still keep a partial block's rows in the block
+  // (per-token layers beside int4_kc ones, cross-layer pairs' plain
+  // layers), so copy-on-write of a partial block copies it too.
+  bool partial_rows_in_blocks = false;
 
   // Names the bad field ("cache.block_size must be positive, got 0").
   absl::Status Validate() const;

@@ -96,6 +96,9 @@ class ModelRunner {
   // sequence's tail.
   virtual int32_t num_tail_blocks() const { return 0; }
   virtual int32_t num_swap_tail_blocks() const { return 0; }
+  // With tails: whether some layer keeps a partial block's rows in the block
+  // itself (a layer without tails), so copy-on-write must copy the block.
+  virtual bool partial_rows_in_blocks() const { return false; }
   virtual const RunnerMemoryInfo& memory_info() const = 0;
 
   // Writes the K/V of every row of `batch` into its slot and computes the

@@ -111,7 +111,8 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(LlamaWeights weight
                      o.block_size,  o.int4_group_size, KvElem::kFp32};
   const std::vector<KvLayerDims> dims =
       low_rank ? LowRankLayerDims(*low_rank) : std::vector<KvLayerDims>{};
-  KV_ASSIGN_OR_RETURN(KvLayers layers, ResolveKvLayers(o.kv_dtype, shape, "cache.kv_dtype", dims));
+  KV_ASSIGN_OR_RETURN(KvLayers layers,
+                      ResolveKvLayers(o.kv_dtype, shape, "cache.kv_dtype", dims, o.cross_layer));
   const int32_t num_tails = TailBlocksFor(layers, o.max_num_seqs);
   KvPoolRequest pool;
   pool.num_blocks = o.num_blocks;
@@ -137,6 +138,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateCpuRunner(LlamaWeights weight
   ro.pool_sized_from = plan.sized_from;
   ro.num_tail_blocks = num_tails;
   ro.low_rank = std::move(low_rank);
+  ro.cross_layer = o.cross_layer;
   absl::StatusOr<std::unique_ptr<CpuModelRunner>> runner =
       CpuModelRunner::Create(std::move(weights), ro);
   if (!runner.ok()) {
@@ -207,6 +209,12 @@ absl::Status CheckRunnerDevice(const RunnerOptions& options) {
                      "(model.device: cpu); ",
                      options.device, " takes a cache without cache.low_rank"));
   }
+  if (options.cross_layer.enabled()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cache.cross_layer: cross-layer KV sharing runs on the CPU runner only "
+                     "(model.device: cpu); ",
+                     options.device, " takes a cache without cache.cross_layer"));
+  }
 #ifdef KVSERVE_HAVE_CUDA
   return CudaModelRunner::CheckDevice(options, device);
 #else
@@ -222,7 +230,7 @@ absl::StatusOr<std::unique_ptr<ModelRunner>> CreateModelRunner(LlamaWeights weig
   KV_ASSIGN_OR_RETURN(DeviceSpec device, ParseDevice(options.device));
   if (device.kind == DeviceSpec::Kind::kCpu) return CreateCpuRunner(std::move(weights), options);
   KV_RETURN_IF_ERROR(CheckWeightQuant(options, device, &weights));
-  KV_RETURN_IF_ERROR(CheckRunnerDevice(options));  // refuses cache.low_rank first
+  KV_RETURN_IF_ERROR(CheckRunnerDevice(options));  // refuses cache.low_rank, cross_layer first
 #ifdef KVSERVE_HAVE_CUDA
   KV_ASSIGN_OR_RETURN(WeightDtype dtype, ResolveWeightDtype(options.dtype, device));
   KV_ASSIGN_OR_RETURN(

@@ -32,6 +32,7 @@
 #include <string_view>
 
 #include "absl/status/statusor.h"
+#include "cache/format/kv_cross_layer.h"
 #include "cache/format/kv_dtype_spec.h"
 #include "cache/format/kv_format.h"
 #include "model/llama_weights.h"
@@ -83,6 +84,10 @@ struct RunnerOptions {
   // cache.low_rank: a `kvserve calibrate-kv` file; the CPU runner caches
   // rank-R latents (model/lowrank/low_rank_kv.h), CUDA refuses it. "": off.
   std::string low_rank;
+  // cache.cross_layer (cache/format/kv_cross_layer.h): the CPU runner shares
+  // one stored direction per token between pairs of layers; CUDA refuses
+  // it. from_layer -1: off.
+  KvCrossLayerSpec cross_layer;
   // scheduler.* (the largest step the runner must take)
   int32_t max_num_seqs = 64;
   int32_t max_num_batched_tokens = 512;

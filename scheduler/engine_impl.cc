@@ -81,6 +81,7 @@ absl::StatusOr<std::unique_ptr<EngineImpl>> EngineImpl::Create(
   kv_config.num_swap_blocks = runner->num_swap_blocks();
   kv_config.num_tail_blocks = runner->num_tail_blocks();
   kv_config.num_swap_tail_blocks = runner->num_swap_tail_blocks();
+  kv_config.partial_rows_in_blocks = runner->partial_rows_in_blocks();
   kv_config.enable_prefix_caching = config.prefix_caching;
   std::unique_ptr<EngineTiers> tiers;
   if (config.tiers.enabled()) {

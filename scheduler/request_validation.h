@@ -103,8 +103,8 @@ bool EvictionUnbounded(EvictionPolicyKind kind);
 // Why a runner has no KV eviction, for the config's and a request's error.
 inline constexpr char kNoEvictionReason[] =
     "needs KV eviction, which this model runner does not have for this cache.kv_dtype (CPU: "
-    "every one but int4_kc and int2_kc, without cache.low_rank; CUDA: one per-token dtype in "
-    "every layer)";
+    "every one but int4_kc and int2_kc, without cache.low_rank or cache.cross_layer; CUDA: one "
+    "per-token dtype in every layer)";
 
 // A request's eviction: bounds.eviction with o's fields over it. FieldErrors
 // name kv_policy.policy or kv_policy.budget (and the other kv_policy.*

@@ -39,6 +39,7 @@ absl::StatusOr<RunnerOptions> RunnerOptionsFor(const ServeConfig& config) {
   ro.num_swap_blocks = config.cache.num_swap_blocks;
   ro.int4_group_size = config.cache.int4_group_size;
   ro.low_rank = config.cache.low_rank;
+  ro.cross_layer = config.cache.cross_layer;
   ro.num_threads = config.model.threads > 0 ? config.model.threads : DefaultCpuThreads();
   ro.max_num_seqs = config.scheduler.max_num_seqs;
   ro.max_num_batched_tokens = config.scheduler.max_num_batched_tokens;

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/attention/cross_layer_attention.h"
 #include "kernels/cpu/attention/low_rank_attention.h"
 #include "kernels/cpu/attention/paged_attention.h"
 #include "kernels/cpu/layers/gemm.h"
@@ -72,8 +73,16 @@ absl::Status CheckWeights(const LlamaWeights& w) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<CpuForward>> CpuForward::Create(
-    LlamaWeights weights, int num_threads, std::shared_ptr<const LowRankKv> low_rank) {
+    LlamaWeights weights, int num_threads, std::shared_ptr<const LowRankKv> low_rank,
+    const KvCrossLayerSpec& cross_layer) {
   KV_RETURN_IF_ERROR(CheckWeights(weights));
+  if (cross_layer.enabled()) {
+    KV_RETURN_IF_ERROR(cross_layer.Validate(weights.config.num_layers));
+    if (low_rank != nullptr) {
+      return absl::InvalidArgumentError(
+          "cache.cross_layer: not with cache.low_rank (its latents are not a layer's K/V)");
+    }
+  }
   if (low_rank != nullptr) {
     KV_RETURN_IF_ERROR(ValidateLowRankKv(*low_rank, "cache.low_rank"));
     const ModelConfig& c = weights.config;
@@ -91,16 +100,18 @@ absl::StatusOr<std::unique_ptr<CpuForward>> CpuForward::Create(
   }
   if (num_threads <= 0) num_threads = DefaultCpuThreads();
   return std::unique_ptr<CpuForward>(
-      new CpuForward(std::move(weights), num_threads, std::move(low_rank)));
+      new CpuForward(std::move(weights), num_threads, std::move(low_rank), cross_layer));
 }
 
 CpuForward::CpuForward(LlamaWeights weights, int num_threads,
-                       std::shared_ptr<const LowRankKv> low_rank)
+                       std::shared_ptr<const LowRankKv> low_rank,
+                       const KvCrossLayerSpec& cross_layer)
     : weights_(std::move(weights)),
       rope_(weights_.config.max_position_embeddings, weights_.config.RopeInvFreq()),
       inv_freq_(weights_.config.RopeInvFreq()),
       pool_(num_threads),
-      low_rank_(std::move(low_rank)) {
+      low_rank_(std::move(low_rank)),
+      cross_(cross_layer) {
   const ModelConfig& c = weights_.config;
   q_dim_ = c.num_heads * c.head_dim;
   kv_dim_ = c.num_kv_heads * c.head_dim;
@@ -291,6 +302,7 @@ absl::Status CpuForward::Validate(const BatchInput& batch, const HostKvPages& kv
   limits.num_tails = kv.has_tails() ? kv.num_tails() : 0;
   KV_RETURN_IF_ERROR(ValidateBatch(batch, limits));
   if (low_rank_) KV_RETURN_IF_ERROR(ValidateLowRank(batch, kv));
+  KV_RETURN_IF_ERROR(ValidateCrossLayer(batch, kv));
   const size_t want = batch.logits_rows.size() * static_cast<size_t>(c.vocab_size);
   if (logits.size() < want) {
     return absl::InvalidArgumentError(
@@ -336,6 +348,89 @@ absl::Status CpuForward::ValidateLowRank(const BatchInput& batch, const HostKvPa
   return absl::OkStatus();
 }
 
+absl::Status CpuForward::ValidateCrossLayer(const BatchInput& batch, const HostKvPages& kv) const {
+  const int n = kv.num_layers();
+  for (int l = 0; l < n; ++l) {
+    const KvCrossRole want = cross_.RoleOf(l, n), have = RoleOf(kv, l);
+    if (want != have) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cache.cross_layer: layer ", l, "'s KV pages are ",
+          have == KvCrossRole::kNone   ? "plain"
+          : have == KvCrossRole::kBase ? "a base"
+                                       : "shared",
+          " pages, the setting (", cross_.enabled() ? cross_.ToString() : "off", ") makes it ",
+          want == KvCrossRole::kNone   ? "plain"
+          : want == KvCrossRole::kBase ? "a base"
+                                       : "shared"));
+    }
+  }
+  if (!cross_.enabled()) return absl::OkStatus();
+  for (int32_t s : batch.num_sinks) {
+    if (s > 0)
+      return absl::InvalidArgumentError("cache.cross_layer: KV eviction (sinks) is refused");
+  }
+  for (auto a : batch.attention_stats) {
+    if (a) return absl::InvalidArgumentError("cache.cross_layer: attention statistics are refused");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> CpuForward::ForwardInRounds(const BatchInput& batch, HostKvPages& kv,
+                                                 std::span<float> logits) {
+  const int32_t bs = kv.format().block_size(), B = batch.num_seqs();
+  const BatchView view = ViewOf(batch);
+  int32_t rounds = 1;
+  for (int32_t b = 0; b < B; ++b) {
+    if (view.QueryLen(b) == 0) continue;
+    rounds = std::max(rounds, (batch.context_len[b] - 1) / bs - view.FirstIndex(b) / bs + 1);
+  }
+  if (rounds == 1) return false;
+  const int vocab = weights_.config.vocab_size;
+  for (int32_t k = 0; k < rounds; ++k) {
+    // Round k: the rows of each sequence's k-th block from its first new one.
+    BatchInput& rb = round_;
+    rb.Clear();
+    rb.max_blocks_per_seq = batch.max_blocks_per_seq;
+    std::vector<int32_t> logit_of;  // round logits row -> the batch's
+    size_t next_logit = 0;
+    for (int32_t b = 0; b < B; ++b) {
+      const int32_t first = view.FirstIndex(b), ctx = batch.context_len[b];
+      const int32_t lo = std::max(first, (first / bs + k) * bs);
+      const int32_t hi = std::min(ctx, (first / bs + k + 1) * bs);
+      const int32_t r0 = batch.query_start[b];
+      // Past the sequence's rows of earlier rounds (all of them once it is done).
+      while (next_logit < batch.logits_rows.size() &&
+             batch.logits_rows[next_logit] < r0 + (std::min(lo, hi) - first)) {
+        ++next_logit;
+      }
+      if (lo >= hi) continue;
+      for (int32_t i = lo; i < hi; ++i) {
+        const int32_t r = r0 + (i - first);
+        if (next_logit < batch.logits_rows.size() && batch.logits_rows[next_logit] == r) {
+          rb.logits_rows.push_back(rb.num_tokens());
+          logit_of.push_back(static_cast<int32_t>(next_logit++));
+        }
+        rb.token_ids.push_back(batch.token_ids[r]);
+        rb.positions.push_back(batch.positions[r]);
+        rb.slot_mapping.push_back(batch.slot_mapping[r]);
+      }
+      rb.query_start.push_back(rb.num_tokens());
+      rb.context_len.push_back(hi);
+      rb.block_table.insert(rb.block_table.end(), batch.BlockRow(b),
+                            batch.BlockRow(b) + batch.max_blocks_per_seq);
+      if (!batch.tail_ids.empty()) rb.tail_ids.push_back(batch.tail_ids[b]);
+    }
+    round_logits_.resize(rb.logits_rows.size() * static_cast<size_t>(vocab));
+    // One block per sequence: this Forward runs the round itself.
+    KV_RETURN_IF_ERROR(Forward(rb, kv, round_logits_));
+    for (size_t i = 0; i < logit_of.size(); ++i) {
+      std::copy(round_logits_.begin() + i * vocab, round_logits_.begin() + (i + 1) * vocab,
+                logits.begin() + static_cast<size_t>(logit_of[i]) * vocab);
+    }
+  }
+  return true;
+}
+
 void CpuForward::EnsureCapacity(int64_t rows, int64_t logit_rows) {
   const ModelConfig& c = weights_.config;
   if (rows > capacity_) {
@@ -345,6 +440,10 @@ void CpuForward::EnsureCapacity(int64_t rows, int64_t logit_rows) {
     q_.resize(capacity_ * q_dim_);
     k_.resize(capacity_ * kv_dim_);
     v_.resize(capacity_ * kv_dim_);
+    if (cross_.enabled()) {
+      base_k_.resize(capacity_ * kv_dim_);
+      base_v_.resize(capacity_ * kv_dim_);
+    }
     att_.resize(capacity_ * att_width_);
     k_lat_.resize(capacity_ * latent_width_);
     v_lat_.resize(capacity_ * latent_width_);
@@ -539,7 +638,12 @@ void CpuForward::FinishQkv(int layer, const BatchInput& batch, HostKvPages& kv, 
     if (!low_rank_)
       cpu::ApplyRope(k + i * kv_dim_, c.num_kv_heads, c.head_dim, cs, sn, interleaved);
   }
-  if (kv.format(layer).has_tails()) return;  // int4_kc: FlushKvBlocks / WriteKvTails
+  if (RoleOf(kv, layer) == KvCrossRole::kBase) {  // for the shared layer's flush
+    std::copy(k, k + n * kv_dim_, base_k_.data() + r0 * kv_dim_);
+    std::copy(v, v + n * kv_dim_, base_v_.data() + r0 * kv_dim_);
+  }
+  // int4_kc: FlushKvBlocks / WriteKvTails; cross layer: CrossLayerFlush / WriteKvTails.
+  if (kv.format(layer).has_tails()) return;
   cpu::KvWriteParams wp;
   wp.k = k;
   wp.v = v;
@@ -622,6 +726,10 @@ void CpuForward::AttentionOutputAndMlp(int layer, int64_t r0, int64_t r1) {
 absl::Status CpuForward::Forward(const BatchInput& batch, HostKvPages& kv,
                                  std::span<float> logits) {
   KV_RETURN_IF_ERROR(Validate(batch, kv, logits));
+  if (cross_.enabled()) {
+    KV_ASSIGN_OR_RETURN(bool ran, ForwardInRounds(batch, kv, logits));
+    if (ran) return absl::OkStatus();
+  }
   const ModelConfig& c = weights_.config;
   const int64_t T = batch.num_tokens();
   const int64_t R = static_cast<int64_t>(batch.logits_rows.size());
@@ -697,10 +805,45 @@ absl::Status CpuForward::Forward(const BatchInput& batch, HostKvPages& kv,
   tp.batch = ap.batch;
   ap.new_k = k_.data();
   ap.new_v = v_.data();
+  cpu::CrossLayerAttentionParams xp;
+  cpu::CrossLayerFlushParams xf;
+  if (cross_.enabled()) {
+    xp.q = q_.data();
+    xp.out = att_.data();
+    xp.batch = ap.batch;
+    xp.new_k = k_.data();
+    xp.new_v = v_.data();
+    xp.num_heads = c.num_heads;
+    xp.scale = attn_scale_;
+    xp.sliding_window = c.sliding_window;
+    xf.batch = ap.batch;
+    xf.base_k = base_k_.data();
+    xf.base_v = base_v_.data();
+    xf.shared_k = k_.data();
+    xf.shared_v = v_.data();
+    xf.threshold = static_cast<float>(cross_.threshold);
+  }
   for (int l = 0; l < c.num_layers; ++l) {
     ap.kv = LayerView(kv, l);
     const bool tails = kv.format(l).has_tails();
-    if (tails) {
+    const KvCrossRole role = RoleOf(kv, l);
+    if (role != KvCrossRole::kNone) {
+      xp.role = role;
+      xp.base = LayerView(kv, role == KvCrossRole::kBase ? l : l - 1);
+      xp.shared = role == KvCrossRole::kShared ? ap.kv : PagedKvView{};
+      tp.kv = ap.kv;
+    }
+    if (role == KvCrossRole::kShared) {  // the blocks the step completes, both layers
+      xf.base = xp.base;
+      xf.shared = xp.shared;
+      const int64_t B = batch.num_seqs();
+      const int flush_chunks = static_cast<int>(std::min<int64_t>(chunks, B));
+      pool_.Run(flush_chunks, [&](int ch) {
+        int64_t b0, b1;
+        cpu::SplitRange(B, flush_chunks, ch, &b0, &b1);
+        cpu::CrossLayerFlush(xf, static_cast<int32_t>(b0), static_cast<int32_t>(b1));
+      });
+    } else if (tails && role == KvCrossRole::kNone) {
       tp.kv = ap.kv;
       const int64_t B = batch.num_seqs();
       const int flush_chunks = static_cast<int>(std::min<int64_t>(chunks, B));
@@ -722,6 +865,8 @@ absl::Status CpuForward::Forward(const BatchInput& batch, HostKvPages& kv,
       if (attn_split_[ch] >= attn_split_[ch + 1]) return;
       if (low_rank_) {
         cpu::LowRankAttention(lp, attn_split_[ch], attn_split_[ch + 1]);
+      } else if (role != KvCrossRole::kNone) {
+        cpu::CrossLayerAttention(xp, attn_split_[ch], attn_split_[ch + 1]);
       } else {
         cpu::PagedAttention(ap, attn_split_[ch], attn_split_[ch + 1]);
       }

@@ -62,6 +62,19 @@
 // mass) is refused for these pages, and a row's position must be its cache
 // index (keys are rotated at their index).
 //
+// Cross-layer KV (cache.cross_layer; cache/format/kv_cross_layer.h and
+// kernels/cpu/attention/cross_layer_attention.h): the pages of a pair's base
+// and shared layer are written when a block fills (CrossLayerFlush at the
+// shared layer, before its attention, from both layers' tails and this
+// step's rows; the base layer's rows of the step are kept until then), and
+// both layers attend with cpu::CrossLayerAttention and write their partial
+// block's rows into tails after it. A step in which a sequence's rows cross
+// a block boundary runs as rounds, one block of each sequence per round, so
+// every block below a row's own one is merged before the row's base layer
+// attends: what a row sees then depends on its cache index only (prefix
+// hits, chunking and recompute give the same tokens). Eviction (sinks, key
+// mass) is refused with these pages.
+//
 // Thread-safety: none; one engine thread calls Forward.
 #pragma once
 
@@ -73,6 +86,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cache/format/kv_cross_layer.h"
 #include "cache/format/kv_pages.h"
 #include "kernels/batch_input.h"
 #include "kernels/cpu/layers/ops.h"
@@ -89,8 +103,11 @@ class CpuForward {
   // (what the cgroup CPU quota and the affinity mask allow).
   // low_rank (optional): latents instead of K/V; its shape must be the
   // model's (CheckLowRankMatches is the caller's, at load).
+  // cross_layer (optional): its pairs' pages must be the formats
+  // ResolveKvLayers gives for it (checked each step).
   static absl::StatusOr<std::unique_ptr<CpuForward>> Create(
-      LlamaWeights weights, int num_threads, std::shared_ptr<const LowRankKv> low_rank = nullptr);
+      LlamaWeights weights, int num_threads, std::shared_ptr<const LowRankKv> low_rank = nullptr,
+      const KvCrossLayerSpec& cross_layer = {});
 
   // Sees every row's Q, K and V after biases and q/k norms, before RoPE
   // (layer, first row, rows, q [rows][q_dim], k, v [rows][kv_dim]): the
@@ -100,6 +117,7 @@ class CpuForward {
                                         const float* k, const float* v)>;
   void set_kv_observer(KvObserver observer) { kv_observer_ = std::move(observer); }
   const LowRankKv* low_rank() const { return low_rank_.get(); }
+  const KvCrossLayerSpec& cross_layer() const { return cross_; }
 
   const ModelConfig& config() const { return weights_.config; }
   const LlamaWeights& weights() const { return weights_; }
@@ -139,7 +157,18 @@ class CpuForward {
   static constexpr int64_t kMaxRepackBytes = int64_t{256} << 20;
 
  private:
-  CpuForward(LlamaWeights weights, int num_threads, std::shared_ptr<const LowRankKv> low_rank);
+  CpuForward(LlamaWeights weights, int num_threads, std::shared_ptr<const LowRankKv> low_rank,
+             const KvCrossLayerSpec& cross_layer);
+  // Cross layer: the pages' roles and what the batch may ask of them.
+  absl::Status ValidateCrossLayer(const BatchInput& batch, const HostKvPages& kv) const;
+  // Cross layer: runs a step whose sequences cross block boundaries as one
+  // round per block (false: one round is enough, nothing ran).
+  absl::StatusOr<bool> ForwardInRounds(const BatchInput& batch, HostKvPages& kv,
+                                       std::span<float> logits);
+  // Layer l's part in cross-layer sharing, as its pages say.
+  KvCrossRole RoleOf(const HostKvPages& kv, int layer) const {
+    return kv.format(layer).cross_role();
+  }
   void RepackIfMisaligned();
   // W_o' per layer and the latent widths (low rank only).
   void FoldLowRank();
@@ -240,6 +269,14 @@ class CpuForward {
   std::vector<float> k_lat_;                     // [T][groups][stored width]
   std::vector<float> v_lat_;                     // [T][groups][stored width]
   KvObserver kv_observer_;
+
+  // Cross layer (off: from_layer -1): a base layer's rows of the step, kept
+  // for its shared layer's flush.
+  KvCrossLayerSpec cross_;
+  std::vector<float> base_k_;  // [T][kv_dim]
+  std::vector<float> base_v_;  // [T][kv_dim]
+  BatchInput round_;           // ForwardInRounds' current round
+  std::vector<float> round_logits_;
 
   // Eviction, per step (empty unless the batch asks).
   std::vector<int32_t> sink_pos_;      // [T]: cache index for a sink query, or -1

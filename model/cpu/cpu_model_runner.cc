@@ -42,8 +42,12 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
                       ResolveKvLayers(options.kv_dtype,
                                       {c.num_layers, c.num_kv_heads, c.head_dim, options.block_size,
                                        options.int4_group_size, KvElem::kFp32},
-                                      "cache.kv_dtype", dims));
+                                      "cache.kv_dtype", dims, options.cross_layer));
   const bool tails = layers.has_tails();
+  if (options.cross_layer.enabled() && options.low_rank) {
+    return absl::InvalidArgumentError(
+        "cache.cross_layer: not with cache.low_rank (its latents are not a layer's K/V)");
+  }
   if (tails && options.low_rank) {
     return absl::InvalidArgumentError(
         "cache.low_rank: int4_kc and int2_kc layers (per-block K ranges, full-precision tails) "
@@ -59,9 +63,9 @@ absl::StatusOr<std::unique_ptr<CpuModelRunner>> CpuModelRunner::Create(
   const int32_t num_blocks = options.num_blocks > 0
                                  ? options.num_blocks
                                  : BlocksForTokens(c.max_position_embeddings, options.block_size);
-  KV_ASSIGN_OR_RETURN(
-      std::unique_ptr<CpuForward> model,
-      CpuForward::Create(std::move(weights), options.num_threads, options.low_rank));
+  KV_ASSIGN_OR_RETURN(std::unique_ptr<CpuForward> model,
+                      CpuForward::Create(std::move(weights), options.num_threads, options.low_rank,
+                                         options.cross_layer));
   return std::unique_ptr<CpuModelRunner>(
       new CpuModelRunner(std::move(model), layers.formats, num_blocks, options.num_swap_blocks,
                          num_tails, num_swap_tails, options.pool_sized_from));
@@ -96,6 +100,14 @@ absl::Status CpuModelRunner::Forward(const BatchInput& batch) {
   absl::Status s = model_->Forward(batch, primary_, logits_);
   if (!s.ok()) logits_.clear();
   return s;
+}
+
+bool CpuModelRunner::partial_rows_in_blocks() const {
+  if (!primary_.has_tails()) return false;
+  for (int l = 0; l < primary_.num_layers(); ++l) {
+    if (!primary_.format(l).has_tails()) return true;
+  }
+  return false;
 }
 
 absl::Status CpuModelRunner::Sample(std::span<const SampleRow> rows, std::span<SampledToken> out) {

@@ -53,6 +53,10 @@ struct CpuRunnerOptions {
   // checked against the weights by the caller (LoadLowRankKvFor). Not with
   // int4_kc layers; no eviction and no KV tiers with it.
   std::shared_ptr<const LowRankKv> low_rank;
+  // cache.cross_layer (cache/format/kv_cross_layer.h): pairs of layers share
+  // one stored direction per token. Per-token kv_dtypes only; not with
+  // low_rank; no eviction and no KV tiers with it.
+  KvCrossLayerSpec cross_layer;
 };
 
 class CpuModelRunner final : public ModelRunner {
@@ -71,6 +75,7 @@ class CpuModelRunner final : public ModelRunner {
   int32_t num_swap_blocks() const override { return swap_.num_blocks(); }
   int32_t num_tail_blocks() const override { return primary_.num_tails(); }
   int32_t num_swap_tail_blocks() const override { return swap_.num_tails(); }
+  bool partial_rows_in_blocks() const override;
   const RunnerMemoryInfo& memory_info() const override { return memory_info_; }
 
   using ModelRunner::Forward;
@@ -92,7 +97,10 @@ class CpuModelRunner final : public ModelRunner {
   // Tiers: host memcpy of whole blocks, every layer; aborts on a block id
   // outside the pool or a buffer of the wrong size.
   // Not with low-rank pages: a tier's identity does not carry the bases.
-  bool supports_kv_tiers() const override { return !low_rank(); }
+  // Nor with cross-layer pages (a tier's identity does not carry the setting).
+  bool supports_kv_tiers() const override {
+    return !low_rank() && !model_->cross_layer().enabled();
+  }
   bool supports_token_masks() const override { return true; }
   int64_t tier_block_bytes() const override { return primary_.bytes_per_block(); }
   absl::Status ExportBlocks(std::span<const BlockId> blocks, std::span<uint8_t> out) override;

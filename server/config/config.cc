@@ -336,6 +336,28 @@ const std::vector<Field>& Fields() {
                    [](ServeConfig& c, std::string v) { c.cache.evictor_model = std::move(v); }),
               Path("cache.low_rank",
                    [](ServeConfig& c, std::string v) { c.cache.low_rank = std::move(v); }),
+              Int("cache.cross_layer.from_layer", -1, kMaxInt32, "an integer >= 0 (-1: off)",
+                  [](ServeConfig& c, int64_t v) {
+                    c.cache.cross_layer.from_layer = static_cast<int>(v);
+                  }),
+              {"cache.cross_layer.threshold",
+               [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+                 const std::string expected = "an angle / pi in [0, 1]";
+                 KV_ASSIGN_OR_RETURN(double v,
+                                     ParseDouble("cache.cross_layer.threshold", text, expected));
+                 if (!(v >= 0 && v <= 1)) return Bad("cache.cross_layer.threshold", expected, text);
+                 c.cache.cross_layer.threshold = v;
+                 return absl::OkStatus();
+               }},
+              {"cache.cross_layer.retain",
+               [](ServeConfig& c, const std::string& text, Source, const std::string&) {
+                 const std::string expected = "a fraction of a block's slots in (0, 1]";
+                 KV_ASSIGN_OR_RETURN(double v,
+                                     ParseDouble("cache.cross_layer.retain", text, expected));
+                 if (!(v > 0 && v <= 1)) return Bad("cache.cross_layer.retain", expected, text);
+                 c.cache.cross_layer.retain = v;
+                 return absl::OkStatus();
+               }},
               {"cache.host_tier_bytes",
                [](ServeConfig& c, const std::string& text, Source, const std::string&) {
                  KV_ASSIGN_OR_RETURN(c.cache.host_tier_bytes,
@@ -566,7 +588,7 @@ absl::Status ApplyYaml(ServeConfig& config, const YAML::Node& root, const std::s
         KV_RETURN_IF_ERROR(SetChatTemplateMap(config, value));
         continue;
       }
-      if (key == "server.tls" && value.IsMap()) {  // a nested map of keys
+      if ((key == "server.tls" || key == "cache.cross_layer") && value.IsMap()) {  // nested keys
         for (const auto& sub : value) {
           const std::string sub_key = absl::StrCat(key, ".", sub.first.as<std::string>());
           if (FindField(sub_key) == nullptr) return UnknownKey(sub_key);
@@ -649,6 +671,26 @@ absl::Status CheckWhole(const ServeConfig& c) {
       return absl::InvalidArgumentError(
           "cache.low_rank: KV tiers (cache.host_tier_bytes, cache.disk_tier_path, "
           "cache.remote_tier_url) are refused with low-rank latents");
+    }
+  }
+  if (c.cache.cross_layer.enabled()) {
+    // Merged tokens have no slots to move, and a tier's identity does not
+    // carry the setting; the latents of cache.low_rank are not a layer's K/V.
+    if (!c.cache.low_rank.empty()) {
+      return absl::InvalidArgumentError(
+          "cache.cross_layer: not with cache.low_rank (its latents are not a layer's K/V)");
+    }
+    if (c.cache.eviction_policy != "none") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cache.cross_layer: KV eviction is refused with cross-layer pages "
+                       "(cache.eviction_policy ",
+                       c.cache.eviction_policy, ")"));
+    }
+    if (c.cache.host_tier_bytes > 0 || !c.cache.disk_tier_path.empty() ||
+        !c.cache.remote_tier_url.empty()) {
+      return absl::InvalidArgumentError(
+          "cache.cross_layer: KV tiers (cache.host_tier_bytes, cache.disk_tier_path, "
+          "cache.remote_tier_url) are refused with cross-layer pages");
     }
   }
   // The eviction settings as the engine will check them (sliding_window

@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cache/format/kv_cross_layer.h"
 #include "model/chat/chat_template.h"
 #include "scheduler/engine_config.h"
 #include "scheduler/request_validation.h"
@@ -76,6 +77,10 @@ struct ServeConfig {
     // Low-rank KV latents: the file `kvserve calibrate-kv` wrote (CPU only;
     // docs/kv-low-rank.md); "": off.
     std::string low_rank;
+    // Cross-layer KV sharing (cache/format/kv_cross_layer.h, CPU only;
+    // docs/kv-cross-layer.md): cache.cross_layer.{from_layer, threshold,
+    // retain}; from_layer -1: off.
+    KvCrossLayerSpec cross_layer;
     // Tiers below the device pool (cache/tier/, docs/kv-tiers.md); 0 / "": off.
     int64_t host_tier_bytes = 0;
     std::string disk_tier_path;

@@ -91,6 +91,15 @@ std::string ServeConfigKeyHelp(const std::string& key) {
       {"cache.low_rank",
        "low-rank KV latents: the file `kvserve calibrate-kv` wrote (CPU only; no eviction, no "
        "tiers, no int4_kc; docs/kv-low-rank.md)"},
+      {"cache.cross_layer.from_layer",
+       "cross-layer KV sharing: first merged layer, pairs (L, L+1), (L+2, L+3), ... (CPU only; no "
+       "eviction, no tiers, no int4_kc/int2_kc, no cache.low_rank; docs/kv-cross-layer.md); -1: "
+       "off"},
+      {"cache.cross_layer.threshold",
+       "cross-layer: angle / pi above which a token stays unmerged, in [0, 1] (0.1)"},
+      {"cache.cross_layer.retain",
+       "cross-layer: fraction of a block's slots that can hold unmerged tokens, in (0, 1] "
+       "(0.125)"},
       {"cache.host_tier_bytes",
        "host-memory tier for prefix blocks leaving the device pool (e.g. 8GiB; pinned on "
        "CUDA); 0: none"},

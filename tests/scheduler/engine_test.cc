@@ -5,7 +5,9 @@
 // The reference for every batched run is the same request run alone on the
 // same kind of engine: continuous batching must not change a single token.
 // That holds for int4_kc too (its partial blocks live in full-precision
-// tails, forked, copied on write, swapped and recomputed with the sequence).
+// tails, forked, copied on write, swapped and recomputed with the sequence),
+// and for cross-layer pairs (cache.cross_layer: merged when a block fills,
+// tails until then, steps cut into rounds at block boundaries).
 #include "scheduler/engine.h"
 
 #include <algorithm>
@@ -34,6 +36,7 @@ using testing::Stories;
 
 struct Setup : testing::EngineSetup {
   KvDtypeSpec kv_dtype = KvDtype::kFp32;
+  KvCrossLayerSpec cross_layer;  // off
   std::function<void(const RequestMetrics&)> on_finished;
   std::vector<int32_t> model_stop_ids;  // ModelConfig::stop_ids
   std::shared_ptr<const Clock> clock;   // null: the real clock
@@ -47,6 +50,7 @@ std::unique_ptr<Engine> MakeEngine(const Setup& s) {
   opt.num_blocks = s.num_blocks;
   opt.num_swap_blocks = s.num_swap_blocks;
   opt.num_tail_blocks = 2 * s.max_num_seqs;  // as the runner factory reserves them
+  opt.cross_layer = s.cross_layer;
   LlamaWeights weights = Stories().weights;  // views: a cheap copy
   weights.config.stop_ids = s.model_stop_ids;
   auto runner = CpuModelRunner::Create(std::move(weights), opt);
@@ -185,14 +189,23 @@ TEST_CASE("64 concurrent requests with an int4_kc cache produce exactly their so
 
 TEST_CASE("int4_kc: preemption (recompute and swap), forks and prefix hits keep every token",
           "[scheduler]") {
-  // int2_kc runs the same tails with 2-bit blocks.
-  const KvDtype kc_dtype = GENERATE(KvDtype::kInt4Kc, KvDtype::kInt2Kc);
-  const KvDtypeSpec kc = kc_dtype;
-  INFO(KvDtypeName(kc_dtype));
+  // int2_kc runs the same tails with 2-bit blocks; cross-layer pairs keep
+  // tails too, in fp32 (from layer 2) and int8 (from layer 1) pages.
+  struct Tails {
+    KvDtype dtype;
+    int cross_from;  // -1: no cross-layer sharing
+  };
+  const Tails t = GENERATE(Tails{KvDtype::kInt4Kc, -1}, Tails{KvDtype::kInt2Kc, -1},
+                           Tails{KvDtype::kFp32, 2}, Tails{KvDtype::kInt8, 1});
+  const KvDtypeSpec kc = t.dtype;
+  KvCrossLayerSpec cross;
+  cross.from_layer = t.cross_from;
+  INFO(KvDtypeName(t.dtype) << ", cross_layer from " << t.cross_from);
   for (PreemptionMode mode : {PreemptionMode::kRecompute, PreemptionMode::kSwap}) {
     DYNAMIC_SECTION((mode == PreemptionMode::kSwap ? "swap" : "recompute")) {
       Setup setup;
       setup.kv_dtype = kc;
+      setup.cross_layer = cross;
       setup.max_model_len = 192;
       setup.num_blocks = 2 * 192 / 16;  // two long sequences at most
       setup.num_swap_blocks = mode == PreemptionMode::kSwap ? 6 * 192 / 16 : 0;
@@ -222,6 +235,7 @@ TEST_CASE("int4_kc: preemption (recompute and swap), forks and prefix hits keep 
   SECTION("n = 4 samples fork the prompt's tail and match separate seeded runs") {
     Setup setup;
     setup.kv_dtype = kc;
+    setup.cross_layer = cross;
     setup.num_blocks = 512;
     setup.max_num_batched_tokens = 16;  // the prompt ends mid-block after chunks
     setup.max_num_seqs = 16;
@@ -230,7 +244,9 @@ TEST_CASE("int4_kc: preemption (recompute and swap), forks and prefix hits keep 
     req.sampling.seed = 99;
     const Result together = RunOne(*engine, req);
     const EngineStats st = engine->GetStats();
-    REQUIRE(st.kv.cow_copies == 3);  // three samples copy the shared tail once each
+    // Three samples copy the shared tail once each; with cross-layer pairs
+    // the plain layers keep the partial block's rows in it, so it is copied too.
+    REQUIRE(st.kv.cow_copies == (t.cross_from >= 0 ? 6 : 3));
     for (int i = 0; i < 4; ++i) {
       GenerateRequest one = req;
       one.n = 1;
@@ -260,6 +276,7 @@ TEST_CASE("int4_kc: preemption (recompute and swap), forks and prefix hits keep 
     for (bool prefix_caching : {false, true}) {
       Setup setup;
       setup.kv_dtype = kc;
+      setup.cross_layer = cross;
       setup.prefix_caching = prefix_caching;
       setup.max_num_seqs = 8;
       setup.max_num_batched_tokens = 48;  // prompts are chunked at rows that split blocks

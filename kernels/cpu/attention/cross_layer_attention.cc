@@ -8,7 +8,7 @@
 #include <numeric>
 #include <vector>
 
-#include "kernels/cpu/kv_quant.h"
+#include "kernels/cpu/kv/kv_quant.h"
 
 namespace kvserve::cpu {
 namespace {

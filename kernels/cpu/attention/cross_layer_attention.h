@@ -18,7 +18,7 @@
 // fp32 page, bit for bit). Distances use double sums, so they do not depend
 // on the ISA.
 //
-// When (the engine's contract, as int4_kc's: kernels/cpu/paged_attention.h):
+// When (the engine's contract, as int4_kc's: kernels/cpu/attention/paged_attention.h):
 // a block is merged once, when it fills (CrossLayerFlush, at the shared
 // layer, before its attention); until then both layers keep its rows in fp32
 // tails (cpu::WriteKvTails after each layer's attention). A row at cache

@@ -275,6 +275,34 @@ TEST_CASE("cache.low_rank: a file path, refused with eviction and tiers", "[serv
           "cache.remote_tier_url) are refused with low-rank latents");
 }
 
+TEST_CASE("cache.cross_layer: a nested map, refused with eviction, tiers and low rank",
+          "[server]") {
+  auto parse = [](const std::string& body) {
+    return ParseServeConfig(
+        "model:\n  path: dummy:tiny\ncache:\n  cross_layer:\n    from_layer: 2\n"
+        "    threshold: 0.2\n" +
+            body,
+        "/etc/kvserve");
+  };
+  absl::StatusOr<ServeConfig> c = parse("");
+  REQUIRE(c.ok());
+  REQUIRE(c->cache.cross_layer.from_layer == 2);
+  REQUIRE(c->cache.cross_layer.threshold == 0.2);
+  REQUIRE(c->cache.cross_layer.retain == KvCrossLayerSpec::kDefaultRetain);
+  REQUIRE(!ParseServeConfig("model:\n  path: dummy:tiny\n", "")->cache.cross_layer.enabled());
+  REQUIRE(Error(parse("    retain: 0\n")) ==
+          "cache.cross_layer.retain: expected a fraction of a block's slots in (0, 1], got '0'");
+  REQUIRE(Error(parse("    thresold: 1\n")).starts_with("cache.cross_layer.thresold: unknown key"));
+  REQUIRE(Error(parse("  eviction_policy: h2o\n")) ==
+          "cache.cross_layer: KV eviction is refused with cross-layer pages "
+          "(cache.eviction_policy h2o)");
+  REQUIRE(Error(parse("  disk_tier_path: kv.bin\n")) ==
+          "cache.cross_layer: KV tiers (cache.host_tier_bytes, cache.disk_tier_path, "
+          "cache.remote_tier_url) are refused with cross-layer pages");
+  REQUIRE(Error(parse("  low_rank: m.lowrank\n")) ==
+          "cache.cross_layer: not with cache.low_rank (its latents are not a layer's K/V)");
+}
+
 TEST_CASE("Every key has one line of --help", "[server]") {
   for (const std::string& key : ServeConfigKeys()) {
     INFO(key);
