@@ -60,6 +60,14 @@ absl::StatusOr<std::vector<KvFormatCapacity>> PlanCapacity(const CapacityPlanReq
                                          req.block_size, req.int4_group_size, KvElem::kFp16},
                                         "kv_dtype", req.layer_dims));
     if (!req.layer_dims.empty() && layers.has_tails()) continue;
+    if (req.cross_layer.enabled()) {
+      if (layers.has_tails()) continue;  // int4_kc, int2_kc
+      KV_ASSIGN_OR_RETURN(
+          layers, ResolveKvLayers(spec,
+                                  {req.num_layers, req.num_kv_heads, req.head_dim, req.block_size,
+                                   req.int4_group_size, KvElem::kFp16},
+                                  "kv_dtype", req.layer_dims, req.cross_layer));
+    }
     KvFormatCapacity c;
     c.spec = spec;
     c.dtype = layers.formats.front().dtype();

@@ -55,6 +55,10 @@ struct CapacityPlanRequest {
   // shape; formats with tails (int4_kc), which refuse latents, are left
   // out. Empty: the model's shape.
   std::vector<KvLayerDims> layer_dims;
+  // Cross-layer KV sharing (cache/format/kv_cross_layer.h): its pairs'
+  // pages and fp32 tails; int4_kc / int2_kc rows, which refuse it, are left
+  // out. Off by default.
+  KvCrossLayerSpec cross_layer;
 };
 
 struct KvFormatCapacity {

@@ -216,20 +216,26 @@ absl::StatusOr<KvQualityReport> EvaluateKvQuality(const std::vector<std::vector<
     weight_names.resize(dtypes.size(), "fp32");
   }
   std::vector<std::string> low_rank(dtypes.size());
-  for (const std::string& file : options.low_rank) {
-    std::vector<KvDtypeSpec> formats = options.dtypes;
-    if (formats.empty()) formats.push_back(KvDtype::kFp32);
-    for (const KvDtypeSpec& d : formats) {
+  std::vector<KvCrossLayerSpec> cross(dtypes.size());
+  // Low-rank, then cross-layer rows: one per format (fp32 alone when none).
+  std::vector<KvDtypeSpec> extra_formats = options.dtypes;
+  if (extra_formats.empty()) extra_formats.push_back(KvDtype::kFp32);
+  auto add_rows = [&](const std::string& file, const KvCrossLayerSpec& xl) {
+    for (const KvDtypeSpec& d : extra_formats) {
       dtypes.push_back(d);
       weight_names.push_back("fp32");
       low_rank.push_back(file);
+      cross.push_back(xl);
     }
-  }
+  };
+  for (const std::string& file : options.low_rank) add_rows(file, {});
+  for (const KvCrossLayerSpec& xl : options.cross_layer) add_rows("", xl);
   std::vector<std::unique_ptr<ModelRunner>> runners;
   for (size_t i = 0; i < dtypes.size(); ++i) {
     const KvDtypeSpec& d = dtypes[i];
     KV_ASSIGN_OR_RETURN(std::unique_ptr<ModelRunner> r,
                         !low_rank[i].empty() ? options.make_low_rank_runner(d, low_rank[i])
+                        : cross[i].enabled() ? options.make_cross_layer_runner(d, cross[i])
                         : by_weights         ? options.make_weight_runner(weight_names[i])
                                              : make_runner(d));
     if (d.is_uniform() && r->kv_format().dtype() != d.first_dtype()) {
@@ -369,7 +375,9 @@ absl::StatusOr<KvQualityReport> EvaluateKvQuality(const std::vector<std::vector<
     q.dtype = dtypes[f];
     q.weight_dtype = weight_names[f];
     q.low_rank = low_rank[f];
-    KV_ASSIGN_OR_RETURN(KvLayers layers, ResolveKvLayers(dtypes[f], shape));
+    q.cross_layer = cross[f];
+    KV_ASSIGN_OR_RETURN(KvLayers layers,
+                        ResolveKvLayers(dtypes[f], shape, "cache.kv_dtype", {}, cross[f]));
     for (const KvFormat& fmt : layers.formats) {
       if (fmt.v().elem == KvElem::kInt4 && q.low_rank.empty()) {
         report.int4_group_size = fmt.v().group_size;
@@ -409,6 +417,9 @@ std::string KvQualityTable(const KvQualityReport& report) {
   }
   auto name = [&](const KvFormatQuality& q) {
     if (!q.low_rank.empty()) return absl::StrCat(q.dtype.ToString(), " + ", q.low_rank);
+    if (q.cross_layer.enabled()) {
+      return absl::StrCat(q.dtype.ToString(), " + cross-layer ", q.cross_layer.ToString());
+    }
     return by_weights ? q.weight_dtype : q.dtype.ToString();
   };
   for (const KvFormatQuality& q : report.formats) {
@@ -450,6 +461,12 @@ std::string KvQualityJson(const KvQualityReport& report) {
         {{"kv_dtype", q.dtype.ToString()},
          {"weight_dtype", q.weight_dtype},
          {"low_rank", q.low_rank.empty() ? nlohmann::json() : nlohmann::json(q.low_rank)},
+         {"cross_layer",
+          q.cross_layer.enabled() ? nlohmann::json(q.cross_layer.from_layer) : nlohmann::json()},
+         {"cross_layer_threshold",
+          q.cross_layer.enabled() ? nlohmann::json(q.cross_layer.threshold) : nlohmann::json()},
+         {"cross_layer_retain",
+          q.cross_layer.enabled() ? nlohmann::json(q.cross_layer.retain) : nlohmann::json()},
          {"ppl", q.perplexity},
          {"bytes_per_token", q.bytes_per_token},
          {"bytes_vs_fp16", q.bytes_vs_fp16},

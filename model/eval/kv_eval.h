@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "cache/format/kv_cross_layer.h"
 #include "cache/format/kv_dtype_spec.h"
 #include "cache/format/kv_format.h"
 #include "model/model_runner.h"
@@ -88,12 +89,21 @@ struct KvQualityOptions {
   std::function<absl::StatusOr<std::unique_ptr<ModelRunner>>(const KvDtypeSpec&,
                                                              const std::string&)>
       make_low_rank_runner;
+  // Cross-layer KV rows (eval-kv --cross-layer L[:T[:R]]): after the
+  // low-rank rows, for each setting one row per format of `dtypes` (fp32
+  // alone when it is empty), each a runner from
+  // make_cross_layer_runner(format, setting).
+  std::vector<KvCrossLayerSpec> cross_layer;
+  std::function<absl::StatusOr<std::unique_ptr<ModelRunner>>(const KvDtypeSpec&,
+                                                             const KvCrossLayerSpec&)>
+      make_cross_layer_runner;
 };
 
 struct KvFormatQuality {
   KvDtypeSpec dtype = KvDtype::kFp32;  // one dtype or one per layer
   std::string weight_dtype = "fp32";   // the runner's model.weight_dtype
   std::string low_rank;                // the low-rank file of the row; "": none
+  KvCrossLayerSpec cross_layer;        // the row's cache.cross_layer; off by default
   int64_t bytes_per_token = 0;         // all layers, as allocated (kv_layers.h)
   double bytes_vs_fp16 = 0;            // bytes_per_token / fp16's
   double perplexity = 0;

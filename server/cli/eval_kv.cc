@@ -63,6 +63,10 @@ constexpr char kUsage[] =
     "  --low-rank FILE        also rows with low-rank KV latents (kvserve calibrate-kv's\n"
     "                         file), one per --kv-dtype given (fp32 alone when none);\n"
     "                         repeatable\n"
+    "  --cross-layer L[:T[:R]]  also rows with cross-layer KV sharing from layer L\n"
+    "                         (threshold T, angle / pi, default 0.1; retained fraction R,\n"
+    "                         default 0.125), one per --kv-dtype given (fp32 alone when\n"
+    "                         none); repeatable\n"
     "  --max-stories N        use the first N stories, 0 = all (default 0)\n"
     "  --skip-stories N       skip the first N stories (e.g. those calibrate-kv saw)\n"
     "  --context N            truncate stories to N tokens (default: the model's context)\n"
@@ -115,7 +119,8 @@ struct Options {
   int int4_group_size = 64;
   int32_t max_stories = 0;
   int32_t skip_stories = 0;
-  std::vector<std::string> low_rank;  // --low-rank files
+  std::vector<std::string> low_rank;          // --low-rank files
+  std::vector<KvCrossLayerSpec> cross_layer;  // --cross-layer settings
   int32_t context = 0;
   int threads = 0;
   std::string json;
@@ -216,6 +221,10 @@ int ParseFlags(int argc, char** argv, Options* o) {
       if (!int_flag(0, 1 << 30, &o->skip_stories)) return bad("an integer >= 0");
     } else if (name == "--low-rank") {
       o->low_rank.push_back(value);
+    } else if (name == "--cross-layer") {
+      absl::StatusOr<KvCrossLayerSpec> xl = ParseKvCrossLayer(value, "--cross-layer");
+      if (!xl.ok()) return flags.UsageError(std::string(xl.status().message()));
+      o->cross_layer.push_back(*xl);
     } else if (name == "--context") {
       if (!int_flag(2, 1 << 30, &o->context)) return bad("an integer >= 2");
     } else if (name == "--chunk") {
@@ -647,11 +656,21 @@ int RunEvalKv(int argc, char** argv) {
   if (isatty(STDERR_FILENO)) {
     opt.eval.progress = [&bar](int64_t done, int64_t total) { bar.Update(done, total); };
   }
-  // With --low-rank alone: the fp32 reference and the low-rank rows.
-  opt.eval.dtypes = !opt.dtypes.empty()    ? opt.dtypes
-                    : opt.low_rank.empty() ? AllFormats()
-                                           : std::vector<KvDtypeSpec>{};
+  // With --low-rank or --cross-layer alone: the fp32 reference and their rows.
+  opt.eval.dtypes = !opt.dtypes.empty()                               ? opt.dtypes
+                    : opt.low_rank.empty() && opt.cross_layer.empty() ? AllFormats()
+                                                                      : std::vector<KvDtypeSpec>{};
   opt.eval.low_rank = opt.low_rank;
+  opt.eval.cross_layer = opt.cross_layer;
+  opt.eval.make_cross_layer_runner =
+      [&](const KvDtypeSpec& dtype,
+          const KvCrossLayerSpec& xl) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
+    CpuRunnerOptions ro = RunnerOptionsFor(opt, dtype);
+    ro.cross_layer = xl;
+    absl::StatusOr<std::unique_ptr<CpuModelRunner>> r = CpuModelRunner::Create(weights, ro);
+    if (!r.ok()) return r.status();
+    return std::unique_ptr<ModelRunner>(std::move(*r));
+  };
   opt.eval.make_low_rank_runner =
       [&](const KvDtypeSpec& dtype,
           const std::string& file) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {

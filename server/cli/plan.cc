@@ -58,6 +58,9 @@ constexpr char kUsage[] =
     "  --json FILE         also write the plan as JSON\n"
     "  --low-rank FILE     plan the narrower pages of low-rank KV latents (kvserve\n"
     "                      calibrate-kv's file; int4_kc rows are left out)\n"
+    "  --cross-layer L[:T[:R]]  plan cross-layer KV sharing from layer L (retained\n"
+    "                      fraction R, default 0.125; the threshold T does not change\n"
+    "                      the bytes); int4_kc and int2_kc rows are left out\n"
     "exit status: 0 when at least one KV format holds a sequence of --context tokens,\n"
     "3 when none does, 1 on other errors, 2 on bad flags.\n";
 
@@ -78,7 +81,8 @@ struct Options {
   double weight_bytes_per_param = 2.0;
   int int4_group_size = 64;
   std::vector<KvDtypeSpec> extra_dtypes;
-  std::string low_rank;  // --low-rank FILE
+  std::string low_rank;          // --low-rank FILE
+  KvCrossLayerSpec cross_layer;  // --cross-layer
   int64_t max_seqs = 64;
   std::string json_path;
 };
@@ -145,6 +149,10 @@ int ParseFlags(int argc, char** argv, Options* o) {
       o->json_path = value;
     } else if (name == "--low-rank") {
       o->low_rank = value;
+    } else if (name == "--cross-layer") {
+      absl::StatusOr<KvCrossLayerSpec> xl = ParseKvCrossLayer(value, "--cross-layer");
+      if (!xl.ok()) return flags.UsageError(std::string(xl.status().message()));
+      o->cross_layer = *xl;
     } else {
       return flags.UsageError(absl::StrCat("unknown flag '", name, "'"));
     }
@@ -245,6 +253,14 @@ int RunPlan(int argc, char** argv) {
     std::printf("low-rank KV latents from %s: pages of %d group(s) x %d values in layer 0\n",
                 o.low_rank.c_str(), req.layer_dims[0].num_heads, req.layer_dims[0].head_dim);
   }
+  req.cross_layer = o.cross_layer;
+  if (o.cross_layer.enabled()) {
+    std::printf(
+        "cross-layer KV sharing from layer %d: pairs (%d, %d), ... share one direction per token, "
+        "%d of %d slots a block kept unmerged (retain %g)\n",
+        o.cross_layer.from_layer, o.cross_layer.from_layer, o.cross_layer.from_layer + 1,
+        o.cross_layer.RetainSlots(o.block_size), o.block_size, o.cross_layer.retain);
+  }
   absl::StatusOr<std::vector<KvFormatCapacity>> plan = PlanCapacity(req);
   if (!plan.ok()) {
     std::fprintf(stderr, "kvserve plan: %s\n", std::string(plan.status().message()).c_str());
@@ -292,11 +308,11 @@ int RunPlan(int argc, char** argv) {
   for (const KvFormatCapacity& f : *plan) {
     if (f.num_tail_blocks == 0) continue;
     std::printf(
-        "%s: %s fp16 tail blocks (2 x --max-seqs %s running sequences) take %s of the budget; "
+        "%s: %s %s tail blocks (2 x --max-seqs %s running sequences) take %s of the budget; "
         "it holds %.2fx the tokens of fp16 in these bytes, tails included.\n",
         f.spec.ToString().c_str(), WithCommas(f.num_tail_blocks).c_str(),
-        WithCommas(o.max_seqs).c_str(), FormatBytes(f.tail_bytes).c_str(),
-        f.tokens_vs_fp16_in_budget);
+        o.cross_layer.enabled() ? "fp32" : "fp16", WithCommas(o.max_seqs).c_str(),
+        FormatBytes(f.tail_bytes).c_str(), f.tokens_vs_fp16_in_budget);
   }
 
   const bool tiers = o.tier_bytes[0] > 0 || o.tier_bytes[1] > 0 || o.tier_bytes[2] > 0;

@@ -172,6 +172,40 @@ TEST_CASE("kvserve eval-kv takes int4_kc and per-layer lists, one format per --k
   }
 }
 
+TEST_CASE("kvserve eval-kv --cross-layer: one row per format and setting, bytes and JSON",
+          "[integration]") {
+  const std::string json_path = testing::MakeTempDir("eval-kv-xl") + "/report.json";
+  RunResult r = RunKvserve(absl::StrCat(BaseArgs(),
+                                        " --kv-dtype fp32 --kv-dtype int8 --cross-layer 2:0.3"
+                                        " --max-stories 3 --prompts 2 --continuation 16 --json ",
+                                        Quote(json_path)));
+  REQUIRE(r.exit_code == 0);
+  INFO(r.out);
+  // Layers 0, 1, 2 and 4 as plain pages, layer 3's shared page: 832 bytes
+  // a block in fp32 (4 x 4096 + 832 over 16 tokens), 512 in int8.
+  const std::string fp32 = TableRow(r.out, "fp32 + cross-layer 2:0.3:0.125");
+  const std::string int8 = TableRow(r.out, "int8 + cross-layer 2:0.3:0.125");
+  REQUIRE(fp32.find(" 1076 ") != std::string::npos);
+  REQUIRE(int8.find(" 416 ") != std::string::npos);
+  REQUIRE(r.out.find(TableRow(r.out, "int8")) < r.out.find(fp32));  // after the formats
+  const nlohmann::json j = nlohmann::json::parse(testing::ReadFileOrDie(json_path));
+  REQUIRE(j["formats"].size() == 4);
+  REQUIRE(j["formats"][1]["cross_layer"].is_null());
+  REQUIRE(j["formats"][2]["cross_layer"] == 2);
+  REQUIRE(j["formats"][2]["cross_layer_threshold"] == 0.3);
+  REQUIRE(j["formats"][3]["kv_dtype"] == "int8");
+  REQUIRE(j["formats"][3]["bytes_per_token"] == 416);
+  SECTION("a setting that is not L[:T[:R]] or leaves no pair") {
+    RunResult bad = RunKvserve(absl::StrCat(BaseArgs(), " --cross-layer two"), true);
+    REQUIRE(bad.exit_code == 2);
+    REQUIRE(bad.out.find("--cross-layer: 'two' is not L[:T[:R]]") != std::string::npos);
+    bad = RunKvserve(absl::StrCat(BaseArgs(), " --cross-layer 4 --max-stories 1"), true);
+    REQUIRE(bad.exit_code != 0);
+    REQUIRE(bad.out.find("cache.cross_layer.from_layer: 4 leaves no pair of layers") !=
+            std::string::npos);
+  }
+}
+
 TEST_CASE("kvserve eval-kv rejects bad flags with exit code 2", "[integration]") {
   SECTION("each bad value names its flag") {
     for (const char* bad :

@@ -28,6 +28,20 @@ TEST_CASE("kvserve plan: sizes need a unit, and the exit status says whether any
     REQUIRE(RunPlan("--model llama-3-8b --memory 80GB --context 4096", &out) == 0);
     REQUIRE(out.find("memory 74.51 GiB (80.00 GB)") != std::string::npos);
   }
+  SECTION("--cross-layer: the shared pages' bytes, int4_kc and int2_kc rows left out") {
+    REQUIRE(RunPlan("--model llama-3-8b --memory 80GiB --context 4096 --cross-layer 16", &out) ==
+            0);
+    INFO(out);
+    REQUIRE(out.find("cross-layer KV sharing from layer 16: pairs (16, 17), ... share one "
+                     "direction per token, 2 of 16 slots a block kept unmerged (retain 0.125)") !=
+            std::string::npos);
+    // fp16: 24 plain layers of 4,096 bytes a token and 8 shared pages of
+    // 548 (2 x 8 x 256 x 2 retained row bytes + 16 x 8 x 4 ratio bytes + 16
+    // index bytes a block, 8,720 padded to 8,768).
+    REQUIRE(out.find("fp16           102,688    1.28x") != std::string::npos);
+    REQUIRE(out.find("int4_kc ") == std::string::npos);
+    REQUIRE(out.find("fp16: 128 fp32 tail blocks") != std::string::npos);
+  }
   SECTION("int4_kc and per-layer lists: tails reserved, 3.3x fp16's tokens at head_dim 128") {
     REQUIRE(RunPlan("--model llama-3-8b --memory 80GiB --context 4096 --kv-dtype "
                     "int8,int4_kc*,int8 --max-seqs 64",
