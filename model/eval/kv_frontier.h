@@ -42,6 +42,7 @@ struct FrontierCombo {
   double low_rank = 0;                    // kept fraction of the kv width; 0: off
   int32_t cross_layer = -1;               // first merged layer; -1: off
   bool evict = false;                     // also run every policy at every budget
+  double cross_threshold = 0;             // cross_layer's threshold (angle / pi)
 };
 
 struct FrontierPoint {

@@ -96,7 +96,8 @@ constexpr char kUsage[] =
     "KV compression frontier (with --frontier): stories from --text (held out) through\n"
     "every format, eviction at 20/30/50/70% budgets (fp32, int8) and low-rank latents at\n"
     "75% and 50% of the kv width (calibrated on --calibration-text; fp32, fp16, int8\n"
-    "pages); bytes per token\n"
+    "pages) and cross-layer sharing from the middle layer at thresholds 0.3 and 0.7\n"
+    "(fp32, int8 pages); bytes per token\n"
     "against the change in perplexity from the fp32 dense cache, the Pareto front\n"
     "marked (*). --json writes the points, --png plots them (gnuplot); --policy picks\n"
     "the policies (default streaming,h2o,learned).\n"
@@ -523,11 +524,11 @@ int RunFrontierCommand(const Options& opt, const LoadedModel& loaded, const std:
   FrontierRunnerFactory make_runner =
       [&](const FrontierCombo& combo,
           int32_t num_blocks) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
-    if (combo.cross_layer >= 0) {
-      return absl::UnimplementedError(
-          absl::StrCat(combo.name, ": cross-layer KV sharing is not built yet"));
-    }
     CpuRunnerOptions ro = RunnerOptionsFor(opt, combo.kv_dtype, num_blocks);
+    if (combo.cross_layer >= 0) {
+      ro.cross_layer.from_layer = combo.cross_layer;
+      ro.cross_layer.threshold = combo.cross_threshold;
+    }
     for (const auto& [f, kv] : bases) {
       if (f == combo.low_rank) ro.low_rank = kv;
     }
@@ -564,8 +565,7 @@ int RunFrontierCommand(const Options& opt, const LoadedModel& loaded, const std:
     }
   }
   // Every format; eviction on the formats without tails that the study
-  // already reports (fp32 and int8); low-rank and cross-layer points when
-  // the runners have them.
+  // already reports (fp32 and int8); low-rank and cross-layer points.
   std::vector<KvDtypeSpec> formats = opt.dtypes.empty() ? AllFormats() : opt.dtypes;
   fo.combos.push_back({"fp32", KvDtype::kFp32, 0, -1, true});
   for (const KvDtypeSpec& d : formats) {
@@ -579,6 +579,17 @@ int RunFrontierCommand(const Options& opt, const LoadedModel& loaded, const std:
       const KvDtypeSpec spec = d;
       fo.combos.push_back(
           {absl::StrFormat("%s+lr%.0f%%", spec.ToString(), 100 * f), spec, f, -1, false});
+    }
+  }
+  // Cross-layer sharing from the middle layer on (retain 0.125), in fp32
+  // and int8 pages, at two thresholds.
+  for (KvDtype d : {KvDtype::kFp32, KvDtype::kInt8}) {
+    for (double t : {0.3, 0.7}) {
+      const KvDtypeSpec spec = d;
+      FrontierCombo c{absl::StrFormat("%s+xl%d@%g", spec.ToString(), config.num_layers / 2, t),
+                      spec, 0, config.num_layers / 2, false};
+      c.cross_threshold = t;
+      fo.combos.push_back(c);
     }
   }
   KvLayerShape shape;

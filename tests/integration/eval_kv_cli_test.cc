@@ -316,8 +316,9 @@ TEST_CASE("kvserve eval-kv --frontier: held-out points, the front, JSON and PNG"
   REQUIRE(r.out.find("training the learned evictor on") != std::string::npos);
   const nlohmann::json j = nlohmann::json::parse(testing::ReadFileOrDie(dir + "/f.json"));
   // fp32 and int8, each dense and 2 policies x 4 budgets; int4_kc dense;
-  // low-rank at 75% and 50% in fp32, fp16 and int8 pages.
-  REQUIRE(j["points"].size() == 25);
+  // low-rank at 75% and 50% in fp32, fp16 and int8 pages; cross-layer from
+  // layer 2 at thresholds 0.3 and 0.7 in fp32 and int8 pages.
+  REQUIRE(j["points"].size() == 29);
   REQUIRE(j["reference"]["kv_dtype"] == "fp32");
   REQUIRE(j["fp16_bytes_per_token"] == 640);
   REQUIRE(j["stream_tokens"] == 256);
@@ -342,6 +343,12 @@ TEST_CASE("kvserve eval-kv --frontier: held-out points, the front, JSON and PNG"
   REQUIRE(j["points"][24]["bytes_per_token"] == 200);
   REQUIRE(j["points"][24]["budget"].is_null());
   REQUIRE(j["points"][19]["low_rank"] == 0.75);
+  REQUIRE(j["points"][25]["name"] == "fp32+xl2@0.3");
+  REQUIRE(j["points"][25]["cross_layer"] == 2);
+  REQUIRE(j["points"][25]["bytes_per_token"] == 1076);
+  REQUIRE(j["points"][28]["name"] == "int8+xl2@0.7");
+  REQUIRE(j["points"][28]["bytes_per_token"] == 416);
+  REQUIRE(j["points"][24]["cross_layer"].is_null());
   REQUIRE(r.out.find("calibrating low-rank KV at rank 24 of 32") != std::string::npos);
   REQUIRE(testing::ReadFileOrDie(dir + "/f.png").substr(1, 3) == "PNG");
 
