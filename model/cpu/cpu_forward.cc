@@ -833,25 +833,23 @@ absl::Status CpuForward::Forward(const BatchInput& batch, HostKvPages& kv,
       xp.shared = role == KvCrossRole::kShared ? ap.kv : PagedKvView{};
       tp.kv = ap.kv;
     }
+    // fn(seq_begin, seq_end) over the batch's sequences, split over the pool.
+    auto over_seqs = [&](auto&& fn) {
+      const int64_t B = batch.num_seqs();
+      const int flush_chunks = static_cast<int>(std::min<int64_t>(chunks, B));
+      pool_.Run(flush_chunks, [&](int ch) {
+        int64_t b0, b1;
+        cpu::SplitRange(B, flush_chunks, ch, &b0, &b1);
+        fn(static_cast<int32_t>(b0), static_cast<int32_t>(b1));
+      });
+    };
     if (role == KvCrossRole::kShared) {  // the blocks the step completes, both layers
       xf.base = xp.base;
       xf.shared = xp.shared;
-      const int64_t B = batch.num_seqs();
-      const int flush_chunks = static_cast<int>(std::min<int64_t>(chunks, B));
-      pool_.Run(flush_chunks, [&](int ch) {
-        int64_t b0, b1;
-        cpu::SplitRange(B, flush_chunks, ch, &b0, &b1);
-        cpu::CrossLayerFlush(xf, static_cast<int32_t>(b0), static_cast<int32_t>(b1));
-      });
+      over_seqs([&](int32_t b0, int32_t b1) { cpu::CrossLayerFlush(xf, b0, b1); });
     } else if (tails && role == KvCrossRole::kNone) {
       tp.kv = ap.kv;
-      const int64_t B = batch.num_seqs();
-      const int flush_chunks = static_cast<int>(std::min<int64_t>(chunks, B));
-      pool_.Run(flush_chunks, [&](int ch) {
-        int64_t b0, b1;
-        cpu::SplitRange(B, flush_chunks, ch, &b0, &b1);
-        cpu::FlushKvBlocks(tp, static_cast<int32_t>(b0), static_cast<int32_t>(b1));
-      });
+      over_seqs([&](int32_t b0, int32_t b1) { cpu::FlushKvBlocks(tp, b0, b1); });
     }
     if (low_rank_) {
       const LowRankLayer& lrl = low_rank_->layers[l];

@@ -154,6 +154,17 @@ Field Int(std::string key, int64_t min, int64_t max, std::string expected,
           }};
 }
 
+// A number `in_range` accepts (else the error says `expected`).
+Field Double(std::string key, std::string expected, std::function<bool(double)> in_range,
+             std::function<void(ServeConfig&, double)> assign) {
+  return {key, [=](ServeConfig& c, const std::string& text, Source, const std::string&) {
+            KV_ASSIGN_OR_RETURN(double v, ParseDouble(key, text, expected));
+            if (!in_range(v)) return Bad(key, expected, text);
+            assign(c, v);
+            return absl::OkStatus();
+          }};
+}
+
 Field Str(std::string key, std::function<void(ServeConfig&, std::string)> assign) {
   return {key, [=](ServeConfig& c, const std::string& text, Source, const std::string&) {
             assign(c, text);
@@ -297,15 +308,10 @@ const std::vector<Field>& Fields() {
                  KV_ASSIGN_OR_RETURN(c.cache.memory_bytes, ParseBytes("cache.memory_bytes", text));
                  return absl::OkStatus();
                }},
-              {"cache.memory_fraction",
-               [](ServeConfig& c, const std::string& text, Source, const std::string&) {
-                 const std::string expected = "a number in (0, 1]";
-                 KV_ASSIGN_OR_RETURN(double v,
-                                     ParseDouble("cache.memory_fraction", text, expected));
-                 if (!(v > 0 && v <= 1)) return Bad("cache.memory_fraction", expected, text);
-                 c.cache.memory_fraction = v;
-                 return absl::OkStatus();
-               }},
+              Double(
+                  "cache.memory_fraction", "a number in (0, 1]",
+                  [](double v) { return v > 0 && v <= 1; },
+                  [](ServeConfig& c, double v) { c.cache.memory_fraction = v; }),
               Int("cache.num_swap_blocks", 0, kMaxInt32, "an integer >= 0",
                   [](ServeConfig& c, int64_t v) {
                     c.cache.num_swap_blocks = static_cast<int32_t>(v);
@@ -340,24 +346,14 @@ const std::vector<Field>& Fields() {
                   [](ServeConfig& c, int64_t v) {
                     c.cache.cross_layer.from_layer = static_cast<int>(v);
                   }),
-              {"cache.cross_layer.threshold",
-               [](ServeConfig& c, const std::string& text, Source, const std::string&) {
-                 const std::string expected = "an angle / pi in [0, 1]";
-                 KV_ASSIGN_OR_RETURN(double v,
-                                     ParseDouble("cache.cross_layer.threshold", text, expected));
-                 if (!(v >= 0 && v <= 1)) return Bad("cache.cross_layer.threshold", expected, text);
-                 c.cache.cross_layer.threshold = v;
-                 return absl::OkStatus();
-               }},
-              {"cache.cross_layer.retain",
-               [](ServeConfig& c, const std::string& text, Source, const std::string&) {
-                 const std::string expected = "a fraction of a block's slots in (0, 1]";
-                 KV_ASSIGN_OR_RETURN(double v,
-                                     ParseDouble("cache.cross_layer.retain", text, expected));
-                 if (!(v > 0 && v <= 1)) return Bad("cache.cross_layer.retain", expected, text);
-                 c.cache.cross_layer.retain = v;
-                 return absl::OkStatus();
-               }},
+              Double(
+                  "cache.cross_layer.threshold", "an angle / pi in [0, 1]",
+                  [](double v) { return v >= 0 && v <= 1; },
+                  [](ServeConfig& c, double v) { c.cache.cross_layer.threshold = v; }),
+              Double(
+                  "cache.cross_layer.retain", "a fraction of a block's slots in (0, 1]",
+                  [](double v) { return v > 0 && v <= 1; },
+                  [](ServeConfig& c, double v) { c.cache.cross_layer.retain = v; }),
               {"cache.host_tier_bytes",
                [](ServeConfig& c, const std::string& text, Source, const std::string&) {
                  KV_ASSIGN_OR_RETURN(c.cache.host_tier_bytes,
@@ -658,40 +654,36 @@ absl::Status CheckWhole(const ServeConfig& c) {
     return absl::InvalidArgumentError(
         "cache.num_swap_blocks: must be > 0 when scheduler.preemption_mode is swap");
   }
-  if (!c.cache.low_rank.empty()) {
-    // Low-rank keys sit at their cache index (no slot moves), and a tier's
-    // identity does not carry the bases.
+  // `key`'s pages (what `pages` names) take no KV eviction and no tiers.
+  auto refuse_eviction_and_tiers = [&](const char* key, const char* pages) -> absl::Status {
     if (c.cache.eviction_policy != "none") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "cache.low_rank: KV eviction is refused with low-rank latents (cache.eviction_policy ",
-          c.cache.eviction_policy, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(key, ": KV eviction is refused with ", pages,
+                                                     " (cache.eviction_policy ",
+                                                     c.cache.eviction_policy, ")"));
     }
     if (c.cache.host_tier_bytes > 0 || !c.cache.disk_tier_path.empty() ||
         !c.cache.remote_tier_url.empty()) {
       return absl::InvalidArgumentError(
-          "cache.low_rank: KV tiers (cache.host_tier_bytes, cache.disk_tier_path, "
-          "cache.remote_tier_url) are refused with low-rank latents");
+          absl::StrCat(key,
+                       ": KV tiers (cache.host_tier_bytes, cache.disk_tier_path, "
+                       "cache.remote_tier_url) are refused with ",
+                       pages));
     }
+    return absl::OkStatus();
+  };
+  // Low-rank keys sit at their cache index (no slot moves), and a tier's
+  // identity does not carry the bases.
+  if (!c.cache.low_rank.empty()) {
+    KV_RETURN_IF_ERROR(refuse_eviction_and_tiers("cache.low_rank", "low-rank latents"));
   }
+  // Merged tokens have no slots to move, and a tier's identity does not
+  // carry the setting; the latents of cache.low_rank are not a layer's K/V.
   if (c.cache.cross_layer.enabled()) {
-    // Merged tokens have no slots to move, and a tier's identity does not
-    // carry the setting; the latents of cache.low_rank are not a layer's K/V.
     if (!c.cache.low_rank.empty()) {
       return absl::InvalidArgumentError(
           "cache.cross_layer: not with cache.low_rank (its latents are not a layer's K/V)");
     }
-    if (c.cache.eviction_policy != "none") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("cache.cross_layer: KV eviction is refused with cross-layer pages "
-                       "(cache.eviction_policy ",
-                       c.cache.eviction_policy, ")"));
-    }
-    if (c.cache.host_tier_bytes > 0 || !c.cache.disk_tier_path.empty() ||
-        !c.cache.remote_tier_url.empty()) {
-      return absl::InvalidArgumentError(
-          "cache.cross_layer: KV tiers (cache.host_tier_bytes, cache.disk_tier_path, "
-          "cache.remote_tier_url) are refused with cross-layer pages");
-    }
+    KV_RETURN_IF_ERROR(refuse_eviction_and_tiers("cache.cross_layer", "cross-layer pages"));
   }
   // The eviction settings as the engine will check them (sliding_window
   // without a budget waits for the model's window).

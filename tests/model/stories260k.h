@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "model/llama_weights.h"
 #include "model/loader/llama2c_loader.h"
@@ -29,6 +30,16 @@ inline const Tokenizer& Stories260kTok() {
     return tok->release();
   }();
   return *t;
+}
+
+// A TinyStories-style prompt (BOS first) of about 55 tokens; `longer` adds a
+// sentence (about 80 tokens).
+inline std::vector<int32_t> LilyPrompt(bool longer = false) {
+  std::string text =
+      "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
+      "park with her dog. One day, she saw a big red ball under a tree.";
+  if (longer) text += " She ran to get it and kicked it high into the sky.";
+  return Stories260kTok().Encode(text, true);
 }
 
 }  // namespace kvserve::testing

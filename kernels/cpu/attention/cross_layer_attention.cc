@@ -8,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "kernels/cpu/attention/attention_row_scalar.h"
 #include "kernels/cpu/kv/kv_quant.h"
 
 namespace kvserve::cpu {
@@ -253,7 +254,7 @@ void CrossLayerAttention(const CrossLayerAttentionParams& p, int32_t row_begin, 
   const int q_per_kv = nh / hkv;
   const int64_t width = int64_t{hkv} * hd;
   const KvPartLayout tail_part = TailPart(own_layout);
-  thread_local std::vector<float> keys, vals, scores;
+  thread_local std::vector<float> keys, vals;
   for (int32_t r = row_begin; r < row_end;) {
     const int32_t b = batch.SeqOfRow(r);
     const int32_t seq_end = std::min(row_end, batch.query_start[b + 1]);
@@ -317,34 +318,15 @@ void CrossLayerAttention(const CrossLayerAttentionParams& p, int32_t row_begin, 
     }
     for (int32_t row = r; row < group_end; ++row) {
       const int32_t idx = batch.CacheIndex(b, row);
-      const int32_t klo = KeyBegin(idx, p.sliding_window);
-      const int32_t m = idx - klo + 1;
-      scores.resize(m);
-      for (int h = 0; h < nh; ++h) {
-        const int kvh = h / q_per_kv;
-        const float* q = p.q + (static_cast<size_t>(row) * nh + h) * hd;
-        float mx = -INFINITY;
-        for (int32_t j = klo; j <= idx; ++j) {
-          const float* k = keys.data() + static_cast<size_t>(j - lo) * width + kvh * hd;
-          float s = 0;
-          for (int e = 0; e < hd; ++e) s += q[e] * k[e];
-          s *= p.scale;
-          scores[j - klo] = s;
-          mx = std::max(mx, s);
-        }
-        float sum = 0;
-        for (int32_t t = 0; t < m; ++t) {
-          scores[t] = expf(scores[t] - mx);
-          sum += scores[t];
-        }
-        const float inv = 1.0f / sum;
-        float* out = p.out + (static_cast<size_t>(row) * nh + h) * hd;
-        std::fill(out, out + hd, 0.0f);
-        for (int32_t j = klo; j <= idx; ++j) {
-          const float w = scores[j - klo] * inv;
-          const float* v = vals.data() + static_cast<size_t>(j - lo) * width + kvh * hd;
-          for (int e = 0; e < hd; ++e) out[e] += w * v[e];
-        }
+      for (int kvh = 0; kvh < hkv; ++kvh) {
+        const float* q = p.q + (static_cast<size_t>(row) * nh + kvh * q_per_kv) * hd;
+        auto decode = [&](bool v, int32_t j, float* out) {
+          const float* src = (v ? vals : keys).data() + static_cast<size_t>(j - lo) * width;
+          std::copy(src + kvh * hd, src + (kvh + 1) * hd, out);
+        };
+        internal::AttendGroupScalar(
+            q_per_kv, hd, KeyBegin(idx, p.sliding_window), idx, p.scale, [&](int32_t) { return q; },
+            decode, nullptr, p.out + (static_cast<size_t>(row) * nh + kvh * q_per_kv) * hd);
       }
     }
     r = group_end;

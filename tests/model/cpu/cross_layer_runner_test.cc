@@ -23,13 +23,7 @@ namespace {
 using testing::Stories260k;
 
 std::vector<int32_t> Prompt() {
-  static const std::vector<int32_t> p = [] {
-    return testing::Stories260kTok().Encode(
-        "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
-        "park with her dog. One day, she saw a big red ball under a tree. She ran to get it and "
-        "kicked it high into the sky.",
-        true);
-  }();
+  static const std::vector<int32_t> p = testing::LilyPrompt(/*longer=*/true);
   return p;
 }
 
@@ -59,21 +53,36 @@ std::unique_ptr<CpuModelRunner> MakeRunner(KvDtype dtype, KvCrossLayerSpec cross
   return std::move(*r);
 }
 
+// Appends a sequence of `tokens` over block ids `table` (every row of the
+// batch's block table is max_blocks_per_seq long) and tail `tail`: rows
+// [begin, end), every row's logits.
+void AddSeq(BatchInput* b, const std::vector<int32_t>& tokens, int bs,
+            const std::vector<int32_t>& table, int32_t tail, int32_t begin, int32_t end) {
+  b->block_table.insert(b->block_table.end(), table.begin(), table.end());
+  for (int32_t i = begin; i < end; ++i) {
+    b->token_ids.push_back(tokens[i]);
+    b->positions.push_back(i);
+    b->slot_mapping.push_back(int64_t{table[i / bs]} * bs + i % bs);
+    b->logits_rows.push_back(b->num_tokens() - 1);
+  }
+  b->query_start.push_back(b->num_tokens());
+  b->context_len.push_back(end);
+  b->tail_ids.push_back(tail);
+}
+
+// Block ids first, first + 1, ... for `n` tokens.
+std::vector<int32_t> Blocks(int32_t first, int32_t n, int bs) {
+  std::vector<int32_t> t((n + bs - 1) / bs);
+  for (size_t i = 0; i < t.size(); ++i) t[i] = first + static_cast<int32_t>(i);
+  return t;
+}
+
 // One sequence in blocks 0, 1, ... and tail 0: rows [begin, end).
 BatchInput StepBatch(const std::vector<int32_t>& tokens, int bs, int32_t begin, int32_t end) {
   BatchInput b;
   b.Clear();
   b.max_blocks_per_seq = (end + bs - 1) / bs;
-  for (int i = 0; i < b.max_blocks_per_seq; ++i) b.block_table.push_back(i);
-  for (int32_t i = begin; i < end; ++i) {
-    b.token_ids.push_back(tokens[i]);
-    b.positions.push_back(i);
-    b.slot_mapping.push_back(int64_t{i / bs} * bs + i % bs);
-    b.logits_rows.push_back(i - begin);
-  }
-  b.query_start = {0, end - begin};
-  b.context_len = {end};
-  b.tail_ids = {0};
+  AddSeq(&b, tokens, bs, Blocks(0, end, bs), 0, begin, end);
   return b;
 }
 
@@ -120,10 +129,6 @@ TEST_CASE("cross-layer logits do not depend on how a sequence is cut into steps"
   }
 }
 
-}  // namespace kvserve
-
-namespace kvserve {
-
 TEST_CASE("cross-layer: sequences batched together see what they see alone", "[model]") {
   const std::vector<int32_t> tokens = Prompt();
   const int bs = 16;
@@ -140,16 +145,7 @@ TEST_CASE("cross-layer: sequences batched together see what they see alone", "[m
     b.Clear();
     b.max_blocks_per_seq = (n + bs - 1) / bs;
     for (int s = 0; s < 2; ++s) {
-      for (int i = 0; i < b.max_blocks_per_seq; ++i) b.block_table.push_back(20 * s + i);
-      for (int32_t i = cuts[s][step]; i < cuts[s][step + 1]; ++i) {
-        b.token_ids.push_back(tokens[i]);
-        b.positions.push_back(i);
-        b.slot_mapping.push_back(int64_t{20 * s + i / bs} * bs + i % bs);
-        b.logits_rows.push_back(b.num_tokens() - 1);
-      }
-      b.query_start.push_back(b.num_tokens());
-      b.context_len.push_back(cuts[s][step + 1]);
-      b.tail_ids.push_back(s);
+      AddSeq(&b, tokens, bs, Blocks(20 * s, n, bs), s, cuts[s][step], cuts[s][step + 1]);
     }
     std::vector<float> logits(b.logits_rows.size() * vocab);
     REQUIRE(r->Forward(b, logits).ok());
@@ -160,10 +156,6 @@ TEST_CASE("cross-layer: sequences batched together see what they see alone", "[m
   REQUIRE(got[0] == alone);
   REQUIRE(got[1] == alone);
 }
-
-}  // namespace kvserve
-
-namespace kvserve {
 
 TEST_CASE("cross-layer: a second sequence on the first's merged blocks sees what it computes",
           "[model]") {
@@ -180,24 +172,14 @@ TEST_CASE("cross-layer: a second sequence on the first's merged blocks sees what
   BatchInput b;
   b.Clear();
   b.max_blocks_per_seq = (n + bs - 1) / bs;
-  for (int i = 0; i < b.max_blocks_per_seq; ++i) b.block_table.push_back(i < 2 ? i : 20 + i);
-  for (int32_t i = hit; i < n; ++i) {
-    b.token_ids.push_back(tokens[i]);
-    b.positions.push_back(i);
-    b.slot_mapping.push_back(int64_t{b.block_table[i / bs]} * bs + i % bs);
-    b.logits_rows.push_back(i - hit);
-  }
-  b.query_start = {0, n - hit};
-  b.context_len = {n};
-  b.tail_ids = {1};
+  std::vector<int32_t> table = Blocks(20, n, bs);
+  table[0] = 0;
+  table[1] = 1;
+  AddSeq(&b, tokens, bs, table, 1, hit, n);
   std::vector<float> logits(b.logits_rows.size() * vocab);
   REQUIRE(r->Forward(b, logits).ok());
   REQUIRE(std::vector<float>(alone.begin() + size_t{hit} * vocab, alone.end()) == logits);
 }
-
-}  // namespace kvserve
-
-namespace kvserve {
 
 TEST_CASE("cross-layer: random steps over four sequences see what each sees alone", "[model]") {
   const std::vector<int32_t> tokens = Prompt();
@@ -219,16 +201,7 @@ TEST_CASE("cross-layer: random steps over four sequences see what each sees alon
     for (int s = 0; s < S; ++s) {
       if (done[s] >= n || rng() % 3 == 0) continue;
       const int32_t end = std::min<int32_t>(n, done[s] + 1 + rng() % 40);
-      for (int i = 0; i < mb; ++i) b.block_table.push_back(10 * s + i);
-      for (int32_t i = done[s]; i < end; ++i) {
-        b.token_ids.push_back(tokens[i]);
-        b.positions.push_back(i);
-        b.slot_mapping.push_back(int64_t{10 * s + i / bs} * bs + i % bs);
-        b.logits_rows.push_back(b.num_tokens() - 1);
-      }
-      b.query_start.push_back(b.num_tokens());
-      b.context_len.push_back(end);
-      b.tail_ids.push_back(s);
+      AddSeq(&b, tokens, bs, Blocks(10 * s, n, bs), s, done[s], end);
       done[s] = end;
       seqs.push_back(s);
     }
@@ -244,10 +217,6 @@ TEST_CASE("cross-layer: random steps over four sequences see what each sees alon
   }
   for (int s = 0; s < S; ++s) REQUIRE(got[s] == alone);
 }
-
-}  // namespace kvserve
-
-namespace kvserve {
 
 TEST_CASE("cross-layer against the plain cache on the same tokens", "[model]") {
   const std::vector<int32_t> tokens = Prompt();

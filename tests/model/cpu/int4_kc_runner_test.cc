@@ -22,12 +22,7 @@ namespace {
 using testing::Stories260k;
 
 std::vector<int32_t> Prompt() {
-  static const std::vector<int32_t> p = [] {
-    return testing::Stories260kTok().Encode(
-        "Once upon a time, there was a little girl named Lily. She loved to play outside in the "
-        "park with her dog. One day, she saw a big red ball under a tree.",
-        true);
-  }();
+  static const std::vector<int32_t> p = testing::LilyPrompt();
   return p;
 }
 
