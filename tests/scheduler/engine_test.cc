@@ -189,18 +189,21 @@ TEST_CASE("64 concurrent requests with an int4_kc cache produce exactly their so
 
 TEST_CASE("int4_kc: preemption (recompute and swap), forks and prefix hits keep every token",
           "[scheduler]") {
-  // int2_kc runs the same tails with 2-bit blocks; cross-layer pairs keep
-  // tails too, in fp32 (from layer 2) and int8 (from layer 1) pages.
+  // int2_kc runs the same tails with 2-bit blocks; an int8 first and last
+  // layer keeps its partial block's rows in the block; cross-layer pairs
+  // keep tails too, in fp32 (from layer 2) and int8 (from layer 1) pages.
   struct Tails {
-    KvDtype dtype;
+    const char* dtype;
     int cross_from;  // -1: no cross-layer sharing
   };
-  const Tails t = GENERATE(Tails{KvDtype::kInt4Kc, -1}, Tails{KvDtype::kInt2Kc, -1},
-                           Tails{KvDtype::kFp32, 2}, Tails{KvDtype::kInt8, 1});
-  const KvDtypeSpec kc = t.dtype;
+  const Tails t = GENERATE(Tails{"int4_kc", -1}, Tails{"int2_kc", -1},
+                           Tails{"int8,int4_kc*,int8", -1}, Tails{"fp32", 2}, Tails{"int8", 1});
+  const KvDtypeSpec kc = *KvDtypeSpec::Parse(t.dtype);
   KvCrossLayerSpec cross;
   cross.from_layer = t.cross_from;
-  INFO(KvDtypeName(t.dtype) << ", cross_layer from " << t.cross_from);
+  // Layers without tails keep a partial block's rows in it.
+  const bool rows_in_blocks = t.cross_from >= 0 || !kc.is_uniform();
+  INFO(t.dtype << ", cross_layer from " << t.cross_from);
   for (PreemptionMode mode : {PreemptionMode::kRecompute, PreemptionMode::kSwap}) {
     DYNAMIC_SECTION((mode == PreemptionMode::kSwap ? "swap" : "recompute")) {
       Setup setup;
@@ -244,9 +247,9 @@ TEST_CASE("int4_kc: preemption (recompute and swap), forks and prefix hits keep 
     req.sampling.seed = 99;
     const Result together = RunOne(*engine, req);
     const EngineStats st = engine->GetStats();
-    // Three samples copy the shared tail once each; with cross-layer pairs
-    // the plain layers keep the partial block's rows in it, so it is copied too.
-    REQUIRE(st.kv.cow_copies == (t.cross_from >= 0 ? 6 : 3));
+    // Three samples copy the shared tail once each; where layers without
+    // tails keep the partial block's rows in it, it is copied too.
+    REQUIRE(st.kv.cow_copies == (rows_in_blocks ? 6 : 3));
     for (int i = 0; i < 4; ++i) {
       GenerateRequest one = req;
       one.n = 1;
