@@ -31,6 +31,7 @@ class HostKvPages {
   // Layer 0's format (every layer's, unless the formats differ by layer).
   const KvFormat& format() const { return formats_[0]; }
   const KvFormat& format(int l) const { return formats_[l]; }
+  const std::vector<KvFormat>& formats() const { return formats_; }
   int num_layers() const { return static_cast<int>(formats_.size()); }
   int32_t num_blocks() const { return num_blocks_; }
   int32_t num_tails() const { return num_tails_; }

@@ -68,6 +68,16 @@ absl::StatusOr<KvLayers> ResolveKvLayers(const KvDtypeSpec& spec, const KvLayerS
                                          std::span<const KvLayerDims> layer_dims = {},
                                          const KvCrossLayerSpec& cross = {});
 
+// Whether a pool with tails still keeps a partial block's rows in the block
+// for some layer (a layer without tails beside int4_kc ones, a cross-layer
+// pair's plain layers), so copy-on-write of a partial block copies it
+// (ModelRunner::partial_rows_in_blocks).
+inline bool PartialRowsInBlocks(std::span<const KvFormat> formats) {
+  bool tails = false, rows = false;
+  for (const KvFormat& f : formats) (f.has_tails() ? tails : rows) = true;
+  return tails && rows;
+}
+
 // Tail blocks a pool of layers keeps for max_seqs running sequences: two
 // each (a tail freed while a pending copy still reads it is reused a step
 // later), 0 when no layer keeps tails.

@@ -103,11 +103,7 @@ absl::Status CpuModelRunner::Forward(const BatchInput& batch) {
 }
 
 bool CpuModelRunner::partial_rows_in_blocks() const {
-  if (!primary_.has_tails()) return false;
-  for (int l = 0; l < primary_.num_layers(); ++l) {
-    if (!primary_.format(l).has_tails()) return true;
-  }
-  return false;
+  return PartialRowsInBlocks(primary_.formats());
 }
 
 absl::Status CpuModelRunner::Sample(std::span<const SampleRow> rows, std::span<SampledToken> out) {

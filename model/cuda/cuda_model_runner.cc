@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "cache/sizing/kv_layers.h"
 #include "kernels/cuda/device/cuda_check.h"
 #include "model/cuda/cuda_runner_impl.h"
 #include "util/status_macros.h"
@@ -26,6 +27,7 @@ const KvFormat& CudaModelRunner::kv_format() const { return impl_->format; }
 int32_t CudaModelRunner::num_blocks() const { return impl_->num_blocks; }
 int32_t CudaModelRunner::num_swap_blocks() const { return impl_->num_swap_blocks; }
 int32_t CudaModelRunner::num_tail_blocks() const { return impl_->num_tails; }
+bool CudaModelRunner::partial_rows_in_blocks() const { return PartialRowsInBlocks(impl_->formats); }
 int32_t CudaModelRunner::num_swap_tail_blocks() const { return impl_->num_swap_tails; }
 const RunnerMemoryInfo& CudaModelRunner::memory_info() const { return impl_->info; }
 const CudaModelRunner::Counters& CudaModelRunner::counters() const { return impl_->counters; }

@@ -87,6 +87,7 @@ class CudaModelRunner final : public ModelRunner {
   // int4_kc layers (cache.kv_dtype int4_kc, alone or in a per-layer list):
   // fp16 tails, two per sequence slot in each pool (as the CPU runner).
   int32_t num_tail_blocks() const override;
+  bool partial_rows_in_blocks() const override;
   int32_t num_swap_tail_blocks() const override;
   const RunnerMemoryInfo& memory_info() const override;
 

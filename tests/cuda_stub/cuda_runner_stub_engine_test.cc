@@ -158,6 +158,36 @@ TEST_CASE("stub runner: n = 4 forks and prefix caching share blocks exactly as o
     for (int i = 0; i < 4; ++i) REQUIRE(on_gpu.tokens[i] == on_cpu.tokens[0]);
     RequireAllBlocksFree(*g.engine);
   }
+  SECTION("int8,int4_kc*,int8: the int8 layers' shared partial block is copied on write") {
+    // The int8 layers keep the partial block's rows in the block itself, the
+    // int4_kc ones in tails: the fork copies the block too (as on the CPU),
+    // or its samples would read another block's rows there.
+    GenerateRequest greedy = req;
+    greedy.sampling = SamplingParams();
+    greedy.sampling.temperature = 0;
+    StubSetup gpu;
+    gpu.kv_dtype = "int8,int4_kc*,int8";
+    StubEngine g = MakeStubEngine(gpu);
+    REQUIRE(g.cuda->partial_rows_in_blocks());
+    const Result forked = RunOne(*g.engine, greedy);
+    // The CPU engine's copies (the cache manager's; without the copy of the
+    // int8 layers' rows there would be none).
+    StubSetup cpu = gpu;
+    cpu.device = "cpu";
+    StubEngine c = MakeStubEngine(cpu);
+    RunOne(*c.engine, greedy);
+    REQUIRE(g.engine->GetStats().kv.cow_copies == 6);
+    REQUIRE(c.engine->GetStats().kv.cow_copies == 6);
+    GenerateRequest one = greedy;
+    one.n = 1;
+    const Result alone = RunOne(*g.engine, one);  // a prefix hit, no fork
+    REQUIRE(alone.tokens[0].size() == 20);
+    for (int i = 0; i < 4; ++i) {
+      INFO("sample " << i);
+      REQUIRE(forked.tokens[i] == alone.tokens[0]);
+    }
+    RequireAllBlocksFree(*g.engine);
+  }
   SECTION("a shared 100-token prefix is served from the cache, tokens unchanged") {
     std::vector<GenerateRequest> reqs = testing::SharedPrefixRequests(prompt);
     reqs.resize(8);
