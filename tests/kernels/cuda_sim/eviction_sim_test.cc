@@ -25,6 +25,7 @@
 
 #include "cache/block_copy.h"
 #include "cache/format/kv_pages.h"
+#include "kernels/cpu/kv/move_slots.h"
 #include "kernels/cpu/layers/ops.h"
 #include "kernels/plan/gpu_attention_plan.h"
 #include "tests/kernels/attention_problem.h"
@@ -276,28 +277,6 @@ TEST_CASE("simulated CUDA attention: eviction outputs off leave the kernel as be
   REQUIRE(WorstError(p, with.out, RunCpu(p, 0)) <= Tolerance(ActDtype::kFp32));
 }
 
-// The CPU runner's MoveSlots copy (model/cpu/cpu_model_runner.cc), as reference.
-void CpuMoveSlots(HostKvPages& kv, const std::vector<SlotMove>& moves) {
-  const int bs = kv.format().block_size();
-  for (const SlotMove& m : moves) {
-    const int32_t sb = static_cast<int32_t>(m.src / bs), so = static_cast<int32_t>(m.src % bs);
-    const int32_t db = static_cast<int32_t>(m.dst / bs), dof = static_cast<int32_t>(m.dst % bs);
-    for (int l = 0; l < kv.num_layers(); ++l) {
-      const KvPageLayout& lay = kv.format(l).layout();
-      const uint8_t* src = kv.block(l, sb);
-      uint8_t* dst = kv.block(l, db);
-      for (int h = 0; h < lay.num_kv_heads; ++h) {
-        for (const KvPartLayout* part : {&lay.k, &lay.v}) {
-          std::memcpy(dst + lay.RowOffset(*part, h, dof), src + lay.RowOffset(*part, h, so),
-                      part->row_bytes);
-          std::memcpy(dst + lay.MetaOffset(*part, h, dof), src + lay.MetaOffset(*part, h, so),
-                      part->meta_bytes);
-        }
-      }
-    }
-  }
-}
-
 TEST_CASE("simulated CUDA slot moves copy exactly the CPU runner's bytes, every format",
           "[kernels][cuda_sim][eviction]") {
   std::mt19937 rng(11);
@@ -314,7 +293,7 @@ TEST_CASE("simulated CUDA slot moves copy exactly the CPU runner's bytes, every 
       // Independent moves: within a block, across blocks, to the last slot;
       // one outside the pool (skipped by the kernel, not given to the CPU).
       const std::vector<SlotMove> moves = {{5, 1}, {19, 2}, {0, 12}, {9, 19 - 1}};
-      CpuMoveSlots(cpu, moves);
+      cpu::MoveSlots(cpu, moves);
       std::vector<int64_t> list;
       for (const SlotMove& m : moves) list.insert(list.end(), {m.src, m.dst});
       list.insert(list.end(), {3, int64_t{blocks} * 4});
