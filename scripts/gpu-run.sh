@@ -4,6 +4,12 @@
 #   bash gpu-bundle/run.sh OUTDIR --check-loader   (no device needed: sets up
 #        the wrappers, checks that the bundled binaries start through them
 #        and that nothing was exported to host programs, then exits)
+#   bash gpu-bundle/run.sh OUTDIR [--only "STEP ..."] [--budget SECONDS]
+#        --only runs the named steps alone (gpu_tests, memcheck, serve_h200,
+#        a benchmark's binary name, e2e_bench_fp8, a torch peer's name);
+#        --budget caps the whole run: each step's limit is cut to what is
+#        left, and a step with under 20 s left is skipped. A device lease is
+#        short, so a first call runs what matters first within it.
 # 1. nvidia-smi, 2. the [gpu] tests, 3. compute-sanitizer memcheck on a small
 # case (when the toolkit has it), 4. the daemon with configs/llama3-8b-h200.yaml
 # as shipped (serve_check.py), 5. the GPU benchmarks (e2e_bench: the CUDA
@@ -13,9 +19,20 @@
 set -uo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
-out="${1:?usage: run.sh OUTDIR [--check-loader]}"
+out="${1:?usage: run.sh OUTDIR [--check-loader] [--only STEPS] [--budget SECONDS]}"
+shift
 check_loader=0
-[[ "${2:-}" == --check-loader ]] && check_loader=1
+only=""
+budget=100000
+while (($#)); do
+  case "$1" in
+    --check-loader) check_loader=1 ;;
+    --only) only=" ${2:?--only needs a list of steps} " && shift ;;
+    --budget) budget="${2:?--budget needs seconds}" && shift ;;
+    *) echo "run.sh: unknown argument $1" >&2 && exit 2 ;;
+  esac
+  shift
+done
 ld_path_before="${LD_LIBRARY_PATH-<unset>}"
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
@@ -89,11 +106,8 @@ for b in "$here"/bin/*; do
   chmod +x "$here/bin-run/$(basename "$b")"
 done
 export KVSERVE_BIN="$here/bin-run/kvserve"
-run_bin() {  # run_bin NAME ARGS...: a bundled binary through its wrapper
-  local name="$1"
-  shift
-  "$here/bin-run/$name" "$@"
-}
+# (Steps name the wrappers' paths: timeout(1) runs programs, not shell
+# functions.)
 
 if ((check_loader)); then
   fail() { echo "run.sh --check-loader: FAIL: $*"; exit 1; }
@@ -112,21 +126,54 @@ if ((check_loader)); then
 fi
 
 declare -A status=()
+wanted() {  # wanted NAME: whether --only (when given) names the step
+  [[ -z "$only" || "$only" == *" $1 "* ]]
+}
 step() {  # step NAME TIMEOUT CMD...: runs CMD with a time limit, logs to OUTDIR/NAME.log
   local name="$1" limit="$2"
   shift 2
+  wanted "$name" || return 0
+  local left=$((budget - ($(date +%s) - start)))
+  if ((left < 20)); then
+    echo "== $name: skipped, ${left} s of the budget left"
+    status[$name]="skipped 0"
+    return 0
+  fi
+  ((limit > left)) && limit=$left
   local t0=$(date +%s)
-  echo "== $name"
+  echo "== $name (limit $limit s)"
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
   local rc=$?
   status[$name]="$rc $(($(date +%s) - t0))"
   tail -25 "$out/$name.log"
   echo "== $name: exit $rc in $(($(date +%s) - t0)) s"
+  return $rc
 }
 
 nvidia-smi | tee "$out/nvidia-smi.txt"
 
-step gpu_tests 300 run_bin gpu_tests --durations yes
+if ! step gpu_tests 300 "$here/bin-run/gpu_tests" --durations yes && [[ "${status[gpu_tests]}" != skipped* ]]; then
+  # A crash or a sticky CUDA error takes every later case with it: each
+  # case again in a process of its own, so the log names every failure.
+  "$here/bin-run/gpu_tests" --list-test-names-only 2>/dev/null | sed -e '/^$/d' -e '/^[0-9]* test case/d' \
+    >"$out/gpu_test_names.txt"
+  : >"$out/gpu_tests_each.log"
+  while IFS= read -r name; do
+    left=$((budget - ($(date +%s) - start)))
+    ((left < 30)) && echo "SKIP (budget) $name" >>"$out/gpu_tests_each.log" && continue
+    t0=$(date +%s)
+    # A name is a test spec: escape its tag brackets and commas.
+    spec="$(printf '%s' "$name" | sed -e 's/\\/\\\\/g' -e 's/\[/\\[/g' -e 's/,/\\,/g')"
+    timeout 60 "$here/bin-run/gpu_tests" "$spec" >"$out/one.log" 2>&1
+    rc=$?
+    echo "rc=$rc $(($(date +%s) - t0))s $name" >>"$out/gpu_tests_each.log"
+    ((rc != 0)) && sed -n '/^-----/,$p' "$out/one.log" | head -80 | sed 's/^/    /' >>"$out/gpu_tests_each.log"
+  done <"$out/gpu_test_names.txt"
+  rm -f "$out/one.log"
+  echo "== gpu_tests, one process per case:"
+  grep -c '^rc=0 ' "$out/gpu_tests_each.log" | sed 's/$/ cases passed/'
+  grep -v '^rc=0 ' "$out/gpu_tests_each.log" | head -60
+fi
 if command -v compute-sanitizer >/dev/null 2>&1 || [[ -x /usr/local/cuda/bin/compute-sanitizer ]]; then
   cs="$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)"
   # Small cases only: memcheck is ~100x slower. [sanitize] marks them.
@@ -146,11 +193,11 @@ for b in "$here"/bin/*; do
   case "$name" in
     gpu_tests | kvserve) continue ;;
   esac
-  step "$name" 240 run_bin "$name" --json "$out/$name.json"
+  step "$name" 240 "$here/bin-run/$name" --json "$out/$name.json"
 done
 # fp8_e4m3 weights against e2e_bench's bf16 rows above (docs/fp8-weights.md).
 if [[ -x "$here/bin/e2e_bench" ]]; then
-  step e2e_bench_fp8 240 run_bin e2e_bench --weight-dtype fp8_e4m3 --kv bf16 --batches 1,32,128 \
+  step e2e_bench_fp8 240 "$here/bin-run/e2e_bench" --weight-dtype fp8_e4m3 --kv bf16 --batches 1,32,128 \
     --contexts 1024 --no-capacity --json "$out/e2e_bench_fp8.json"
 fi
 if command -v python3 >/dev/null 2>&1 && python3 -c 'import torch' 2>/dev/null; then
