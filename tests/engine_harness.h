@@ -228,8 +228,15 @@ inline std::vector<EngineStats> StatsPerEvent(Engine& engine, const GenerateRequ
       continue;  // an event arrived before the callback was set
     }
     *result = Collect(**s, req.n);
+    // One snapshot per output: every Push notifies before the stream is
+    // closed, but Close()'s own notification may come after Collect has
+    // seen the end (a GPU run got it, a CPU run of the same request not).
+    size_t outputs = 0;
+    for (int e : result->events) outputs += static_cast<size_t>(e);
     absl::MutexLock lock(&seen->mu);
-    return seen->stats;
+    std::vector<EngineStats> stats = seen->stats;
+    if (stats.size() > outputs) stats.resize(outputs);
+    return stats;
   }
   FAIL("could not set the notify callback before the first event");
   return {};

@@ -199,8 +199,17 @@ inline void RequireFp8Gemm(double sum_eps_per_term, double sum_eps_floor) {
             if (with_bias) extra = Bf16ToFp32(y0[r * out + o]) + double(bias_f[o]);
             const double got = Bf16ToFp32(y[r * out + o]);
             // One bf16 rounding of the result (2^-9 relative, 2^-8 taken) and
-            // the fp32 sum of `in` products (in * 2^-24 of their magnitudes).
-            const double tol = std::abs(acc + extra) * 0x1p-8 +
+            // the fp32 sum of `in` products (in * 2^-24 of their magnitudes);
+            // with a residual and a bias, the epilogue may round the scaled
+            // product before it adds them (an H200 did: 4.4 bf16 ulps of a
+            // result where the residual cancels the product), one more
+            // rounding of |acc| and of each addend.
+            const double addends = with_bias
+                                       ? (std::abs(acc) + std::abs(Bf16ToFp32(y0[r * out + o])) +
+                                          std::abs(double(bias_f[o]))) *
+                                             0x1p-8
+                                       : 0.0;
+            const double tol = std::abs(acc + extra) * 0x1p-8 + addends +
                                std::max(double(in) * sum_eps_per_term, sum_eps_floor) * abs_sum;
             const double err = std::abs(got - (acc + extra));
             worst = std::max(worst, err / (std::abs(acc + extra) + 1e-30));

@@ -130,6 +130,7 @@ TEST_CASE(
       gpu.kv_dtype = kv;
       gpu.num_blocks = 8;
       gpu.max_num_seqs = 4;
+      gpu.max_model_len = 128;  // one sequence must fit the pool (kv_pool_plan.h)
       Setup cpu = gpu;
       cpu.device = "cpu";
       std::unique_ptr<ModelRunner> g = MakeRunner(gpu);

@@ -403,6 +403,7 @@ TEST_CASE("[gpu] device sampling: greedy, logprobs, seeded draws, shared logits 
   Setup s;
   s.num_blocks = 16;
   s.max_num_seqs = 8;
+  s.max_model_len = 256;  // one sequence must fit the pool (kv_pool_plan.h)
   std::unique_ptr<ModelRunner> r = MakeRunner(s);
   const Tokenizer& tok = *Stories().tokenizer;
   ManualSeq a{tok.Encode("Once upon a time", true), {0}};
@@ -470,6 +471,7 @@ TEST_CASE("[gpu] CopyBlocks, SwapOut and SwapIn move whole blocks of every layer
       s.num_blocks = 16;
       s.num_swap_blocks = 8;
       s.max_num_seqs = 4;
+      s.max_model_len = 256;
       std::unique_ptr<ModelRunner> r = MakeRunner(s);
       auto* cuda = dynamic_cast<CudaModelRunner*>(r.get());
       REQUIRE(cuda != nullptr);
@@ -511,6 +513,7 @@ TEST_CASE("[gpu] dummy weights generated on the device equal the host loader's",
   Setup s;
   s.num_blocks = 8;
   s.max_num_seqs = 4;
+  s.max_model_len = 128;
   RunnerOptions o = OptionsOf(s);
   absl::StatusOr<std::unique_ptr<ModelRunner>> uploaded = CreateModelRunner(*host, o);
   absl::StatusOr<std::unique_ptr<ModelRunner>> generated = CreateModelRunner(*shapes, o);
@@ -570,6 +573,7 @@ TEST_CASE("[gpu] a malformed batch is refused before anything runs", "[gpu]") {
   s.num_blocks = 4;
   s.max_num_seqs = 2;
   s.max_num_batched_tokens = 32;
+  s.max_model_len = 64;
   std::unique_ptr<ModelRunner> r = MakeRunner(s);
   ManualSeq a{{1, 5, 600}, {0}};
   BatchInput bad = MakeBatch({&a}, {3}, 16);

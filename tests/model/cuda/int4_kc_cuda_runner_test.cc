@@ -73,6 +73,10 @@ KcEngine MakeKcEngine(const KcSetup& s) {
 }
 
 constexpr float kNearTie = 0.5f;
+// int2_kc's level is 5 times int4's (a range over 3 steps, not 15), so a
+// flipped code moves a logit 5 times as far: an H200 picked a token 1.65
+// below the fp16-tail CPU's best at one position, past 0.5.
+constexpr float kNearTieInt2 = 5 * kNearTie;
 
 TEST_CASE("[gpu] int4_kc and int8,int4_kc*,int8 KV pick the fp16-tail CPU's greedy tokens",
           "[gpu]") {
@@ -98,7 +102,8 @@ TEST_CASE("[gpu] int4_kc and int8,int4_kc*,int8 KV pick the fp16-tail CPU's gree
                                                       16, 64, 64, 0, 1, 0);
         REQUIRE(ref.ok());
         const std::vector<int32_t> prompt = Stories().tokenizer->Encode(reqs[i].prompt, true);
-        ties += testing::RequireNearGreedy(**ref, prompt, on_gpu[i].tokens[0], kNearTie, 96);
+        const float near_tie = std::string(spec) == "int2_kc" ? kNearTieInt2 : kNearTie;
+        ties += testing::RequireNearGreedy(**ref, prompt, on_gpu[i].tokens[0], near_tie, 96);
         steps += 100;
       }
       INFO(ties << " of " << steps << " tokens are near ties");
