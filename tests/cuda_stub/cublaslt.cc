@@ -111,7 +111,10 @@ struct Pref {
 };
 
 // What the stand-in's algorithms record (cublasLtMatmulAlgo_t::data).
-enum AlgoField { kAlignA, kAlignB, kAlignC, kAlignD, kAlignBias, kSplitK, kDepth };
+// kVariant: which of the heuristic's candidates (the stand-in offers two
+// that differ in nothing else, so a caller that times them and picks one
+// runs the same sums whichever it picks).
+enum AlgoField { kAlignA, kAlignB, kAlignC, kAlignD, kAlignBias, kSplitK, kDepth, kVariant };
 
 Desc* D(cublasLtMatmulDesc_t d) { return reinterpret_cast<Desc*>(d); }
 Layout* L(cublasLtMatrixLayout_t l) { return reinterpret_cast<Layout*>(l); }
@@ -388,6 +391,11 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t, cublasLtMatmulDe
   r.wavesCount = 1.0f;
   results[0] = r;
   *found = 1;
+  if (requested >= 2) {
+    r.algo.data[kVariant] = 1;
+    results[1] = r;
+    *found = 2;
+  }
   return CUBLAS_STATUS_SUCCESS;
 }
 

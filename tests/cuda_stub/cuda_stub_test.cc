@@ -471,6 +471,40 @@ TEST_CASE("cuBLASLt stand-in: Gemm::Linear against a naive GEMM", "[cuda_stub][f
     cublasLtMatmulDescDestroy(op);
     cublasLtDestroy(h);
   }
+  SECTION("the heuristic's candidates are timed once per process and shape, never in a capture") {
+    // Shapes no other case uses: the picks are the process's.
+    p.out = 40;
+    REQUIRE((*gemm)->Linear(p, nullptr).ok());
+    REQUIRE((*gemm)->tuned_plans() == 1);  // the stand-in offers two candidates
+    REQUIRE((*gemm)->memo_hits() == 0);
+    const std::vector<float> first = Download(dy, size_t(rows) * 40);
+    CHECK(first == NaiveLinear(x, w, nullptr, nullptr, rows, in, 40));
+    auto other = kvserve::cuda::Gemm::Create(ActDtype::kFp32);
+    REQUIRE(other.ok());
+    REQUIRE((*other)->Linear(p, nullptr).ok());
+    REQUIRE((*other)->tuned_plans() == 0);
+    REQUIRE((*other)->memo_hits() == 1);
+    REQUIRE(Download(dy, size_t(rows) * 40) == first);
+    // A plan first made while its stream captures takes the heuristic's
+    // first candidate: timing would synchronize a capturing stream.
+    p.out = 24;
+    cudaStream_t stream = nullptr;
+    REQUIRE(cudaStreamCreate(&stream) == cudaSuccess);
+    REQUIRE(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    REQUIRE((*gemm)->Linear(p, stream).ok());
+    cudaGraph_t graph = nullptr;
+    REQUIRE(cudaStreamEndCapture(stream, &graph) == cudaSuccess);
+    REQUIRE((*gemm)->tuned_plans() == 1);
+    REQUIRE((*gemm)->num_plans() == 2);
+    cudaGraphExec_t exec = nullptr;
+    REQUIRE(cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    REQUIRE(cudaGraphLaunch(exec, stream) == cudaSuccess);
+    REQUIRE(cudaStreamSynchronize(stream) == cudaSuccess);
+    CHECK(Download(dy, size_t(rows) * 24) == NaiveLinear(x, w, nullptr, nullptr, rows, in, 24));
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
   SECTION("the heuristic is asked with the bias pointer, and holds the call to its alignment") {
     cublasLtHandle_t h;
     REQUIRE(cublasLtCreate(&h) == CUBLAS_STATUS_SUCCESS);

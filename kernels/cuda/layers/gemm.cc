@@ -4,10 +4,16 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <iterator>
+#include <map>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/cuda/device/cuda_check.h"
 
 namespace kvserve::cuda {
@@ -64,6 +70,25 @@ absl::Status Bad(const char* field, const char* rule, int64_t value) {
       absl::StrCat("Gemm: ", field, " must be ", rule, ", got ", value));
 }
 
+// The process's tuning choices: which of the heuristic's candidates won for
+// a (device, dtype, compute type, shape key), so every Gemm of the process
+// runs the same algorithm for a shape (two runners of one model give the
+// same bits) and times it once.
+struct TuneMemo {
+  absl::Mutex mu;
+  std::map<std::string, int> choice ABSL_GUARDED_BY(mu);
+};
+TuneMemo& Memo() {
+  static TuneMemo* memo = new TuneMemo;
+  return *memo;
+}
+
+int CurrentDevice() {
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) cudaGetLastError();
+  return device;
+}
+
 }  // namespace
 
 // One algorithm per shape without the row count; the row-count layouts
@@ -76,6 +101,8 @@ struct Gemm::Plan {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr;
   cublasLtMatmulAlgo_t algo;
+  // The heuristic's candidates while the plan is tuned (Fastest), then none.
+  std::vector<cublasLtMatmulAlgo_t> candidates;
   std::map<int64_t, PlanRows> rows;
   ~Plan() {
     for (auto& [_, r] : rows) {
@@ -111,16 +138,17 @@ Gemm::~Gemm() {
   cublasLtDestroy(static_cast<cublasLtHandle_t>(handle_));
 }
 
-absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(const Key& key, const GemmParams& params) {
+absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(const Key& key, const GemmParams& params,
+                                          cudaStream_t stream) {
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
   absl::StatusOr<std::unique_ptr<Plan>> plan;
   if (dtype_ == ActDtype::kFp32 && !std::get<10>(key)) {
     // Pedantic fp32 where cuBLASLt offers it; plain CUBLAS_COMPUTE_32F is
     // fp32 too (TF32 only ever comes with the _FAST_TF32 compute type).
-    plan = MakePlan(key, CUBLAS_COMPUTE_32F_PEDANTIC, params);
-    if (!plan.ok()) plan = MakePlan(key, CUBLAS_COMPUTE_32F, params);
+    plan = MakePlan(key, CUBLAS_COMPUTE_32F_PEDANTIC, params, stream);
+    if (!plan.ok()) plan = MakePlan(key, CUBLAS_COMPUTE_32F, params, stream);
   } else {
-    plan = MakePlan(key, CUBLAS_COMPUTE_32F, params);
+    plan = MakePlan(key, CUBLAS_COMPUTE_32F, params, stream);
   }
   if (!plan.ok()) return plan.status();
   Plan* p = plan->get();
@@ -129,7 +157,8 @@ absl::StatusOr<Gemm::Plan*> Gemm::PlanFor(const Key& key, const GemmParams& para
 }
 
 absl::StatusOr<std::unique_ptr<Gemm::Plan>> Gemm::MakePlan(const Key& key, int compute_type,
-                                                           const GemmParams& p) {
+                                                           const GemmParams& p,
+                                                           cudaStream_t stream) {
   const void* bias = p.bias;
   const auto [in, out, ldx, ldy, y_dtype_int, has_bias, align_x, align_w, align_y, align_bias,
               fp8] = key;
@@ -204,12 +233,12 @@ absl::StatusOr<std::unique_ptr<Gemm::Plan>> Gemm::MakePlan(const Key& key, int c
                      pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &none, sizeof(none)),
                  "reduction scheme");
   }
-  cublasLtMatmulHeuristicResult_t result{};
+  cublasLtMatmulHeuristicResult_t results[kTuneCandidates] = {};
   int found = 0;
   if (s.ok()) {
     s = LtStatus(
         cublasLtMatmulAlgoGetHeuristic(static_cast<cublasLtHandle_t>(handle_), plan->op, plan->a,
-                                       at.b, at.c, at.c, pref, 1, &result, &found),
+                                       at.b, at.c, at.c, pref, kTuneCandidates, results, &found),
         "heuristic");
   }
   destroy_pref();
@@ -219,9 +248,123 @@ absl::StatusOr<std::unique_ptr<Gemm::Plan>> Gemm::MakePlan(const Key& key, int c
                                             ", in ", in, ", out ", out, " (ldx ", ldx, ", ldy ",
                                             ldy, ")"));
   }
-  plan->algo = result.algo;
-  at.algo = result.algo;
+  int pick = 0;
+  if (found > 1) {
+    const std::string memo_key =
+        absl::StrCat(CurrentDevice(), "/", static_cast<int>(dtype_), "/", compute_type, "/", in,
+                     "/", out, "/", ldx, "/", ldy, "/", y_dtype_int, "/", has_bias, "/", align_x,
+                     "/", align_w, "/", align_y, "/", align_bias, "/", fp8, "/", workspace_bytes_);
+    TuneMemo& memo = Memo();
+    absl::MutexLock lock(&memo.mu);
+    if (auto it = memo.choice.find(memo_key); it != memo.choice.end() && it->second < found) {
+      pick = it->second;
+      ++memo_hits_;
+    } else {
+      for (int i = 0; i < found; ++i) plan->candidates.push_back(results[i].algo);
+      if (std::optional<int> fastest = Fastest(*plan, key, p, stream)) {
+        pick = *fastest;
+        memo.choice[memo_key] = pick;
+        ++tuned_plans_;
+      }
+      plan->candidates.clear();
+    }
+  }
+  plan->algo = results[pick].algo;
+  at.algo = results[pick].algo;
   return plan;
+}
+
+std::optional<int> Gemm::Fastest(Plan& plan, const Key& key, const GemmParams& p,
+                                 cudaStream_t stream) {
+  // Timing needs a synchronous stream: a capture takes the heuristic's first.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capture) != cudaSuccess ||
+      capture != cudaStreamCaptureStatusNone) {
+    cudaGetLastError();
+    return std::nullopt;
+  }
+  const auto [in, out, ldx, ldy, y_dtype_int, has_bias, align_x, align_w, align_y, align_bias,
+              fp8] = key;
+  const ActDtype y_dtype = static_cast<ActDtype>(y_dtype_int);
+  const cudaDataType_t x_type = fp8 ? kFp8Type : CudaType(dtype_);
+  // Scratch x, y (and fp8 row scales) of the most rows timed; the real
+  // weights, bias and weight scales. y is written with beta 0.
+  const int64_t max_rows = kTuneRows[std::size(kTuneRows) - 1];
+  const size_t x_bytes = static_cast<size_t>(max_rows * ldx) * (fp8 ? 1 : ActDtypeSize(dtype_));
+  const size_t y_bytes = static_cast<size_t>(max_rows * ldy) * ActDtypeSize(y_dtype);
+  void* x = nullptr;
+  void* y = nullptr;
+  float* x_scale = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  std::vector<cublasLtMatrixLayout_t> layouts;
+  auto cleanup = [&] {
+    for (cublasLtMatrixLayout_t l : layouts) cublasLtMatrixLayoutDestroy(l);
+    if (start != nullptr) cudaEventDestroy(start);
+    if (stop != nullptr) cudaEventDestroy(stop);
+    cudaStreamSynchronize(stream);
+    for (void* ptr : {x, y, static_cast<void*>(x_scale)}) {
+      if (ptr != nullptr) cudaFree(ptr);
+    }
+    cudaGetLastError();
+  };
+  bool ok =
+      cudaMalloc(&x, x_bytes) == cudaSuccess && cudaMalloc(&y, y_bytes) == cudaSuccess &&
+      (!fp8 ||
+       cudaMalloc(reinterpret_cast<void**>(&x_scale), max_rows * sizeof(float)) == cudaSuccess) &&
+      cudaMemsetAsync(x, 0, x_bytes, stream) == cudaSuccess &&
+      (!fp8 || cudaMemsetAsync(x_scale, 0, max_rows * sizeof(float), stream) == cudaSuccess) &&
+      cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess;
+  if (ok && fp8) ok = SetScales(plan.op, p.w_scale, x_scale).ok();
+  std::vector<std::pair<cublasLtMatrixLayout_t, cublasLtMatrixLayout_t>> shapes;
+  for (int64_t rows : kTuneRows) {
+    cublasLtMatrixLayout_t b = nullptr, c = nullptr;
+    ok = ok && cublasLtMatrixLayoutCreate(&b, x_type, in, rows, ldx) == CUBLAS_STATUS_SUCCESS;
+    if (b != nullptr) layouts.push_back(b);
+    ok = ok &&
+         cublasLtMatrixLayoutCreate(&c, CudaType(y_dtype), out, rows, ldy) == CUBLAS_STATUS_SUCCESS;
+    if (c != nullptr) layouts.push_back(c);
+    shapes.emplace_back(b, c);
+  }
+  if (!ok) {
+    cleanup();
+    return std::nullopt;
+  }
+  const auto handle = static_cast<cublasLtHandle_t>(handle_);
+  const float alpha = 1.0f, beta = 0.0f;
+  std::optional<int> best;
+  float best_ms = 0;
+  for (int i = 0; i < static_cast<int>(plan.candidates.size()); ++i) {
+    float total_ms = 0;
+    bool runs = true;
+    for (const auto& [b, c] : shapes) {
+      cublasLtMatmulHeuristicResult_t check{};
+      runs = runs && cublasLtMatmulAlgoCheck(handle, plan.op, plan.a, b, c, c, &plan.candidates[i],
+                                             &check) == CUBLAS_STATUS_SUCCESS;
+      auto matmul = [&] {
+        return cublasLtMatmul(handle, plan.op, &alpha, p.w, plan.a, x, b, &beta, y, c, y, c,
+                              &plan.candidates[i], workspace_,
+                              static_cast<size_t>(workspace_bytes_),
+                              stream) == CUBLAS_STATUS_SUCCESS;
+      };
+      runs = runs && matmul() && cudaEventRecord(start, stream) == cudaSuccess;
+      for (int k = 0; runs && k < kTuneRuns; ++k) runs = matmul();
+      float ms = 0;
+      runs = runs && cudaEventRecord(stop, stream) == cudaSuccess &&
+             cudaEventSynchronize(stop) == cudaSuccess &&
+             cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
+      total_ms += ms;
+    }
+    if (!runs) {
+      cudaGetLastError();
+      continue;
+    }
+    if (!best || total_ms < best_ms) {
+      best = i;
+      best_ms = total_ms;
+    }
+  }
+  cleanup();
+  return best;
 }
 
 absl::StatusOr<const Gemm::PlanRows*> Gemm::RowsFor(Plan& plan, const Key& key, int64_t rows) {
@@ -331,13 +474,14 @@ absl::Status Gemm::Linear(const GemmParams& params, cudaStream_t stream) {
                 AlignmentOf(p.y),
                 p.bias != nullptr ? AlignmentOf(p.bias) : 0,
                 fp8};
-  KV_ASSIGN_OR_RETURN(Plan * plan, PlanFor(key, p));
+  KV_ASSIGN_OR_RETURN(Plan * plan, PlanFor(key, p, stream));
   KV_ASSIGN_OR_RETURN(const PlanRows* r, RowsFor(*plan, key, p.rows));
   if (p.bias != nullptr) {
     // The pointer is an attribute of the (cached) descriptor; set per call.
     KV_LT_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(
         plan->op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &p.bias, sizeof(p.bias)));
   }
+  // Every call sets its scales (tuning pointed them at scratch ones).
   if (fp8) KV_RETURN_IF_ERROR(SetScales(plan->op, p.w_scale, p.x_scale));
   const float alpha = 1.0f, beta = p.accumulate ? 1.0f : 0.0f;
   return LtStatus(cublasLtMatmul(static_cast<cublasLtHandle_t>(handle_), plan->op, &alpha, p.w,
