@@ -267,6 +267,7 @@ int main(int argc, char** argv) {
     const RunnerMemoryInfo& m = runner->memory_info();
     weight_bytes = m.weight_bytes;
     const int64_t kv_token_bytes = runner->kv_format().bytes_per_token_per_layer() * c.num_layers;
+    bool gemm_reported = false;
     for (int32_t batch : f.batches) {
       for (int32_t context : f.contexts) {
         const StepTiming t = TimeDecode(*runner, batch, context, f.steps, m.num_blocks, rng);
@@ -286,6 +287,22 @@ int main(int argc, char** argv) {
                                  {"roofline_ms", roofline_ms},
                                  {"roofline_ratio", ratio},
                                  {"graph_steps", t.graph_steps}});
+        if (!gemm_reported) {
+          // After the first timed steps every decode GEMM shape has a plan.
+          gemm_reported = true;
+          const CudaModelRunner::GemmStats g = runner->gemm_stats();
+          std::printf(
+              "%-6s GEMM: %lld shapes, %lld picked by timing, %lld from an earlier runner, "
+              "%lld row counts on their own algorithm\n",
+              std::string(KvDtypeName(kv)).c_str(), static_cast<long long>(g.shapes),
+              static_cast<long long>(g.tuned), static_cast<long long>(g.memo_hits),
+              static_cast<long long>(g.invariance_fallbacks));
+          out["gemm"][std::string(KvDtypeName(kv))] = {
+              {"shapes", g.shapes},
+              {"tuned", g.tuned},
+              {"memo_hits", g.memo_hits},
+              {"invariance_fallbacks", g.invariance_fallbacks}};
+        }
       }
     }
   }

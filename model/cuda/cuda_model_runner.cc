@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "cache/sizing/kv_layers.h"
 #include "kernels/cuda/device/cuda_check.h"
+#include "kernels/cuda/layers/gemm.h"
 #include "model/cuda/cuda_runner_impl.h"
 #include "util/status_macros.h"
 
@@ -31,6 +32,10 @@ bool CudaModelRunner::partial_rows_in_blocks() const { return PartialRowsInBlock
 int32_t CudaModelRunner::num_swap_tail_blocks() const { return impl_->num_swap_tails; }
 const RunnerMemoryInfo& CudaModelRunner::memory_info() const { return impl_->info; }
 const CudaModelRunner::Counters& CudaModelRunner::counters() const { return impl_->counters; }
+CudaModelRunner::GemmStats CudaModelRunner::gemm_stats() const {
+  const cuda::Gemm& g = *impl_->gemm;
+  return {g.num_plans(), g.tuned_plans(), g.memo_hits(), g.invariance_fallbacks()};
+}
 const std::vector<int32_t>& CudaModelRunner::graph_buckets() const { return impl_->buckets; }
 
 absl::Status CudaModelRunner::Synchronize() {

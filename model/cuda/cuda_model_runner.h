@@ -131,6 +131,13 @@ class CudaModelRunner final : public ModelRunner {
     int64_t graph_steps = 0;
   };
   const Counters& counters() const;
+  // The GEMM plans (kernels/cuda/layers/gemm.h): shapes, shapes whose
+  // algorithm this runner picked by timing, shapes that took an earlier
+  // runner's pick, and row counts that run an algorithm of their own.
+  struct GemmStats {
+    int64_t shapes = 0, tuned = 0, memo_hits = 0, invariance_fallbacks = 0;
+  };
+  GemmStats gemm_stats() const;
   // The decode batch sizes with a captured graph (empty with graphs off).
   const std::vector<int32_t>& graph_buckets() const;
   // Waits for the stream; the first asynchronous error, if any.

@@ -61,6 +61,12 @@ TEST_CASE("stub runner: fp32 weights and KV reproduce the golden text", "[cuda_s
         REQUIRE(t.cuda->graph_buckets().empty());
         REQUIRE(t.cuda->counters().eager_steps == 256);
       }
+      // Every GEMM shape's algorithm was timed (the stand-in offers two
+      // candidates), here or by an earlier runner of the process: none was
+      // first met inside a graph capture, where it would go untimed.
+      const CudaModelRunner::GemmStats g = t.cuda->gemm_stats();
+      REQUIRE(g.shapes >= 4);  // qkv, o, gate_up, down, the LM head
+      REQUIRE(g.tuned + g.memo_hits == g.shapes);
       RequireAllBlocksFree(*t.engine);
     }
   }
