@@ -71,6 +71,15 @@ __host__ __device__ constexpr bool IsHalfElem(KvElem e) {
 
 __host__ __device__ inline bool IsPow2(int x) { return x > 0 && (x & (x - 1)) == 0; }
 
+// log2 of a power of two (one instruction on the device).
+__host__ __device__ inline int Log2Pow2(int x) {
+#if defined(__CUDA_ARCH__)
+  return __ffs(x) - 1;
+#else
+  return __builtin_ctz(static_cast<unsigned>(x));
+#endif
+}
+
 // Whether the fast kernel takes this layout (else the reference kernel).
 __host__ __device__ inline bool MmaAttentionSupports(const KvPageLayout& l) {
   const auto ok = [](KvElem e) {
@@ -79,9 +88,13 @@ __host__ __device__ inline bool MmaAttentionSupports(const KvPageLayout& l) {
   };
   const bool pair_ok =
       l.k.elem == l.v.elem || (l.k.elem == KvElem::kInt8 && l.v.elem == KvElem::kInt4);
-  // int4 decodes 8 channels with one (scale, zero): groups of a multiple of 8.
+  // int4 decodes 8 channels with one (scale, zero): groups of a multiple of
+  // 8, and a power of two, so a chunk's group and a key's scale words are
+  // found by shifts (an integer division is some 20 instructions).
+  // fp8 and int8 keep one 4-byte scale per token and head.
   const auto group_ok = [](const KvPartLayout& p) {
-    return p.elem != KvElem::kInt4 || p.group_size % 8 == 0;
+    if (p.elem == KvElem::kFp8E4m3 || p.elem == KvElem::kInt8) return p.meta_bytes == 4;
+    return p.elem != KvElem::kInt4 || (p.group_size % 8 == 0 && IsPow2(p.group_size));
   };
   return ok(l.k.elem) && ok(l.v.elem) && pair_ok && group_ok(l.k) && group_ok(l.v) &&
          (l.head_dim == 64 || l.head_dim == 128 || l.head_dim == 256) && IsPow2(l.block_size);
@@ -229,11 +242,15 @@ __device__ __forceinline__ void IssueTile(const KernelArgs& a, const HeadOffsets
     copy_rows(std::integral_constant<int, kVChunks>{}, off.v, kVRow, stage + sl.v_rows, VOnly{},
               false, 0, nullptr);
   }
-  // Scales: one 4-byte word per key for fp8 and int8, meta_bytes / 4 for int4.
-  const auto copy_meta = [&](const KvPartLayout& part, int64_t meta_off, uint8_t* dst) {
-    const int words = part.meta_bytes / 4;
-    for (int e = tid; e < kMmaKeys * words; e += kThreads) {
-      const int j = e / words, w = e - j * words;
+  // Scales: one 4-byte word per key for fp8 and int8 (known here), and
+  // meta_bytes / 4 = head_dim / group_size for int4, a power of two
+  // (MmaAttentionSupports): the key and word of element e by shifts.
+  const auto copy_meta = [&](auto elem_tag, const KvPartLayout& part, int64_t meta_off,
+                             uint8_t* dst) {
+    constexpr bool kOneWord = decltype(elem_tag)::value != KvElem::kInt4;
+    const int lw = kOneWord ? 0 : Log2Pow2(part.meta_bytes / 4);
+    for (int e = tid; e < (kMmaKeys << lw); e += kThreads) {
+      const int j = e >> lw, w = e & ((1 << lw) - 1);
       const bool valid = j < n;
       const uint8_t* blk = valid ? block_of(j) : a.kv.pages;
       const int slot = valid ? (t0 + j) & bs_mask : 0;
@@ -242,8 +259,12 @@ __device__ __forceinline__ void IssueTile(const KernelArgs& a, const HeadOffsets
                     valid ? 4 : 0);
     }
   };
-  if constexpr (!IsHalfElem(KE)) copy_meta(a.kv.layout.k, off.k_meta, stage + sl.k_meta);
-  if constexpr (!IsHalfElem(VE)) copy_meta(a.kv.layout.v, off.v_meta, stage + sl.v_meta);
+  if constexpr (!IsHalfElem(KE)) {
+    copy_meta(std::integral_constant<KvElem, KE>{}, a.kv.layout.k, off.k_meta, stage + sl.k_meta);
+  }
+  if constexpr (!IsHalfElem(VE)) {
+    copy_meta(std::integral_constant<KvElem, VE>{}, a.kv.layout.v, off.v_meta, stage + sl.v_meta);
+  }
 }
 
 // __byte_perm (byte i of the result is byte (s >> 4i) & 7 of {y, x}).
@@ -288,9 +309,11 @@ __device__ __forceinline__ uint32_t AsU32(__half2 h) {
 // scaled (int8, fp8: value = fp16(code * fp16(scale)); int4: fp16(code *
 // scale + zero), one rounding). The same bits on the device and in the
 // simulator; within one fp16 rounding of the reference decoder's floats.
+// int4: chunk c's (scale, zero) is group c >> chunk_group_shift (groups of
+// 8 << chunk_group_shift channels); the others ignore it.
 template <KvElem E>
 __device__ __forceinline__ uint4 DecodeChunk(const uint8_t* row, const uint8_t* meta, int c,
-                                             int group_size) {
+                                             int chunk_group_shift) {
   if constexpr (E == KvElem::kInt8) {
     const uint2 codes = reinterpret_cast<const uint2*>(row)[c];
     const __half2 s = __float2half2_rn(*reinterpret_cast<const float*>(meta));
@@ -316,7 +339,7 @@ __device__ __forceinline__ uint4 DecodeChunk(const uint8_t* row, const uint8_t* 
     // The chunk's 8 channels share one (scale, zero): group sizes are
     // multiples of 8 here (MmaAttentionSupports).
     const uint32_t w = reinterpret_cast<const uint32_t*>(row)[c];
-    const __half2 sz = reinterpret_cast<const __half2*>(meta)[(8 * c) / group_size];
+    const __half2 sz = reinterpret_cast<const __half2*>(meta)[c >> chunk_group_shift];
     const __half2 s = __low2half2(sz), z = __high2half2(sz);
     const __half2 bias = __float2half2_rn(1024.0f);
     // r_k holds channels (k, k + 4) of the chunk.
@@ -337,6 +360,7 @@ template <KvElem E, int kHd, bool kSwizzleV>
 __device__ __forceinline__ void DecodeRows(const KvPartLayout& part, const uint8_t* rows,
                                            const uint8_t* meta, uint8_t* tile) {
   constexpr int kChunks = kHd / 8;
+  const int chunk_group_shift = E == KvElem::kInt4 ? Log2Pow2(part.group_size) - 3 : 0;
   // Unrolled by 2 at head_dim 256, where a full unroll spills (the 128
   // accumulators are live across the decode).
   [[maybe_unused]] constexpr int kUnroll = kHd >= 256 ? 2 : kMmaKeys * kChunks / kThreads;
@@ -346,7 +370,7 @@ __device__ __forceinline__ void DecodeRows(const KvPartLayout& part, const uint8
     const int j = e / kChunks, c = e % kChunks;
     const uint8_t* row = rows + j * RowBytes<E, kHd>();
     const uint8_t* m = meta + int64_t(j) * part.meta_bytes;
-    const uint4 w = DecodeChunk<E>(row, m, c, part.group_size);
+    const uint4 w = DecodeChunk<E>(row, m, c, chunk_group_shift);
     const int pc = kSwizzleV ? VSwz(j, c) : KSwz(j, c);
     *reinterpret_cast<uint4*>(tile + (j * kHd + 8 * pc) * 2) = w;
   }

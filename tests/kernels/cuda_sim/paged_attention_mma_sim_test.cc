@@ -221,7 +221,10 @@ TEST_CASE("fast CUDA attention takes head_dim 64/128/256 and power-of-two blocks
     absl::StatusOr<KvFormat> f = KvFormat::Create(KvDtype::kInt4, 2, 64, 16, group);
     REQUIRE(f.ok());
     INFO("int4 group " << group);
-    REQUIRE(attention_detail::MmaAttentionSupports(f->layout()) == (group % 8 == 0));
+    // ... and be a power of two (shift addressing), as any group that
+    // divides head_dim 64, 128 or 256 is: 8, 16 and 64 here.
+    REQUIRE(attention_detail::MmaAttentionSupports(f->layout()) ==
+            (group % 8 == 0 && attention_detail::IsPow2(group)));
   }
   for (KvDtype d : {KvDtype::kFp32, KvDtype::kInt4Kc}) {
     absl::StatusOr<KvFormat> f = KvFormat::Create(d, 2, 128, 16, 32);
