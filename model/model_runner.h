@@ -87,6 +87,12 @@ class ModelRunner {
 
   virtual const ModelConfig& config() const = 0;
   virtual const KvFormat& kv_format() const = 0;
+  // Layer l's KV format (kv_format() is layer 0's; they differ where
+  // cache.kv_dtype is a per-layer list).
+  virtual const KvFormat& layer_kv_format(int layer) const {
+    (void)layer;
+    return kv_format();
+  }
   // Blocks in the device (primary) pool and in the host swap pool.
   virtual int32_t num_blocks() const = 0;
   virtual int32_t num_swap_blocks() const = 0;

@@ -47,16 +47,21 @@ TierIdentity TierIdentityOf(const ModelRunner& runner, const std::string& weight
   model.Add(c.rope_scaling.low_freq_factor).Add(c.rope_scaling.high_freq_factor);
   model.Add(c.rope_scaling.original_max_position_embeddings).Add(c.rms_norm_eps);
   model.Add(c.qkv_bias).Add(c.o_bias).Add(c.qk_norm).Add(c.sliding_window);
-  const KvFormat& f = runner.kv_format();
-  const KvPageLayout& lay = f.layout();
+  // Every layer's format: per-layer lists of the same total bytes (int8,
+  // int4 against int4, int8) give a block's bytes other meanings.
   FieldHash format;
-  format.Add(static_cast<int>(f.dtype())).Add(lay.num_kv_heads).Add(lay.head_dim);
-  format.Add(lay.block_size).Add(lay.block_bytes).Add(runner.tier_block_bytes());
-  AddPart(format, lay.k);
-  AddPart(format, lay.v);
+  format.Add(runner.tier_block_bytes());
+  for (int l = 0; l < c.num_layers; ++l) {
+    const KvFormat& f = runner.layer_kv_format(l);
+    const KvPageLayout& lay = f.layout();
+    format.Add(static_cast<int>(f.dtype())).Add(lay.num_kv_heads).Add(lay.head_dim);
+    format.Add(lay.block_size).Add(lay.block_bytes);
+    AddPart(format, lay.k);
+    AddPart(format, lay.v);
+  }
   return TierIdentity{.model_fingerprint = model.value(),
                       .kv_format = format.value(),
-                      .block_size = f.block_size(),
+                      .block_size = runner.kv_format().block_size(),
                       .payload_bytes = runner.tier_block_bytes()};
 }
 

@@ -71,6 +71,7 @@ class CpuModelRunner final : public ModelRunner {
 
   const ModelConfig& config() const override { return model_->config(); }
   const KvFormat& kv_format() const override { return primary_.format(); }
+  const KvFormat& layer_kv_format(int layer) const override { return primary_.format(layer); }
   int32_t num_blocks() const override { return primary_.num_blocks(); }
   int32_t num_swap_blocks() const override { return swap_.num_blocks(); }
   int32_t num_tail_blocks() const override { return primary_.num_tails(); }

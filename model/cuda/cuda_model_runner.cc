@@ -25,6 +25,7 @@ using cuda::CudaStatus;
 
 const ModelConfig& CudaModelRunner::config() const { return impl_->config; }
 const KvFormat& CudaModelRunner::kv_format() const { return impl_->format; }
+const KvFormat& CudaModelRunner::layer_kv_format(int layer) const { return impl_->formats[layer]; }
 int32_t CudaModelRunner::num_blocks() const { return impl_->num_blocks; }
 int32_t CudaModelRunner::num_swap_blocks() const { return impl_->num_swap_blocks; }
 int32_t CudaModelRunner::num_tail_blocks() const { return impl_->num_tails; }

@@ -82,6 +82,7 @@ class CudaModelRunner final : public ModelRunner {
 
   const ModelConfig& config() const override;
   const KvFormat& kv_format() const override;
+  const KvFormat& layer_kv_format(int layer) const override;
   int32_t num_blocks() const override;
   int32_t num_swap_blocks() const override;
   // int4_kc layers (cache.kv_dtype int4_kc, alone or in a per-layer list):

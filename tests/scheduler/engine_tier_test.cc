@@ -7,9 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_join.h"
 #include "cache/format/kv_dtype_spec.h"
 #include "model/cpu/cpu_model_runner.h"
 #include "scheduler/engine.h"
+#include "scheduler/engine_tiers.h"
 #include "tests/engine_harness.h"
 #include "tests/test_util.h"
 
@@ -49,6 +51,36 @@ std::unique_ptr<Engine> MakeTierEngine(const KvTierConfig& tiers, KvDtype dtype,
   auto engine = Engine::Create(config, std::move(*runner), Stories().tokenizer);
   REQUIRE(engine.ok());
   return std::move(*engine);
+}
+
+TEST_CASE("The tier identity keys every layer's format, not layer 0's alone", "[scheduler]") {
+  const int layers = Stories().weights.config.num_layers;
+  REQUIRE(layers >= 3);
+  // a: int8, int4, int8, int8, ...; b: layers 1 and 2 swapped: the same
+  // layer 0 and the same bytes per block, other bytes in other places.
+  std::vector<std::string> a_list(layers, "int8"), b_list(layers, "int8");
+  a_list[1] = "int4";
+  b_list[2] = "int4";
+  auto runner_for = [](const std::vector<std::string>& list) {
+    CpuRunnerOptions opt;
+    absl::StatusOr<KvDtypeSpec> spec = KvDtypeSpec::Parse(absl::StrJoin(list, ","));
+    REQUIRE(spec.ok());
+    opt.kv_dtype = *spec;
+    opt.block_size = 16;
+    opt.num_blocks = 40;
+    auto runner = CpuModelRunner::Create(Stories().weights, opt);
+    REQUIRE(runner.ok());
+    return std::move(*runner);
+  };
+  const auto a = runner_for(a_list), b = runner_for(b_list), a2 = runner_for(a_list);
+  REQUIRE(a->tier_block_bytes() == b->tier_block_bytes());
+  REQUIRE(a->kv_format().dtype() == b->kv_format().dtype());
+  const TierIdentity ia = TierIdentityOf(*a, "w"), ib = TierIdentityOf(*b, "w");
+  REQUIRE(ia.payload_bytes == ib.payload_bytes);
+  REQUIRE(ia.kv_format != ib.kv_format);
+  REQUIRE_FALSE(ia == ib);
+  REQUIRE(TierIdentityOf(*a2, "w") == ia);
+  REQUIRE_FALSE(TierIdentityOf(*a, "other weights") == ia);
 }
 
 // Prompt i: 200 tokens of dev story i (12 full blocks before its last token).
