@@ -13,25 +13,20 @@
 #include <memory>
 #include <sstream>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "cache/sizing/block_count.h"
-#include "cache/sizing/kv_layers.h"
 #include "model/cpu/cpu_model_runner.h"
-#include "model/eval/eviction_study.h"
-#include "model/eval/evictor_training.h"
 #include "model/eval/kv_eval.h"
 #include "model/eval/kv_frontier.h"
 #include "model/loader/model_loader.h"
 #include "model/loader/quantize_weights.h"
-#include "model/lowrank/calibrate/calibrate.h"
 #include "model/lowrank/low_rank_kv.h"
 #include "server/cli/commands.h"
+#include "server/cli/eval_kv_internal.h"
 #include "server/cli/flags.h"
 #include "util/status_macros.h"
 
@@ -108,41 +103,9 @@ constexpr char kUsage[] =
     "                         story each, its first --context tokens (default 256), from the\n"
     "                         stories at least that long\n";
 
-struct Options {
-  std::string model;
-  std::string tokenizer;
-  std::string text;
-  std::vector<KvDtypeSpec> dtypes;  // empty: all
-  // --weight-dtype: the names as given and their parse.
-  std::vector<std::string> weight_dtype_names;
-  std::vector<WeightQuantSpec> weight_dtypes;
-  int block_size = 16;
-  int int4_group_size = 64;
-  int32_t max_stories = 0;
-  int32_t skip_stories = 0;
-  std::vector<std::string> low_rank;          // --low-rank files
-  std::vector<KvCrossLayerSpec> cross_layer;  // --cross-layer settings
-  int32_t context = 0;
-  int threads = 0;
-  std::string json;
-  KvQualityOptions eval;
-  // The eviction study.
-  std::vector<EvictionPolicyKind> policies;  // non-empty: the study
-  int32_t budget = 256;
-  int32_t stream_tokens = 4000;
-  int32_t sink_tokens = 4;
-  int32_t recent_tokens = 0;
-  int32_t window = 0;  // 0: 256, or 128 for the sweep
-  bool recompute = true;
-  int32_t sweep = 0;
-  std::string evictor_model;
-  std::string png;
-  // The frontier.
-  bool frontier = false;
-  std::string calibration_text;
-  std::vector<double> low_rank_fractions = {0.75, 0.5};
-  int32_t streams = 0;
-};
+}  // namespace
+
+namespace eval_kv {
 
 // 'all': every dtype, then int4_kc with int8 first and last layers.
 std::vector<KvDtypeSpec> AllFormats() {
@@ -154,7 +117,7 @@ std::vector<KvDtypeSpec> AllFormats() {
 // The CPU runner options every eval-kv runner shares (num_blocks 0: the
 // runner's default pool).
 CpuRunnerOptions RunnerOptionsFor(const Options& opt, const KvDtypeSpec& dtype,
-                                  int32_t num_blocks = 0) {
+                                  int32_t num_blocks) {
   CpuRunnerOptions ro;
   ro.kv_dtype = dtype;
   ro.block_size = opt.block_size;
@@ -168,6 +131,16 @@ int Fail(const absl::Status& s) {
   std::fprintf(stderr, "kvserve eval-kv: %s\n", std::string(s.message()).c_str());
   return 1;
 }
+
+}  // namespace eval_kv
+
+namespace {
+
+using eval_kv::AllFormats;
+using eval_kv::Fail;
+using eval_kv::Options;
+using eval_kv::ProgressBar;
+using eval_kv::RunnerOptionsFor;
 
 // Parses argv (after the subcommand name) into *o. Returns -1 to go on, or
 // the exit code (0 after --help, 2 on a bad flag).
@@ -296,26 +269,9 @@ int ParseFlags(int argc, char** argv, Options* o) {
   return -1;
 }
 
-// "\r[#########           ]  45%" on stderr, redrawn only when the percent changes.
-class ProgressBar {
- public:
-  void Update(int64_t done, int64_t total) {
-    const int percent = total > 0 ? static_cast<int>(done * 100 / total) : 100;
-    if (percent == last_percent_) return;
-    last_percent_ = percent;
-    constexpr int kWidth = 40;
-    const int filled = percent * kWidth / 100;
-    std::fprintf(stderr, "\r[%s%s] %3d%%", std::string(filled, '#').c_str(),
-                 std::string(kWidth - filled, ' ').c_str(), percent);
-    std::fflush(stderr);
-  }
-  void Finish() {
-    if (last_percent_ >= 0) std::fputc('\n', stderr);
-  }
+}  // namespace
 
- private:
-  int last_percent_ = -1;
-};
+namespace eval_kv {
 
 // Writes `body` to `path`; false with a message on failure.
 bool WriteFile(const std::string& path, const std::string& body, const char* flag) {
@@ -344,287 +300,7 @@ bool Plot(const std::string& script) {
   return true;
 }
 
-// The eviction study (--policy): long text, or the budget sweep.
-int RunStudy(const Options& opt, const LoadedModel& loaded, const std::string& text) {
-  const ModelConfig& config = loaded.weights.config;
-  std::vector<KvDtypeSpec> dtypes = opt.dtypes;
-  if (dtypes.empty()) dtypes = {KvDtype::kFp32, KvDtype::kInt8};
-  StudyRunnerFactory make_runner =
-      [&](const KvDtypeSpec& dtype,
-          int32_t num_blocks) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
-    const CpuRunnerOptions ro = RunnerOptionsFor(opt, dtype, num_blocks);
-    absl::StatusOr<std::unique_ptr<CpuModelRunner>> r = CpuModelRunner::Create(loaded.weights, ro);
-    if (!r.ok()) return r.status();
-    if (!(*r)->supports_eviction()) {
-      return absl::InvalidArgumentError(absl::StrCat("--kv-dtype ", dtype.ToString(),
-                                                     ": KV eviction needs a format without tails"));
-    }
-    return std::unique_ptr<ModelRunner>(std::move(*r));
-  };
-  const int32_t ctx = config.max_position_embeddings;
-  const bool learned = std::find(opt.policies.begin(), opt.policies.end(),
-                                 EvictionPolicyKind::kLearned) != opt.policies.end();
-  // Streams of the model's context, BOS first, from the joined text after
-  // its first `skip` tokens: the sweep's, and the learned predictor's
-  // training streams (taken past what the study reads).
-  auto context_streams = [&](int32_t count,
-                             int32_t skip) -> absl::StatusOr<std::vector<std::vector<int32_t>>> {
-    const int32_t body = ctx - 1;
-    KV_ASSIGN_OR_RETURN(std::vector<int32_t> all,
-                        BuildTokenStream(text, *loaded.tokenizer, 1 + skip + body * count));
-    std::vector<std::vector<int32_t>> out;
-    for (int32_t k = 0; k < count; ++k) {
-      std::vector<int32_t> s = {config.bos_id};
-      const size_t first = 1 + static_cast<size_t>(skip) + static_cast<size_t>(k) * body;
-      s.insert(s.end(), all.begin() + first, all.begin() + first + body);
-      out.push_back(std::move(s));
-    }
-    return out;
-  };
-  std::shared_ptr<const EvictorModel> evictor;
-  if (learned) {
-    if (!opt.evictor_model.empty()) {
-      absl::StatusOr<EvictorModel> m = EvictorModel::Load(opt.evictor_model);
-      if (!m.ok()) return Fail(m.status());
-      evictor = std::make_shared<const EvictorModel>(*m);
-    } else {
-      std::fprintf(stderr, "kvserve eval-kv: training the learned evictor on 8 streams...\n");
-      const int32_t skip = std::max(opt.stream_tokens, opt.sweep * (ctx - 1));
-      absl::StatusOr<std::vector<std::vector<int32_t>>> train = context_streams(8, skip);
-      if (!train.ok()) return Fail(train.status());
-      absl::StatusOr<std::unique_ptr<ModelRunner>> r =
-          make_runner(KvDtype::kFp32, BlocksForTokens(ctx, opt.block_size) + 1);
-      if (!r.ok()) return Fail(r.status());
-      absl::StatusOr<EvictorTrainingResult> t = TrainEvictor(*train, **r, {});
-      if (!t.ok()) return Fail(t.status());
-      evictor = std::make_shared<const EvictorModel>(t->model);
-    }
-  }
-  ProgressBar bar;
-  std::function<void(int64_t, int64_t)> progress;
-  if (isatty(STDERR_FILENO)) {
-    progress = [&bar](int64_t done, int64_t total) { bar.Update(done, total); };
-  }
-  absl::StatusOr<EvictionStudyReport> report;
-  if (opt.sweep > 0) {
-    absl::StatusOr<std::vector<std::vector<int32_t>>> streams = context_streams(opt.sweep, 0);
-    if (!streams.ok()) return Fail(streams.status());
-    BudgetSweepOptions so;
-    so.policies = opt.policies;
-    so.dtype = dtypes[0];
-    so.window = opt.window > 0 ? opt.window : 128;
-    so.sink_tokens = opt.sink_tokens;
-    so.learned = evictor;
-    so.progress = progress;
-    report = RunBudgetSweep(*streams, make_runner, so);
-  } else {
-    absl::StatusOr<std::vector<int32_t>> stream =
-        BuildTokenStream(text, *loaded.tokenizer, opt.stream_tokens);
-    if (!stream.ok()) return Fail(stream.status());
-    EvictionStudyOptions so;
-    so.policies = opt.policies;
-    so.dtypes = dtypes;
-    so.budget = opt.budget;
-    so.sink_tokens = opt.sink_tokens;
-    so.recent_tokens = opt.recent_tokens;
-    so.window = opt.window > 0 ? opt.window : 256;
-    so.recompute = opt.recompute;
-    so.learned = evictor;
-    so.progress = progress;
-    report = RunLongTextStudy(*stream, make_runner, so);
-  }
-  bar.Finish();
-  if (!report.ok()) return Fail(report.status());
-  report->model = opt.model;
-  report->text = opt.text;
-  if (report->kind == "sweep") {
-    std::printf(
-        "KV eviction budget sweep: %s on %s, %d streams of %d tokens (BOS first), "
-        "KV %s, block size %d\n\n",
-        opt.model.c_str(), opt.text.c_str(), opt.sweep, ctx, dtypes[0].ToString().c_str(),
-        report->block_size);
-  } else {
-    std::printf(
-        "KV eviction on long text: %s on %s, one stream of %d tokens (one BOS), budget "
-        "%d, block size %d; the model was trained on %d positions\n\n",
-        opt.model.c_str(), opt.text.c_str(), opt.stream_tokens, opt.budget, report->block_size,
-        ctx);
-  }
-  std::fputs(EvictionStudyTable(*report).c_str(), stdout);
-  std::printf("\n%.1f s\n", report->seconds);
-  std::fflush(stdout);
-  if (!opt.json.empty() && !WriteFile(opt.json, EvictionStudyJson(*report), "--json")) return 1;
-  if (!opt.png.empty() && !Plot(EvictionStudyGnuplot(*report, dtypes[0].ToString(), opt.png))) {
-    return 1;
-  }
-  return 0;
-}
-
-// Streams of `length` tokens, one story each (BOS and the story's first
-// length - 1 tokens), from the stories of `text` at least that long; at most
-// max_count (0: all). One story a stream, so that eviction is measured on a
-// context that hangs together, not on the end of one story and the start of
-// the next (evicting an earlier story helps there).
-std::vector<std::vector<int32_t>> StoryStreams(const std::string& text, const Tokenizer& tok,
-                                               int32_t length, int32_t max_count) {
-  std::vector<std::vector<int32_t>> out;
-  for (std::vector<int32_t>& s : TokenizeStories(text, tok, length)) {
-    if (max_count > 0 && static_cast<int32_t>(out.size()) == max_count) break;
-    if (static_cast<int32_t>(s.size()) == length) out.push_back(std::move(s));
-  }
-  return out;
-}
-
-// The compression frontier (--frontier).
-constexpr int32_t kFrontierStreamTokens = 256;
-
-int RunFrontierCommand(const Options& opt, const LoadedModel& loaded, const std::string& text) {
-  const ModelConfig& config = loaded.weights.config;
-  std::ifstream cin(opt.calibration_text, std::ios::binary);
-  if (!cin) {
-    return Fail(
-        absl::NotFoundError(absl::StrCat("cannot read --calibration-text ", opt.calibration_text)));
-  }
-  std::stringstream calibration;
-  calibration << cin.rdbuf();
-  const int32_t length = std::min(opt.context > 0 ? opt.context : kFrontierStreamTokens,
-                                  config.max_position_embeddings);
-  const std::vector<std::vector<int32_t>> streams =
-      StoryStreams(text, *loaded.tokenizer, length, opt.streams);
-  if (streams.empty()) {
-    return Fail(absl::InvalidArgumentError(
-        absl::StrCat("--text has no story of ", length, " tokens (--context)")));
-  }
-  std::vector<EvictionPolicyKind> policies = opt.policies;
-  if (policies.empty()) {
-    policies = {EvictionPolicyKind::kStreaming, EvictionPolicyKind::kH2o,
-                EvictionPolicyKind::kLearned};
-  }
-  policies.erase(std::remove(policies.begin(), policies.end(), EvictionPolicyKind::kNone),
-                 policies.end());
-
-  // Low-rank bases at 75% and 50% of a layer's kv width (one group of every
-  // kv head, K and V alike), calibrated on the calibration text's stories.
-  std::vector<std::pair<double, std::shared_ptr<const LowRankKv>>> bases;
-  if (!opt.low_rank_fractions.empty()) {
-    const std::vector<std::vector<int32_t>> cal_stories =
-        TokenizeStories(calibration.str(), *loaded.tokenizer, config.max_position_embeddings, 0);
-    const int32_t width = config.num_kv_heads * config.head_dim;
-    for (double f : opt.low_rank_fractions) {
-      LowRankCalibrationOptions co;
-      co.rank_k = co.rank_v = std::max(1, static_cast<int32_t>(std::lround(f * width)));
-      co.num_threads = opt.threads;
-      std::fprintf(stderr, "kvserve eval-kv: calibrating low-rank KV at rank %d of %d on %s...\n",
-                   co.rank_k, width, opt.calibration_text.c_str());
-      absl::StatusOr<LowRankCalibration> cal = CalibrateLowRankKv(loaded.weights, cal_stories, co);
-      if (!cal.ok()) return Fail(cal.status());
-      bases.emplace_back(f, std::make_shared<const LowRankKv>(std::move(cal->kv)));
-    }
-  }
-  FrontierRunnerFactory make_runner =
-      [&](const FrontierCombo& combo,
-          int32_t num_blocks) -> absl::StatusOr<std::unique_ptr<ModelRunner>> {
-    CpuRunnerOptions ro = RunnerOptionsFor(opt, combo.kv_dtype, num_blocks);
-    if (combo.cross_layer >= 0) {
-      ro.cross_layer.from_layer = combo.cross_layer;
-      ro.cross_layer.threshold = combo.cross_threshold;
-    }
-    for (const auto& [f, kv] : bases) {
-      if (f == combo.low_rank) ro.low_rank = kv;
-    }
-    absl::StatusOr<std::unique_ptr<CpuModelRunner>> r = CpuModelRunner::Create(loaded.weights, ro);
-    if (!r.ok()) return r.status();
-    return std::unique_ptr<ModelRunner>(std::move(*r));
-  };
-
-  FrontierOptions fo;
-  fo.policies = policies;
-  if (std::find(policies.begin(), policies.end(), EvictionPolicyKind::kLearned) != policies.end()) {
-    if (!opt.evictor_model.empty()) {
-      absl::StatusOr<EvictorModel> m = EvictorModel::Load(opt.evictor_model);
-      if (!m.ok()) return Fail(m.status());
-      fo.learned = std::make_shared<const EvictorModel>(*m);
-    } else {
-      const std::vector<std::vector<int32_t>> train =
-          StoryStreams(calibration.str(), *loaded.tokenizer, length, 0);
-      if (train.empty()) {
-        return Fail(absl::InvalidArgumentError(
-            absl::StrCat("--calibration-text has no story of ", length,
-                         " tokens (the learned evictor trains on its stories)")));
-      }
-      std::fprintf(stderr,
-                   "kvserve eval-kv: training the learned evictor on %zu streams of %s...\n",
-                   train.size(), opt.calibration_text.c_str());
-      FrontierCombo fp32{"fp32"};
-      absl::StatusOr<std::unique_ptr<ModelRunner>> r =
-          make_runner(fp32, BlocksForTokens(length, opt.block_size) + 1);
-      if (!r.ok()) return Fail(r.status());
-      absl::StatusOr<EvictorTrainingResult> t = TrainEvictor(train, **r, {});
-      if (!t.ok()) return Fail(t.status());
-      fo.learned = std::make_shared<const EvictorModel>(t->model);
-    }
-  }
-  // Every format; eviction on the formats without tails that the study
-  // already reports (fp32 and int8); low-rank and cross-layer points.
-  std::vector<KvDtypeSpec> formats = opt.dtypes.empty() ? AllFormats() : opt.dtypes;
-  fo.combos.push_back({"fp32", KvDtype::kFp32, 0, -1, true});
-  for (const KvDtypeSpec& d : formats) {
-    const std::string name = d.ToString();
-    if (name == "fp32") continue;
-    fo.combos.push_back({name, d, 0, -1, name == "int8"});
-  }
-  // Low-rank latents in the per-token formats that store them best.
-  for (const auto& [f, kv] : bases) {
-    for (KvDtype d : {KvDtype::kFp32, KvDtype::kFp16, KvDtype::kInt8}) {
-      const KvDtypeSpec spec = d;
-      fo.combos.push_back(
-          {absl::StrFormat("%s+lr%.0f%%", spec.ToString(), 100 * f), spec, f, -1, false});
-    }
-  }
-  // Cross-layer sharing from the middle layer on (retain 0.125), in fp32
-  // and int8 pages, at two thresholds.
-  for (KvDtype d : {KvDtype::kFp32, KvDtype::kInt8}) {
-    for (double t : {0.3, 0.7}) {
-      const KvDtypeSpec spec = d;
-      FrontierCombo c{absl::StrFormat("%s+xl%d@%g", spec.ToString(), config.num_layers / 2, t),
-                      spec, 0, config.num_layers / 2, false};
-      c.cross_threshold = t;
-      fo.combos.push_back(c);
-    }
-  }
-  KvLayerShape shape;
-  shape.num_layers = config.num_layers;
-  shape.num_kv_heads = config.num_kv_heads;
-  shape.head_dim = config.head_dim;
-  shape.block_size = opt.block_size;
-  shape.int4_group_size = opt.int4_group_size;
-  absl::StatusOr<KvLayers> fp16 = ResolveKvLayers(KvDtype::kFp16, shape);
-  if (!fp16.ok()) return Fail(fp16.status());
-  fo.fp16_bytes_per_token = static_cast<double>(fp16->bytes_per_block) / opt.block_size;
-  ProgressBar bar;
-  if (isatty(STDERR_FILENO)) {
-    fo.progress = [&bar](int64_t done, int64_t total) { bar.Update(done, total); };
-  }
-  absl::StatusOr<FrontierReport> report = RunFrontier(streams, make_runner, fo);
-  bar.Finish();
-  if (!report.ok()) return Fail(report.status());
-  report->model = opt.model;
-  report->text = opt.text;
-  report->calibration_text = opt.calibration_text;
-  std::printf(
-      "KV compression frontier: %s on %s (held out; calibration: %s)\n"
-      "%d streams of %d tokens (BOS first), block size %d; reference: fp32 dense, ppl %.4f\n\n",
-      opt.model.c_str(), opt.text.c_str(), opt.calibration_text.c_str(), report->num_streams,
-      report->stream_tokens, report->block_size, report->reference_ppl);
-  std::fputs(FrontierTable(*report).c_str(), stdout);
-  std::printf("\n%.1f s\n", report->seconds);
-  std::fflush(stdout);
-  if (!opt.json.empty() && !WriteFile(opt.json, FrontierJson(*report), "--json")) return 1;
-  if (!opt.png.empty() && !Plot(FrontierGnuplot(*report, opt.png))) return 1;
-  return 0;
-}
-
-}  // namespace
+}  // namespace eval_kv
 
 int RunEvalKv(int argc, char** argv) {
   Options opt;
@@ -637,8 +313,8 @@ int RunEvalKv(int argc, char** argv) {
 
   absl::StatusOr<LoadedModel> loaded = LoadModel(opt.model, opt.tokenizer);
   if (!loaded.ok()) return Fail(loaded.status());
-  if (opt.frontier) return RunFrontierCommand(opt, *loaded, text.str());
-  if (!opt.policies.empty()) return RunStudy(opt, *loaded, text.str());
+  if (opt.frontier) return eval_kv::RunFrontierCommand(opt, *loaded, text.str());
+  if (!opt.policies.empty()) return eval_kv::RunStudy(opt, *loaded, text.str());
   const ModelConfig& config = loaded->weights.config;
   const int32_t max_len = opt.context > 0 ? std::min(opt.context, config.max_position_embeddings)
                                           : config.max_position_embeddings;
