@@ -71,7 +71,7 @@ struct RunnerOptions {
   int32_t weight_group_size = 32;
   bool cuda_graphs = true;  // model.cuda_graphs
   // model.attention_kernel (CUDA): "fast" (the tensor-core kernel where it takes
-  // the layout) or "reference" (the simple kernel; kernels/cuda/paged_attention.h).
+  // the layout) or "reference" (the simple kernel; kernels/cuda/attention/paged_attention.h).
   std::string attention_kernel = "fast";
   // cache.*
   KvDtypeSpec kv_dtype = KvDtype::kFp32;  // one dtype or one per layer

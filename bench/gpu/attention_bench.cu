@@ -44,8 +44,8 @@
 #include "kernels/batch_input.h"
 #include "kernels/cpu/attention/paged_attention.h"
 #include "kernels/cpu/kv/kv_quant.h"
+#include "kernels/cuda/attention/paged_attention.h"
 #include "kernels/cuda/device/launch.cuh"
-#include "kernels/cuda/paged_attention.h"
 #include "kernels/paged_view.h"
 #include "kernels/plan/gpu_attention_plan.h"
 

@@ -9,7 +9,7 @@
 //     that a step with few long sequences still fills the GPU, and which rows
 //     need their partial results merged;
 //   - the launch shape and the workspace the partials need.
-// kernels/cuda/paged_attention.h runs it; the CPU backend does not need it.
+// kernels/cuda/attention/paged_attention.h runs it; the CPU backend does not need it.
 //
 // Grid of the attention kernel: (num_items, num_heads / heads_per_cta). CTA
 // (x, y) serves work item x for query heads [y * hpc, (y + 1) * hpc), which

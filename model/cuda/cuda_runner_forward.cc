@@ -9,6 +9,8 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/attention/paged_attention.h"
+#include "kernels/cuda/attention/paged_attention_kc.h"
 #include "kernels/cuda/device/cuda_check.h"
 #include "kernels/cuda/kv/kv_write.h"
 #include "kernels/cuda/kv/kv_write_kc.h"
@@ -18,8 +20,6 @@
 #include "kernels/cuda/layers/rms_norm.h"
 #include "kernels/cuda/layers/rope.h"
 #include "kernels/cuda/layers/swiglu.h"
-#include "kernels/cuda/paged_attention.h"
-#include "kernels/cuda/paged_attention_kc.h"
 #include "kernels/paged_view.h"
 #include "kernels/plan/gpu_attention_plan.h"
 #include "model/batch_check.h"

@@ -2,7 +2,7 @@
 # Static cost of the fast paged attention kernel's main loop, from its PTX
 # (make test runs it as the ctest entry attention_cost_check; no GPU needed).
 #
-# nvcc compiles kernels/cuda/paged_attention.cu to PTX for sm_90a with
+# nvcc compiles kernels/cuda/attention/paged_attention.cu to PTX for sm_90a with
 # KVSERVE_COST_MARKERS, which brackets the body of the kernel's tile loop
 # and its rare sink branch with PTX comments. For the bf16, int8 and int4
 # kernels at head_dim 128 the script counts the PTX instructions of one
@@ -28,7 +28,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 "$nvcc" -ptx -O3 -DNDEBUG -DKVSERVE_HAVE_CUDA=1 -DKVSERVE_COST_MARKERS=1 -std=c++17 \
   --expt-relaxed-constexpr -arch=sm_90a -I"$src" -isystem "$(dirname "$nvcc")/../include" \
-  "$src/kernels/cuda/paged_attention.cu" -o "$work/attention.ptx"
+  "$src/kernels/cuda/attention/paged_attention.cu" -o "$work/attention.ptx"
 /usr/bin/python3 - "$work/attention.ptx" <<'EOF'
 import re, sys
 

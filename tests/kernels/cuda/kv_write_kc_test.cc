@@ -13,7 +13,7 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/cuda/paged_attention_kc.h"
+#include "kernels/cuda/attention/paged_attention_kc.h"
 #include "kernels/plan/gpu_attention_plan.h"
 #include "tests/kernels/cuda/device_buffer.h"
 #include "tests/kernels/kc_problem.h"

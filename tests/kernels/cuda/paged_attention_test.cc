@@ -24,7 +24,7 @@
 //    significand, 2^-11 for fp16's 11) of |out| <= max|v|, on top.
 // The fp32 sweep is the one that catches indexing errors; the bf16/fp16 runs
 // check the conversions and strides.
-#include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/attention/paged_attention.h"
 
 #include <cuda_runtime.h>
 

@@ -2,14 +2,14 @@
 // paged_attention_kernel.cuh and the fast one of
 // paged_attention_mma_kernel.cuh) run by cuda_sim on an attention problem
 // (tests/kernels/attention_problem.h): the launch arguments built as
-// kernels/cuda/paged_attention.cu builds them, the attention kernel and the
+// kernels/cuda/attention/paged_attention.cu builds them, the attention kernel and the
 // merge, q and out in the run's activation type with 3 poisoned elements of
 // row padding that must stay poisoned. For the simulated-kernel tests.
 #pragma once
 
 // clang-format off
 #include "tests/kernels/cuda_sim/cuda_sim_more.h"  // first: the shims the kernel source needs
-#include "kernels/cuda/paged_attention_mma_kernel.cuh"
+#include "kernels/cuda/attention/paged_attention_mma_kernel.cuh"
 // clang-format on
 
 #include <catch2/catch.hpp>

@@ -12,7 +12,7 @@
 // bit as cpu::ApplyRope with the CPU's angles.
 // clang-format off
 #include "tests/kernels/cuda_sim/cuda_sim.h"  // first: the shims the kernel source needs
-#include "kernels/cuda/paged_attention_kernel.cuh"
+#include "kernels/cuda/attention/paged_attention_kernel.cuh"
 #include "kernels/cuda/kv/move_slots_kernel.cuh"
 #include "kernels/cuda/layers/rope_kernel.cuh"
 // clang-format on

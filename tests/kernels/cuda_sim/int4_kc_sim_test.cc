@@ -12,7 +12,7 @@
 // clang-format off
 #include "tests/kernels/cuda_sim/cuda_sim_more.h"  // first: the shims the kernel source needs
 #include "kernels/cuda/kv/kv_write_kc_kernel.cuh"
-#include "kernels/cuda/paged_attention_kc_kernel.cuh"
+#include "kernels/cuda/attention/paged_attention_kc_kernel.cuh"
 // clang-format on
 
 #include <algorithm>

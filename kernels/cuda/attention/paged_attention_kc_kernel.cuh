@@ -28,11 +28,11 @@
 #include <cstdint>
 #include <cstring>
 
-#include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/attention/attention_common.cuh"
+#include "kernels/cuda/attention/paged_attention_kc.h"
 #include "kernels/cuda/device/exact_math.cuh"
 #include "kernels/cuda/device/kv_decode.cuh"
 #include "kernels/cuda/device/kv_encode.cuh"
-#include "kernels/cuda/paged_attention_kc.h"
 #include "kernels/plan/gpu_attention_plan.h"
 
 namespace kvserve::cuda::attention_kc_detail {

@@ -40,9 +40,9 @@
 #include <cmath>
 #include <cstdint>
 
-#include "kernels/cuda/attention_common.cuh"
+#include "kernels/cuda/attention/attention_common.cuh"
+#include "kernels/cuda/attention/paged_attention.h"
 #include "kernels/cuda/device/kv_decode.cuh"
-#include "kernels/cuda/paged_attention.h"
 
 namespace kvserve::cuda::attention_detail {
 

@@ -15,7 +15,7 @@
 #include <cuda_runtime.h>
 
 #include "absl/status/status.h"
-#include "kernels/cuda/paged_attention.h"
+#include "kernels/cuda/attention/paged_attention.h"
 
 namespace kvserve::cuda {
 

@@ -56,8 +56,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "kernels/cuda/attention/paged_attention_kernel.cuh"
 #include "kernels/cuda/device/mma.cuh"
-#include "kernels/cuda/paged_attention_kernel.cuh"
 
 namespace kvserve::cuda::attention_detail {
 

@@ -6,10 +6,10 @@
 #include <cstdint>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/attention/paged_attention_kc.h"
+#include "kernels/cuda/attention/paged_attention_kc_kernel.cuh"
 #include "kernels/cuda/device/cuda_check.h"
 #include "kernels/cuda/device/launch.cuh"
-#include "kernels/cuda/paged_attention_kc.h"
-#include "kernels/cuda/paged_attention_kc_kernel.cuh"
 
 namespace kvserve::cuda {
 namespace {

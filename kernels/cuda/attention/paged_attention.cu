@@ -12,11 +12,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cuda/attention/paged_attention.h"
+#include "kernels/cuda/attention/paged_attention_kernel.cuh"
+#include "kernels/cuda/attention/paged_attention_mma_kernel.cuh"
 #include "kernels/cuda/device/cuda_check.h"
 #include "kernels/cuda/device/launch.cuh"
-#include "kernels/cuda/paged_attention.h"
-#include "kernels/cuda/paged_attention_kernel.cuh"
-#include "kernels/cuda/paged_attention_mma_kernel.cuh"
 
 namespace kvserve::cuda {
 namespace {
