@@ -9,20 +9,16 @@
 
 #include <cstdint>
 
+#include "kernels/cuda/device/act_convert.cuh"
 #include "kernels/cuda/device/act_dtype.h"
 #include "kernels/plan/gpu_attention_plan.h"
 
 namespace kvserve::cuda::attention_common {
 
+// Element i of q, K/V rows or sink queries as fp32: act_convert.cuh's
+// runtime-dtype load, under the name the attention kernels use.
 __device__ __forceinline__ float LoadAct(const void* base, ActDtype dtype, int64_t i) {
-  switch (dtype) {
-    case ActDtype::kFp16:
-      return __half2float(static_cast<const __half*>(base)[i]);
-    case ActDtype::kBf16:
-      return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
-    default:
-      return static_cast<const float*>(base)[i];
-  }
+  return LoadAsFloat(base, dtype, i);
 }
 
 __device__ __forceinline__ void StoreAct(void* base, ActDtype dtype, int64_t i, float v) {
