@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
+#include "kernels/cuda/attention/attention_launch.h"
 #include "kernels/cuda/attention/paged_attention.h"
 #include "kernels/cuda/attention/paged_attention_kernel.cuh"
 #include "kernels/cuda/attention/paged_attention_mma_kernel.cuh"
@@ -26,16 +26,7 @@ using attention_detail::KernelArgs;
 using attention_detail::kThreads;
 using attention_detail::MergeKernel;
 
-absl::Status Bad(const char* field, const char* rule, int64_t value) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("PagedAttention: ", field, " must be ", rule, ", got ", value));
-}
-
-absl::Status Null(const char* field) {
-  return absl::InvalidArgumentError(absl::StrCat("PagedAttention: ", field, " is null"));
-}
-
-bool Aligned(const void* p, uintptr_t a) { return reinterpret_cast<uintptr_t>(p) % a == 0; }
+constexpr attention_launch::Errors kErr("PagedAttention");
 
 // Row and meta sizes the layout must have for its element type.
 absl::Status CheckPart(const char* name, const KvPartLayout& part, int head_dim) {
@@ -55,21 +46,22 @@ absl::Status CheckPart(const char* name, const KvPartLayout& part, int head_dim)
       break;
     case KvElem::kInt4:
       if (part.group_size <= 0 || part.group_size % 2 != 0 || head_dim % part.group_size != 0) {
-        return Bad(name, "an int4 part with an even group_size dividing head_dim", part.group_size);
+        return kErr.Bad(name, "an int4 part with an even group_size dividing head_dim",
+                        part.group_size);
       }
       row = head_dim / 2;
       meta = 4 * (head_dim / part.group_size);
       break;
     default:
-      return Bad(name, "a known element type", static_cast<int64_t>(part.elem));
+      return kErr.Bad(name, "a known element type", static_cast<int64_t>(part.elem));
   }
   if (part.row_bytes != row)
-    return Bad(name, "row_bytes matching its element type", part.row_bytes);
+    return kErr.Bad(name, "row_bytes matching its element type", part.row_bytes);
   if (part.meta_bytes != meta) {
-    return Bad(name, "meta_bytes matching its element type", part.meta_bytes);
+    return kErr.Bad(name, "meta_bytes matching its element type", part.meta_bytes);
   }
   if (part.data_offset % 16 != 0 || part.meta_offset % 16 != 0) {
-    return Bad(name, "16-byte aligned offsets", part.data_offset);
+    return kErr.Bad(name, "16-byte aligned offsets", part.data_offset);
   }
   return absl::OkStatus();
 }
@@ -125,98 +117,36 @@ absl::Status PagedAttention(const PagedAttentionParams& params, cudaStream_t str
   const PagedAttentionParams& p = params;
   const KvPageLayout& layout = p.kv.layout;
   const int hd = layout.head_dim;
-  if (layout.num_kv_heads <= 0) return Bad("kv.layout.num_kv_heads", "> 0", layout.num_kv_heads);
-  if (hd <= 0 || hd % 2 != 0 || hd > kGpuAttentionMaxHeadDim) {
-    return Bad("kv.layout.head_dim", "even and in [2, 256]", hd);
+  if (layout.num_kv_heads <= 0) {
+    return kErr.Bad("kv.layout.num_kv_heads", "> 0", layout.num_kv_heads);
   }
-  if (layout.block_size <= 0) return Bad("kv.layout.block_size", "> 0", layout.block_size);
+  if (hd <= 0 || hd % 2 != 0 || hd > kGpuAttentionMaxHeadDim) {
+    return kErr.Bad("kv.layout.head_dim", "even and in [2, 256]", hd);
+  }
+  if (layout.block_size <= 0) return kErr.Bad("kv.layout.block_size", "> 0", layout.block_size);
   KV_RETURN_IF_ERROR(CheckPart("kv.layout.k", layout.k, hd));
   KV_RETURN_IF_ERROR(CheckPart("kv.layout.v", layout.v, hd));
   const KernelFn kernel = KernelFor(layout.k.elem, layout.v.elem);
   if (kernel == nullptr) {
-    return Bad("kv.layout (k, v) elements", "one KvFormat's pair",
-               static_cast<int64_t>(layout.k.elem) * 16 + static_cast<int64_t>(layout.v.elem));
+    return kErr.Bad("kv.layout (k, v) elements", "one KvFormat's pair",
+                    static_cast<int64_t>(layout.k.elem) * 16 + static_cast<int64_t>(layout.v.elem));
   }
-  if (p.num_heads <= 0 || p.num_heads % layout.num_kv_heads != 0) {
-    return Bad("num_heads", "a positive multiple of num_kv_heads", p.num_heads);
-  }
-  if (!std::isfinite(p.scale))
-    return absl::InvalidArgumentError("PagedAttention: scale must be finite");
-  if (p.sliding_window < 0) return Bad("sliding_window", ">= 0", p.sliding_window);
-  if (p.dtype != ActDtype::kFp32 && p.dtype != ActDtype::kFp16 && p.dtype != ActDtype::kBf16) {
-    return Bad("dtype", "fp32, fp16 or bf16", static_cast<int64_t>(p.dtype));
-  }
-  const int64_t row_elems = int64_t(p.num_heads) * hd;
-  const int64_t q_stride = p.q_stride == 0 ? row_elems : p.q_stride;
-  const int64_t out_stride = p.out_stride == 0 ? row_elems : p.out_stride;
-  if (q_stride < row_elems) return Bad("q_stride", ">= num_heads * head_dim", q_stride);
-  if (out_stride < row_elems) return Bad("out_stride", ">= num_heads * head_dim", out_stride);
-
-  const GpuAttentionLaunch& launch = p.launch;
-  const int32_t hpc = GpuAttentionHeadsPerCta(p.num_heads, layout.num_kv_heads);
-  if (launch.num_items < 0) return Bad("launch.num_items", ">= 0", launch.num_items);
-  if (launch.num_merges < 0) return Bad("launch.num_merges", ">= 0", launch.num_merges);
-  if (launch.num_partials < 0) return Bad("launch.num_partials", ">= 0", launch.num_partials);
-  if (launch.num_items == 0) {
-    return launch.num_merges == 0 ? absl::OkStatus()
-                                  : Bad("launch.num_merges", "0 without items", launch.num_merges);
-  }
-  if (launch.heads_per_cta != hpc) {
-    return Bad("launch.heads_per_cta", "GpuAttentionHeadsPerCta(num_heads, num_kv_heads)",
-               launch.heads_per_cta);
-  }
-  if (p.q == nullptr) return Null("q");
-  if (p.out == nullptr) return Null("out");
-  if (p.kv.pages == nullptr) return Null("kv.pages");
-  if (p.plan == nullptr) return Null("plan");
-  if (!Aligned(p.plan, 4))
-    return absl::InvalidArgumentError("PagedAttention: plan must be 4-byte aligned");
-  if (p.batch.query_start == nullptr) return Null("batch.query_start");
-  if (p.batch.context_len == nullptr) return Null("batch.context_len");
-  if (p.batch.block_table == nullptr) return Null("batch.block_table");
-  if (p.batch.max_blocks_per_seq <= 0) {
-    return Bad("batch.max_blocks_per_seq", "> 0", p.batch.max_blocks_per_seq);
-  }
-  const GpuAttentionShape shape = ShapeOf(p);
-  const int64_t need = GpuAttentionWorkspaceBytes(shape, launch.num_partials);
-  if (need > 0) {
-    if (p.workspace == nullptr) return Null("workspace");
-    if (!Aligned(p.workspace, 8)) {
-      return absl::InvalidArgumentError("PagedAttention: workspace must be 8-byte aligned");
-    }
-    if (p.workspace_bytes < need) {
-      return Bad("workspace_bytes", "GpuAttentionWorkspaceBytes(shape, launch.num_partials)",
-                 p.workspace_bytes);
-    }
-  }
+  attention_launch::Checked checked;
+  KV_RETURN_IF_ERROR(attention_launch::CheckHeadsAndStrides(kErr, p, checked));
+  KV_RETURN_IF_ERROR(attention_launch::CheckPlan(kErr, p, nullptr, checked));
+  if (checked.empty) return absl::OkStatus();
   if ((p.sink_q == nullptr) != (p.num_sinks == nullptr)) {
-    return absl::InvalidArgumentError("PagedAttention: sink_q and num_sinks go together");
+    return kErr.Invalid("sink_q and num_sinks go together");
   }
   const bool mass = p.key_mass != nullptr;
   if (mass != (p.key_mass_offset != nullptr) || mass != (p.softmax_stats != nullptr)) {
-    return absl::InvalidArgumentError(
-        "PagedAttention: key_mass, key_mass_offset and softmax_stats go together");
+    return kErr.Invalid("key_mass, key_mass_offset and softmax_stats go together");
   }
-  if (launch.num_merges > 0 && launch.num_partials == 0) {
-    return Bad("launch.num_partials", "> 0 with merges", launch.num_partials);
-  }
+  const GpuAttentionLaunch& launch = p.launch;
+  KV_RETURN_IF_ERROR(attention_launch::CheckMerges(kErr, launch));
 
   KernelArgs args;
-  args.q = p.q;
-  args.out = p.out;
-  args.q_stride = q_stride;
-  args.out_stride = out_stride;
-  args.dtype = p.dtype;
-  args.kv = p.kv;
-  args.batch = p.batch;
-  args.num_heads = p.num_heads;
-  args.group = p.num_heads / layout.num_kv_heads;
-  args.heads_per_cta = hpc;
-  args.scale = p.scale;
-  args.sliding_window = p.sliding_window;
-  args.plan = p.plan;
-  args.workspace = static_cast<float*>(p.workspace);
-  args.slot_floats = GpuAttentionSlotFloats(shape);
+  attention_launch::FillArgs(p, checked, args);
   args.sink_q = p.sink_q;
   args.num_sinks = p.num_sinks;
   args.softmax_stats = p.softmax_stats;
@@ -232,7 +162,7 @@ absl::Status PagedAttention(const PagedAttentionParams& params, cudaStream_t str
   }();
   KV_CUDA_RETURN_IF_ERROR(smem_status);
 
-  const int grid_y = p.num_heads / hpc;
+  const int grid_y = p.num_heads / checked.heads_per_cta;
   if (FastFits(p)) {
     static const cudaError_t fast_smem_status = [] {
       const std::pair<KvElem, KvElem> pairs[] = {
@@ -264,8 +194,8 @@ absl::Status PagedAttention(const PagedAttentionParams& params, cudaStream_t str
   }
   if (mass) {
     const KernelFn mass_kernel = attention_detail::MassKernelFor(layout.k.elem);
-    if (mass_kernel == nullptr) return Bad("kv.layout.k.elem", "a per-token element type", 0);
-    if (p.batch.num_tokens <= 0) return Bad("batch.num_tokens", "> 0 with key_mass", 0);
+    if (mass_kernel == nullptr) return kErr.Bad("kv.layout.k.elem", "a per-token element type", 0);
+    if (p.batch.num_tokens <= 0) return kErr.Bad("batch.num_tokens", "> 0 with key_mass", 0);
     LaunchKernel(mass_kernel, static_cast<unsigned>(p.batch.num_tokens), kThreads, 0, stream, args);
     KV_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "PagedAttention mass launch"));
   }
