@@ -1,6 +1,6 @@
 // fp8_e4m3 weights through the stand-in (kernels/cuda/layers/fp8_rows.h,
 // kernels/cuda/layers/gemm.h, tests/cuda_stub/cublaslt.cc): the quantizer and GEMM
-// cases of tests/kernels/cuda/fp8_gemm_cases.h with the stand-in's exact
+// cases of tests/kernels/cuda/layers/fp8_gemm_cases.h with the stand-in's exact
 // fp32 accumulation bound, and what the stand-in refuses as the library
 // does (not TN, a leading dimension off 16 bytes, mixed scale modes, a
 // compute type other than 32F, an fp8 D) and what Gemm refuses with the
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/kernels/cuda/fp8_gemm_cases.h"
+#include "tests/kernels/cuda/layers/fp8_gemm_cases.h"
 
 namespace kvserve::cuda {
 namespace {

@@ -4,7 +4,7 @@
 // up in its output), q drawn from values exact in fp32, fp16 and bf16, the
 // CPU reference run (cpu::PagedAttention); and, for the device tests, the
 // error measure with its tolerances (see
-// tests/kernels/cuda/paged_attention_test.cc for the justification).
+// tests/kernels/cuda/attention/paged_attention_test.cc for the justification).
 #pragma once
 
 #include <algorithm>

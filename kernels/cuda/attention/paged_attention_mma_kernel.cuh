@@ -170,7 +170,7 @@ __host__ __device__ constexpr int RowBytes() {
   return E == KvElem::kInt4 ? kHd / 2 : E == KvElem::kFp8E4m3 || E == KvElem::kInt8 ? kHd : 2 * kHd;
 }
 
-// Cost-check markers (tests/kernels/cuda/attention_cost_check.sh): PTX
+// Cost-check markers (tests/kernels/cuda/attention/attention_cost_check.sh): PTX
 // comments around the tile loop's body and the rare sink branch, only in
 // the check's compile.
 #if defined(KVSERVE_COST_MARKERS) && defined(__CUDA_ARCH__)

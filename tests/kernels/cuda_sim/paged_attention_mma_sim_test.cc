@@ -8,7 +8,7 @@
 // decode rows, whole prompts and chunks after a prefix hit.
 //
 // Tolerances (error / max|v| of the sequence's kv head, as in
-// tests/kernels/cuda/paged_attention_test.cc): the fp32 bound of the
+// tests/kernels/cuda/attention/paged_attention_test.cc): the fp32 bound of the
 // reference kernel, plus the fast kernel's roundings: P is rounded to the
 // compute type (relative 2^-11 for fp16, 2^-8 for bf16, so at most that
 // times max|v| in the output); quantized K and V are the CPU's decoded

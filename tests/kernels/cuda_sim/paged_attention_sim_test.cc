@@ -4,7 +4,7 @@
 // indexing, masking, online softmax, split-KV partials and merge are checked
 // in make test on machines without a GPU. Small cases only (the simulation
 // is slow); the [gpu] tests run the full sweep on a device. Same problems,
-// poisoning and tolerances as tests/kernels/cuda/paged_attention_test.cc.
+// poisoning and tolerances as tests/kernels/cuda/attention/paged_attention_test.cc.
 //
 // The launch arguments are built here as paged_attention.cu builds them
 // (that file's validation is covered by the [gpu] tests).

@@ -1,6 +1,6 @@
 // The fp8 quantizer and GEMM cases shared by the stand-in's tests
 // (tests/cuda_stub/cuda_fp8_stub_test.cc, make test) and the [gpu] suite
-// (tests/kernels/cuda/fp8_gemm_test.cc, on a device): the same inputs and
+// (tests/kernels/cuda/layers/fp8_gemm_test.cc, on a device): the same inputs and
 // checks, with the accumulation bound each passes.
 //   - QuantizeRowsFp8 writes, bit for bit, what the host weight quantizer
 //     (Fp8Matrix::Quantize) makes of the same bf16 / fp16 rows, zero codes

@@ -1,4 +1,4 @@
-// The fp8 quantizer and GEMM on a device (tests/kernels/cuda/fp8_gemm_cases.h):
+// The fp8 quantizer and GEMM on a device (tests/kernels/cuda/layers/fp8_gemm_cases.h):
 // the stand-in's cases against cuBLASLt's real fp8 kernels. The GEMM's
 // accumulation bound is looser than the stand-in's exact fp32: Hopper's fp8
 // tensor cores keep fewer accumulator bits between promotions to fp32, so
@@ -6,7 +6,7 @@
 // over a 4096-long row would lose; the stand-in's bound is in * 2^-24).
 #include <catch2/catch.hpp>
 
-#include "tests/kernels/cuda/fp8_gemm_cases.h"
+#include "tests/kernels/cuda/layers/fp8_gemm_cases.h"
 
 namespace kvserve::cuda {
 namespace {
