@@ -14,8 +14,8 @@
 # case (when the toolkit has it), 4. the daemon with configs/llama3-8b-h200.yaml
 # as shipped (serve_check.py), 5. the GPU benchmarks (e2e_bench: the CUDA
 # model runner end to end) and the torch peers.
-# Logs and one JSON summary (summary.json) go to OUTDIR. Exits 77 when there
-# is no device, non-zero when a step failed.
+# One JSON summary (summary.json) and the logs (logs.tgz) go to OUTDIR.
+# Exits 77 when there is no device, non-zero when a step failed.
 set -uo pipefail
 
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -235,7 +235,13 @@ fi
   echo "  }"
   echo "}"
 } >"$out/summary.json"
-echo "run.sh: done in $(($(date +%s) - start)) s; summary in $out/summary.json"
+# A device lease may hand back only a few files of OUTDIR: the logs and
+# the benchmarks' JSON go into one archive beside summary.json (which holds
+# the JSON too); the test scratch folder is dropped.
+rm -rf "$KVSERVE_TEST_TMP"
+(cd "$out" && find . -maxdepth 1 -type f ! -name summary.json ! -name logs.tgz ! -name .packed -printf '%f\n' |
+  sort >.packed && tar czf logs.tgz -T .packed && xargs rm -f <.packed && rm -f .packed)
+echo "run.sh: done in $(($(date +%s) - start)) s; summary in $out/summary.json, logs in $out/logs.tgz"
 
 failed=0
 for k in "${!status[@]}"; do
