@@ -287,9 +287,18 @@ std::optional<int> Gemm::Fastest(Plan& plan, const Key& key, const GemmParams& p
               fp8] = key;
   const ActDtype y_dtype = static_cast<ActDtype>(y_dtype_int);
   const cudaDataType_t x_type = fp8 ? kFp8Type : CudaType(dtype_);
+  // The row counts timed: kTuneRows, the prefill-sized last cut to what
+  // fits kTuneScratchBytes (the LM head's fp32 logits are wide).
+  const int64_t x_size = fp8 ? 1 : ActDtypeSize(dtype_), y_size = ActDtypeSize(y_dtype);
+  const int64_t fit = kTuneScratchBytes / std::max(ldx * x_size, ldy * y_size);
+  std::vector<int64_t> tune_rows;
+  for (int64_t r : kTuneRows) {
+    const int64_t rows = std::max<int64_t>(1, std::min(r, std::max<int64_t>(fit, 64)));
+    if (tune_rows.empty() || rows > tune_rows.back()) tune_rows.push_back(rows);
+  }
   // Scratch x, y (and fp8 row scales) of the most rows timed; the real
   // weights, bias and weight scales. y is written with beta 0.
-  const int64_t max_rows = kTuneRows[std::size(kTuneRows) - 1];
+  const int64_t max_rows = tune_rows.back();
   const size_t x_bytes = static_cast<size_t>(max_rows * ldx) * (fp8 ? 1 : ActDtypeSize(dtype_));
   const size_t y_bytes = static_cast<size_t>(max_rows * ldy) * ActDtypeSize(y_dtype);
   void* x = nullptr;
@@ -316,7 +325,7 @@ std::optional<int> Gemm::Fastest(Plan& plan, const Key& key, const GemmParams& p
       cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess;
   if (ok && fp8) ok = SetScales(plan.op, p.w_scale, x_scale).ok();
   std::vector<std::pair<cublasLtMatrixLayout_t, cublasLtMatrixLayout_t>> shapes;
-  for (int64_t rows : kTuneRows) {
+  for (int64_t rows : tune_rows) {
     cublasLtMatrixLayout_t b = nullptr, c = nullptr;
     ok = ok && cublasLtMatrixLayoutCreate(&b, x_type, in, rows, ldx) == CUBLAS_STATUS_SUCCESS;
     if (b != nullptr) layouts.push_back(b);
@@ -331,10 +340,9 @@ std::optional<int> Gemm::Fastest(Plan& plan, const Key& key, const GemmParams& p
   }
   const auto handle = static_cast<cublasLtHandle_t>(handle_);
   const float alpha = 1.0f, beta = 0.0f;
-  std::optional<int> best;
-  float best_ms = 0;
-  for (int i = 0; i < static_cast<int>(plan.candidates.size()); ++i) {
-    float total_ms = 0;
+  const int n = static_cast<int>(plan.candidates.size());
+  std::vector<std::vector<float>> times(n);  // [candidate][row count]; empty: cannot run
+  for (int i = 0; i < n; ++i) {
     bool runs = true;
     for (const auto& [b, c] : shapes) {
       cublasLtMatmulHeuristicResult_t check{};
@@ -352,18 +360,36 @@ std::optional<int> Gemm::Fastest(Plan& plan, const Key& key, const GemmParams& p
       runs = runs && cudaEventRecord(stop, stream) == cudaSuccess &&
              cudaEventSynchronize(stop) == cudaSuccess &&
              cudaEventElapsedTime(&ms, start, stop) == cudaSuccess;
-      total_ms += ms;
+      times[i].push_back(ms);
     }
     if (!runs) {
       cudaGetLastError();
-      continue;
-    }
-    if (!best || total_ms < best_ms) {
-      best = i;
-      best_ms = total_ms;
+      times[i].clear();
     }
   }
   cleanup();
+  // The least sum over the row counts of each time against the fastest
+  // candidate's at that count: decode rows weigh as much as prefill rows,
+  // whose times are larger.
+  std::vector<float> fastest(shapes.size(), 0.0f);
+  for (const std::vector<float>& t : times) {
+    for (size_t r = 0; r < t.size(); ++r) {
+      if (fastest[r] == 0.0f || t[r] < fastest[r]) fastest[r] = t[r];
+    }
+  }
+  std::optional<int> best;
+  double best_score = 0;
+  for (int i = 0; i < n; ++i) {
+    if (times[i].size() != shapes.size()) continue;
+    double score = 0;
+    for (size_t r = 0; r < shapes.size(); ++r) {
+      score += fastest[r] > 0 ? times[i][r] / fastest[r] : 1.0;
+    }
+    if (!best || score < best_score) {
+      best = i;
+      best_score = score;
+    }
+  }
   return best;
 }
 

@@ -41,8 +41,9 @@
 // dtype, bias or not, pointer alignments, the bias's included), asked at
 // kPlanRows rows with the bias pointer set (the heuristic reads its
 // alignment) and no split-K or other reduction scheme, for every dtype: up
-// to kTuneCandidates of its candidates are timed at kTuneRows rows on the
-// Linear call's stream (scratch x and y, the real weights) and the fastest
+// to kTuneCandidates of its candidates are timed at kTuneRows rows (1, 64
+// and 512: decode and prefill) on the Linear call's stream (scratch x and y,
+// the real weights) and the one least slower than the fastest at each count
 // is kept; the process remembers the pick per device and shape, so every
 // Gemm of the process runs the same algorithm for a shape. (The heuristic's
 // first was a 16-CTA kernel for Llama-3-8B's down projection on an H200,
@@ -144,12 +145,14 @@ class Gemm {
   // (cublasComputeType_t): the heuristic's fastest candidate on `stream`.
   absl::StatusOr<std::unique_ptr<Plan>> MakePlan(const Key& key, int compute_type,
                                                  const GemmParams& p, cudaStream_t stream);
-  // The index of plan.candidates that runs kTuneRows rows in the least
-  // time (kTuneRuns calls of each after one warm-up, scratch x and y, the
-  // real weights); nullopt while `stream` is capturing or on any failure.
+  // The index of plan.candidates with the least sum over kTuneRows of its
+  // time against the fastest candidate's (kTuneRuns calls of each after one
+  // warm-up, scratch x and y, the real weights): decode and prefill rows
+  // both count. nullopt while `stream` is capturing or on any failure.
   std::optional<int> Fastest(Plan& plan, const Key& key, const GemmParams& p, cudaStream_t stream);
   static constexpr int kTuneCandidates = 8;
-  static constexpr int64_t kTuneRows[] = {1, 64};
+  static constexpr int64_t kTuneRows[] = {1, 64, 512};
+  static constexpr int64_t kTuneScratchBytes = int64_t{64} << 20;
   static constexpr int kTuneRuns = 3;
   // The x/y layouts of `rows` rows and the algorithm they run with.
   struct PlanRows;
