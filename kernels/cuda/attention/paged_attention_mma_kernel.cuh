@@ -12,8 +12,11 @@
 //      copies two tiles ahead (keys past key_end are zero-filled, never
 //      read); one wait and a barrier make this tile's stage visible;
 //   2. quantized formats (fp8, int8, int4, k8v4): every thread decodes a
-//      share of the stage with the reference decoders (kv_decode.cuh, the
-//      CPU's exact values) into fp16 K and V tiles; fp16 and bf16 pages are
+//      share of the stage's V rows into an fp16 V tile (DecodeChunk: packed
+//      half math, within one fp16 rounding of the reference decoders of
+//      kv_decode.cuh); K stays encoded in the stage and step 3 decodes each
+//      code in registers where it loads it (KRows), so K needs no fp16 tile,
+//      no shared-memory round trip and no barrier; fp16 and bf16 pages are
 //      used in place;
 //   3. warp w takes keys [16w, 16w + 16) of the tile: S = Q K^T as 2 n-tiles
 //      x head_dim / 16 k-steps of mma, with Q and K read as 16-byte shared
@@ -108,7 +111,7 @@ struct MmaSmem {
   int32_t ring = 0;    // start of the stages
   int32_t stage = 0;   // bytes of one stage: K rows, V rows, K meta, V meta
   int32_t k_rows = 0, v_rows = 0, k_meta = 0, v_meta = 0;  // offsets inside a stage
-  int32_t k16 = 0, v16 = 0;  // decoded fp16 tiles (quantized formats), or -1
+  int32_t k16 = 0, v16 = 0;  // decoded fp16 tiles (quantized V; K never: -1), or -1
   int32_t merge = 0;         // the warps' (max, sum, O), reusing the ring
   int32_t total = 0;
 };
@@ -127,8 +130,7 @@ __host__ __device__ inline MmaSmem MmaSmemLayout(const KvPageLayout& l, bool sin
   s.stage = s.v_meta + ((int32_t(kMmaKeys) * l.v.meta_bytes + 15) & ~int32_t{15});
   int32_t end = s.ring + kMmaStages * s.stage;
   const int32_t half_tile = int32_t(kMmaKeys) * hd * 2;
-  s.k16 = IsHalfElem(l.k.elem) ? -1 : end;
-  if (s.k16 >= 0) end += half_tile;
+  s.k16 = -1;  // quantized K is decoded in registers (Scores)
   s.v16 = IsHalfElem(l.v.elem) ? -1 : end;
   if (s.v16 >= 0) end += half_tile;
   s.merge = s.ring;
@@ -140,6 +142,30 @@ __host__ __device__ inline MmaSmem MmaSmemLayout(const KvPageLayout& l, bool sin
 // 16-byte chunk swizzles (see the file comment); rows have >= 8 chunks.
 __device__ __forceinline__ int KSwz(int row, int chunk) { return chunk ^ ((row & 1) << 2); }
 __device__ __forceinline__ int VSwz(int row, int chunk) { return chunk ^ (row & 7); }
+
+// Quantized K rows stay encoded in the stage and Scores decodes them in
+// registers: a lane reads the W-byte codes of channels 8c .. 8c + 7 (W = 8
+// for int8 and fp8, 4 for int4) of rows kw0 + 8 nt + g, c = 4G + t. The
+// 16-byte chunk of those codes is XORed per row so that the rows one load
+// instruction touches (4 per half-warp of 8-byte loads, 8 per warp of
+// 4-byte loads) fall on distinct banks: rows that share a 128-byte bank
+// cycle differ in where they start; the others take XOR masks apart.
+template <KvElem E, int kHd>
+__device__ __forceinline__ int KRawSwz(int row, int chunk) {
+  constexpr int kRow = E == KvElem::kInt4 ? kHd / 2 : kHd;  // bytes
+  constexpr int kChunks = kRow / 16;
+  constexpr int kPerCycle = kRow >= 128 ? 1 : 128 / kRow;  // rows per 128 bytes
+  constexpr int kShift = kPerCycle == 1 ? 0 : kPerCycle == 2 ? 1 : kPerCycle == 4 ? 2 : 3;
+  if constexpr (E == KvElem::kInt4) {
+    // One chunk a row per load: 8 rows over the 8 slots.
+    constexpr int kMask = (kChunks < 8 ? kChunks : 8) - 1;
+    return chunk ^ ((row >> kShift) & kMask);
+  } else {
+    // A pair of chunks {2G, 2G + 1} a row per load: 4 rows over 4 pairs.
+    constexpr int kMask = (kChunks / 2 < 4 ? kChunks / 2 : 4) - 1;
+    return chunk ^ (((row >> kShift) & kMask) << 1);
+  }
+}
 
 // Two floats as a packed pair of the compute type (low half = lo).
 template <bool kBf16>
@@ -188,7 +214,8 @@ struct HeadOffsets {
 // Issues the cp.async copies of one tile: the K and V rows (and scales) of
 // its n valid keys, 16-byte chunks (4-byte words for scales), keys past n
 // zero-filled and never read. Rows used in place are swizzled (K: KSwz, V:
-// VSwz). Thread tid keeps chunk tid % chunks of rows tid / chunks + 8k, so
+// VSwz), and so are quantized K rows, which Scores decodes from the stage
+// (KRawSwz). Thread tid keeps chunk tid % chunks of rows tid / chunks + 8k, so
 // one block-table entry and one block address serve its K and V chunks of
 // a key.
 template <KvElem KE, KvElem VE, int kHd>
@@ -226,7 +253,13 @@ __device__ __forceinline__ void IssueTile(const KernelArgs& a, const HeadOffsets
     }
   };
   struct KOnly {
-    __device__ int k(int j, int c) const { return IsHalfElem(KE) ? KSwz(j, c) : c; }
+    __device__ int k(int j, int c) const {
+      if constexpr (IsHalfElem(KE)) {
+        return KSwz(j, c);
+      } else {
+        return KRawSwz<KE, kHd>(j, c);
+      }
+    }
     __device__ int v(int j, int c) const { return IsHalfElem(VE) ? VSwz(j, c) : c; }
   };
   struct VOnly {
@@ -310,12 +343,14 @@ __device__ __forceinline__ uint32_t AsU32(__half2 h) {
 // scale + zero), one rounding). The same bits on the device and in the
 // simulator; within one fp16 rounding of the reference decoder's floats.
 // int4: chunk c's (scale, zero) is group c >> chunk_group_shift (groups of
-// 8 << chunk_group_shift channels); the others ignore it.
+// 8 << chunk_group_shift channels); the others ignore it. The codes are the
+// row's slot-th of their width (8 bytes, int4 4): slot c unless the row is
+// swizzled (KRawSwz).
 template <KvElem E>
 __device__ __forceinline__ uint4 DecodeChunk(const uint8_t* row, const uint8_t* meta, int c,
-                                             int chunk_group_shift) {
+                                             int chunk_group_shift, int slot) {
   if constexpr (E == KvElem::kInt8) {
-    const uint2 codes = reinterpret_cast<const uint2*>(row)[c];
+    const uint2 codes = reinterpret_cast<const uint2*>(row)[slot];
     const __half2 s = __float2half2_rn(*reinterpret_cast<const float*>(meta));
     const __half2 bias = __float2half2_rn(1152.0f);  // 1024 + the 128 of the sign flip
     const uint32_t w0 = codes.x ^ 0x80808080u, w1 = codes.y ^ 0x80808080u;
@@ -325,7 +360,7 @@ __device__ __forceinline__ uint4 DecodeChunk(const uint8_t* row, const uint8_t* 
     return make_uint4(half_pair(w0, 0x4140), half_pair(w0, 0x4342), half_pair(w1, 0x4140),
                       half_pair(w1, 0x4342));
   } else if constexpr (E == KvElem::kFp8E4m3) {
-    const uint2 codes = reinterpret_cast<const uint2*>(row)[c];
+    const uint2 codes = reinterpret_cast<const uint2*>(row)[slot];
     const __half2 s = __float2half2_rn(*reinterpret_cast<const float*>(meta));
     const auto half_pair = [&](uint32_t codes2) {
       const __half2_raw raw =
@@ -338,7 +373,7 @@ __device__ __forceinline__ uint4 DecodeChunk(const uint8_t* row, const uint8_t* 
     static_assert(E == KvElem::kInt4);
     // The chunk's 8 channels share one (scale, zero): group sizes are
     // multiples of 8 here (MmaAttentionSupports).
-    const uint32_t w = reinterpret_cast<const uint32_t*>(row)[c];
+    const uint32_t w = reinterpret_cast<const uint32_t*>(row)[slot];
     const __half2 sz = reinterpret_cast<const __half2*>(meta)[c >> chunk_group_shift];
     const __half2 s = __low2half2(sz), z = __high2half2(sz);
     const __half2 bias = __float2half2_rn(1024.0f);
@@ -354,9 +389,9 @@ __device__ __forceinline__ uint4 DecodeChunk(const uint8_t* row, const uint8_t* 
   }
 }
 
-// Decodes a stage's rows of one part into an fp16 tile [kMmaKeys][hd],
-// swizzled for its use; 8 channels (one 16-byte chunk) per step.
-template <KvElem E, int kHd, bool kSwizzleV>
+// Decodes a stage's V rows into an fp16 tile [kMmaKeys][hd], VSwz-swizzled
+// for ldmatrix.trans; 8 channels (one 16-byte chunk) per step.
+template <KvElem E, int kHd>
 __device__ __forceinline__ void DecodeRows(const KvPartLayout& part, const uint8_t* rows,
                                            const uint8_t* meta, uint8_t* tile) {
   constexpr int kChunks = kHd / 8;
@@ -370,8 +405,8 @@ __device__ __forceinline__ void DecodeRows(const KvPartLayout& part, const uint8
     const int j = e / kChunks, c = e % kChunks;
     const uint8_t* row = rows + j * RowBytes<E, kHd>();
     const uint8_t* m = meta + int64_t(j) * part.meta_bytes;
-    const uint4 w = DecodeChunk<E>(row, m, c, chunk_group_shift);
-    const int pc = kSwizzleV ? VSwz(j, c) : KSwz(j, c);
+    const uint4 w = DecodeChunk<E>(row, m, c, chunk_group_shift, c);
+    const int pc = VSwz(j, c);
     *reinterpret_cast<uint4*>(tile + (j * kHd + 8 * pc) * 2) = w;
   }
 }
@@ -397,10 +432,34 @@ __device__ __forceinline__ void LoadQTile(const KernelArgs& a, const void* q, ui
   }
 }
 
+// Where Scores finds a K row's 8-channel chunk c (channels 8c .. 8c + 7) as
+// 8 values of the compute type: fp16 and bf16 pages in place (KSwz rows of
+// the stage); quantized pages decoded from the stage's codes in registers
+// (KRawSwz rows, the key's scales beside them), each code decoded once.
+template <KvElem KE, int kHd>
+struct KRows {
+  const uint8_t* rows;  // the stage's K rows
+  const uint8_t* meta;  // the stage's K scales (quantized)
+  int meta_bytes;
+  int chunk_group_shift;  // int4 (DecodeChunk)
+  __device__ __forceinline__ uint4 Chunk(int row, int c) const {
+    if constexpr (IsHalfElem(KE)) {
+      return *reinterpret_cast<const uint4*>(rows + row * (kHd * 2) + 16 * KSwz(row, c));
+    } else {
+      constexpr int kRow = RowBytes<KE, kHd>();
+      // int8 and fp8: two 8-byte code groups a 16-byte chunk; int4 four of 4.
+      constexpr int kPer16 = KE == KvElem::kInt4 ? 4 : 2;
+      const int slot = kPer16 * KRawSwz<KE, kHd>(row, c / kPer16) + c % kPer16;
+      return DecodeChunk<KE>(rows + row * kRow, meta + row * meta_bytes, c, chunk_group_shift,
+                             slot);
+    }
+  }
+};
+
 // S (2 n-tiles of 8 keys: kw0 + 8nt + g) of one warp from a Q tile and K rows.
-template <bool kBf16, int hd>
-__device__ __forceinline__ void Scores(float (&s)[2][4], const uint8_t* q_tile,
-                                       const uint8_t* k_tile, int kw0, int lane) {
+template <bool kBf16, int hd, typename KSource>
+__device__ __forceinline__ void Scores(float (&s)[2][4], const uint8_t* q_tile, const KSource& k,
+                                       int kw0, int lane) {
   const int g = lane >> 2, t = lane & 3;
 #pragma unroll
   for (int nt = 0; nt < 2; ++nt) {
@@ -419,9 +478,7 @@ __device__ __forceinline__ void Scores(float (&s)[2][4], const uint8_t* q_tile,
     const uint32_t a1[4] = {qa.z, qb.z, qa.w, qb.w};
 #pragma unroll
     for (int nt = 0; nt < 2; ++nt) {
-      const int row = kw0 + 8 * nt + g;
-      const uint4 kb =
-          *reinterpret_cast<const uint4*>(k_tile + row * stride + 16 * KSwz(row, 4 * G + t));
+      const uint4 kb = k.Chunk(kw0 + 8 * nt + g, 4 * G + t);
       const uint32_t b0[2] = {kb.x, kb.y};
       const uint32_t b1[2] = {kb.z, kb.w};
       Mma<kBf16>(s[nt], a0, b0);
@@ -440,6 +497,8 @@ __device__ __forceinline__ void MmaAttentionItem(const KernelArgs& a,
   const KvPageLayout& layout = a.kv.layout;
   constexpr int hd = kHd;
   const int lbs = __ffs(layout.block_size) - 1;
+  // int4 K: a chunk's group by a shift (KRows, DecodeChunk); 0 for the others.
+  const int k_group_shift = KE == KvElem::kInt4 ? Log2Pow2(layout.k.group_size) - 3 : 0;
   const int hpc = a.heads_per_cta;
   const int head0 = static_cast<int>(blockIdx.y) * hpc;
   const int kv_head = head0 / a.group;
@@ -513,27 +572,24 @@ __device__ __forceinline__ void MmaAttentionItem(const KernelArgs& a,
     mma::CpAsyncWait<kMmaStages - 1>();
     __syncthreads();  // every thread's copies of this tile have landed
     uint8_t* stage = smem + sl.ring + int64_t(tile % kMmaStages) * sl.stage;
-    const uint8_t* k_tile = stage + sl.k_rows;
+    const KRows<KE, hd> k_rows{stage + sl.k_rows, stage + sl.k_meta, layout.k.meta_bytes,
+                               k_group_shift};
     const uint8_t* v_tile = stage + sl.v_rows;
-    if constexpr (!IsHalfElem(KE)) {
-      DecodeRows<KE, hd, false>(layout.k, stage + sl.k_rows, stage + sl.k_meta, smem + sl.k16);
-      k_tile = smem + sl.k16;
-    }
     if constexpr (!IsHalfElem(VE)) {
-      DecodeRows<VE, hd, true>(layout.v, stage + sl.v_rows, stage + sl.v_meta, smem + sl.v16);
+      DecodeRows<VE, hd>(layout.v, stage + sl.v_rows, stage + sl.v_meta, smem + sl.v16);
       v_tile = smem + sl.v16;
+      __syncthreads();
     }
-    if constexpr (!IsHalfElem(KE) || !IsHalfElem(VE)) __syncthreads();
 
     const int32_t t0 = key_begin + tile * kMmaKeys;
     const int kw0 = 16 * warp;
     if (t0 + kw0 < key_end) {  // warp-uniform
       float s[2][4];
-      Scores<kBf16, hd>(s, q_tile, k_tile, kw0, lane);
+      Scores<kBf16, hd>(s, q_tile, k_rows, kw0, lane);
       if (t0 + kw0 < sinks) {  // some of this warp's keys are sinks
         KV_COST_MARK("sinks_begin");
         float ss[2][4];
-        Scores<kBf16, hd>(ss, sink_tile, k_tile, kw0, lane);
+        Scores<kBf16, hd>(ss, sink_tile, k_rows, kw0, lane);
 #pragma unroll
         for (int nt = 0; nt < 2; ++nt) {
 #pragma unroll
