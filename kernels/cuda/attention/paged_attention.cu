@@ -189,7 +189,8 @@ absl::Status PagedAttention(const PagedAttentionParams& params, cudaStream_t str
   }
   KV_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "PagedAttention attention launch"));
   if (launch.num_merges > 0) {
-    LaunchKernel(MergeKernel, static_cast<unsigned>(launch.num_merges), kThreads, 0, stream, args);
+    LaunchKernel(MergeKernel, attention_skeleton::MergeGrid(launch.num_merges, p.num_heads),
+                 kThreads, 0, stream, args);
     KV_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "PagedAttention merge launch"));
   }
   if (mass) {

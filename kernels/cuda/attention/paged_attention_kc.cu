@@ -87,8 +87,8 @@ absl::Status PagedAttentionKc(const PagedAttentionKcParams& params, cudaStream_t
   LaunchKernel(AttentionKcKernel, grid, kThreads, smem, stream, args);
   KV_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "PagedAttentionKc attention launch"));
   if (launch.num_merges > 0) {
-    LaunchKernel(MergeKcKernel, static_cast<unsigned>(launch.num_merges), kThreads, 0, stream,
-                 args);
+    LaunchKernel(MergeKcKernel, attention_skeleton::MergeGrid(launch.num_merges, p.num_heads),
+                 kThreads, 0, stream, args);
     KV_RETURN_IF_ERROR(CudaStatus(cudaGetLastError(), "PagedAttentionKc merge launch"));
   }
   return absl::OkStatus();

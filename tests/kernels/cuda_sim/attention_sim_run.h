@@ -86,7 +86,8 @@ inline std::vector<float> RunSim(const Problem& p, int window, const SimRun& run
   std::vector<float4> smem(smem_bytes / 16 + 1);
   cuda_sim::Launch(kernel, grid, attention_detail::kThreads, smem.data(), smem_bytes, a);
   if (plan->header().num_merges > 0) {
-    cuda_sim::Launch(attention_detail::MergeKernel, dim3(plan->header().num_merges),
+    cuda_sim::Launch(attention_detail::MergeKernel,
+                     attention_skeleton::MergeGrid(plan->header().num_merges, a.num_heads),
                      attention_detail::kThreads, nullptr, 0, a);
   }
 

@@ -145,7 +145,8 @@ Result RunSimEviction(const Problem& p, int window, const Eviction& e, ActDtype 
   std::vector<float4> smem(kSmemBytes / sizeof(float4));  // the kernel's dynamic shared memory
   cuda_sim::Launch(kernel, grid, attention_detail::kThreads, smem.data(), kSmemBytes, a);
   if (plan->header().num_merges > 0) {
-    cuda_sim::Launch(attention_detail::MergeKernel, dim3(plan->header().num_merges),
+    cuda_sim::Launch(attention_detail::MergeKernel,
+                     attention_skeleton::MergeGrid(plan->header().num_merges, a.num_heads),
                      attention_detail::kThreads, nullptr, 0, a);
   }
   const attention_detail::KernelFn mass = attention_detail::MassKernelFor(p.format.k().elem);

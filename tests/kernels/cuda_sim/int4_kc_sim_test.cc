@@ -126,7 +126,9 @@ std::vector<float> SimAttention(const KcCase& c, const Step& s, const SimRows& r
   cuda_sim::Launch(AttentionKcKernel, dim3(plan->header().num_items, nh / a.heads_per_cta),
                    kThreads, kc_smem4, sizeof(kc_smem4), a);
   if (plan->header().num_merges > 0) {
-    cuda_sim::Launch(MergeKcKernel, dim3(plan->header().num_merges), kThreads, nullptr, 0, a);
+    cuda_sim::Launch(MergeKcKernel,
+                     attention_skeleton::MergeGrid(plan->header().num_merges, a.num_heads),
+                     kThreads, nullptr, 0, a);
   }
   std::vector<float> result(n);
   for (int64_t i = 0; i < n; ++i)
