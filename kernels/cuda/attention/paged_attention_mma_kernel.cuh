@@ -111,8 +111,8 @@ struct MmaSmem {
   int32_t ring = 0;    // start of the stages
   int32_t stage = 0;   // bytes of one stage: K rows, V rows, K meta, V meta
   int32_t k_rows = 0, v_rows = 0, k_meta = 0, v_meta = 0;  // offsets inside a stage
-  int32_t k16 = 0, v16 = 0;  // decoded fp16 tiles (quantized V; K never: -1), or -1
-  int32_t merge = 0;         // the warps' (max, sum, O), reusing the ring
+  int32_t v16 = 0;    // the decoded fp16 V tile (quantized V), or -1; K is decoded in registers
+  int32_t merge = 0;  // the warps' (max, sum, O), reusing the ring
   int32_t total = 0;
 };
 
@@ -130,7 +130,6 @@ __host__ __device__ inline MmaSmem MmaSmemLayout(const KvPageLayout& l, bool sin
   s.stage = s.v_meta + ((int32_t(kMmaKeys) * l.v.meta_bytes + 15) & ~int32_t{15});
   int32_t end = s.ring + kMmaStages * s.stage;
   const int32_t half_tile = int32_t(kMmaKeys) * hd * 2;
-  s.k16 = -1;  // quantized K is decoded in registers (Scores)
   s.v16 = IsHalfElem(l.v.elem) ? -1 : end;
   if (s.v16 >= 0) end += half_tile;
   s.merge = s.ring;
